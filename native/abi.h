@@ -1,0 +1,75 @@
+/* The C interface between the host extension and an interpreter.
+ *
+ * An interpreter may live in another link-map namespace with its own libpython
+ * and its own libc, so nothing Python-level and no heap block crosses this line:
+ * only plain structs, host-owned strings and raw buffers. Memory the interpreter
+ * side hands back is allocated with the host's allocator (as_host.alloc) so the
+ * host frees it with its own libc.
+ */
+#ifndef ASERVE_ABI_H
+#define ASERVE_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define AS_ABI_VERSION 1
+#define AS_MAX_DIMS 16
+
+enum as_job_kind {
+    AS_JOB_LOAD = 1,   /* model = key, text = JSON spec; result = JSON metadata */
+    AS_JOB_UNLOAD = 2, /* model = key */
+    AS_JOB_INFER = 3,  /* model = key, inputs; outputs + owner */
+    AS_JOB_EXEC = 4,   /* text = Python source; result = repr(result) */
+};
+
+typedef struct as_tensor {
+    char *name;     /* UTF-8, NUL-terminated */
+    char *datatype; /* V2 datatype name */
+    int ndim;
+    int readonly;
+    int64_t shape[AS_MAX_DIMS];
+    void *data;
+    size_t nbytes;
+} as_tensor;
+
+typedef struct as_job {
+    /* set by the host */
+    int kind;
+    const char *model;
+    const char *text;
+    size_t n_inputs;
+    const as_tensor *inputs;
+    /* set by the interpreter side, with as_host.alloc */
+    int failed;
+    char *error_type; /* exception class name */
+    char *error;      /* message with traceback */
+    char *result;     /* text result */
+    size_t n_outputs;
+    as_tensor *outputs; /* names/datatypes allocated with as_host.alloc */
+    void *owner;        /* keeps outputs alive; give back with as_interp_release */
+} as_job;
+
+typedef struct as_host {
+    void *(*alloc)(size_t);
+    void (*free)(void *);
+} as_host;
+
+typedef struct as_init {
+    int abi_version;
+    const char *executable;      /* sys.executable of the host */
+    const char *const *path;     /* sys.path for the interpreter */
+    size_t n_path;
+    const char *bootstrap;       /* module with load/infer/unload/execute */
+    const as_host *host;
+} as_init;
+
+typedef struct as_interp as_interp;
+
+/* Entry points exported by the interpreter library (private engine); the host
+ * extension has the same functions for subinterpreters. create runs on the worker
+ * thread and leaves no thread state attached; run/release attach and detach. */
+typedef int (*as_create_fn)(const as_init *cfg, as_interp **out, char *err, size_t errlen);
+typedef void (*as_run_fn)(as_interp *ip, as_job *job);
+typedef void (*as_release_fn)(as_interp *ip, void *owner);
+
+#endif

@@ -1,0 +1,53 @@
+/* Shared declarations of the host extension aserve._native. */
+#ifndef ASERVE_HOST_COMMON_H
+#define ASERVE_HOST_COMMON_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+
+#include "../abi.h"
+
+#define AS_MAX_NAMESPACES 15 /* glibc: 16 link-map namespaces, the base one included */
+
+/* One kind of interpreter: how a worker creates it and runs jobs in it. */
+typedef struct as_engine {
+    const char *name;
+    as_create_fn create;
+    as_run_fn run;
+    as_release_fn release;
+    void (*thread_init)(void); /* per-thread set-up in the interpreter's libc, or NULL */
+    void *handle;              /* dlmopen handle of a private namespace */
+} as_engine;
+
+typedef struct {
+    PyTypeObject *pool_type;
+    PyTypeObject *buffer_type;
+    PyObject *engine_error; /* aserve._native.EngineError */
+} module_state;
+
+module_state *as_state_of_type(PyTypeObject *tp);
+
+/* errors.c */
+PyObject *as_engine_error(PyTypeObject *tp, const char *fmt, ...);
+
+/* private.c: open a fresh namespace with the interpreter library. */
+int as_private_open(const char *library, as_engine *out, char *err, size_t errlen);
+int as_private_namespaces_in_use(void);
+
+/* subinterp.c / mainthreads.c: engines in the host's own libpython. */
+int as_subinterp_engine(as_engine *out, char *err, size_t errlen);
+void as_main_engine(as_engine *out);
+
+/* pool.c */
+extern PyType_Spec as_pool_spec;
+struct as_result;
+void as_result_decref(struct as_result *r);
+
+/* buffer.c: a host object exporting an interpreter's output memory. */
+extern PyType_Spec as_buffer_spec;
+PyObject *as_buffer_new(PyTypeObject *tp, struct as_result *r, PyObject *keep, void *data, size_t nbytes,
+                        int readonly);
+PyObject *as_buffer_from_address(PyObject *module, PyObject *args);
+
+#endif

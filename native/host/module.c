@@ -1,0 +1,139 @@
+/* aserve._native: module definition, state and small functions. */
+#include "common.h"
+
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+static struct PyModuleDef native_module;
+
+module_state *as_state_of_type(PyTypeObject *tp)
+{
+    PyObject *m = PyType_GetModuleByDef(tp, &native_module);
+    if (m == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return PyModule_GetState(m);
+}
+
+/* GLIBC_TUNABLES as the process saw it at start: glibc reads it only then, so a
+ * later os.environ change tells nothing. /proc/self/environ is the start-up copy. */
+static PyObject *tunables_at_start(PyObject *m, PyObject *Py_UNUSED(ignored))
+{
+    int fd = open("/proc/self/environ", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        Py_RETURN_NONE;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    ssize_t n;
+    while (buf != NULL && (n = read(fd, buf + len, cap - len)) > 0) {
+        len += (size_t)n;
+        if (len == cap) {
+            char *bigger = realloc(buf, cap * 2 + 1);
+            if (bigger == NULL)
+                break;
+            buf = bigger;
+            cap *= 2;
+        }
+    }
+    close(fd);
+    if (buf == NULL)
+        return PyErr_NoMemory();
+    buf[len] = 0;
+    /* glibc splits the value in place while parsing it (each ':' becomes a NUL), so
+     * the entries after it that start with "glibc." are the rest of the value. */
+    PyObject *res = NULL;
+    for (size_t i = 0; i < len; i += strlen(buf + i) + 1) {
+        if (strncmp(buf + i, "GLIBC_TUNABLES=", 15) != 0)
+            continue;
+        size_t end = i + strlen(buf + i);
+        while (end + 1 < len && strncmp(buf + end + 1, "glibc.", 6) == 0) {
+            buf[end] = ':';
+            end += strlen(buf + end);
+        }
+        res = PyUnicode_DecodeFSDefault(buf + i + 15);
+        break;
+    }
+    free(buf);
+    return res != NULL || PyErr_Occurred() ? res : Py_NewRef(Py_None);
+}
+
+static PyObject *namespaces_in_use(PyObject *m, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromLong(as_private_namespaces_in_use());
+}
+
+static PyMethodDef native_methods[] = {
+    {"tunables_at_start", tunables_at_start, METH_NOARGS,
+     "tunables_at_start() -> str | None: GLIBC_TUNABLES in the environment the process started with"},
+    {"namespaces_in_use", namespaces_in_use, METH_NOARGS,
+     "namespaces_in_use() -> int: link-map namespaces opened for private interpreters"},
+    {"buffer_from_address", as_buffer_from_address, METH_VARARGS,
+     "buffer_from_address(address, nbytes, keep, readonly=False) -> OutputBuffer over memory keep owns"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int native_exec(PyObject *m)
+{
+    module_state *st = PyModule_GetState(m);
+    st->engine_error = PyErr_NewExceptionWithDoc("aserve._native.EngineError",
+                                                 "The interpreter engine cannot do what was asked.",
+                                                 PyExc_RuntimeError, NULL);
+    if (st->engine_error == NULL || PyModule_AddObjectRef(m, "EngineError", st->engine_error) < 0)
+        return -1;
+    st->pool_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_pool_spec, NULL);
+    if (st->pool_type == NULL || PyModule_AddType(m, st->pool_type) < 0)
+        return -1;
+    st->buffer_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_buffer_spec, NULL);
+    if (st->buffer_type == NULL || PyModule_AddType(m, st->buffer_type) < 0)
+        return -1;
+    if (PyModule_AddIntConstant(m, "JOB_LOAD", AS_JOB_LOAD) < 0 ||
+        PyModule_AddIntConstant(m, "JOB_UNLOAD", AS_JOB_UNLOAD) < 0 ||
+        PyModule_AddIntConstant(m, "JOB_INFER", AS_JOB_INFER) < 0 ||
+        PyModule_AddIntConstant(m, "JOB_EXEC", AS_JOB_EXEC) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_NAMESPACES", AS_MAX_NAMESPACES) < 0 ||
+        PyModule_AddIntConstant(m, "ABI_VERSION", AS_ABI_VERSION) < 0)
+        return -1;
+    return 0;
+}
+
+static int native_traverse(PyObject *m, visitproc visit, void *arg)
+{
+    module_state *st = PyModule_GetState(m);
+    Py_VISIT(st->engine_error);
+    Py_VISIT(st->pool_type);
+    Py_VISIT(st->buffer_type);
+    return 0;
+}
+
+static int native_clear(PyObject *m)
+{
+    module_state *st = PyModule_GetState(m);
+    Py_CLEAR(st->engine_error);
+    Py_CLEAR(st->pool_type);
+    Py_CLEAR(st->buffer_type);
+    return 0;
+}
+
+static PyModuleDef_Slot native_slots[] = {
+    {Py_mod_exec, native_exec},
+#ifdef Py_mod_multiple_interpreters
+    /* the host extension is imported in the host only; its state is per module */
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+    {0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "aserve._native",
+    .m_doc = "aserve's interpreter engine: native pools of private, PEP 684 and host interpreters.",
+    .m_size = sizeof(module_state),
+    .m_methods = native_methods,
+    .m_slots = native_slots,
+    .m_traverse = native_traverse,
+    .m_clear = native_clear,
+};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModuleDef_Init(&native_module); }

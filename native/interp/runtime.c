@@ -1,0 +1,294 @@
+/* Running jobs inside one interpreter.
+ *
+ * Compiled twice: into the interpreter library (one copy per private libpython
+ * namespace, bound to that namespace's libpython) and into the host extension
+ * (for PEP 684 subinterpreters and the host-interpreter baseline). Either way it
+ * uses only the public C API of the libpython it is linked with, and it only ever
+ * touches the interpreter whose thread state it attaches.
+ */
+#include "runtime.h"
+
+#include <string.h>
+
+/* What keeps a job's outputs alive until the host gives them back. */
+typedef struct {
+    PyObject *result; /* the list the bootstrap returned */
+    size_t n;
+    Py_buffer *views; /* views[i].obj is NULL for raw (address, nbytes, keep) outputs */
+} owner_t;
+
+static char *host_strdup(const as_host *host, const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *p = host->alloc(n);
+    if (p != NULL)
+        memcpy(p, s, n);
+    return p;
+}
+
+void as_runtime_error(char *err, size_t errlen, const char *what)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *s = value != NULL ? PyObject_Str(value) : NULL;
+    const char *msg = s != NULL ? PyUnicode_AsUTF8(s) : NULL;
+    snprintf(err, errlen, "%s: %s: %s", what,
+             type != NULL ? ((PyTypeObject *)type)->tp_name : "error",
+             msg != NULL ? msg : "(no message)");
+    PyErr_Clear();
+    Py_XDECREF(s);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+int as_runtime_bind(as_interp *ip, const as_init *cfg, char *err, size_t errlen)
+{
+    PyObject *mod = PyImport_ImportModule(cfg->bootstrap);
+    if (mod == NULL) {
+        as_runtime_error(err, errlen, "importing the aserve runtime");
+        return -1;
+    }
+    ip->host = cfg->host;
+    ip->fn_load = PyObject_GetAttrString(mod, "load");
+    ip->fn_unload = PyObject_GetAttrString(mod, "unload");
+    ip->fn_infer = PyObject_GetAttrString(mod, "infer");
+    ip->fn_exec = PyObject_GetAttrString(mod, "execute");
+    ip->fn_format = PyObject_GetAttrString(mod, "format_exception");
+    Py_DECREF(mod);
+    if (!ip->fn_load || !ip->fn_unload || !ip->fn_infer || !ip->fn_exec || !ip->fn_format) {
+        as_runtime_error(err, errlen, "binding the aserve runtime");
+        return -1;
+    }
+    return 0;
+}
+
+/* Record the raised exception on the job: class name and formatted traceback. */
+static void fail_job(as_interp *ip, as_job *job)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    job->failed = 1;
+    job->error_type = host_strdup(ip->host, type != NULL ? ((PyTypeObject *)type)->tp_name : "Error");
+    PyObject *text = value != NULL ? PyObject_CallOneArg(ip->fn_format, value) : NULL;
+    const char *s = text != NULL ? PyUnicode_AsUTF8(text) : NULL;
+    if (s == NULL) {
+        PyErr_Clear();
+        s = "the model raised an exception that could not be formatted";
+    }
+    job->error = host_strdup(ip->host, s);
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+static int set_text_result(as_interp *ip, as_job *job, PyObject *res)
+{
+    if (PyUnicode_Check(res)) {
+        const char *s = PyUnicode_AsUTF8(res);
+        if (s == NULL)
+            return -1;
+        job->result = host_strdup(ip->host, s);
+    }
+    return 0;
+}
+
+static PyObject *make_inputs(const as_job *job, PyObject **views)
+{
+    static char empty[1];
+    PyObject *list = PyList_New((Py_ssize_t)job->n_inputs);
+    if (list == NULL)
+        return NULL;
+    for (size_t i = 0; i < job->n_inputs; i++) {
+        const as_tensor *t = &job->inputs[i];
+        PyObject *shape = PyTuple_New(t->ndim);
+        if (shape == NULL)
+            goto error;
+        for (int d = 0; d < t->ndim; d++)
+            PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(t->shape[d]));
+        views[i] = PyMemoryView_FromMemory(t->nbytes ? (char *)t->data : empty, (Py_ssize_t)t->nbytes,
+                                           t->readonly ? PyBUF_READ : PyBUF_WRITE);
+        if (views[i] == NULL) {
+            Py_DECREF(shape);
+            goto error;
+        }
+        Py_INCREF(views[i]);
+        PyObject *item = Py_BuildValue("(ssNN)", t->name, t->datatype, shape, views[i]);
+        if (item == NULL)
+            goto error;
+        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    return list;
+error:
+    Py_DECREF(list);
+    return NULL;
+}
+
+/* Inputs are borrowed for the call: end the views so nothing reads host memory later.
+ * A model that kept an array over an input leaves the view exported; that is its
+ * contract to honour (copy what you keep), so the BufferError is not fatal. */
+static void end_views(PyObject **views, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (views[i] == NULL)
+            continue;
+        PyObject *r = PyObject_CallMethod(views[i], "release", NULL);
+        if (r == NULL)
+            PyErr_Clear();
+        Py_XDECREF(r);
+        Py_DECREF(views[i]);
+    }
+}
+
+static void free_owner(owner_t *o)
+{
+    for (size_t i = 0; i < o->n; i++)
+        if (o->views[i].obj != NULL)
+            PyBuffer_Release(&o->views[i]);
+    PyMem_RawFree(o->views);
+    Py_XDECREF(o->result);
+    PyMem_RawFree(o);
+}
+
+static void free_outputs(as_interp *ip, as_job *job)
+{
+    for (size_t i = 0; i < job->n_outputs; i++) {
+        ip->host->free(job->outputs[i].name);
+        ip->host->free(job->outputs[i].datatype);
+    }
+    ip->host->free(job->outputs);
+    job->outputs = NULL;
+    job->n_outputs = 0;
+}
+
+/* Turn the bootstrap's list of (name, datatype, shape, data) into job->outputs. */
+static int take_outputs(as_interp *ip, as_job *job, PyObject *res)
+{
+    if (!PyList_Check(res)) {
+        PyErr_SetString(PyExc_TypeError, "aserve runtime: infer must return a list");
+        return -1;
+    }
+    size_t n = (size_t)PyList_GET_SIZE(res);
+    owner_t *o = PyMem_RawCalloc(1, sizeof(owner_t));
+    as_tensor *out = ip->host->alloc(n ? n * sizeof(as_tensor) : 1);
+    if (o == NULL || out == NULL || (o->views = PyMem_RawCalloc(n ? n : 1, sizeof(Py_buffer))) == NULL) {
+        PyMem_RawFree(o);
+        ip->host->free(out);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(out, 0, n * sizeof(as_tensor));
+    Py_INCREF(res);
+    o->result = res;
+    o->n = n;
+    job->outputs = out;
+    job->n_outputs = n;
+    for (size_t i = 0; i < n; i++) {
+        const char *name, *datatype;
+        PyObject *shape, *data;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(res, (Py_ssize_t)i), "ssO!O;aserve runtime output", &name,
+                              &datatype, &PyTuple_Type, &shape, &data))
+            goto error;
+        as_tensor *t = &out[i];
+        t->name = host_strdup(ip->host, name);
+        t->datatype = host_strdup(ip->host, datatype);
+        Py_ssize_t nd = PyTuple_GET_SIZE(shape);
+        if (nd > AS_MAX_DIMS) {
+            PyErr_Format(PyExc_ValueError, "output %s has %zd dimensions; at most %d are supported", name, nd,
+                         AS_MAX_DIMS);
+            goto error;
+        }
+        t->ndim = (int)nd;
+        for (Py_ssize_t d = 0; d < nd; d++) {
+            t->shape[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+            if (t->shape[d] == -1 && PyErr_Occurred())
+                goto error;
+        }
+        if (PyTuple_Check(data) && PyTuple_GET_SIZE(data) == 3) {
+            /* (address, nbytes, keepalive): a torch tensor's storage */
+            t->data = PyLong_AsVoidPtr(PyTuple_GET_ITEM(data, 0));
+            t->nbytes = PyLong_AsSize_t(PyTuple_GET_ITEM(data, 1));
+            if (PyErr_Occurred())
+                goto error;
+        } else {
+            Py_buffer *v = &o->views[i];
+            if (PyObject_GetBuffer(data, v, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+                PyErr_Clear();
+                if (PyObject_GetBuffer(data, v, PyBUF_C_CONTIGUOUS) < 0)
+                    goto error;
+            }
+            t->data = v->buf;
+            t->nbytes = (size_t)v->len;
+            t->readonly = v->readonly;
+        }
+    }
+    job->owner = o;
+    return 0;
+error:
+    free_outputs(ip, job);
+    free_owner(o);
+    return -1;
+}
+
+static void run_attached(as_interp *ip, as_job *job)
+{
+    PyObject *res = NULL;
+    switch (job->kind) {
+    case AS_JOB_LOAD:
+        res = PyObject_CallFunction(ip->fn_load, "ss", job->model, job->text);
+        if (res != NULL && set_text_result(ip, job, res) < 0)
+            Py_CLEAR(res);
+        break;
+    case AS_JOB_UNLOAD:
+        res = PyObject_CallFunction(ip->fn_unload, "s", job->model);
+        break;
+    case AS_JOB_EXEC:
+        res = PyObject_CallFunction(ip->fn_exec, "s", job->text);
+        if (res != NULL && set_text_result(ip, job, res) < 0)
+            Py_CLEAR(res);
+        break;
+    case AS_JOB_INFER: {
+        PyObject **views = PyMem_RawCalloc(job->n_inputs ? job->n_inputs : 1, sizeof(PyObject *));
+        PyObject *inputs = views != NULL ? make_inputs(job, views) : PyErr_NoMemory();
+        if (inputs != NULL) {
+            res = PyObject_CallFunction(ip->fn_infer, "sO", job->model, inputs);
+            Py_DECREF(inputs);
+        }
+        if (res != NULL && take_outputs(ip, job, res) < 0)
+            Py_CLEAR(res);
+        if (views != NULL) {
+            /* keep the pending exception across the releases */
+            PyObject *t, *v, *tb;
+            PyErr_Fetch(&t, &v, &tb);
+            end_views(views, job->n_inputs);
+            PyErr_Restore(t, v, tb);
+            PyMem_RawFree(views);
+        }
+        break;
+    }
+    default:
+        PyErr_Format(PyExc_ValueError, "aserve runtime: unknown job kind %d", job->kind);
+    }
+    if (res == NULL)
+        fail_job(ip, job);
+    Py_XDECREF(res);
+}
+
+void as_interp_run(as_interp *ip, as_job *job)
+{
+    PyEval_RestoreThread(ip->ts);
+    run_attached(ip, job);
+    ip->ts = PyEval_SaveThread();
+}
+
+void as_interp_release(as_interp *ip, void *owner)
+{
+    PyEval_RestoreThread(ip->ts);
+    free_owner(owner);
+    ip->ts = PyEval_SaveThread();
+}

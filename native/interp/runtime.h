@@ -1,0 +1,27 @@
+/* Interpreter side: what runs inside one interpreter, on its worker thread. */
+#ifndef ASERVE_RUNTIME_H
+#define ASERVE_RUNTIME_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "../abi.h"
+
+struct as_interp {
+    PyThreadState *ts;     /* detached between jobs */
+    const as_host *host;
+    PyObject *fn_load, *fn_unload, *fn_infer, *fn_exec, *fn_format;
+};
+
+/* Import the bootstrap module and keep its entry points. Needs an attached thread
+ * state; returns 0, or -1 with a message in err. */
+int as_runtime_bind(as_interp *ip, const as_init *cfg, char *err, size_t errlen);
+
+/* Format the current Python exception into err (clearing it). */
+void as_runtime_error(char *err, size_t errlen, const char *what);
+
+/* Run one job / give back one result's owner; attach and detach ip->ts. */
+void as_interp_run(as_interp *ip, as_job *job);
+void as_interp_release(as_interp *ip, void *owner);
+
+#endif

@@ -1,0 +1,170 @@
+"""Entry points the engine calls inside each interpreter.
+
+The native worker imports this module once per interpreter and calls `load`,
+`infer`, `unload` and `execute` with plain values (str, tuple, memoryview), so that
+nothing but buffers and metadata ever crosses between interpreters.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+from .model import TENSOR_FORMATS, Model, TensorSpec
+from .tensors import from_model, to_model
+
+
+class LoadError(Exception):
+    """A model could not be imported, constructed or loaded."""
+
+
+class _Loaded:
+    __slots__ = ("model", "fmt", "inputs", "outputs")
+
+    def __init__(self, model: Model, fmt: str, inputs: list[TensorSpec], outputs: list[TensorSpec]):
+        self.model = model
+        self.fmt = fmt
+        self.inputs = {s.name: s for s in inputs}
+        self.outputs = {s.name: s for s in outputs}
+
+
+_models: dict[str, _Loaded] = {}
+_scratch: dict[str, Any] = {"__name__": "__aserve_exec__"}
+
+
+def _specs(declared: Any, where: str) -> list[TensorSpec]:
+    out = []
+    for d in declared or ():
+        if isinstance(d, dict):
+            d = TensorSpec(d["name"], d["datatype"], tuple(d["shape"]))
+        elif not isinstance(d, TensorSpec):
+            d = TensorSpec(*d)
+        try:
+            out.append(d.check())
+        except ValueError as e:
+            raise LoadError(f"{where}: {e}") from None
+    return out
+
+
+def _import_file(path: str, module_name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise LoadError(f"{path}: not a Python source file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:
+        sys.modules.pop(module_name, None)
+        raise LoadError(f"{path}: import failed: {type(e).__name__}: {e}") from e
+    return module
+
+
+def _find_class(module: Any, path: str, class_name: str | None) -> type[Model]:
+    if class_name:
+        cls = getattr(module, class_name, None)
+        if not isinstance(cls, type):
+            raise LoadError(f"{path}: no class named {class_name!r}")
+        return cls
+    found = [
+        v
+        for v in vars(module).values()
+        if isinstance(v, type) and issubclass(v, Model) and v is not Model and v.__module__ == module.__name__
+    ]
+    if len(found) != 1:
+        names = ", ".join(c.__name__ for c in found) or "none"
+        raise LoadError(
+            f"{path}: expected exactly one aserve.runtime.Model subclass (found {names}); "
+            "name the one to serve with `class` in the model config"
+        )
+    return found[0]
+
+
+def load(key: str, spec_json: str) -> str:
+    """Import, construct and load a model; return its metadata as JSON."""
+    spec = json.loads(spec_json)
+    path = spec["path"]
+    if os.path.isdir(path):
+        path = os.path.join(path, "model.py")
+    if not os.path.isfile(path):
+        raise LoadError(f"{path}: model file not found")
+    module_name = "aserve_model_" + "".join(c if c.isalnum() else "_" for c in key)
+    module = _import_file(path, module_name)
+    cls = _find_class(module, path, spec.get("class"))
+    inputs = _specs(spec.get("inputs") or getattr(cls, "inputs", ()), f"{path}: inputs")
+    outputs = _specs(spec.get("outputs") or getattr(cls, "outputs", ()), f"{path}: outputs")
+    fmt = getattr(cls, "tensor_format", "memoryview")
+    if fmt not in TENSOR_FORMATS:
+        raise LoadError(f"{path}: tensor_format {fmt!r} must be one of {', '.join(TENSOR_FORMATS)}")
+    if fmt == "torch" or "torch" in sys.modules:
+        try:
+            import torch
+
+            torch.set_num_threads(int(getattr(cls, "torch_threads", 1)))
+        except ImportError:
+            if fmt == "torch":
+                raise LoadError(f"{path}: tensor_format 'torch' but torch is not installed") from None
+    try:
+        model = cls()
+        model.name = spec.get("name", key)
+        model.directory = os.path.dirname(os.path.abspath(path))
+        model.parameters = dict(spec.get("parameters") or {})
+        model.load()
+    except BaseException as e:
+        raise LoadError(f"{path}: {cls.__name__} failed to load: {type(e).__name__}: {e}") from e
+    _models[key] = _Loaded(model, fmt, inputs, outputs)
+    return json.dumps(
+        {
+            "class": cls.__name__,
+            "file": path,
+            "tensor_format": fmt,
+            "inputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in inputs],
+            "outputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in outputs],
+        }
+    )
+
+
+def unload(key: str) -> None:
+    if _models.pop(key, None) is not None:
+        sys.modules.pop("aserve_model_" + "".join(c if c.isalnum() else "_" for c in key), None)
+        gc.collect()
+
+
+def infer(key: str, inputs: list[tuple[str, str, tuple[int, ...], memoryview]]) -> list[Any]:
+    """Run one batch; inputs and outputs are (name, datatype, shape, data) tuples."""
+    loaded = _models.get(key)
+    if loaded is None:
+        raise KeyError(f"model {key!r} is not loaded in this interpreter")
+    fmt = loaded.fmt
+    batch = {name: to_model(datatype, shape, view, fmt) for name, datatype, shape, view in inputs}
+    result = loaded.model(batch)
+    if isinstance(result, (list, tuple)) and loaded.outputs:
+        result = dict(zip(loaded.outputs, result))
+    if not isinstance(result, dict):
+        raise TypeError(f"model returned {type(result).__name__}; expected a dict of output name -> tensor")
+    specs = loaded.outputs
+    if specs:
+        missing = [n for n in specs if n not in result]
+        if missing:
+            raise TypeError(f"model did not return declared outputs {missing}")
+    return [from_model(name, value, specs.get(name)) for name, value in result.items()]
+
+
+def execute(source: str) -> str:
+    """Run Python source in this interpreter's scratch namespace; return repr(result)."""
+    _scratch.pop("result", None)
+    exec(compile(source, "<aserve exec>", "exec"), _scratch)
+    return repr(_scratch["result"]) if "result" in _scratch else ""
+
+
+def format_exception(exc: BaseException) -> str:
+    if isinstance(exc, LoadError):
+        return str(exc) + "".join(
+            "\n" + line for c in [exc.__cause__] if c is not None for line in traceback.format_exception(c)
+        )
+    return "".join(traceback.format_exception(exc))

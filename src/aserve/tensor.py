@@ -1,0 +1,47 @@
+"""The host's view of a tensor: datatype, shape and a buffer over its bytes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .runtime.datatypes import DATATYPES, element_count
+
+
+class Tensor:
+    """A V2 tensor on the host: bytes in C order, little-endian, never a Python list.
+
+    `data` is any object with the buffer protocol (bytes, bytearray, memoryview, a
+    buffer returned by an interpreter). BYTES tensors hold the V2 binary layout:
+    each element as a 4-byte little-endian length followed by its bytes.
+    """
+
+    __slots__ = ("datatype", "shape", "data")
+
+    def __init__(self, datatype: str, shape: tuple[int, ...], data: Any, /) -> None:
+        self.datatype = datatype
+        self.shape = tuple(shape)
+        self.data = data
+
+    @property
+    def nbytes(self) -> int:
+        return memoryview(self.data).nbytes
+
+    def check(self, name: str = "tensor") -> "Tensor":
+        """Raise ValueError unless the byte size matches datatype and shape."""
+        dt = DATATYPES.get(self.datatype)
+        if dt is None:
+            raise ValueError(f"{name}: unknown datatype {self.datatype!r}")
+        if dt.itemsize:
+            want = element_count(self.shape) * dt.itemsize
+            if self.nbytes != want:
+                raise ValueError(
+                    f"{name}: {self.datatype} {list(self.shape)} needs {want} bytes, got {self.nbytes}"
+                )
+        return self
+
+    def view(self) -> memoryview:
+        """The tensor's bytes as a flat unsigned-byte memoryview (no copy)."""
+        return memoryview(self.data).cast("B")
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.datatype!r}, {list(self.shape)}, <{self.nbytes} bytes>)"
