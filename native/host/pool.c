@@ -28,6 +28,7 @@ typedef struct hjob {
     PyObject *future;
     int host_kind;
     int worker;
+    uint64_t mask; /* shared jobs: bit i set if interpreter i may run it */
     char *model, *text;
     as_tensor *in;
     Py_buffer *views;
@@ -141,6 +142,26 @@ static hjob *pop(hjob **head, hjob **tail)
     return j;
 }
 
+/* First shared job interpreter `index` may run (models can be loaded on a subset). */
+static hjob *pop_shared(pool_t *p, int index)
+{
+    hjob *prev = NULL;
+    for (hjob *j = p->head; j != NULL; prev = j, j = j->next) {
+        if (!(j->mask >> index & 1))
+            continue;
+        if (prev != NULL)
+            prev->next = j->next;
+        else
+            p->head = j->next;
+        if (p->tail == j)
+            p->tail = prev;
+        j->next = NULL;
+        p->queued--;
+        return j;
+    }
+    return NULL;
+}
+
 static void *worker_main(void *arg)
 {
     worker_t *w = arg;
@@ -179,11 +200,8 @@ static void *worker_main(void *arg)
             continue;
         }
         hjob *j = pop(&w->head, &w->tail);
-        if (j == NULL && w->active) {
-            j = pop(&p->head, &p->tail);
-            if (j != NULL)
-                p->queued--;
-        }
+        if (j == NULL && w->active)
+            j = pop_shared(p, w->index);
         if (j != NULL) {
             w->busy = 1;
             pthread_mutex_unlock(&p->mu);
@@ -201,12 +219,12 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* Caller holds p->mu: wake one idle worker that takes shared jobs. */
-static void wake_idle(pool_t *p)
+/* Caller holds p->mu: wake one idle worker that may take a job with this mask. */
+static void wake_idle(pool_t *p, uint64_t mask)
 {
     for (int i = 0; i < p->n_workers; i++) {
         worker_t *w = p->workers[i];
-        if (w->waiting && w->active && w->ready) {
+        if (w->waiting && w->active && w->ready && (mask >> i & 1)) {
             w->waiting = 0;
             pthread_cond_signal(&w->cv);
             return;
@@ -415,12 +433,13 @@ static int fill_input(as_tensor *t, Py_buffer *v, PyObject *item)
 
 static PyObject *pool_submit(pool_t *p, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"future", "kind", "model", "text", "inputs", "target", NULL};
+    static char *kwlist[] = {"future", "kind", "model", "text", "inputs", "target", "mask", NULL};
     PyObject *future, *inputs = Py_None;
     int kind, target = -1;
+    unsigned long long mask = ~0ULL;
     const char *model = NULL, *text = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|zzOi:submit", kwlist, &future, &kind, &model, &text, &inputs,
-                                     &target))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|zzOiK:submit", kwlist, &future, &kind, &model, &text, &inputs,
+                                     &target, &mask))
         return NULL;
     if (kind < AS_JOB_LOAD || kind > AS_JOB_EXEC) {
         PyErr_Format(PyExc_ValueError, "Pool.submit: unknown job kind %d", kind);
@@ -432,6 +451,7 @@ static PyObject *pool_submit(pool_t *p, PyObject *args, PyObject *kw)
     if (j == NULL)
         return PyErr_NoMemory();
     j->job.kind = kind;
+    j->mask = mask;
     j->future = Py_NewRef(future);
     j->model = dup_or_null(model);
     j->text = dup_or_null(text);
@@ -477,7 +497,7 @@ static PyObject *pool_submit(pool_t *p, PyObject *args, PyObject *kw)
             p->head = j;
         p->tail = j;
         p->queued++;
-        wake_idle(p);
+        wake_idle(p, j->mask);
     }
     pthread_mutex_unlock(&p->mu);
     Py_RETURN_NONE;
@@ -601,7 +621,8 @@ static PyObject *pool_set_active(pool_t *p, PyObject *arg)
     pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->n_workers; i++)
         p->workers[i]->active = i < n;
-    wake_idle(p);
+    for (hjob *j = p->head; j != NULL; j = j->next)
+        wake_idle(p, j->mask);
     pthread_mutex_unlock(&p->mu);
     Py_RETURN_NONE;
 }
@@ -628,7 +649,8 @@ static PyMethodDef pool_methods[] = {
     {"add_interpreter", (PyCFunction)pool_add_interpreter, METH_O,
      "add_interpreter(future) -> index: start one more interpreter; future resolves when it is ready"},
     {"submit", (PyCFunction)(void (*)(void))pool_submit, METH_VARARGS | METH_KEYWORDS,
-     "submit(future, kind, model=None, text=None, inputs=None, target=-1): queue a job"},
+     "submit(future, kind, model=None, text=None, inputs=None, target=-1, mask=all): queue a job for "
+     "interpreter target, or for the first idle interpreter whose bit is set in mask"},
     {"drain", (PyCFunction)pool_drain, METH_NOARGS, "drain() -> [(future, ok, payload)]: finished jobs"},
     {"fileno", (PyCFunction)pool_fileno, METH_NOARGS, "fileno() -> the eventfd that signals completions"},
     {"set_active", (PyCFunction)pool_set_active, METH_O,

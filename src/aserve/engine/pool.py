@@ -43,7 +43,7 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
 
     name: str
     engine: str
-    interpreters: int
+    interpreters: int  # how many of the pool's interpreters serve it
     class_name: str
     file: str
     tensor_format: str
@@ -117,6 +117,7 @@ class Pool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: set[asyncio.Future[Any]] = set()
         self._models: dict[str, ModelInfo] = {}
+        self._masks: dict[str, int] = {}
         self._closed = False
 
     # ---- lifecycle ----
@@ -202,11 +203,11 @@ class Pool:
 
     def _submit(self, kind: int, *, model: str | None = None, text: str | None = None,
                 inputs: list[tuple[str, str, tuple[int, ...], Any]] | None = None,
-                target: int = -1) -> asyncio.Future[Any]:
+                target: int = -1, mask: int = -1) -> asyncio.Future[Any]:
         if self._native is None or self._loop is None:
             raise EngineError("the pool is not started: await pool.start() first")
         fut = self._loop.create_future()
-        self._native.submit(fut, kind, model, text, inputs, target)
+        self._native.submit(fut, kind, model, text, inputs, target, mask & 0xFFFFFFFFFFFFFFFF)
         self._pending.add(fut)
         fut.add_done_callback(self._pending.discard)
         return fut
@@ -215,15 +216,22 @@ class Pool:
         if self._closed:
             raise EngineError("the pool is closed")
 
-    def _targets(self) -> range:
+    def _targets(self, name: str) -> range:
         # host-interpreter threads share one set of modules: load once
-        return range(1) if self.engine == "main" else range(self.interpreters)
+        n = self._models[name].interpreters if name in self._models else self.interpreters
+        return range(1) if self.engine == "main" else range(n)
 
-    async def load(self, spec: ModelSpec) -> ModelInfo:
-        """Load a model in every interpreter, concurrently; ModelLoadError names the file and cause."""
+    async def load(self, spec: ModelSpec, *, interpreters: int | None = None) -> ModelInfo:
+        """Load a model in its interpreters (all, or the first `interpreters`), concurrently.
+
+        ModelLoadError names the file and the cause."""
         self._check_open()
         if spec.name in self._models:
             await self.unload(spec.name)
+        n = self.interpreters if interpreters is None else interpreters
+        if not 1 <= n <= self.interpreters:
+            raise EngineError(f"model {spec.name!r}: interpreters={n} outside 1..{self.interpreters}")
+        targets = range(1) if self.engine == "main" else range(n)
         text = json.dumps(
             {
                 "name": spec.name,
@@ -234,11 +242,11 @@ class Pool:
                 "parameters": spec.parameters,
             }
         )
-        futures = [self._submit(_native.JOB_LOAD, model=spec.name, text=text, target=i) for i in self._targets()]
+        futures = [self._submit(_native.JOB_LOAD, model=spec.name, text=text, target=i) for i in targets]
         results = await asyncio.gather(*futures, return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
-            for i, r in zip(self._targets(), results):
+            for i, r in zip(targets, results):
                 if not isinstance(r, BaseException):
                     await self._submit(_native.JOB_UNLOAD, model=spec.name, target=i)
             raise failed[0]
@@ -246,7 +254,7 @@ class Pool:
         info = ModelInfo(
             name=spec.name,
             engine=self.engine,
-            interpreters=self.interpreters,
+            interpreters=n,
             class_name=meta["class"],
             file=meta["file"],
             tensor_format=meta["tensor_format"],
@@ -254,11 +262,14 @@ class Pool:
             outputs=[TensorSpec(d["name"], d["datatype"], tuple(d["shape"])) for d in meta["outputs"]],
         )
         self._models[spec.name] = info
+        self._masks[spec.name] = (1 << n) - 1
         return info
 
     async def _unload(self, name: str) -> None:
+        targets = self._targets(name)
         self._models.pop(name, None)
-        await asyncio.gather(*(self._submit(_native.JOB_UNLOAD, model=name, target=i) for i in self._targets()))
+        self._masks.pop(name, None)
+        await asyncio.gather(*(self._submit(_native.JOB_UNLOAD, model=name, target=i) for i in targets))
 
     async def unload(self, name: str) -> None:
         self._check_open()
@@ -269,10 +280,11 @@ class Pool:
     async def infer(self, model: str, inputs: Mapping[str, Tensor], /) -> dict[str, Tensor]:
         """Run one batch on the first idle interpreter; outputs are buffers it keeps alive."""
         self._check_open()
-        if model not in self._models:
+        mask = self._masks.get(model)
+        if mask is None:
             raise ModelNotFound(f"model {model!r} is not loaded")
         payload = [(name, t.datatype, t.shape, t.data) for name, t in inputs.items()]
-        outputs = await self._submit(_native.JOB_INFER, model=model, inputs=payload)
+        outputs = await self._submit(_native.JOB_INFER, model=model, inputs=payload, mask=mask)
         return {name: Tensor(datatype, shape, buf) for name, datatype, shape, buf in outputs}
 
     async def execute(self, interpreter: int, source: str, /) -> str:
