@@ -7,10 +7,8 @@ import pathlib
 
 import pytest
 
-from aserve.engine import ensure_glibc_tunables
-
-# Private interpreters need the tunables at process start: re-execute pytest once.
-ensure_glibc_tunables()
+# Private interpreters need glibc tunables at process start: the `aserve.testing`
+# plugin (pyproject addopts) re-executes pytest with them before capture starts.
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -166,6 +166,17 @@ static void free_outputs(as_interp *ip, as_job *job)
     job->n_outputs = 0;
 }
 
+static int overlaps_input(const as_job *job, const void *p, size_t n)
+{
+    const char *a = p, *b = (const char *)p + n;
+    for (size_t i = 0; i < job->n_inputs; i++) {
+        const char *lo = job->inputs[i].data, *hi = lo + job->inputs[i].nbytes;
+        if (n && job->inputs[i].nbytes && a < hi && lo < b)
+            return 1;
+    }
+    return 0;
+}
+
 /* Turn the bootstrap's list of (name, datatype, shape, data) into job->outputs. */
 static int take_outputs(as_interp *ip, as_job *job, PyObject *res)
 {
@@ -209,6 +220,7 @@ static int take_outputs(as_interp *ip, as_job *job, PyObject *res)
             if (t->shape[d] == -1 && PyErr_Occurred())
                 goto error;
         }
+        Py_buffer *v = &o->views[i];
         if (PyTuple_Check(data) && PyTuple_GET_SIZE(data) == 3) {
             /* (address, nbytes, keepalive): a torch tensor's storage */
             t->data = PyLong_AsVoidPtr(PyTuple_GET_ITEM(data, 0));
@@ -216,7 +228,6 @@ static int take_outputs(as_interp *ip, as_job *job, PyObject *res)
             if (PyErr_Occurred())
                 goto error;
         } else {
-            Py_buffer *v = &o->views[i];
             if (PyObject_GetBuffer(data, v, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
                 PyErr_Clear();
                 if (PyObject_GetBuffer(data, v, PyBUF_C_CONTIGUOUS) < 0)
@@ -225,6 +236,21 @@ static int take_outputs(as_interp *ip, as_job *job, PyObject *res)
             t->data = v->buf;
             t->nbytes = (size_t)v->len;
             t->readonly = v->readonly;
+        }
+        if (overlaps_input(job, t->data, t->nbytes)) {
+            /* an output over an input (an identity model): inputs are borrowed and
+             * the host frees them when the job completes, so the output is copied */
+            PyObject *copy = PyBytes_FromStringAndSize(t->data, (Py_ssize_t)t->nbytes);
+            if (v->obj != NULL)
+                PyBuffer_Release(v);
+            if (copy == NULL)
+                goto error;
+            int rc = PyObject_GetBuffer(copy, v, PyBUF_C_CONTIGUOUS);
+            Py_DECREF(copy); /* the view holds it */
+            if (rc < 0)
+                goto error;
+            t->data = v->buf;
+            t->readonly = 1;
         }
     }
     job->owner = o;

@@ -92,7 +92,7 @@ def load(key: str, spec_json: str) -> str:
     if os.path.isdir(path):
         path = os.path.join(path, "model.py")
     if not os.path.isfile(path):
-        raise LoadError(f"{path}: model file not found")
+        raise LoadError(f"{path}: model file not found (a model is a model.py file or a folder holding one)")
     module_name = "aserve_model_" + "".join(c if c.isalnum() else "_" for c in key)
     module = _import_file(path, module_name)
     cls = _find_class(module, path, spec.get("class"))

@@ -95,9 +95,17 @@ def _bytes_output(value: Any, spec: TensorSpec | None) -> tuple[str, tuple[int, 
     return "BYTES", tuple(shape), encode_bytes(items)
 
 
+def _is_text_list(value: Any) -> bool:
+    if not isinstance(value, (list, tuple)):
+        return False
+    while isinstance(value, (list, tuple)) and value:
+        value = value[0]
+    return isinstance(value, (str, bytes))
+
+
 def from_model(name: str, value: Any, spec: TensorSpec | None) -> tuple[str, str, tuple[int, ...], Any]:
     """One output, as (name, datatype, shape, buffer-or-(address, nbytes, keepalive))."""
-    if spec is not None and spec.datatype == "BYTES":
+    if (spec is not None and spec.datatype == "BYTES") or (spec is None and _is_text_list(value)):
         datatype, shape, data = _bytes_output(value, spec)
     elif type(value).__module__ == "torch" and "torch" in sys.modules:
         datatype, shape, data = _torch_output(value)

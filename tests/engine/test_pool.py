@@ -1,0 +1,283 @@
+"""The interpreter pool, exercised as a user drives it: real interpreters, real models."""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import sys
+
+import pytest
+
+from aserve.engine import ModelSpec, Pool
+from aserve.errors import EngineError, ModelError, ModelLoadError, ModelNotFound
+from aserve.tensor import Tensor
+
+from ..conftest import needs_torch
+
+ENGINES = ["private", "main"] + (["subinterp"] if sys.version_info >= (3, 12) else [])
+PARALLEL_ENGINES = [e for e in ENGINES if e != "main"]
+
+ECHO = """
+from aserve.runtime import Model
+class Echo(Model):
+    def __call__(self, inputs):
+        return dict(inputs)  # outputs that alias inputs are copied by the engine
+"""
+
+
+async def test_interpreters_are_isolated() -> None:
+    for engine in PARALLEL_ENGINES:
+        async with Pool(engine=engine, interpreters=2) as pool:
+            await pool.execute(0, "import sys; sys.modules['__main__'].marker = 'zero'; result = 1")
+            seen0 = await pool.execute(0, "import sys; result = getattr(sys.modules['__main__'], 'marker', None)")
+            seen1 = await pool.execute(1, "import sys; result = getattr(sys.modules['__main__'], 'marker', None)")
+            assert (seen0, seen1) == ("'zero'", "None"), engine
+            ids = {await pool.execute(i, "import sys; result = id(sys.modules)") for i in range(2)}
+            assert len(ids) == 2, engine
+
+
+async def test_main_engine_shares_one_interpreter() -> None:
+    async with Pool(engine="main", interpreters=2) as pool:
+        ids = {await pool.execute(i, "import sys; result = id(sys.modules)") for i in range(2)}
+        assert len(ids) == 1
+
+
+@needs_torch
+async def test_torch_runs_in_every_interpreter_of_four() -> None:
+    async with Pool(engine="private", interpreters=4) as pool:
+        code = "import torch; result = (float(torch.ones(3).sum()), torch.get_num_threads(), id(torch))"
+        results = [eval(await pool.execute(i, code)) for i in range(4)]
+        assert [r[0] for r in results] == [3.0] * 4
+        assert len({r[2] for r in results}) == 4  # four distinct torch modules
+
+
+RENDEZVOUS = """
+import time
+from aserve.runtime import Model
+class Meet(Model):
+    def __call__(self, inputs):
+        flags = inputs["flags"]          # one shared writable host buffer: a byte per caller
+        me = inputs["me"][0]
+        flags[me] = 1
+        limit = time.monotonic() + 60
+        while flags[1 - me] == 0:        # wait until the other caller is inside its call too
+            if time.monotonic() > limit:
+                raise TimeoutError("the other interpreter never arrived")
+        import sys
+        return {"interp": [id(sys.modules)]}
+"""
+
+
+@pytest.mark.parametrize("engine", PARALLEL_ENGINES)
+async def test_two_interpreters_run_model_code_simultaneously(engine: str, model_dir) -> None:
+    async with Pool(engine=engine, interpreters=2) as pool:
+        await pool.load(ModelSpec(name="meet", path=str(model_dir(RENDEZVOUS))))
+        flags = bytearray(2)
+
+        def call(me: int):
+            return pool.infer(
+                "meet",
+                {"flags": Tensor("UINT8", (2,), flags), "me": Tensor("INT32", (1,), array.array("i", [me]))},
+            )
+
+        a, b = await asyncio.wait_for(asyncio.gather(call(0), call(1)), 120)
+        assert flags == bytearray([1, 1])  # the interpreters wrote straight into host memory
+        ids = {memoryview(r["interp"].data).cast("q")[0] for r in (a, b)}
+        assert len(ids) == 2  # and they were two different interpreters
+
+
+STATEFUL = """
+from aserve.runtime import Model
+class State(Model):
+    def load(self):
+        self.state = bytearray(8)
+    def __call__(self, inputs):
+        if inputs["op"][0] == 0:
+            return {"out": memoryview(self.state)}       # share the model's own memory
+        return {"out": bytes(self.state)}                # a copy of what it holds now
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_writes_through_an_output_buffer_reach_the_interpreter(engine: str, model_dir) -> None:
+    async with Pool(engine=engine, interpreters=1) as pool:
+        await pool.load(ModelSpec(name="state", path=str(model_dir(STATEFUL))))
+        op = {"op": Tensor("INT32", (1,), array.array("i", [0]))}
+        shared = (await pool.infer("state", op))["out"]
+        memoryview(shared.data)[:4] = b"abcd"
+        copy = (await pool.infer("state", {"op": Tensor("INT32", (1,), array.array("i", [1]))}))["out"]
+        assert bytes(copy.data) == b"abcd\0\0\0\0"
+
+
+@needs_torch
+async def test_inputs_and_outputs_cross_without_copy(model_dir) -> None:
+    source = """
+import torch
+from aserve.runtime import Model
+class Addr(Model):
+    tensor_format = "torch"
+    def load(self):
+        self.out = torch.arange(4, dtype=torch.float32)
+    def __call__(self, inputs):
+        addr = torch.tensor([inputs["x"].data_ptr(), self.out.data_ptr()], dtype=torch.int64)
+        return {"addr": addr, "out": self.out}
+"""
+    async with Pool(engine="private", interpreters=1) as pool:
+        await pool.load(ModelSpec(name="addr", path=str(model_dir(source))))
+        import numpy as np
+
+        x = np.ones((2, 3), dtype=np.float32)
+        out = await pool.infer("addr", {"x": Tensor("FP32", (2, 3), x)})
+        seen_in, model_out = memoryview(out["addr"].data).cast("q")
+        assert seen_in == x.__array_interface__["data"][0]
+        assert out["out"].data.address == model_out
+        assert list(memoryview(out["out"].data).cast("f")) == [0.0, 1.0, 2.0, 3.0]
+
+
+RAISER = """
+from aserve.runtime import Model
+class Raiser(Model):
+    def __call__(self, inputs):
+        value = inputs["x"][0]
+        if value == 13:
+            raise ValueError(f"unlucky {value}")
+        return {"y": [value * 2]}
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_raising_model_fails_only_its_own_job(engine: str, model_dir) -> None:
+    async with Pool(engine=engine, interpreters=2) as pool:
+        await pool.load(ModelSpec(name="raiser", path=str(model_dir(RAISER))))
+        calls = [pool.infer("raiser", {"x": Tensor("INT64", (1,), array.array("q", [v]))}) for v in range(10, 17)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for v, r in zip(range(10, 17), results):
+            if v == 13:
+                assert isinstance(r, ModelError)
+                assert str(r) == "ValueError: unlucky 13"
+                assert "model.py" in r.traceback and "raise ValueError" in r.traceback
+            else:
+                assert memoryview(r["y"].data).cast("q")[0] == 2 * v
+        again = await pool.infer("raiser", {"x": Tensor("INT64", (1,), array.array("q", [1]))})
+        assert memoryview(again["y"].data).cast("q")[0] == 2
+
+
+SLOW = """
+import time
+from aserve.runtime import Model
+class Slow(Model):
+    def __call__(self, inputs):
+        time.sleep(0.005)
+        return {"y": bytes(inputs["x"])}
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_close_with_jobs_in_flight_loses_none(engine: str, model_dir) -> None:
+    pool = Pool(engine=engine, interpreters=2)
+    await pool.start()
+    await pool.load(ModelSpec(name="slow", path=str(model_dir(SLOW))))
+    tasks = [
+        asyncio.ensure_future(pool.infer("slow", {"x": Tensor("UINT8", (4,), i.to_bytes(4, "little"))}))
+        for i in range(60)
+    ]
+    await asyncio.sleep(0)  # every job is submitted
+    await pool.close()
+    results = await asyncio.gather(*tasks)
+    assert [int.from_bytes(bytes(r["y"].data), "little") for r in results] == list(range(60))
+    with pytest.raises(EngineError, match="closed"):
+        await pool.infer("slow", {"x": Tensor("UINT8", (4,), bytes(4))})
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_every_datatype_round_trips(engine: str, model_dir) -> None:
+    from aserve.runtime.datatypes import DATATYPES, encode_bytes
+
+    inputs = {}
+    for name, dt in DATATYPES.items():
+        if name == "BYTES":
+            data = encode_bytes([b"a", b"", "é".encode()])
+            inputs[name] = Tensor(name, (3,), data)
+        else:
+            inputs[name] = Tensor(name, (2, 3), bytes(range(dt.itemsize * 6)))
+    from aserve.runtime import TensorSpec
+
+    specs = [TensorSpec(name, name, (-1,) * len(t.shape)) for name, t in inputs.items()]
+    async with Pool(engine=engine, interpreters=1) as pool:
+        await pool.load(ModelSpec(name="echo", path=str(model_dir(ECHO)), inputs=specs, outputs=specs))
+        out = await pool.infer("echo", inputs)
+    for name, t in inputs.items():
+        assert out[name].datatype == name
+        if name not in ("BF16", "FP16"):  # memoryviews cannot be shaped as half floats: they come back flat
+            assert out[name].shape == t.shape, name
+        assert bytes(out[name].data) == bytes(t.data), name
+
+
+async def test_outputs_are_released_when_the_host_drops_them(model_dir) -> None:
+    source = """
+import weakref
+from aserve.runtime import Model
+LIVE = set()
+class Buf(bytearray):
+    pass
+class Tracked(Model):
+    def __call__(self, inputs):
+        b = Buf(1024)
+        LIVE.add(id(b))
+        weakref.finalize(b, LIVE.discard, id(b))
+        return {"y": b}
+"""
+    async with Pool(engine="private", interpreters=1) as pool:
+        await pool.load(ModelSpec(name="tracked", path=str(model_dir(source))))
+        x = {"x": Tensor("UINT8", (1,), b"\0")}
+        held = [await pool.infer("tracked", x) for _ in range(5)]
+        live = "import sys; result = len(sys.modules['aserve_model_tracked'].LIVE)"
+        assert await pool.execute(0, live) == "5"
+        del held
+        await pool.infer("tracked", x)  # the worker frees released outputs before its next job
+        assert await pool.execute(0, live) in ("0", "1")
+
+
+async def test_load_errors_name_the_file_and_cause(model_dir, tmp_path) -> None:
+    async with Pool(engine="private", interpreters=1) as pool:
+        missing = tmp_path / "nowhere"
+        with pytest.raises(ModelLoadError, match=r"nowhere: model file not found"):
+            await pool.load(ModelSpec(name="x", path=str(missing)))
+        broken = model_dir("def oops(:\n", name="broken")
+        with pytest.raises(ModelLoadError, match=r"broken/model.py: import failed: SyntaxError"):
+            await pool.load(ModelSpec(name="x", path=str(broken)))
+        failing = model_dir(
+            "from aserve.runtime import Model\nclass F(Model):\n    def load(self):\n        raise OSError('no weights')\n",
+            name="failing",
+        )
+        with pytest.raises(ModelLoadError, match=r"failing/model.py: F failed to load: OSError: no weights"):
+            await pool.load(ModelSpec(name="x", path=str(failing)))
+        none = model_dir("x = 1\n", name="none")
+        with pytest.raises(ModelLoadError, match=r"expected exactly one aserve.runtime.Model subclass"):
+            await pool.load(ModelSpec(name="x", path=str(none)))
+        with pytest.raises(ModelNotFound):
+            await pool.infer("x", {})
+        # the interpreter is still fine
+        assert await pool.execute(0, "result = 2 + 2") == "4"
+
+
+async def test_model_subset_runs_only_on_its_interpreters(model_dir) -> None:
+    source = "import sys\nfrom aserve.runtime import Model\nclass W(Model):\n" \
+             "    def __call__(self, inputs):\n        return {'who': [id(sys.modules)]}\n"
+    async with Pool(engine="private", interpreters=2) as pool:
+        await pool.load(ModelSpec(name="w", path=str(model_dir(source))), interpreters=1)
+        first = await pool.execute(0, "import sys; result = id(sys.modules)")
+        x = {"x": Tensor("UINT8", (1,), b"\0")}
+        seen = {memoryview((await pool.infer("w", x))["who"].data).cast("q")[0] for _ in range(8)}
+        assert seen == {int(first)}
+
+
+def test_too_many_private_interpreters_is_a_clear_error() -> None:
+    with pytest.raises(EngineError, match="at most 15"):
+        Pool(engine="private", interpreters=16)
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="subinterpreters exist on 3.12+")
+def test_subinterp_before_312_names_the_python_version() -> None:
+    with pytest.raises(EngineError, match=r"Python >= 3.12\); this is Python 3\.11"):
+        Pool(engine="subinterp", interpreters=1)
