@@ -71,5 +71,6 @@ typedef struct as_interp as_interp;
 typedef int (*as_create_fn)(const as_init *cfg, as_interp **out, char *err, size_t errlen);
 typedef void (*as_run_fn)(as_interp *ip, as_job *job);
 typedef void (*as_release_fn)(as_interp *ip, void *owner);
+typedef void (*as_destroy_fn)(as_interp *ip);
 
 #endif

@@ -16,6 +16,7 @@ typedef struct as_engine {
     as_create_fn create;
     as_run_fn run;
     as_release_fn release;
+    as_destroy_fn destroy;     /* end the interpreter on its worker thread, or NULL */
     void (*thread_init)(void); /* per-thread set-up in the interpreter's libc, or NULL */
     void *handle;              /* dlmopen handle of a private namespace */
 } as_engine;

@@ -113,6 +113,19 @@ fail:
     return -1;
 }
 
+/* Subinterpreters must end before the host finalizes (3.12 aborts otherwise). */
+static void sub_destroy(as_interp *ip)
+{
+    PyEval_RestoreThread(ip->ts);
+    Py_CLEAR(ip->fn_load);
+    Py_CLEAR(ip->fn_unload);
+    Py_CLEAR(ip->fn_infer);
+    Py_CLEAR(ip->fn_exec);
+    Py_CLEAR(ip->fn_format);
+    Py_EndInterpreter(ip->ts);
+    PyMem_RawFree(ip);
+}
+
 int as_subinterp_engine(as_engine *out, char *err, size_t errlen)
 {
     (void)err;
@@ -122,6 +135,7 @@ int as_subinterp_engine(as_engine *out, char *err, size_t errlen)
     out->create = sub_create;
     out->run = as_interp_run;
     out->release = as_interp_release;
+    out->destroy = sub_destroy;
     return 0;
 }
 

@@ -56,6 +56,7 @@ typedef struct worker {
     int active;          /* takes jobs from the pool queue */
     int ready, dead;
     int busy;            /* running a job */
+    int stop, exited;
     hjob *start_job;
 } worker_t;
 
@@ -68,6 +69,7 @@ typedef struct pool {
     char **path;
     char *executable, *bootstrap;
     pthread_mutex_t mu;
+    pthread_cond_t exit_cv;
     hjob *head, *tail; /* shared queue */
     size_t queued;
     hjob *done;        /* completions, newest first */
@@ -212,10 +214,20 @@ static void *worker_main(void *arg)
             post_done(p, j);
             continue;
         }
+        if (w->stop)
+            break;
         w->waiting = 1;
         pthread_cond_wait(&w->cv, &p->mu);
         w->waiting = 0;
     }
+    w->ready = 0;
+    pthread_mutex_unlock(&p->mu);
+    if (w->engine.destroy != NULL)
+        w->engine.destroy(w->ip);
+    pthread_mutex_lock(&p->mu);
+    w->exited = 1;
+    pthread_cond_broadcast(&p->exit_cv);
+    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -323,6 +335,7 @@ static PyObject *pool_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->exit_cv, NULL);
     return (PyObject *)p;
 }
 
@@ -643,6 +656,30 @@ static PyObject *pool_stats(pool_t *p, PyObject *Py_UNUSED(ignored))
                          busy, "queued", (Py_ssize_t)queued);
 }
 
+/* End the interpreters that can end (subinterpreters) once their queues are empty.
+ * Called at host exit: a host that finalizes with live subinterpreters aborts. */
+static PyObject *pool_shutdown(pool_t *p, PyObject *Py_UNUSED(ignored))
+{
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < p->n_workers; i++) {
+        worker_t *w = p->workers[i];
+        if (w->engine.destroy == NULL || w->dead)
+            continue;
+        w->active = 0;
+        w->stop = 1;
+        pthread_cond_signal(&w->cv);
+    }
+    for (int i = 0; i < p->n_workers; i++) {
+        worker_t *w = p->workers[i];
+        while (w->stop && !w->exited)
+            pthread_cond_wait(&p->exit_cv, &p->mu);
+    }
+    pthread_mutex_unlock(&p->mu);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *pool_get_engine(pool_t *p, void *Py_UNUSED(closure)) { return PyUnicode_FromString(p->engine_name); }
 
 static PyMethodDef pool_methods[] = {
@@ -655,6 +692,8 @@ static PyMethodDef pool_methods[] = {
     {"fileno", (PyCFunction)pool_fileno, METH_NOARGS, "fileno() -> the eventfd that signals completions"},
     {"set_active", (PyCFunction)pool_set_active, METH_O,
      "set_active(n): only the first n interpreters take shared jobs"},
+    {"shutdown", (PyCFunction)pool_shutdown, METH_NOARGS,
+     "shutdown(): end subinterpreters once their queues are empty (at host exit)"},
     {"stats", (PyCFunction)pool_stats, METH_NOARGS, "stats() -> dict of interpreter and queue counts"},
     {NULL, NULL, 0, NULL},
 };

@@ -8,11 +8,12 @@ one wake-up resolves every job that finished meanwhile.
 from __future__ import annotations
 
 import asyncio
-import glob
+import atexit
 import json
 import os
 import platform
 import sys
+import sysconfig
 from typing import Any, Mapping
 
 import msgspec
@@ -54,14 +55,14 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
 def interpreter_library() -> str:
     """Path of the library loaded first into each private namespace."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    found = glob.glob(os.path.join(here, "_interp*.so"))
-    if not found:
+    path = os.path.join(here, "_interp" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+    if not os.path.exists(path):
         raise EngineError(
             "engine 'private' needs a shared libpython (Python built with --enable-shared); "
             f"{sys.executable} has a static one, so aserve built no interpreter library. "
             "Use engine 'subinterp' (Python >= 3.12) or 'main'"
         )
-    return found[0]
+    return path
 
 
 def _check_platform() -> None:
@@ -75,6 +76,14 @@ def _check_platform() -> None:
 # Native pools outlive Pool objects: interpreters cannot be recreated in a namespace
 # that once held torch, so a closed Pool parks its native pool here for the next one.
 _parked: dict[str, list[Any]] = {}
+_subinterp_pools: list[Any] = []
+
+
+@atexit.register
+def _end_subinterpreters() -> None:
+    # a host that finalizes with live subinterpreters aborts (3.12): end them first
+    for native in _subinterp_pools:
+        native.shutdown()
 
 
 def _error(payload: tuple[str, str]) -> Exception:
@@ -159,10 +168,13 @@ class Pool:
             library: str | None = interpreter_library()
         else:
             library = None
-        return _native.Pool(
+        native = _native.Pool(
             self.engine, executable=sys.executable, path=[p for p in sys.path if p], bootstrap=BOOTSTRAP,
             library=library,
         )
+        if self.engine == "subinterp":
+            _subinterp_pools.append(native)
+        return native
 
     async def close(self) -> None:
         """Finish every job already submitted, unload the models, park the interpreters."""
