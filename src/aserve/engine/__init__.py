@@ -4,4 +4,4 @@ from .choose import Choice, choose_engine
 from .pool import ENGINES, ModelInfo, ModelSpec, Pool, interpreter_library
 from .tunables import ensure_glibc_tunables
 
-__all__ = ["Choice", "ENGINES", "choose_engine", "ModelInfo", "ModelSpec", "Pool", "ensure_glibc_tunables", "interpreter_library"]
+__all__ = ["ENGINES", "Choice", "ModelInfo", "ModelSpec", "Pool", "choose_engine", "ensure_glibc_tunables", "interpreter_library"]

@@ -14,7 +14,8 @@ import os
 import platform
 import sys
 import sysconfig
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import msgspec
 
@@ -195,7 +196,7 @@ class Pool:
             self._drain()
             _parked.setdefault(self.engine, []).append(native)
 
-    async def __aenter__(self) -> "Pool":
+    async def __aenter__(self) -> Pool:
         await self.start()
         return self
 
@@ -262,7 +263,7 @@ class Pool:
                 if not isinstance(r, BaseException):
                     await self._submit(_native.JOB_UNLOAD, model=spec.name, target=i)
             raise failed[0]
-        meta = json.loads(results[0])
+        meta = json.loads(str(results[0]))
         info = ModelInfo(
             name=spec.name,
             engine=self.engine,

@@ -24,7 +24,7 @@ class LoadError(Exception):
 
 
 class _Loaded:
-    __slots__ = ("model", "fmt", "inputs", "outputs")
+    __slots__ = ("fmt", "inputs", "model", "outputs")
 
     def __init__(self, model: Model, fmt: str, inputs: list[TensorSpec], outputs: list[TensorSpec]):
         self.model = model
@@ -158,7 +158,7 @@ def infer(key: str, inputs: list[tuple[str, str, tuple[int, ...], memoryview]]) 
 def execute(source: str) -> str:
     """Run Python source in this interpreter's scratch namespace; return repr(result)."""
     _scratch.pop("result", None)
-    exec(compile(source, "<aserve exec>", "exec"), _scratch)
+    exec(compile(source, "<aserve exec>", "exec"), _scratch)  # noqa: S102 - a diagnostics entry point
     return repr(_scratch["result"]) if "result" in _scratch else ""
 
 

@@ -7,7 +7,8 @@ prepare itself in `load()`, and answers a batch of named tensors in `__call__` (
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar, NamedTuple
 
 from .datatypes import lookup
 
@@ -21,7 +22,7 @@ class TensorSpec(NamedTuple):
     datatype: str
     shape: tuple[int, ...]
 
-    def check(self) -> "TensorSpec":
+    def check(self) -> TensorSpec:
         lookup(self.datatype)
         if not self.name:
             raise ValueError("tensor name must not be empty")
@@ -59,9 +60,9 @@ class Model:
     tensor_format: ClassVar[str] = "memoryview"
     torch_threads: ClassVar[int] = 1
 
-    name: str = ""
-    directory: str = ""
-    parameters: dict[str, Any] = {}
+    name: str
+    directory: str
+    parameters: dict[str, Any]
 
     def load(self) -> None:
         """Prepare the model (read weights, warm up). Runs once per interpreter."""

@@ -51,7 +51,7 @@ def to_model(datatype: str, shape: tuple[int, ...], view: memoryview, fmt: str) 
     # memoryview: typed and shaped where Python's buffer protocol can express it
     if dt.format and 0 not in shape and len(shape) >= 1:
         try:
-            return view.cast("B").cast(dt.format, shape)
+            return view.cast("B").cast(dt.format, shape)  # type: ignore[call-overload]
         except (TypeError, ValueError):
             pass
     return view
@@ -144,9 +144,10 @@ def from_model(name: str, value: Any, spec: TensorSpec | None) -> tuple[str, str
             datatype = spec.datatype  # raw bytes: the declaration says what they are
         if not datatype:
             raise TypeError(f"output {name!r}: buffer format {view.format!r} has no V2 datatype")
+        data = value
         if not view.c_contiguous:
-            view = memoryview(view.tobytes())
-        shape, data = tuple(view.shape), value
+            data = view = memoryview(view.tobytes()).cast(view.format, view.shape or ())  # type: ignore[call-overload]
+        shape = tuple(view.shape or ())
         if spec is not None and view.ndim <= 1 and DATATYPES[datatype].itemsize:
             shape = _fit_declared(spec.shape, view.nbytes // DATATYPES[datatype].itemsize)
     if spec is not None and datatype != spec.datatype:
