@@ -15,7 +15,7 @@ import platform
 import sys
 import sysconfig
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Self
 
 import msgspec
 
@@ -196,7 +196,7 @@ class Pool:
             self._drain()
             _parked.setdefault(self.engine, []).append(native)
 
-    async def __aenter__(self) -> Pool:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 

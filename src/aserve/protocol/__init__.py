@@ -1,0 +1,44 @@
+"""The server's wire codec: V2 (KServe/Triton) and TF-Serving messages, JSON and msgpack.
+
+Pure functions from request bodies to validated tensors and from output tensors to
+response bodies; no web framework, no I/O. Every malformed request raises
+`aserve.errors.InvalidInput` with a message naming the field, the expected and the
+received value.
+"""
+
+from .formats import (
+    CONTENT_TYPES,
+    Format,
+    content_type,
+    encode_error,
+    encode_message,
+    negotiate,
+    request_format,
+)
+from .metadata import ModelMetadata, ServerMetadata, TensorMetadata, model_metadata
+from .tfserving import PredictRequest, decode_predict, encode_predict
+from .v2 import HEADER_LENGTH, InferRequest, RequestedOutput, decode_infer, encode_infer
+from .validate import validate_inputs
+
+__all__ = [
+    "CONTENT_TYPES",
+    "HEADER_LENGTH",
+    "Format",
+    "InferRequest",
+    "ModelMetadata",
+    "PredictRequest",
+    "RequestedOutput",
+    "ServerMetadata",
+    "TensorMetadata",
+    "content_type",
+    "decode_infer",
+    "decode_predict",
+    "encode_error",
+    "encode_infer",
+    "encode_message",
+    "encode_predict",
+    "model_metadata",
+    "negotiate",
+    "request_format",
+    "validate_inputs",
+]

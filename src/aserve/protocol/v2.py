@@ -1,0 +1,429 @@
+"""The Open Inference Protocol (KServe V2) infer messages, as Triton and MLServer speak them.
+
+Requests and responses are JSON or msgpack; JSON requests may carry tensors after the
+JSON header (Triton's binary tensor extension, `Inference-Header-Content-Length`).
+Binary tensors are sliced out of the body without a copy; JSON/msgpack lists become
+little-endian buffers in C (see `arrays`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+import msgspec
+
+from ..errors import InvalidInput, ModelError
+from ..runtime.datatypes import DATATYPES, element_count
+from ..tensor import Tensor
+from . import arrays
+from .formats import (
+    DECODE_ERRORS,
+    OCTET_STREAM,
+    Format,
+    decode_error,
+    negotiate,
+    request_format,
+)
+from .formats import content_type as _content_type
+from .validate import validate_inputs
+
+if TYPE_CHECKING:
+    from ..engine.pool import ModelInfo
+
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+HEADER_LENGTH = "Inference-Header-Content-Length"
+MAX_RANK = arrays.MAX_RANK
+
+
+# ---- the request as it arrives ----
+
+
+class _InputParameters(msgspec.Struct):
+    binary_data_size: NonNegative | None = None
+    shared_memory_region: str | None = None
+
+
+class _WireInput(msgspec.Struct):
+    name: str
+    shape: list[NonNegative]
+    datatype: str
+    parameters: _InputParameters | None = None
+    data: msgspec.Raw = msgspec.Raw()  # decoded once the datatype is known
+
+
+class _OutputParameters(msgspec.Struct):
+    binary_data: bool | None = None
+    classification: NonNegative = 0
+    shared_memory_region: str | None = None
+
+
+class _WireOutput(msgspec.Struct):
+    name: str
+    parameters: _OutputParameters | None = None
+
+
+class _WireRequest(msgspec.Struct):
+    inputs: list[_WireInput]
+    id: str | None = None
+    outputs: list[_WireOutput] | None = None
+    parameters: dict[str, Any] | None = None
+
+
+_Decoder = msgspec.json.Decoder[Any] | msgspec.msgpack.Decoder[Any]
+_REQUEST_DECODERS: dict[str, _Decoder] = {
+    "json": msgspec.json.Decoder(_WireRequest),
+    "msgpack": msgspec.msgpack.Decoder(_WireRequest),
+}
+
+
+# ---- the decoded request ----
+
+
+class RequestedOutput(msgspec.Struct, frozen=True):
+    """An output the client asked for; `binary`: send its data after the JSON header."""
+
+    name: str
+    binary: bool
+
+
+class InferRequest(msgspec.Struct, kw_only=True):
+    """A decoded, validated infer request.
+
+    outputs: the requested outputs in order (empty: every output the model returns).
+    samples: batch rows (the leading dimension of the inputs; 1 if the model does not
+    batch). timeout_ms: from parameters["timeout"], which is in microseconds as in
+    Triton and tritonclient.
+    """
+
+    id: str | None
+    inputs: dict[str, Tensor]
+    outputs: list[RequestedOutput]
+    parameters: dict[str, Any]
+    samples: int
+    timeout_ms: float | None
+
+
+def decode_infer(
+    body: bytes | bytearray | memoryview,
+    /,
+    *,
+    content_type: str | None,
+    header_length: int | None,
+    model: ModelInfo,
+    max_batch_size: int,
+) -> InferRequest:
+    """Decode and validate an infer request body; raises InvalidInput naming the field."""
+    fmt = request_format(content_type)
+    header, blobs = _split(body, header_length)
+    wire = _decode_header(header, fmt, header_length)
+    inputs: dict[str, Tensor] = {}
+    offset = 0
+    for index, item in enumerate(wire.inputs):
+        field = f"inputs[{index}]"
+        if item.name in inputs:
+            first = next(i for i, w in enumerate(wire.inputs) if w.name == item.name)
+            raise InvalidInput(f"{field}.name: duplicate input {item.name!r} (also inputs[{first}])")
+        if len(item.shape) > MAX_RANK:
+            raise InvalidInput(f"{field}.shape: at most {MAX_RANK} dimensions, got {len(item.shape)}")
+        if item.datatype not in DATATYPES:
+            raise InvalidInput(
+                f"{field}.datatype: expected one of {', '.join(DATATYPES)}, got {item.datatype!r}"
+            )
+        params = item.parameters
+        if params is not None and params.shared_memory_region is not None:
+            raise InvalidInput(f"{field}.parameters.shared_memory_region: shared memory is not supported")
+        if params is not None and params.binary_data_size is not None:
+            if header_length is None:
+                raise InvalidInput(
+                    f"{field}.parameters.binary_data_size: binary data needs the {HEADER_LENGTH} header"
+                )
+            if item.data:
+                raise InvalidInput(f"{field}: has both data and parameters.binary_data_size")
+            data: Any = _binary_data(item, params.binary_data_size, blobs, offset, field)
+            offset += params.binary_data_size
+        elif item.data:
+            data = _decode_data(item.data, item.datatype, item.shape, fmt, f"{field}.data")
+        else:
+            raise InvalidInput(f"{field}.data: missing (give data or parameters.binary_data_size)")
+        inputs[item.name] = Tensor(item.datatype, tuple(item.shape), data)
+    if offset != len(blobs):
+        raise InvalidInput(
+            f"{HEADER_LENGTH}: inputs' binary_data_size add up to {offset} bytes, but "
+            f"{len(blobs)} bytes follow the {len(header)}-byte header"
+        )
+
+    parameters = wire.parameters if wire.parameters is not None else {}
+    default_binary = parameters.get("binary_data_output", False)
+    if not isinstance(default_binary, bool):
+        raise InvalidInput(f"parameters.binary_data_output: expected true or false, got {default_binary!r}")
+    timeout_ms = _timeout_ms(parameters.get("timeout"))
+    outputs = _requested_outputs(wire.outputs, model, default_binary)
+    samples = validate_inputs(inputs, model, max_batch_size=max_batch_size)
+    return InferRequest(
+        id=wire.id,
+        inputs=inputs,
+        outputs=outputs,
+        parameters=parameters,
+        samples=samples,
+        timeout_ms=timeout_ms,
+    )
+
+
+def _split(body: bytes | bytearray | memoryview, header_length: int | None) -> tuple[memoryview, memoryview]:
+    """The message header and the binary tensor data after it (views of the body)."""
+    view = memoryview(body)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    if header_length is None:
+        return view, view[:0]
+    if not 0 < header_length <= len(view):
+        raise InvalidInput(
+            f"{HEADER_LENGTH}: expected 1..{len(view)} (the body's length), got {header_length}"
+        )
+    return view[:header_length], view[header_length:]
+
+
+def _decode_header(header: memoryview, fmt: Format, header_length: int | None) -> _WireRequest:
+    try:
+        wire: _WireRequest = _REQUEST_DECODERS[fmt].decode(header)
+    except msgspec.ValidationError as exc:
+        raise decode_error(exc, fmt, document=header) from None
+    except DECODE_ERRORS as exc:
+        error = decode_error(exc, fmt)
+        if header_length is None and "trailing characters" in str(exc):
+            error = InvalidInput(f"{error} (binary tensors after the JSON need the {HEADER_LENGTH} header)")
+        raise error from None
+    return wire
+
+
+def _binary_data(item: _WireInput, size: int, blobs: memoryview, offset: int, field: str) -> memoryview:
+    """The input's bytes in the binary data after the header: a view, no copy."""
+    if offset + size > len(blobs):
+        raise InvalidInput(
+            f"{field}.parameters.binary_data_size: {size} bytes at offset {offset} run past the "
+            f"binary data after the header ({len(blobs)} bytes)"
+        )
+    data = blobs[offset : offset + size]
+    itemsize = DATATYPES[item.datatype].itemsize
+    count = element_count(item.shape)
+    if itemsize == 0:
+        got = arrays.count_bytes_elements(data, field=f"{field} binary data")
+        if got != count:
+            raise InvalidInput(
+                f"{field}.parameters.binary_data_size: BYTES {item.shape} needs {count} "
+                f"elements, binary data holds {got}"
+            )
+    elif size != count * itemsize:
+        raise InvalidInput(
+            f"{field}.parameters.binary_data_size: {item.datatype} {item.shape} needs "
+            f"{count * itemsize} bytes, got {size}"
+        )
+    return data
+
+
+def _decode_data(raw: msgspec.Raw, datatype: str, shape: list[int], fmt: Format, field: str) -> Any:
+    """Tensor bytes from a `data` value: flat or nested list, or (msgpack) raw bytes."""
+    try:
+        value = _decoder(fmt, datatype, 1).decode(raw)
+    except msgspec.ValidationError as exc:
+        if len(shape) < 2 or "got `array`" not in str(exc):
+            raise decode_error(exc, fmt, field=field, document=raw) from None
+        value = _decode_nested(raw, datatype, shape, fmt, field)
+    except DECODE_ERRORS as exc:
+        raise decode_error(exc, fmt, field=field) from None
+    if fmt == "msgpack":
+        if isinstance(value, memoryview):
+            return _raw_data(value, datatype, shape, field)
+        if datatype == "BYTES" and len(shape) > 1 and value and isinstance(value[0], list):
+            value = arrays.flatten(value, shape, field=field)
+    count = element_count(shape)
+    if len(value) != count:
+        raise InvalidInput(f"{field}: shape {shape} needs {count} elements, got {len(value)}")
+    return arrays.pack(datatype, value, field=field)
+
+
+def _decode_nested(raw: msgspec.Raw, datatype: str, shape: list[int], fmt: Format, field: str) -> list[Any]:
+    try:
+        nested = _decoder(fmt, datatype, len(shape)).decode(raw)
+    except DECODE_ERRORS as exc:
+        raise decode_error(exc, fmt, field=field, document=raw) from None
+    return arrays.flatten(nested, shape, field=field)
+
+
+def _raw_data(value: memoryview, datatype: str, shape: list[int], field: str) -> memoryview:
+    """msgpack `data` given as bytes: the tensor's little-endian bytes (a view, no copy)."""
+    dt = DATATYPES[datatype]
+    count = element_count(shape)
+    if dt.itemsize == 0:
+        got = arrays.count_bytes_elements(value, field=field)
+        if got != count:
+            raise InvalidInput(f"{field}: BYTES {shape} needs {count} elements, got {got}")
+    elif len(value) != count * dt.itemsize:
+        raise InvalidInput(f"{field}: {datatype} {shape} needs {count * dt.itemsize} bytes, got {len(value)}")
+    return value
+
+
+# (format, datatype, nesting depth) -> decoder of a `data` value; flat ones built up front.
+_data_decoders: dict[tuple[str, str, int], _Decoder] = {}
+
+
+def _decoder(fmt: Format, datatype: str, depth: int) -> _Decoder:
+    key = (fmt, datatype, depth)
+    dec = _data_decoders.get(key)
+    if dec is None:
+        if fmt == "msgpack":
+            # Raw bytes (bin) are also accepted, as a zero-copy view into the body.
+            dec = msgspec.msgpack.Decoder(memoryview | arrays.list_type(datatype, depth, msgpack=True))
+        else:
+            dec = msgspec.json.Decoder(arrays.list_type(datatype, depth))
+        _data_decoders[key] = dec
+    return dec
+
+
+for _fmt in ("json", "msgpack"):
+    for _dt in DATATYPES:
+        _decoder(_fmt, _dt, 1)  # type: ignore[arg-type]
+
+
+def _timeout_ms(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InvalidInput(f"parameters.timeout: expected microseconds > 0, got {value!r}")
+    return value / 1000.0
+
+
+def _requested_outputs(
+    wire: list[_WireOutput] | None, model: ModelInfo, default_binary: bool
+) -> list[RequestedOutput]:
+    if not wire:
+        return []
+    known = [s.name for s in model.outputs]
+    out: list[RequestedOutput] = []
+    seen: set[str] = set()
+    for index, item in enumerate(wire):
+        field = f"outputs[{index}]"
+        if item.name not in known:
+            raise InvalidInput(
+                f"{field}.name: model {model.name!r} has no output {item.name!r}; "
+                f"expected one of {', '.join(map(repr, known))}"
+            )
+        if item.name in seen:
+            raise InvalidInput(f"{field}.name: output {item.name!r} requested twice")
+        seen.add(item.name)
+        binary = default_binary
+        params = item.parameters
+        if params is not None:
+            if params.classification:
+                raise InvalidInput(f"{field}.parameters.classification: classification is not supported")
+            if params.shared_memory_region is not None:
+                raise InvalidInput(f"{field}.parameters.shared_memory_region: shared memory is not supported")
+            if params.binary_data is not None:
+                binary = params.binary_data
+        out.append(RequestedOutput(item.name, binary))
+    return out
+
+
+# ---- the response ----
+
+
+class _WireOutputTensor(msgspec.Struct, omit_defaults=True):
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Any = None
+    parameters: dict[str, int] | None = None
+
+
+class _WireResponse(msgspec.Struct, omit_defaults=True):
+    model_name: str
+    model_version: str | None = None
+    id: str | None = None
+    outputs: list[_WireOutputTensor] = []
+
+
+_json_encoder = msgspec.json.Encoder()
+_msgpack_encoder = msgspec.msgpack.Encoder()
+
+
+def encode_infer(
+    *,
+    model_name: str,
+    model_version: str | None,
+    request: InferRequest,
+    outputs: dict[str, Tensor],
+    accept: str | None,
+    content_type: str | None,
+) -> tuple[list[bytes | memoryview], dict[str, str]]:
+    """The response body (as chunks to write in order) and its headers.
+
+    JSON: outputs requested as binary go after the JSON header, each as the tensor's
+    own buffer (no copy), with `Inference-Header-Content-Length` and an
+    application/octet-stream Content-Type (as Triton answers); the rest carry flat
+    `data` lists. msgpack: every output's `data` is its raw little-endian bytes, BYTES
+    as a list of byte strings.
+    """
+    fmt = negotiate(accept, content_type)
+    if request.outputs:
+        selected = [(r.name, r.binary) for r in request.outputs]
+    else:
+        default_binary = request.parameters.get("binary_data_output", False) is True
+        selected = [(name, default_binary) for name in outputs]
+    wire: list[_WireOutputTensor] = []
+    blobs: list[bytes | memoryview] = []
+    for name, binary in selected:
+        tensor = outputs.get(name)
+        if tensor is None:
+            raise ModelError(
+                f"model {model_name!r} returned no output {name!r} (it returned {list(outputs)})"
+            )
+        view = _output_view(model_name, name, tensor)
+        if fmt == "msgpack":
+            data: Any = arrays.split_bytes(view) if tensor.datatype == "BYTES" else view
+            wire.append(_WireOutputTensor(name, tensor.datatype, tensor.shape, data))
+        elif binary:
+            blobs.append(view)
+            wire.append(
+                _WireOutputTensor(
+                    name, tensor.datatype, tensor.shape, parameters={"binary_data_size": len(view)}
+                )
+            )
+        else:
+            wire.append(
+                _WireOutputTensor(name, tensor.datatype, tensor.shape, _json_data(name, tensor, view))
+            )
+    message = _WireResponse(model_name, model_version, request.id, wire)
+    if fmt == "msgpack":
+        return [_msgpack_encoder.encode(message)], {"Content-Type": _content_type("msgpack", content_type)}
+    header = _json_encoder.encode(message)
+    if not blobs:
+        return [header], {"Content-Type": "application/json"}
+    return [header, *blobs], {"Content-Type": OCTET_STREAM, HEADER_LENGTH: str(len(header))}
+
+
+def _output_view(model_name: str, name: str, tensor: Tensor) -> memoryview:
+    view = memoryview(tensor.data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    dt = DATATYPES.get(tensor.datatype)
+    if dt is None:
+        raise ModelError(f"model {model_name!r} output {name!r}: unknown datatype {tensor.datatype!r}")
+    if dt.itemsize and len(view) != element_count(tensor.shape) * dt.itemsize:
+        raise ModelError(
+            f"model {model_name!r} output {name!r}: {tensor.datatype} {list(tensor.shape)} needs "
+            f"{element_count(tensor.shape) * dt.itemsize} bytes, got {len(view)}"
+        )
+    return view
+
+
+def _json_data(name: str, tensor: Tensor, view: memoryview) -> list[Any]:
+    values = arrays.unpack(tensor.datatype, view)
+    if tensor.datatype != "BYTES":
+        return values
+    try:
+        return [v.decode() for v in values]
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"outputs: BYTES output {name!r} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+            f"request it with parameters.binary_data = true"
+        ) from None

@@ -1,0 +1,334 @@
+"""V2 infer messages: every datatype through JSON, binary tensors and msgpack, both ways."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+
+from aserve.errors import InvalidInput
+from aserve.protocol import HEADER_LENGTH, InferRequest, decode_infer, encode_infer
+from aserve.tensor import Tensor
+
+from .helpers import DATATYPES, VALUES, model, raw
+
+MSGPACK = "application/msgpack"
+
+
+def one_input(datatype: str, shape: tuple[int, ...] = (-1, 3)):
+    return model([("X", datatype, shape)], [("Y", datatype, shape)])
+
+
+def decode(
+    body: bytes | bytearray, m, *, content_type=None, header_length=None, max_batch_size=8
+) -> InferRequest:
+    return decode_infer(
+        body, content_type=content_type, header_length=header_length, model=m, max_batch_size=max_batch_size
+    )
+
+
+def respond(request: InferRequest, outputs: dict[str, Tensor], *, accept=None, content_type=None):
+    chunks, headers = encode_infer(
+        model_name="m",
+        model_version="3",
+        request=request,
+        outputs=outputs,
+        accept=accept,
+        content_type=content_type,
+    )
+    return b"".join(bytes(c) for c in chunks), headers
+
+
+def split_response(body: bytes, headers: dict[str, str]) -> tuple[dict[str, Any], bytes]:
+    n = int(headers[HEADER_LENGTH]) if HEADER_LENGTH in headers else len(body)
+    return json.loads(body[:n]), body[n:]
+
+
+@pytest.mark.parametrize("datatype", DATATYPES)
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
+def test_json_round_trip(datatype: str, nested: bool) -> None:
+    values = VALUES[datatype]
+    data = [values[:3], values[3:]] if nested else values
+    body = json.dumps(
+        {"id": "req-1", "inputs": [{"name": "X", "shape": [2, 3], "datatype": datatype, "data": data}]}
+    ).encode()
+    request = decode(body, one_input(datatype))
+    tensor = request.inputs["X"]
+    assert (tensor.datatype, tensor.shape, request.samples, request.id) == (datatype, (2, 3), 2, "req-1")
+    assert bytes(tensor.view()) == raw(datatype)
+
+    out, headers = respond(request, {"Y": tensor})
+    assert headers == {"Content-Type": "application/json"}
+    message = json.loads(out)
+    assert message["model_name"] == "m" and message["model_version"] == "3" and message["id"] == "req-1"
+    [y] = message["outputs"]
+    assert (y["name"], y["datatype"], y["shape"]) == ("Y", datatype, [2, 3])
+    assert y["data"] == values  # flat, as Triton answers
+    assert "parameters" not in y
+
+
+@pytest.mark.parametrize("datatype", DATATYPES)
+def test_binary_round_trip(datatype: str) -> None:
+    blob = raw(datatype)
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "X",
+                    "shape": [2, 3],
+                    "datatype": datatype,
+                    "parameters": {"binary_data_size": len(blob)},
+                }
+            ],
+            "outputs": [{"name": "Y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    request = decode(header + blob, one_input(datatype), header_length=len(header))
+    assert bytes(request.inputs["X"].view()) == blob
+    assert [(o.name, o.binary) for o in request.outputs] == [("Y", True)]
+
+    out, headers = respond(request, {"Y": request.inputs["X"]})
+    assert headers["Content-Type"] == "application/octet-stream"
+    message, tail = split_response(out, headers)
+    [y] = message["outputs"]
+    assert y == {
+        "name": "Y",
+        "datatype": datatype,
+        "shape": [2, 3],
+        "parameters": {"binary_data_size": len(blob)},
+    }
+    assert tail == blob
+
+
+@pytest.mark.parametrize("datatype", DATATYPES)
+@pytest.mark.parametrize("as_bytes", [True, False], ids=["raw", "list"])
+def test_msgpack_round_trip(datatype: str, as_bytes: bool) -> None:
+    values = VALUES[datatype]
+    if as_bytes:
+        data: Any = raw(datatype)
+    elif datatype == "BYTES":
+        data = [v.encode() for v in values[:3]] + values[3:]  # bin and str elements mix
+    else:
+        data = [values[:3], values[3:]]
+    body = msgspec.msgpack.encode(
+        {"id": "p", "inputs": [{"name": "X", "shape": [2, 3], "datatype": datatype, "data": data}]}
+    )
+    request = decode(body, one_input(datatype), content_type=MSGPACK)
+    assert bytes(request.inputs["X"].view()) == raw(datatype)
+
+    out, headers = respond(request, {"Y": request.inputs["X"]}, content_type=MSGPACK)
+    assert headers == {"Content-Type": MSGPACK}
+    message = msgspec.msgpack.decode(out)
+    [y] = message["outputs"]
+    assert (message["id"], y["name"], y["shape"]) == ("p", "Y", [2, 3])
+    if datatype == "BYTES":
+        assert y["data"] == [v.encode() for v in values]
+    else:
+        assert y["data"] == raw(datatype)  # raw little-endian bytes, answered in kind
+
+
+def test_accept_overrides_request_format() -> None:
+    m = one_input("INT32")
+    body = json.dumps(
+        {"inputs": [{"name": "X", "shape": [1, 3], "datatype": "INT32", "data": [1, 2, 3]}]}
+    ).encode()
+    request = decode(body, m)
+    out, headers = respond(request, {"Y": request.inputs["X"]}, accept="application/msgpack")
+    assert headers["Content-Type"] == MSGPACK
+    assert msgspec.msgpack.decode(out)["outputs"][0]["data"] == np.array([1, 2, 3], np.int32).tobytes()
+
+    packed = msgspec.msgpack.encode(
+        {"inputs": [{"name": "X", "shape": [1, 3], "datatype": "INT32", "data": [1, 2, 3]}]}
+    )
+    request = decode(packed, m, content_type="application/x-msgpack")
+    out, headers = respond(
+        request, {"Y": request.inputs["X"]}, accept="application/json", content_type=MSGPACK
+    )
+    assert headers["Content-Type"] == "application/json"
+    assert json.loads(out)["outputs"][0]["data"] == [1, 2, 3]
+
+
+def test_binary_inputs_are_views_into_the_body() -> None:
+    m = model([("A", "FP32", (-1, 4)), ("B", "INT64", (-1, 2)), ("S", "BYTES", (-1,))])
+    a = np.arange(8, dtype=np.float32)
+    b = np.array([7, 8, 9, 10], dtype=np.int64)
+    s = raw("BYTES", ["one", "two"])
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "A",
+                    "shape": [2, 4],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": a.nbytes},
+                },
+                {
+                    "name": "B",
+                    "shape": [2, 2],
+                    "datatype": "INT64",
+                    "parameters": {"binary_data_size": b.nbytes},
+                },
+                {"name": "S", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": len(s)}},
+            ]
+        }
+    ).encode()
+    body = bytearray(header + a.tobytes() + b.tobytes() + s)
+    request = decode(body, m, header_length=len(header))
+    whole = np.frombuffer(body, dtype=np.uint8)
+    for name in ("A", "B", "S"):
+        assert np.shares_memory(np.frombuffer(request.inputs[name].data, dtype=np.uint8), whole)
+    body[len(header)] ^= 0xFF  # the body changes: the tensor sees it (no copy was made)
+    assert np.frombuffer(request.inputs["A"].data, dtype=np.float32)[0] != 0.0
+    assert np.frombuffer(request.inputs["B"].data, dtype=np.int64).tolist() == [7, 8, 9, 10]
+    assert bytes(request.inputs["S"].data) == s
+
+
+def test_msgpack_raw_data_is_a_view_into_the_body() -> None:
+    m = one_input("FP64")
+    body = bytearray(
+        msgspec.msgpack.encode(
+            {"inputs": [{"name": "X", "shape": [2, 3], "datatype": "FP64", "data": raw("FP64")}]}
+        )
+    )
+    request = decode(body, m, content_type=MSGPACK)
+    assert np.shares_memory(
+        np.frombuffer(request.inputs["X"].data, dtype=np.uint8), np.frombuffer(body, dtype=np.uint8)
+    )
+
+
+def test_binary_outputs_are_the_output_buffers() -> None:
+    m = model([("X", "FP32", (-1, 4))], [("Y", "FP32", (-1, 4)), ("Z", "INT8", (-1, 4))])
+    body = json.dumps(
+        {
+            "inputs": [{"name": "X", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    request = decode(body, m)
+    y = bytearray(np.arange(4, dtype=np.float32).tobytes())
+    z = bytearray(b"\x01\x02\x03\x04")
+    chunks, headers = encode_infer(
+        model_name="m",
+        model_version=None,
+        request=request,
+        outputs={"Y": Tensor("FP32", (1, 4), y), "Z": Tensor("INT8", (1, 4), z)},
+        accept=None,
+        content_type=None,
+    )
+    header, *blobs = chunks
+    assert int(headers[HEADER_LENGTH]) == len(header)
+    message = json.loads(bytes(header))
+    assert "model_version" not in message and "id" not in message
+    assert [o["parameters"] for o in message["outputs"]] == [
+        {"binary_data_size": 16},
+        {"binary_data_size": 4},
+    ]
+    assert [
+        np.shares_memory(np.frombuffer(c, np.uint8), np.frombuffer(buf, np.uint8))
+        for c, buf in zip(blobs, (y, z))
+    ] == [True, True]
+
+
+def test_requested_outputs_select_and_order_the_response() -> None:
+    m = model(
+        [("X", "INT32", (-1, 2))], [("P", "INT32", (-1, 2)), ("Q", "INT32", (-1, 2)), ("R", "INT8", (-1, 2))]
+    )
+    body = json.dumps(
+        {
+            "inputs": [{"name": "X", "shape": [1, 2], "datatype": "INT32", "data": [5, 6]}],
+            "outputs": [{"name": "R"}, {"name": "P", "parameters": {"binary_data": True}}],
+            "parameters": {"binary_data_output": False},
+        }
+    ).encode()
+    request = decode(body, m)
+    x = request.inputs["X"]
+    out, headers = respond(request, {"P": x, "Q": x, "R": Tensor("INT8", (1, 2), b"\x09\x0a")})
+    message, tail = split_response(out, headers)
+    assert [o["name"] for o in message["outputs"]] == ["R", "P"]
+    assert message["outputs"][0]["data"] == [9, 10]
+    assert tail == x.view().tobytes()
+
+
+def test_binary_data_output_applies_to_unlisted_outputs() -> None:
+    m = model([("X", "INT32", (-1, 2))], [("P", "INT32", (-1, 2)), ("Q", "INT32", (-1, 2))])
+    body = json.dumps(
+        {
+            "inputs": [{"name": "X", "shape": [1, 2], "datatype": "INT32", "data": [5, 6]}],
+            "outputs": [{"name": "Q"}, {"name": "P", "parameters": {"binary_data": False}}],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    request = decode(body, m)
+    assert [(o.name, o.binary) for o in request.outputs] == [("Q", True), ("P", False)]
+
+
+def test_timeout_parameter_is_in_microseconds() -> None:
+    m = one_input("INT8")
+    body = json.dumps(
+        {
+            "inputs": [{"name": "X", "shape": [1, 3], "datatype": "INT8", "data": [1, 2, 3]}],
+            "parameters": {"timeout": 2500, "custom": "kept"},
+        }
+    ).encode()
+    request = decode(body, m)
+    assert request.timeout_ms == 2.5
+    assert request.parameters == {"timeout": 2500, "custom": "kept"}
+    assert decode(body.replace(b'"timeout": 2500, ', b""), m).timeout_ms is None
+
+
+def test_model_without_batching_counts_one_sample() -> None:
+    m = model([("X", "FP32", (4, -1))])
+    body = json.dumps(
+        {"inputs": [{"name": "X", "shape": [4, 1], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+    ).encode()
+    request = decode(body, m, max_batch_size=0)
+    assert request.samples == 1 and request.inputs["X"].shape == (4, 1)
+
+
+def test_scalar_and_empty_tensors() -> None:
+    m = model([("S", "FP64", ()), ("E", "INT32", (-1, 0))])
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": "S", "shape": [], "datatype": "FP64", "data": [2.5]},
+                {"name": "E", "shape": [3, 0], "datatype": "INT32", "data": []},
+            ]
+        }
+    ).encode()
+    request = decode(body, m, max_batch_size=0)
+    assert bytes(request.inputs["S"].view()) == np.float64(2.5).tobytes()
+    assert request.inputs["E"].nbytes == 0 and request.inputs["E"].shape == (3, 0)
+    out, _ = respond(request, {"S": request.inputs["S"], "E": request.inputs["E"]})
+    assert [o["data"] for o in json.loads(out)["outputs"]] == [[2.5], []]
+
+
+def test_multidimensional_output_buffers_are_flattened() -> None:
+    m = one_input("FP32", (-1, 3))
+    body = json.dumps(
+        {"inputs": [{"name": "X", "shape": [2, 3], "datatype": "FP32", "data": [0] * 6}]}
+    ).encode()
+    request = decode(body, m)
+    y = np.arange(6, dtype=np.float32).reshape(2, 3)  # a 2-D buffer, format "f"
+    out, _ = respond(request, {"Y": Tensor("FP32", (2, 3), y)})
+    assert json.loads(out)["outputs"][0]["data"] == [0, 1, 2, 3, 4, 5]
+
+
+def test_msgpack_nested_bytes_elements() -> None:
+    m = model([("S", "BYTES", (-1, 2))])
+    body = msgspec.msgpack.encode(
+        {
+            "inputs": [
+                {"name": "S", "shape": [2, 2], "datatype": "BYTES", "data": [[b"a", "b"], [b"", "\u00e9"]]}
+            ]
+        }
+    )
+    request = decode(body, m, content_type=MSGPACK)
+    assert bytes(request.inputs["S"].view()) == raw("BYTES", ["a", "b", "", "\u00e9"])
+    ragged = msgspec.msgpack.encode(
+        {"inputs": [{"name": "S", "shape": [2, 2], "datatype": "BYTES", "data": [[b"a", "b"], [b""]]}]}
+    )
+    with pytest.raises(InvalidInput, match=r"^inputs\[0\]\.data: nested data does not match shape \[2, 2\]"):
+        decode(ragged, m, content_type=MSGPACK)
