@@ -15,7 +15,7 @@ class Tensor:
     each element as a 4-byte little-endian length followed by its bytes.
     """
 
-    __slots__ = ("datatype", "shape", "data")
+    __slots__ = ("data", "datatype", "shape")
 
     def __init__(self, datatype: str, shape: tuple[int, ...], data: Any, /) -> None:
         self.datatype = datatype
@@ -26,7 +26,7 @@ class Tensor:
     def nbytes(self) -> int:
         return memoryview(self.data).nbytes
 
-    def check(self, name: str = "tensor") -> "Tensor":
+    def check(self, name: str = "tensor") -> Tensor:
         """Raise ValueError unless the byte size matches datatype and shape."""
         dt = DATATYPES.get(self.datatype)
         if dt is None:
