@@ -1,0 +1,399 @@
+"""LBCI Figure 5 on this machine: batching policies under Poisson load.
+
+The bundled CNN (examples/cnn) runs on a private pool of 2 interpreters behind the
+real `Batcher`. After a warm-up (the cost model's ladder) the benchmark measures the
+capacity (requests/s with the queue never empty), then sends Poisson arrivals at
+25/50/75/100% of it, single-sample requests and multi-sample ones (k uniform in
+1..10), under three policies:
+  serial    every request alone (window policy, max_batch_size 0);
+  fixed10   the window policy, max batch 10, a `--window-ms` window;
+  adaptive  AdaptivePolicy with the warmed-up cost model under the latency budget.
+Each record: policy, requests (single|multi), load, mean_ms, p99_ms,
+throughput_rps, over_budget (fraction of requests over the budget).
+
+`--fit-only` instead compares the cost-model fits (interp, affine, logistic) on the
+bundled simple, mlp and cnn models: fitted on the ladder, scored on held-out sizes.
+
+    aserve bench batching --json FILE      or      python -m aserve.bench.batching
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import math
+import os
+import pathlib
+import platform
+import random
+import statistics
+import sys
+import tomllib
+from collections.abc import Sequence
+from typing import Any
+
+from ..engine import ensure_glibc_tunables
+from ..errors import AserveError
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+RESULTS = ROOT / "benchmarks" / "results"
+POLICIES = ("serial", "fixed10", "adaptive")
+LOADS = (0.25, 0.5, 0.75, 1.0)
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="aserve bench batching", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", default=str(RESULTS / "batching.json"), help="write the results here")
+    ap.add_argument("--plot", default=str(RESULTS / "batching.png"), help="PNG plot ('' for none)")
+    ap.add_argument("--model", default=str(ROOT / "examples" / "cnn"), help="model folder")
+    ap.add_argument("--interpreters", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=8.0, help="arrivals per point")
+    ap.add_argument("--budget-ms", type=float, default=50.0, help="latency budget, single-sample requests")
+    ap.add_argument("--multi-budget-ms", type=float, default=100.0, help="latency budget, multi-sample")
+    ap.add_argument("--window-ms", type=float, default=10.0, help="fixed10's batching window")
+    ap.add_argument("--loads", default=",".join(str(x) for x in LOADS), help="fractions of capacity")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--fit-only", action="store_true", help="compare cost-model fits and exit")
+    return ap.parse_args(argv)
+
+
+# ---- fit comparison ----
+
+
+async def compare_fits(rounds: int = 7) -> dict[str, Any]:
+    from ..batching.costmodel import (
+        fit_affine,
+        fit_logistic,
+        interpolate,
+        ladder,
+        logistic_latency,
+        measure,
+        monotone,
+    )
+    from ..engine import ModelSpec, Pool
+
+    out: dict[str, Any] = {}
+    pool = Pool(engine="private", interpreters=1)
+    await pool.start()
+    try:
+        for name in ("simple", "mlp", "cnn"):
+            folder = ROOT / "examples" / name
+            mb = tomllib.loads((folder / "config.toml").read_text()).get("max_batch_size", 0)
+            info = await pool.load(ModelSpec(name=name, path=str(folder)))
+            rungs = ladder(mb)
+            held = [3 * b for b in rungs if 3 * b < mb and 3 * b not in rungs]
+            sizes = sorted(set(rungs) | set(held))
+            runs = [dict(await measure(pool, info, sizes, repeats=1)) for _ in range(rounds)]
+            med = {b: statistics.median(r[b] for r in runs) for b in sizes}
+            pts = [(b, med[b]) for b in rungs]
+            knots, (a, c), lg = monotone(pts), fit_affine(pts), fit_logistic(pts)
+            predicted = {
+                "interp": [interpolate(knots, b) for b in held],
+                "affine": [a + c * b for b in held],
+                "logistic": [logistic_latency(lg, b) for b in held],
+            }
+            errors = {}
+            for form, values in predicted.items():
+                rel = [abs(v - med[b]) / med[b] for v, b in zip(values, held)]
+                errors[form] = {
+                    "mean_pct": round(100 * statistics.fmean(rel), 1),
+                    "max_pct": round(100 * max(rel), 1),
+                }
+            out[name] = {
+                "max_batch_size": mb,
+                "held_out": held,
+                "errors": errors,
+                "median_ms": {b: round(1e3 * med[b], 3) for b in sizes},
+            }
+            await pool.unload(name)
+    finally:
+        await pool.close()
+    return out
+
+
+# ---- load runs ----
+
+
+class Point:
+    """One (policy, request kind, load) measurement."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.errors = 0
+        self.first = math.inf
+        self.last = 0.0
+
+
+async def drive(batcher: Any, inputs: dict[int, Any], arrivals: list[tuple[float, int]]) -> Point:
+    """Submit each request at its arrival time (relative seconds); wait for all answers."""
+    loop = asyncio.get_running_loop()
+    point = Point()
+    start = loop.time() + 0.05
+    tasks = []
+
+    async def one(at: float, k: int) -> None:
+        try:
+            await batcher.submit(inputs[k], k)
+        except AserveError:  # a refused or failed request counts against the policy
+            point.errors += 1
+            return
+        done = loop.time()
+        point.latencies.append(done - at)
+        point.last = max(point.last, done)
+
+    def fire(at: float, k: int) -> None:
+        tasks.append(loop.create_task(one(at, k)))
+
+    for t, k in arrivals:
+        loop.call_at(start + t, fire, start + t, k)
+    point.first = start
+    end = start + (arrivals[-1][0] if arrivals else 0.0)
+    await asyncio.sleep(max(0.0, end - loop.time()) + 0.01)
+    while len(tasks) < len(arrivals):
+        await asyncio.sleep(0.005)
+    await asyncio.gather(*tasks)
+    return point
+
+
+def poisson(rate: float, seconds: float, rng: random.Random, multi: bool) -> list[tuple[float, int]]:
+    out: list[tuple[float, int]] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= seconds:
+            return out
+        out.append((t, rng.randint(1, 10) if multi else 1))
+
+
+def make_batcher(
+    kind: str,
+    *,
+    name: str,
+    pool: Any,
+    cost: Any,
+    budget: float,
+    interpreters: int,
+    window: float,
+    max_batch_size: int,
+) -> Any:
+    from ..batching.adaptive import AdaptivePolicy
+    from ..batching.batcher import Batcher
+    from ..batching.policy import WindowPolicy
+
+    policy: Any
+    if kind == "serial":
+        policy, mb = WindowPolicy(max_queue_delay=0.0), 0
+    elif kind == "fixed10":
+        policy, mb = WindowPolicy(max_queue_delay=window), 10
+    else:
+        policy = AdaptivePolicy(
+            copy.deepcopy(cost),
+            latency_budget_s=budget,
+            interpreters=interpreters,
+            max_queue_delay_s=budget / 2,
+        )
+        mb = max_batch_size
+    return Batcher(
+        model=name,
+        run=pool.infer,
+        policy=policy,
+        max_batch_size=mb,
+        interpreters=interpreters,
+        max_queue_size=1 << 30,
+    )
+
+
+async def capacity(batcher: Any, inputs: dict[int, Any], multi: bool, seconds: float, seed: int) -> float:
+    """Requests/s served with the queue never empty (closed loop, many clients)."""
+    loop = asyncio.get_running_loop()
+    rng = random.Random(seed)
+    done = 0
+    stop = loop.time() + seconds
+
+    async def client() -> None:
+        nonlocal done
+        while loop.time() < stop:
+            k = rng.randint(1, 10) if multi else 1
+            await batcher.submit(inputs[k], k)
+            done += 1
+
+    start = loop.time()
+    await asyncio.gather(*(client() for _ in range(64 if not multi else 16)))
+    return done / (loop.time() - start)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from ..batching.costmodel import sample_inputs, warmup
+    from ..engine import ModelSpec, Pool
+
+    folder = pathlib.Path(args.model)
+    config = tomllib.loads((folder / "config.toml").read_text())
+    max_batch_size = int(config.get("max_batch_size", 0))
+    loads = [float(x) for x in args.loads.split(",") if x]
+    load_start = os.getloadavg()[0]  # other work on the machine skews every number
+    pool = Pool(engine="private", interpreters=args.interpreters)
+    await pool.start()
+    records: list[dict[str, Any]] = []
+    caps: dict[str, float] = {}
+    try:
+        info = await pool.load(ModelSpec(name=folder.name, path=str(folder)))
+        cost = await warmup(pool, info, max_batch_size)
+        print(f"# cost model: {json.dumps(cost.as_dict())}", file=sys.stderr, flush=True)
+        inputs = {k: sample_inputs(info, k) for k in range(1, 11)}
+        for kind in ("single", "multi"):
+            multi = kind == "multi"
+            budget = (args.multi_budget_ms if multi else args.budget_ms) / 1e3
+            common: dict[str, Any] = {
+                "name": info.name,
+                "pool": pool,
+                "cost": cost,
+                "budget": budget,
+                "interpreters": args.interpreters,
+                "window": args.window_ms / 1e3,
+                "max_batch_size": max_batch_size,
+            }
+            cap = await capacity(make_batcher("adaptive", **common), inputs, multi, 4.0, args.seed)
+            caps[kind] = cap
+            print(f"# {kind}: capacity {cap:.1f} requests/s", file=sys.stderr, flush=True)
+            for load in loads:
+                arrivals = poisson(load * cap, args.seconds, random.Random(args.seed), multi)
+                for policy in POLICIES:
+                    batcher = make_batcher(policy, **common)
+                    point = await drive(batcher, inputs, arrivals)
+                    lat = sorted(point.latencies)
+                    n = len(lat)
+                    span = point.last - point.first
+                    rec = {
+                        "policy": policy,
+                        "requests": kind,
+                        "load": load,
+                        "offered_rps": round(len(arrivals) / args.seconds, 1),
+                        "mean_ms": round(1e3 * statistics.fmean(lat), 2) if n else None,
+                        "p99_ms": round(1e3 * lat[max(0, math.ceil(0.99 * n) - 1)], 2) if n else None,
+                        "throughput_rps": round(n / span, 1) if span > 0 else None,
+                        "over_budget": round(
+                            (sum(1 for x in lat if x > budget) + point.errors) / max(1, len(arrivals)), 4
+                        ),
+                        "mean_batch_requests": round(batcher.requests / max(1, batcher.batches), 2),
+                        "budget_ms": budget * 1e3,
+                        "errors": point.errors,
+                    }
+                    if policy == "adaptive":
+                        rec["cost_after"] = batcher.policy.cost.as_dict()
+                    records.append(rec)
+                    print(
+                        json.dumps({k: v for k, v in rec.items() if k != "cost_after"}),
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    finally:
+        await pool.close()
+    return {
+        "benchmark": "batching",
+        "model": folder.name,
+        "engine": "private",
+        "interpreters": args.interpreters,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_1m_start": load_start,
+            "loadavg_1m_end": os.getloadavg()[0],
+        },
+        "seconds_per_point": args.seconds,
+        "capacity_rps": {k: round(v, 1) for k, v in caps.items()},
+        "cost_model": cost.as_dict(),
+        "records": records,
+        "summary": summarize(records),
+        "notes": [
+            "driven through the real Batcher (aserve.batching.batcher) on a private Pool",
+            f"fixed10: window policy, max batch 10, {args.window_ms} ms window; serial: every request alone",
+            (
+                f"adaptive: budget {args.budget_ms} ms (single), {args.multi_budget_ms} ms (multi); "
+                "max_queue_delay = budget / 2; a fresh copy of the warmed-up cost model per point"
+            ),
+            "capacity: closed loop through the adaptive batcher, queue never empty",
+            (
+                "adaptive_join (joining a running batch at a layer boundary) is left out: "
+                "the engine has no layer-join feature yet"
+            ),
+            "latency: from the scheduled arrival to the answer, on the same event loop as the batcher",
+        ],
+    }
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Adaptive against fixed10 per request kind and load: mean-latency cut, throughput ratio."""
+    out: dict[str, Any] = {}
+    by = {(r["policy"], r["requests"], r["load"]): r for r in records}
+    for (policy, kind, load), r in by.items():
+        if policy != "adaptive" or (("fixed10", kind, load) not in by):
+            continue
+        f = by[("fixed10", kind, load)]
+        if r["mean_ms"] and f["mean_ms"] and r["throughput_rps"] and f["throughput_rps"]:
+            out[f"{kind}@{load}"] = {
+                "mean_cut_vs_fixed10": round(1 - r["mean_ms"] / f["mean_ms"], 3),
+                "throughput_ratio_vs_fixed10": round(r["throughput_rps"] / f["throughput_rps"], 3),
+                "over_budget": r["over_budget"],
+            }
+    return out
+
+
+def plot(result: dict[str, Any], path: str) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot"
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, kind in zip(axes, ("single", "multi")):
+        for policy in POLICIES:
+            rs = [r for r in result["records"] if r["policy"] == policy and r["requests"] == kind]
+            xs = [100 * r["load"] for r in rs]
+            (line,) = ax.plot(xs, [r["mean_ms"] for r in rs], marker="o", label=f"{policy} mean")
+            ax.plot(
+                xs,
+                [r["p99_ms"] for r in rs],
+                marker="x",
+                linestyle="--",
+                color=line.get_color(),
+                label=f"{policy} p99",
+            )
+        if rs:
+            ax.axhline(rs[0]["budget_ms"], color="grey", linewidth=0.8, label="budget")
+        ax.set_yscale("log")
+        ax.set_xlabel("load (% of capacity)")
+        ax.set_ylabel("latency (ms)")
+        ax.set_title(f"{result['model']}, {kind}-sample requests, {result['interpreters']} interpreters")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ensure_glibc_tunables()
+    args = parse(argv)
+    if args.fit_only:
+        print(json.dumps(asyncio.run(compare_fits()), indent=2))
+        return 0
+    result = asyncio.run(run(args))
+    if args.plot:
+        note = plot(result, args.plot)
+        if note:
+            result["notes"].append(note)
+    text = json.dumps(result, indent=2)
+    if args.json:
+        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.json).write_text(text + "\n")
+    print(json.dumps(result["summary"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

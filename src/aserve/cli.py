@@ -1,0 +1,131 @@
+"""The `aserve` command: `aserve serve [REPOSITORY]`, `aserve bench NAME [args]`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import pathlib
+import sys
+from collections.abc import Sequence
+
+from .config import ENGINE_CHOICES, LOG_LEVELS, ServerSettings, SettingsError, load_settings
+
+
+def bundled_examples() -> pathlib.Path | None:
+    """The repository's examples/ folder (src/aserve/../../examples), if this is a source checkout."""
+    here = pathlib.Path(__file__).resolve().parent
+    candidate = here.parent.parent / "examples"
+    return candidate if candidate.is_dir() else None
+
+
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="serve a model repository over HTTP",
+                       description="Serve a model repository (Open Inference Protocol V2 and TF-Serving REST). "
+                                   "Every flag also reads from the --config TOML file and ASERVE_<NAME> variables; "
+                                   "flags win.")
+    p.add_argument("repository", nargs="?", help="model repository folder (default: the bundled examples/)")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1; ASERVE_HOST)")
+    p.add_argument("--port", type=int, help="TCP port (default 8000; 0 = any free port; ASERVE_PORT)")
+    p.add_argument("--engine", choices=ENGINE_CHOICES,
+                   help="engine for models whose config names none (default auto; ASERVE_ENGINE)")
+    p.add_argument("--interpreters", type=int, help="interpreters per engine pool (default: CPU count)")
+    p.add_argument("--max-body-bytes", type=int, dest="max_body_bytes",
+                   help="largest request body (default 64 MiB; larger gets 413)")
+    p.add_argument("--shutdown-timeout", type=float, dest="shutdown_timeout_s",
+                   help="on SIGTERM, longest wait for accepted requests (seconds, default 60)")
+    p.add_argument("--access-log", action="store_true", default=None, help="log every request")
+    p.add_argument("--config", help="TOML file with server settings (keys are the setting names)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, dest="log_level", help="default info (ASERVE_LOG_LEVEL)")
+
+
+def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("bench", help="run a benchmark: aserve bench NAME [args] (NAME: http, scaling, batching)",
+                       add_help=False)
+    p.add_argument("name", help="benchmark module under aserve.bench")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aserve", description="Single-process Python model server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    _bench_parser(sub)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    overrides = {
+        name: getattr(args, name, None)
+        for name in ("repository", "host", "port", "engine", "interpreters", "max_body_bytes",
+                     "shutdown_timeout_s", "access_log", "log_level")
+    }
+    return load_settings(file=args.config, overrides=overrides)
+
+
+def _repository(settings: ServerSettings) -> pathlib.Path:
+    if settings.repository:
+        return pathlib.Path(settings.repository)
+    bundled = bundled_examples()
+    if bundled is None:
+        raise SettingsError(
+            "no model repository given and the bundled examples/ folder is not next to this installation "
+            "(it ships with source checkouts only): run `aserve serve PATH`"
+        )
+    return bundled
+
+
+def _serve(args: argparse.Namespace) -> int:
+    # Private interpreters need glibc tunables at process start: re-execute now, before anything else.
+    from .engine import ensure_glibc_tunables
+
+    ensure_glibc_tunables()
+    try:
+        settings = settings_from_args(args)
+        repository = _repository(settings)
+    except SettingsError as e:
+        print(f"aserve: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    import uvloop
+
+    from .repository import RepositoryError
+    from .server import serve
+
+    try:
+        uvloop.run(serve(settings, repository=repository))
+    except RepositoryError as e:
+        print(f"aserve: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"aserve: cannot listen on {settings.host}:{settings.port}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    name = args.name
+    if not name.isidentifier():
+        print(f"aserve bench: {name!r} is not a benchmark name", file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(f"aserve.bench.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"aserve.bench.{name}":
+            raise
+        print(f"aserve bench: no benchmark {name!r} (aserve.bench.{name})", file=sys.stderr)
+        return 2
+    rc: int | None = module.main(list(args.args))
+    return rc or 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    return _bench(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Server settings: one frozen Struct, filled from defaults, a TOML file, ASERVE_* variables and flags.
+
+Precedence, lowest first: field defaults, the TOML file (`--config`), environment
+variables (`ASERVE_<FIELD>` in upper case, e.g. ASERVE_PORT), then command-line flags.
+Only the CLI reads argv; everything else receives a `ServerSettings`.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import msgspec
+
+ENGINE_CHOICES = ("auto", "private", "subinterp", "main")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+ENV_PREFIX = "ASERVE_"
+
+
+class SettingsError(ValueError):
+    """A setting has a wrong name, type or value; the message names the source and field."""
+
+
+def _doc(text: str) -> Any:
+    return msgspec.Meta(description=text)
+
+
+class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything the server reads at start; each field is also ASERVE_<FIELD>."""
+
+    repository: Annotated[str | None, _doc("model repository folder; None = the bundled examples/")] = None
+    host: Annotated[str, _doc("address to listen on")] = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535, description="TCP port (0 = any free port)")] = 8000
+    engine: Annotated[
+        str, _doc("default interpreter engine for models whose config names none: auto|private|subinterp|main")
+    ] = "auto"
+    interpreters: Annotated[
+        int, msgspec.Meta(ge=1, description="interpreters per engine pool; None = CPU count")
+    ] | None = None
+    log_level: Annotated[str, _doc("debug|info|warning|error|critical")] = "info"
+    max_body_bytes: Annotated[
+        int, msgspec.Meta(ge=1, description="largest request body accepted; larger ones get 413")
+    ] = 64 * 1024 * 1024
+    shutdown_timeout_s: Annotated[
+        float, msgspec.Meta(ge=0, description="on SIGTERM, longest wait for accepted requests to finish")
+    ] = 60.0
+    access_log: Annotated[bool, _doc("log one line per request (costs throughput)")] = False
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINE_CHOICES:
+            raise SettingsError(f"engine: expected one of {', '.join(ENGINE_CHOICES)}, got {self.engine!r}")
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise SettingsError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+
+    @property
+    def pool_size(self) -> int:
+        """Interpreters each engine pool gets."""
+        return self.interpreters or os.cpu_count() or 1
+
+
+FIELDS: tuple[str, ...] = ServerSettings.__struct_fields__
+
+
+def _convert(values: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Check `values` field by field so the error names the source and the field."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in FIELDS:
+            raise SettingsError(f"{source}: unknown setting {key!r}; expected one of {', '.join(FIELDS)}")
+        out[key] = value
+    try:
+        msgspec.convert(out, ServerSettings, strict=False)
+    except (msgspec.ValidationError, SettingsError) as e:
+        raise SettingsError(f"{source}: {e}") from None
+    return out
+
+
+def from_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Settings from a TOML file (keys are the field names)."""
+    p = pathlib.Path(path)
+    try:
+        data = msgspec.toml.decode(p.read_bytes())
+    except OSError as e:
+        raise SettingsError(f"{p}: cannot read settings file: {e.strerror}") from None
+    except msgspec.DecodeError as e:
+        raise SettingsError(f"{p}: invalid TOML: {e}") from None
+    if not isinstance(data, dict):
+        raise SettingsError(f"{p}: expected a table of settings")
+    return _convert(data, str(p))
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Settings from ASERVE_<FIELD> variables; other ASERVE_* variables are not settings and are ignored."""
+    env = os.environ if environ is None else environ
+    found: dict[str, Any] = {}
+    for name in FIELDS:
+        value = env.get(ENV_PREFIX + name.upper())
+        if value is not None and value != "":
+            found[name] = value
+    out: dict[str, Any] = {}
+    for key, value in found.items():
+        out.update(_convert({key: value}, f"environment variable {ENV_PREFIX}{key.upper()}"))
+    return out
+
+
+def load_settings(
+    *, file: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> ServerSettings:
+    """Merge defaults < file < environment < overrides (flags; None values are skipped)."""
+    merged: dict[str, Any] = {}
+    if file is not None:
+        merged.update(from_file(file))
+    merged.update(from_env(environ))
+    if overrides:
+        merged.update(_convert({k: v for k, v in overrides.items() if v is not None}, "command line"))
+    try:
+        return msgspec.convert(merged, ServerSettings, strict=False)
+    except (msgspec.ValidationError, SettingsError) as e:  # pragma: no cover - each part was checked
+        raise SettingsError(str(e)) from None

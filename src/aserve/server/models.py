@@ -1,0 +1,203 @@
+"""The served models: pools per engine, one handle (config, info, batcher) per model.
+
+Domain code: no web framework here. The HTTP layer looks models up with
+`ModelRegistry.get(name, version)` and calls `ModelHandle.infer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+from ..batching import Batcher, BatchPolicy, WindowPolicy
+from ..config import ServerSettings
+from ..engine import ModelInfo, ModelSpec, Pool
+from ..engine.choose import close_probe
+from ..errors import AserveError, EngineError, ModelNotFound, ModelNotReady
+from ..repository import BatchingConfig, ModelConfig, ModelEntry, scan_repository
+from ..tensor import Tensor
+from .engines import resolve_engine
+
+log = logging.getLogger("aserve.server")
+
+VERSIONS = ("1",)  # only version 1 exists until versioned folders are served
+
+LOADING, READY, UNAVAILABLE = "LOADING", "READY", "UNAVAILABLE"
+
+
+async def make_policy(batching: BatchingConfig, *, pool: Pool, info: ModelInfo, max_batch_size: int) -> BatchPolicy:
+    """The batching policy a model's config asks for; "adaptive" first measures the model's latency curve."""
+    if batching.policy == "adaptive":
+        from ..batching.adaptive import AdaptivePolicy
+        from ..batching.costmodel import warmup
+
+        cost = await warmup(pool, info, max_batch_size)
+        return AdaptivePolicy(
+            cost, latency_budget_s=batching.latency_budget_ms / 1000.0, interpreters=info.interpreters,
+            max_queue_delay_s=batching.max_queue_delay_ms / 1000.0,
+        )
+    return WindowPolicy(max_queue_delay=batching.max_queue_delay_ms / 1000.0)
+
+
+class ModelHandle:
+    """One served model version: its config, engine choice, load state and batcher."""
+
+    def __init__(self, entry: ModelEntry, *, version: str = "1") -> None:
+        self.name = entry.name
+        self.version = version
+        self.entry = entry
+        self.config: ModelConfig = entry.config or ModelConfig()
+        self.engine = ""
+        self.engine_reason = ""
+        self.state = UNAVAILABLE if entry.config is None else LOADING
+        self.reason = entry.error or ""
+        self.info: ModelInfo | None = None
+        self.batcher: Batcher | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == READY
+
+    @property
+    def timeout_ms(self) -> float:
+        return self.config.batching.timeout_ms
+
+    def parameters(self) -> dict[str, Any]:
+        """What model metadata reports beside inputs and outputs."""
+        out: dict[str, Any] = {
+            "engine": self.engine,
+            "engine_reason": self.engine_reason,
+            "max_batch_size": self.config.max_batch_size,
+            "batching_policy": self.config.batching.policy,
+            "state": self.state,
+        }
+        if self.info is not None:
+            out["interpreters"] = self.info.interpreters
+            out["class"] = self.info.class_name
+            out["tensor_format"] = self.info.tensor_format
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+    def require_ready(self) -> ModelInfo:
+        """The loaded model's info, or ModelNotReady saying why it cannot answer."""
+        if self.info is None or self.batcher is None or self.state != READY:
+            raise ModelNotReady(
+                f"model {self.name!r} is {self.state.lower()}" + (f": {self.reason}" if self.reason else "")
+            )
+        return self.info
+
+    async def infer(self, inputs: Mapping[str, Tensor], samples: int, *, timeout_ms: float | None) -> dict[str, Tensor]:
+        """Run one request through the batcher; timeout_ms may only lower the config's timeout."""
+        self.require_ready()
+        assert self.batcher is not None
+        limit = self.timeout_ms if timeout_ms is None else min(timeout_ms, self.timeout_ms)
+        deadline = asyncio.get_running_loop().time() + limit / 1000.0
+        return await self.batcher.submit(inputs, samples, deadline=deadline)
+
+
+class ModelRegistry:
+    """Every model of a repository, loaded into one pool per engine in use."""
+
+    def __init__(self, repository: str | pathlib.Path, settings: ServerSettings) -> None:
+        self.repository = pathlib.Path(repository)
+        self.settings = settings
+        self.models: dict[str, ModelHandle] = {}
+        self.pools: dict[str, Pool] = {}
+        self._closed = False
+
+    def scan(self) -> None:
+        """Read the repository (configs only; nothing is loaded). Raises RepositoryError."""
+        for entry in scan_repository(self.repository):
+            self.models[entry.name] = ModelHandle(entry)
+
+    async def _choose_engine(self, handle: ModelHandle) -> None:
+        try:
+            handle.engine, handle.engine_reason = await resolve_engine(
+                handle.config, self.settings, model_file=handle.entry.model_file
+            )
+        except AserveError as e:
+            handle.state, handle.reason = UNAVAILABLE, str(e)
+            log.error("model %s cannot be served: %s", handle.name, e)
+
+    @property
+    def engines(self) -> set[str]:
+        return {h.engine for h in self.models.values() if h.engine and h.state == LOADING}
+
+    @property
+    def ready(self) -> bool:
+        """True once every model of the repository is loaded."""
+        return bool(self.models) and all(h.ready for h in self.models.values()) and not self._closed
+
+    def get(self, name: str, version: str | None = None) -> ModelHandle:
+        """The handle of a model (version None = the latest); ModelNotFound names what is missing."""
+        handle = self.models.get(name)
+        if handle is None:
+            raise ModelNotFound(f"unknown model {name!r}; this server has: {', '.join(sorted(self.models)) or 'none'}")
+        if version is not None and version not in VERSIONS:
+            raise ModelNotFound(f"model {name!r} has no version {version!r}; versions: {', '.join(VERSIONS)}")
+        return handle
+
+    async def start(self) -> None:
+        """Start the pools the models need, then load every model, in parallel."""
+        if not self.models:
+            self.scan()
+        try:
+            for handle in self.models.values():  # one probe interpreter, one model at a time
+                if handle.state == LOADING:
+                    await self._choose_engine(handle)
+        finally:
+            await close_probe()
+        size = self.settings.pool_size
+        for engine in sorted(self.engines):
+            self.pools[engine] = Pool(engine=engine, interpreters=size)
+        results = await asyncio.gather(*(p.start() for p in self.pools.values()), return_exceptions=True)
+        for (engine, pool), result in zip(list(self.pools.items()), results):
+            if isinstance(result, BaseException):
+                log.error("engine %s failed to start: %s", engine, result)
+                del self.pools[engine]
+                for h in self.models.values():
+                    if h.engine == engine:
+                        h.state, h.reason = UNAVAILABLE, f"engine {engine!r} failed to start: {result}"
+        await asyncio.gather(*(self._load(h) for h in self.models.values() if h.state == LOADING))
+
+    async def _load(self, handle: ModelHandle) -> None:
+        pool = self.pools[handle.engine]
+        config = handle.config
+        try:
+            if config.interpreters is not None and config.interpreters > pool.interpreters:
+                raise EngineError(
+                    f"model {handle.name!r}: config.toml asks for interpreters = {config.interpreters}, the "
+                    f"{handle.engine} pool has {pool.interpreters} (--interpreters)"
+                )
+            spec = ModelSpec(
+                name=handle.name, path=handle.entry.directory, class_name=config.class_name,
+                inputs=config.input_specs, outputs=config.output_specs, parameters=config.parameters,
+            )
+            info = await pool.load(spec, interpreters=config.interpreters)
+            policy = await make_policy(config.batching, pool=pool, info=info, max_batch_size=config.max_batch_size)
+        except (AserveError, ValueError, TypeError) as e:
+            handle.state, handle.reason = UNAVAILABLE, str(e)
+            log.error("model %s failed to load: %s", handle.name, e)
+            return
+        handle.info = info
+        handle.batcher = Batcher(
+            model=handle.name, run=pool.infer, policy=policy, max_batch_size=config.max_batch_size,
+            interpreters=info.interpreters, max_queue_size=config.batching.max_queue_size,
+        )
+        handle.state, handle.reason = READY, ""
+        log.info("model %s ready: engine %s (%s), %d interpreters", handle.name, handle.engine,
+                 handle.engine_reason, info.interpreters)
+
+    async def close(self, *, timeout: float | None = None) -> None:
+        """Answer what is queued, then close every pool (tolerating failures of each)."""
+        self._closed = True
+        batchers = [h.batcher for h in self.models.values() if h.batcher is not None]
+        await asyncio.gather(*(b.close(timeout=timeout) for b in batchers), return_exceptions=True)
+        results = await asyncio.gather(*(p.close() for p in self.pools.values()), return_exceptions=True)
+        for engine, result in zip(list(self.pools), results):
+            if isinstance(result, BaseException):
+                log.error("closing the %s pool failed: %s", engine, result)

@@ -1,0 +1,91 @@
+"""Running the server: listen, load the models, serve until told to stop, shut down gracefully."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+import signal
+from typing import Any
+
+from aiohttp import web
+
+from ..config import ServerSettings
+from .app import build_app
+from .models import ModelRegistry
+
+log = logging.getLogger("aserve.server")
+
+
+class Server:
+    """The HTTP server and its models.
+
+    `start()` listens at once (live) and loads the models in the background (ready
+    when all are loaded); `close()` stops accepting, answers every request already
+    accepted, then closes the pools."""
+
+    def __init__(self, settings: ServerSettings, *, repository: str | pathlib.Path) -> None:
+        self.settings = settings
+        self.registry = ModelRegistry(repository, settings)
+        self.app = build_app(self.registry, settings)
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._loading: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.registry.scan()
+        runner = web.AppRunner(
+            self.app, handle_signals=False, shutdown_timeout=self.settings.shutdown_timeout_s,
+            access_log=logging.getLogger("aiohttp.access") if self.settings.access_log else None,
+        )
+        await runner.setup()
+        self._runner = runner
+        site = web.TCPSite(runner, self.settings.host, self.settings.port, reuse_address=True)
+        await site.start()
+        self._site = site
+        self._loading = asyncio.get_running_loop().create_task(self.registry.start())
+
+    async def loaded(self) -> None:
+        """Wait until every model has loaded (or failed to)."""
+        if self._loading is not None:
+            await asyncio.shield(self._loading)
+
+    @property
+    def port(self) -> int:
+        """The port actually bound (useful with port 0)."""
+        assert self._site is not None and self._site._server is not None
+        server: Any = self._site._server
+        sockets: Any = server.sockets
+        port: int = sockets[0].getsockname()[1]
+        return port
+
+    async def close(self) -> None:
+        """Stop listening, finish the requests in flight, close the models' pools."""
+        try:
+            if self._runner is not None:
+                await self._runner.cleanup()
+        finally:
+            if self._loading is not None and not self._loading.done():
+                try:
+                    await self._loading
+                except Exception as e:  # noqa: BLE001 - close must go on to the pools
+                    log.error("model loading failed: %s", e)
+            await self.registry.close(timeout=self.settings.shutdown_timeout_s)
+
+
+async def serve(settings: ServerSettings, *, repository: str | pathlib.Path) -> None:
+    """Serve until SIGINT/SIGTERM, then shut down gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    server = Server(settings, repository=repository)
+    try:
+        await server.start()
+        log.info("aserve listening on http://%s:%d (repository %s)", settings.host, server.port, repository)
+        await stop.wait()
+        log.info("shutting down: finishing accepted requests")
+    finally:
+        await server.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,209 @@
+"""The micro-batcher: window policy rules, one-copy concatenation, exact split, errors, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from aserve.batching import Batcher, Decision, WindowPolicy, concat_inputs, split_outputs
+from aserve.engine import ModelSpec, Pool
+from aserve.errors import InvalidInput, ModelError, Overloaded, RequestTimeout
+from aserve.runtime.datatypes import decode_bytes, encode_bytes
+from aserve.tensor import Tensor
+
+
+@dataclass
+class P:
+    arrival: float
+    samples: int
+    deadline: float | None = None
+
+
+# ---- policy ----
+
+def test_window_lone_request_goes_at_once() -> None:
+    w = WindowPolicy(max_queue_delay=0.010)
+    assert w.decide(5.0, [P(5.0, 1)], idle=2, running=0, max_batch_size=8) == Decision(1, None)
+
+
+def test_window_waits_while_a_batch_runs_then_closes() -> None:
+    w = WindowPolicy(max_queue_delay=0.010)
+    q = [P(5.0, 1), P(5.001, 2)]
+    assert w.decide(5.002, q, idle=1, running=1, max_batch_size=8) == Decision(0, 5.010)
+    assert w.decide(5.010, q, idle=1, running=1, max_batch_size=8) == Decision(2, None)
+
+
+def test_window_full_batch_and_no_slot() -> None:
+    w = WindowPolicy(max_queue_delay=0.010)
+    q = [P(5.0, 4), P(5.0, 4), P(5.0, 4)]
+    assert w.decide(5.0, q, idle=1, running=1, max_batch_size=8) == Decision(2, None)
+    assert w.decide(5.0, q, idle=0, running=2, max_batch_size=8) == Decision(0, None)
+    assert w.decide(5.0, q, idle=1, running=1, max_batch_size=0) == Decision(1, None)
+
+
+def test_window_deadline_inside_window_dispatches() -> None:
+    w = WindowPolicy(max_queue_delay=0.010)
+    assert w.decide(5.0, [P(5.0, 1, 5.005)], idle=1, running=1, max_batch_size=8) == Decision(1, None)
+
+
+# ---- concatenation and split ----
+
+def test_concat_and_split_fixed_size() -> None:
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    b = np.arange(100, 103, dtype=np.int32).reshape(1, 3)
+    out = concat_inputs([{"X": Tensor("INT32", (2, 3), a.tobytes())}, {"X": Tensor("INT32", (1, 3), b.tobytes())}], 3)
+    assert out["X"].shape == (3, 3)
+    assert isinstance(out["X"].data, bytearray)
+    np.testing.assert_array_equal(np.frombuffer(out["X"].data, np.int32).reshape(3, 3), np.vstack([a, b]))
+    parts = split_outputs(out, [2, 1], "m")
+    np.testing.assert_array_equal(np.frombuffer(parts[0]["X"].data, np.int32).reshape(2, 3), a)
+    np.testing.assert_array_equal(np.frombuffer(parts[1]["X"].data, np.int32).reshape(1, 3), b)
+    assert parts[1]["X"].shape == (1, 3)
+    # zero-copy: the parts are views over the batch buffer
+    assert parts[1]["X"].data.obj is out["X"].data
+
+
+def test_concat_and_split_bytes() -> None:
+    r1 = [b"a", b"", b"hello", b"xy"]  # 2 samples x 2
+    r2 = [b"\x00\x01\x02", b"z"]  # 1 sample x 2
+    t1 = Tensor("BYTES", (2, 2), encode_bytes(r1))
+    t2 = Tensor("BYTES", (1, 2), encode_bytes(r2))
+    out = concat_inputs([{"S": t1}, {"S": t2}], 3)
+    assert decode_bytes(out["S"].view(), 6) == r1 + r2
+    parts = split_outputs(out, [2, 1], "m")
+    assert decode_bytes(parts[0]["S"].view(), 4) == r1
+    assert decode_bytes(parts[1]["S"].view(), 2) == r2
+
+
+def test_split_rejects_wrong_batch_dimension() -> None:
+    with pytest.raises(ModelError, match="first dimension must be 3"):
+        split_outputs({"Y": Tensor("FP32", (2, 1), struct.pack("<2f", 1, 2))}, [2, 1], "m")
+
+
+# ---- a batcher over a real pool (engine "main") ----
+
+SOURCE = '''
+import threading
+from aserve.runtime import Model, TensorSpec
+
+GATE = threading.Event()
+
+class Echo(Model):
+    """OUT = IN * 2 (INT32); a negative element raises; 777 blocks until 778 arrives."""
+    inputs = [TensorSpec("IN", "INT32", (-1, 4))]
+    outputs = [TensorSpec("OUT", "INT32", (-1, 4)), TensorSpec("ROWS", "INT32", (-1, 1))]
+
+    def __call__(self, inputs):
+        x = inputs["IN"].cast("B").cast("i")
+        if any(v < 0 for v in x):
+            raise ValueError("negative input")
+        if 778 in x:
+            GATE.set()
+        if 777 in x:
+            GATE.wait(10)
+        rows = len(x) // 4
+        doubled = [v * 2 for v in x]
+        return {"OUT": [doubled[i * 4:(i + 1) * 4] for i in range(rows)], "ROWS": [[rows]] * rows}
+'''
+
+@pytest.fixture
+async def echo_pool(model_dir):
+    d = model_dir(SOURCE)
+    pool = Pool(engine="main", interpreters=2)
+    await pool.start()
+    await pool.load(ModelSpec(name="echo", path=str(d)))
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+def _req(rows: int, start: int) -> dict[str, Tensor]:
+    arr = np.arange(start, start + rows * 4, dtype=np.int32).reshape(rows, 4)
+    return {"IN": Tensor("INT32", (rows, 4), arr.tobytes())}
+
+
+def _out(result: dict[str, Tensor]) -> np.ndarray:
+    t = result["OUT"]
+    return np.frombuffer(t.data, np.int32).reshape(t.shape)
+
+
+async def _unblock(pool: Pool) -> None:
+    """Release the request blocked on 777 by running 778 in the pool's other interpreter."""
+    await pool.infer("echo", _marker(778))
+
+
+def _marker(value: int) -> dict[str, Tensor]:
+    return {"IN": Tensor("INT32", (1, 4), np.array([value, 0, 0, 0], np.int32).tobytes())}
+
+
+class CountingPolicy(WindowPolicy):
+    def __init__(self) -> None:
+        super().__init__(max_queue_delay=0.05)
+        self.observed: list[int] = []
+
+    def observe(self, samples: int, seconds: float) -> None:
+        self.observed.append(samples)
+
+
+async def test_batches_form_under_load_and_results_do_not_cross(echo_pool: Pool) -> None:
+    policy = CountingPolicy()
+    b = Batcher(model="echo", run=echo_pool.infer, policy=policy, max_batch_size=16, interpreters=1,
+                max_queue_size=1000)
+    sizes = [1 + i % 3 for i in range(60)]
+    starts = [i * 1000 for i in range(60)]
+    results = await asyncio.gather(*(b.submit(_req(n, s), n, deadline=None) for n, s in zip(sizes, starts)))
+    for n, s, r in zip(sizes, starts, results):
+        expect = np.arange(s, s + n * 4, dtype=np.int32).reshape(n, 4) * 2
+        np.testing.assert_array_equal(_out(r), expect)
+        assert r["ROWS"].shape == (n, 1)
+    assert sum(policy.observed) == sum(sizes)
+    assert b.batches < len(sizes)  # some requests shared a batch
+    assert max(policy.observed) <= 16
+
+
+async def test_model_error_fails_only_the_culprit(echo_pool: Pool) -> None:
+    b = Batcher(model="echo", run=echo_pool.infer, policy=WindowPolicy(max_queue_delay=0.05),
+                max_batch_size=16, interpreters=1, max_queue_size=1000)
+    blocker = asyncio.ensure_future(b.submit(_marker(777), 1, deadline=None))  # holds the only slot
+    await asyncio.sleep(0.05)
+    good1 = asyncio.ensure_future(b.submit(_req(1, 10), 1, deadline=None))
+    bad = asyncio.ensure_future(b.submit({"IN": Tensor("INT32", (1, 4), np.full(4, -1, np.int32).tobytes())}, 1,
+                                         deadline=None))
+    good2 = asyncio.ensure_future(b.submit(_req(2, 20), 2, deadline=None))
+    await asyncio.sleep(0.01)
+    assert b.running == 1 and not blocker.done(), (b.running, blocker)
+    assert b.queued == 4  # the three wait behind the blocker, to go as one batch
+    await _unblock(echo_pool)
+    await blocker
+    np.testing.assert_array_equal(_out(await good1), np.arange(10, 14).reshape(1, 4) * 2)
+    np.testing.assert_array_equal(_out(await good2), np.arange(20, 28).reshape(2, 4) * 2)
+    with pytest.raises(ModelError, match="negative input"):
+        await bad
+
+
+async def test_limits_timeout_and_overload(echo_pool: Pool) -> None:
+    loop = asyncio.get_running_loop()
+    b = Batcher(model="echo", run=echo_pool.infer, policy=WindowPolicy(max_queue_delay=0.001),
+                max_batch_size=4, interpreters=1, max_queue_size=3)
+    with pytest.raises(InvalidInput, match="max_batch_size is 4"):
+        await b.submit(_req(5, 0), 5, deadline=None)
+    blocker = asyncio.ensure_future(b.submit(_marker(777), 1, deadline=None))
+    await asyncio.sleep(0.05)
+    assert b.running == 1
+    late = asyncio.ensure_future(b.submit(_req(2, 0), 2, deadline=loop.time() + 0.05))
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded):
+        await b.submit(_req(2, 0), 2, deadline=None)  # 2 + 2 > max_queue_size 3
+    with pytest.raises(RequestTimeout, match="in the queue"):
+        await late
+    assert b.queued == 0
+    await _unblock(echo_pool)
+    await blocker
+    r = await b.submit(_req(1, 5), 1, deadline=loop.time() + 5)  # still serving
+    np.testing.assert_array_equal(_out(r), np.arange(5, 9).reshape(1, 4) * 2)
+    await b.close(timeout=1)
