@@ -12,8 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define AS_ABI_VERSION 1
+#define AS_ABI_VERSION 2
 #define AS_MAX_DIMS 16
+#define AS_MAX_STAGES 64
 
 enum as_job_kind {
     AS_JOB_LOAD = 1,   /* model = key, text = JSON spec; result = JSON metadata */
@@ -32,6 +33,16 @@ typedef struct as_tensor {
     size_t nbytes;
 } as_tensor;
 
+/* The join point of a running staged batch (layer-level joining). After each stage
+ * but the last, the interpreter side calls poll with the number of stages done; the
+ * host answers with the inputs of a group of requests to absorb now (they run the
+ * stages done so far, then continue in the batch) or NULL. The inputs stay valid
+ * until the job completes. poll takes only the pool's lock, never the host GIL. */
+typedef struct as_join {
+    void *ctx;
+    const struct as_tensor *(*poll)(void *ctx, int done, size_t *n_inputs);
+} as_join;
+
 typedef struct as_job {
     /* set by the host */
     int kind;
@@ -39,6 +50,7 @@ typedef struct as_job {
     const char *text;
     size_t n_inputs;
     const as_tensor *inputs;
+    const as_join *join; /* INFER of a staged model that may absorb joiners; NULL: runs whole */
     /* set by the interpreter side, with as_host.alloc */
     int failed;
     char *error_type; /* exception class name */
@@ -47,6 +59,8 @@ typedef struct as_job {
     size_t n_outputs;
     as_tensor *outputs; /* names/datatypes allocated with as_host.alloc */
     void *owner;        /* keeps outputs alive; give back with as_interp_release */
+    int n_stages;       /* staged runs: stages run and their seconds (of the first group) */
+    double stage_seconds[AS_MAX_STAGES];
 } as_job;
 
 typedef struct as_host {

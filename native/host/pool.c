@@ -7,6 +7,13 @@
  * written only when that list goes from empty to non-empty, so one wake-up of the
  * event loop drains many completions.
  *
+ * Staged jobs (layer-level joining): the host may offer a group of requests to a
+ * staged batch that is queued or running. The offer waits on the job; after each
+ * stage but the last the worker polls it (join_poll, under the pool lock only) and
+ * absorbs it if that boundary is no later than the offer's last_stage, else rejects
+ * it. Every offer completes, absorbed or rejected, before its batch's own
+ * completion, in one drain, so the host knows which requests the outputs cover.
+ *
  * Workers live as long as the process: an interpreter holding torch cannot be torn
  * down and recreated in the same namespace, so a pool that is closed keeps its
  * interpreters parked and a later pool of the same engine reuses them.
@@ -17,10 +24,13 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #define AS_JOB_START 100 /* host-only kind: a worker's interpreter is ready (or failed) */
 #define MAX_WORKERS 64
+
+struct pool;
 
 typedef struct hjob {
     as_job job;
@@ -34,14 +44,26 @@ typedef struct hjob {
     Py_buffer *views;
     size_t n_views;
     char start_error[1024];
+    /* staged jobs: their join point, progress and groups offered / absorbed */
+    struct pool *pool;
+    uint64_t id;
+    as_join join;
+    int stage;   /* stages done at the last join point */
+    int running; /* a worker took it */
+    struct timespec started;
+    struct hjob *offers, *offers_tail;
+    struct hjob *absorbed, *absorbed_tail;
+    struct hjob *snext; /* the pool's list of staged jobs not yet complete */
+    /* offers */
+    int is_offer;
+    int last_stage; /* the latest boundary at which the group may join */
+    int joined;
 } hjob;
 
 typedef struct release {
     void *owner;
     struct release *next;
 } release_t;
-
-struct pool;
 
 typedef struct worker {
     struct pool *pool;
@@ -73,6 +95,8 @@ typedef struct pool {
     hjob *head, *tail; /* shared queue */
     size_t queued;
     hjob *done;        /* completions, newest first */
+    hjob *staged;      /* staged jobs not yet complete */
+    uint64_t next_id;
     int efd;
     int n_workers;
     worker_t *workers[MAX_WORKERS];
@@ -132,6 +156,16 @@ static void post_done(pool_t *p, hjob *j)
     }
 }
 
+static void append(hjob **head, hjob **tail, hjob *j)
+{
+    j->next = NULL;
+    if (*tail != NULL)
+        (*tail)->next = j;
+    else
+        *head = j;
+    *tail = j;
+}
+
 static hjob *pop(hjob **head, hjob **tail)
 {
     hjob *j = *head;
@@ -162,6 +196,46 @@ static hjob *pop_shared(pool_t *p, int index)
         return j;
     }
     return NULL;
+}
+
+/* as_join.poll: called by the interpreter side of a running staged job after
+ * `done` stages; hands over the first offered group that may still join. */
+static const as_tensor *join_poll(void *ctx, int done, size_t *n_inputs)
+{
+    hjob *j = ctx;
+    pool_t *p = j->pool;
+    const as_tensor *in = NULL;
+    pthread_mutex_lock(&p->mu);
+    j->stage = done;
+    hjob *o;
+    while (in == NULL && (o = pop(&j->offers, &j->offers_tail)) != NULL) {
+        if (done <= o->last_stage) {
+            o->joined = 1;
+            append(&j->absorbed, &j->absorbed_tail, o);
+            *n_inputs = o->job.n_inputs;
+            in = o->in;
+        } else {
+            post_done(p, o); /* too late for this group: the host queues it again */
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return in;
+}
+
+/* Caller holds p->mu: a staged job finished; complete its offers, then itself. */
+static void finish_staged(pool_t *p, hjob *j)
+{
+    for (hjob **pp = &p->staged; *pp != NULL; pp = &(*pp)->snext) {
+        if (*pp == j) {
+            *pp = j->snext;
+            break;
+        }
+    }
+    hjob *o;
+    while ((o = pop(&j->offers, &j->offers_tail)) != NULL)
+        post_done(p, o);
+    while ((o = pop(&j->absorbed, &j->absorbed_tail)) != NULL)
+        post_done(p, o);
 }
 
 static void *worker_main(void *arg)
@@ -206,11 +280,16 @@ static void *worker_main(void *arg)
             j = pop_shared(p, w->index);
         if (j != NULL) {
             w->busy = 1;
-            pthread_mutex_unlock(&p->mu);
+            j->running = 1;
             j->worker = w->index;
+            if (j->job.join != NULL)
+                clock_gettime(CLOCK_MONOTONIC, &j->started);
+            pthread_mutex_unlock(&p->mu);
             w->engine.run(w->ip, &j->job);
             pthread_mutex_lock(&p->mu);
             w->busy = 0;
+            if (j->job.join != NULL)
+                finish_staged(p, j);
             post_done(p, j);
             continue;
         }
@@ -444,16 +523,46 @@ static int fill_input(as_tensor *t, Py_buffer *v, PyObject *item)
     return 0;
 }
 
+static int fill_inputs(hjob *j, PyObject *inputs)
+{
+    PyObject *seq = PySequence_Fast(inputs, "Pool.submit: inputs must be a sequence");
+    if (seq == NULL)
+        return -1;
+    size_t n = (size_t)PySequence_Fast_GET_SIZE(seq);
+    j->in = calloc(n ? n : 1, sizeof(as_tensor));
+    j->views = calloc(n ? n : 1, sizeof(Py_buffer));
+    if (j->in == NULL || j->views == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        j->n_views = i + 1;
+        if (fill_input(&j->in[i], &j->views[i], PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i)) < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    j->job.inputs = j->in;
+    j->job.n_inputs = n;
+    return 0;
+}
+
 static PyObject *pool_submit(pool_t *p, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"future", "kind", "model", "text", "inputs", "target", "mask", NULL};
+    static char *kwlist[] = {"future", "kind", "model", "text", "inputs", "target", "mask", "staged", NULL};
     PyObject *future, *inputs = Py_None;
-    int kind, target = -1;
+    int kind, target = -1, staged = 0;
     unsigned long long mask = ~0ULL;
     const char *model = NULL, *text = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|zzOiK:submit", kwlist, &future, &kind, &model, &text, &inputs,
-                                     &target, &mask))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|zzOiKp:submit", kwlist, &future, &kind, &model, &text, &inputs,
+                                     &target, &mask, &staged))
         return NULL;
+    if (staged && (kind != AS_JOB_INFER || target >= 0)) {
+        PyErr_SetString(PyExc_ValueError, "Pool.submit: only shared INFER jobs can be staged");
+        return NULL;
+    }
     if (kind < AS_JOB_LOAD || kind > AS_JOB_EXEC) {
         PyErr_Format(PyExc_ValueError, "Pool.submit: unknown job kind %d", kind);
         return NULL;
@@ -463,6 +572,7 @@ static PyObject *pool_submit(pool_t *p, PyObject *args, PyObject *kw)
     hjob *j = calloc(1, sizeof *j);
     if (j == NULL)
         return PyErr_NoMemory();
+    j->pool = p;
     j->job.kind = kind;
     j->mask = mask;
     j->future = Py_NewRef(future);
@@ -470,30 +580,18 @@ static PyObject *pool_submit(pool_t *p, PyObject *args, PyObject *kw)
     j->text = dup_or_null(text);
     j->job.model = j->model;
     j->job.text = j->text;
-    if (inputs != Py_None) {
-        PyObject *seq = PySequence_Fast(inputs, "Pool.submit: inputs must be a sequence");
-        if (seq == NULL)
-            goto error;
-        size_t n = (size_t)PySequence_Fast_GET_SIZE(seq);
-        j->in = calloc(n ? n : 1, sizeof(as_tensor));
-        j->views = calloc(n ? n : 1, sizeof(Py_buffer));
-        if (j->in == NULL || j->views == NULL) {
-            Py_DECREF(seq);
-            PyErr_NoMemory();
-            goto error;
-        }
-        for (size_t i = 0; i < n; i++) {
-            j->n_views = i + 1;
-            if (fill_input(&j->in[i], &j->views[i], PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i)) < 0) {
-                Py_DECREF(seq);
-                goto error;
-            }
-        }
-        Py_DECREF(seq);
-        j->job.inputs = j->in;
-        j->job.n_inputs = n;
-    }
+    if (inputs != Py_None && fill_inputs(j, inputs) < 0)
+        goto error;
+    PyObject *id = Py_NewRef(Py_None);
     pthread_mutex_lock(&p->mu);
+    if (staged) {
+        j->id = ++p->next_id;
+        j->join = (as_join){j, join_poll};
+        j->job.join = &j->join;
+        j->snext = p->staged;
+        p->staged = j;
+        Py_SETREF(id, PyLong_FromUnsignedLongLong(j->id));
+    }
     if (target >= 0) {
         worker_t *w = p->workers[target];
         if (w->tail != NULL)
@@ -513,10 +611,75 @@ static PyObject *pool_submit(pool_t *p, PyObject *args, PyObject *kw)
         wake_idle(p, j->mask);
     }
     pthread_mutex_unlock(&p->mu);
-    Py_RETURN_NONE;
+    return id; /* NULL only if the id could not be made: the job runs all the same */
 error:
     job_free(j);
     return NULL;
+}
+
+/* Caller holds p->mu. */
+static hjob *find_staged(pool_t *p, uint64_t id)
+{
+    for (hjob *j = p->staged; j != NULL; j = j->snext)
+        if (j->id == id)
+            return j;
+    return NULL;
+}
+
+static PyObject *pool_offer(pool_t *p, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"job", "future", "inputs", "last_stage", NULL};
+    unsigned long long id;
+    PyObject *future, *inputs;
+    int last_stage;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KOOi:offer", kwlist, &id, &future, &inputs, &last_stage))
+        return NULL;
+    hjob *o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return PyErr_NoMemory();
+    o->pool = p;
+    o->is_offer = 1;
+    o->job.kind = AS_JOB_INFER;
+    o->last_stage = last_stage;
+    o->future = Py_NewRef(future);
+    if (fill_inputs(o, inputs) < 0) {
+        job_free(o);
+        return NULL;
+    }
+    pthread_mutex_lock(&p->mu);
+    hjob *j = find_staged(p, id);
+    int posted = j != NULL && j->stage < last_stage;
+    if (posted)
+        append(&j->offers, &j->offers_tail, o);
+    pthread_mutex_unlock(&p->mu);
+    if (!posted)
+        job_free(o);
+    return PyBool_FromLong(posted);
+}
+
+static PyObject *pool_progress(pool_t *p, PyObject *arg)
+{
+    unsigned long long id = PyLong_AsUnsignedLongLong(arg);
+    if (id == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    int stage = 0, running = 0;
+    struct timespec started = {0, 0}, now;
+    pthread_mutex_lock(&p->mu);
+    hjob *j = find_staged(p, id);
+    if (j != NULL) {
+        stage = j->stage;
+        running = j->running;
+        started = j->started;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (j == NULL)
+        Py_RETURN_NONE;
+    double elapsed = -1.0;
+    if (running) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        elapsed = (double)(now.tv_sec - started.tv_sec) + 1e-9 * (double)(now.tv_nsec - started.tv_nsec);
+    }
+    return Py_BuildValue("(id)", stage, elapsed);
 }
 
 static PyObject *make_outputs(pool_t *p, hjob *j)
@@ -564,6 +727,8 @@ error:
 
 static PyObject *completion(pool_t *p, hjob *j)
 {
+    if (j->is_offer)
+        return Py_BuildValue("(OOO)", j->future, Py_True, j->joined ? Py_True : Py_False);
     if (j->host_kind == AS_JOB_START) {
         if (j->job.failed)
             return Py_BuildValue("(OO(ss))", j->future, Py_False, "EngineError", j->start_error);
@@ -576,7 +741,15 @@ static PyObject *completion(pool_t *p, hjob *j)
                              j->job.error ? j->job.error : "");
     }
     PyObject *payload;
-    if (j->job.kind == AS_JOB_INFER)
+    if (j->job.kind == AS_JOB_INFER && j->job.join != NULL) {
+        PyObject *outputs = make_outputs(p, j);
+        PyObject *seconds = outputs != NULL ? PyTuple_New(j->job.n_stages) : NULL;
+        for (int i = 0; seconds != NULL && i < j->job.n_stages; i++)
+            PyTuple_SET_ITEM(seconds, i, PyFloat_FromDouble(j->job.stage_seconds[i]));
+        payload = seconds != NULL ? Py_BuildValue("(NN)", outputs, seconds) : NULL;
+        if (seconds == NULL)
+            Py_XDECREF(outputs);
+    } else if (j->job.kind == AS_JOB_INFER)
         payload = make_outputs(p, j);
     else if (j->job.result != NULL)
         payload = PyUnicode_FromString(j->job.result);
@@ -686,8 +859,17 @@ static PyMethodDef pool_methods[] = {
     {"add_interpreter", (PyCFunction)pool_add_interpreter, METH_O,
      "add_interpreter(future) -> index: start one more interpreter; future resolves when it is ready"},
     {"submit", (PyCFunction)(void (*)(void))pool_submit, METH_VARARGS | METH_KEYWORDS,
-     "submit(future, kind, model=None, text=None, inputs=None, target=-1, mask=all): queue a job for "
-     "interpreter target, or for the first idle interpreter whose bit is set in mask"},
+     "submit(future, kind, model=None, text=None, inputs=None, target=-1, mask=all, staged=False) -> "
+     "job id | None: queue a job for interpreter target, or for the first idle interpreter whose bit is "
+     "set in mask; a staged INFER job gets an id for offer/progress and completes with "
+     "(outputs, stage_seconds)"},
+    {"offer", (PyCFunction)(void (*)(void))pool_offer, METH_VARARGS | METH_KEYWORDS,
+     "offer(job, future, inputs, last_stage) -> bool: offer a group of requests to staged job `job`; it "
+     "joins at the first stage boundary <= last_stage, else it is rejected. future resolves True "
+     "(absorbed: the job's outputs cover it, after the job's own samples and earlier groups) or False. "
+     "False: the job is gone or already past last_stage"},
+    {"progress", (PyCFunction)pool_progress, METH_O,
+     "progress(job) -> (stages_done, seconds_running or -1 if queued) | None once it completed"},
     {"drain", (PyCFunction)pool_drain, METH_NOARGS, "drain() -> [(future, ok, payload)]: finished jobs"},
     {"fileno", (PyCFunction)pool_fileno, METH_NOARGS, "fileno() -> the eventfd that signals completions"},
     {"set_active", (PyCFunction)pool_set_active, METH_O,

@@ -98,14 +98,14 @@ static int set_text_result(as_interp *ip, as_job *job, PyObject *res)
     return 0;
 }
 
-static PyObject *make_inputs(const as_job *job, PyObject **views)
+PyObject *as_runtime_tensors(const as_tensor *tensors, size_t n, PyObject **views)
 {
     static char empty[1];
-    PyObject *list = PyList_New((Py_ssize_t)job->n_inputs);
+    PyObject *list = PyList_New((Py_ssize_t)n);
     if (list == NULL)
         return NULL;
-    for (size_t i = 0; i < job->n_inputs; i++) {
-        const as_tensor *t = &job->inputs[i];
+    for (size_t i = 0; i < n; i++) {
+        const as_tensor *t = &tensors[i];
         PyObject *shape = PyTuple_New(t->ndim);
         if (shape == NULL)
             goto error;
@@ -261,6 +261,29 @@ error:
     return -1;
 }
 
+/* A staged run returns (outputs, stage_seconds): keep the timings, go on with outputs. */
+static int take_stages(as_job *job, PyObject **res)
+{
+    PyObject *outputs, *seconds;
+    if (!PyArg_ParseTuple(*res, "OO!;aserve runtime: a staged infer returns (outputs, stage_seconds)", &outputs,
+                          &PyTuple_Type, &seconds))
+        return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(seconds);
+    if (n > AS_MAX_STAGES) {
+        PyErr_Format(PyExc_ValueError, "a model has at most %d stages, this one %zd", AS_MAX_STAGES, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        job->stage_seconds[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(seconds, i));
+        if (job->stage_seconds[i] == -1.0 && PyErr_Occurred())
+            return -1;
+    }
+    job->n_stages = (int)n;
+    Py_INCREF(outputs);
+    Py_SETREF(*res, outputs);
+    return 0;
+}
+
 static void run_attached(as_interp *ip, as_job *job)
 {
     PyObject *res = NULL;
@@ -280,21 +303,33 @@ static void run_attached(as_interp *ip, as_job *job)
         break;
     case AS_JOB_INFER: {
         PyObject **views = PyMem_RawCalloc(job->n_inputs ? job->n_inputs : 1, sizeof(PyObject *));
-        PyObject *inputs = views != NULL ? make_inputs(job, views) : PyErr_NoMemory();
+        PyObject *inputs = views != NULL ? as_runtime_tensors(job->inputs, job->n_inputs, views) : PyErr_NoMemory();
+        PyObject *join = NULL;
+        if (inputs != NULL && job->join != NULL && (join = as_join_new(job->join)) == NULL)
+            Py_CLEAR(inputs);
         if (inputs != NULL) {
-            res = PyObject_CallFunction(ip->fn_infer, "sO", job->model, inputs);
+            if (join != NULL)
+                res = PyObject_CallFunction(ip->fn_infer, "sOO", job->model, inputs, join);
+            else
+                res = PyObject_CallFunction(ip->fn_infer, "sO", job->model, inputs);
             Py_DECREF(inputs);
         }
+        if (res != NULL && join != NULL && take_stages(job, &res) < 0)
+            Py_CLEAR(res);
         if (res != NULL && take_outputs(ip, job, res) < 0)
             Py_CLEAR(res);
+        /* keep the pending exception across the releases */
+        PyObject *t, *v, *tb;
+        PyErr_Fetch(&t, &v, &tb);
         if (views != NULL) {
-            /* keep the pending exception across the releases */
-            PyObject *t, *v, *tb;
-            PyErr_Fetch(&t, &v, &tb);
             end_views(views, job->n_inputs);
-            PyErr_Restore(t, v, tb);
             PyMem_RawFree(views);
         }
+        if (join != NULL) {
+            as_join_end(join);
+            Py_DECREF(join);
+        }
+        PyErr_Restore(t, v, tb);
         break;
     }
     default:

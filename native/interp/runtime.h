@@ -20,6 +20,14 @@ int as_runtime_bind(as_interp *ip, const as_init *cfg, char *err, size_t errlen)
 /* Format the current Python exception into err (clearing it). */
 void as_runtime_error(char *err, size_t errlen, const char *what);
 
+/* Tensors as a list of (name, datatype, shape, memoryview) tuples; views[i] gets a
+ * reference to each memoryview (end them with their release method when done). */
+PyObject *as_runtime_tensors(const as_tensor *tensors, size_t n, PyObject **views);
+
+/* The join(done) callable of a staged job (join.c), and ending the views it handed out. */
+PyObject *as_join_new(const as_join *join);
+void as_join_end(PyObject *join);
+
 /* Run one job / give back one result's owner; attach and detach ip->ts. */
 void as_interp_run(as_interp *ip, as_job *job);
 void as_interp_release(as_interp *ip, void *owner);

@@ -51,6 +51,20 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     tensor_format: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
+    stages: int = 0  # the model's stages: > 0 lets batches absorb joiners at stage boundaries
+
+
+class StagedRun:
+    """A staged batch in the pool: offer it groups of requests while it runs.
+
+    `result` resolves to (outputs, stage_seconds): the outputs cover the batch's own
+    samples, then each absorbed group in the order offered."""
+
+    __slots__ = ("id", "result")
+
+    def __init__(self, job: int, result: asyncio.Future[tuple[dict[str, Tensor], tuple[float, ...]]]) -> None:
+        self.id = job
+        self.result = result
 
 
 def interpreter_library() -> str:
@@ -95,6 +109,10 @@ def _error(payload: tuple[str, str]) -> Exception:
         return EngineError(text)
     last = text.strip().splitlines()[-1] if text.strip() else error_type
     return ModelError(last, traceback=text, error_type=error_type)
+
+
+def _wire(inputs: Mapping[str, Tensor]) -> list[tuple[str, str, tuple[int, ...], Any]]:
+    return [(name, t.datatype, t.shape, t.data) for name, t in inputs.items()]
 
 
 class Pool:
@@ -214,15 +232,19 @@ class Pool:
             else:
                 fut.set_exception(_error(payload))
 
-    def _submit(self, kind: int, *, model: str | None = None, text: str | None = None,
-                inputs: list[tuple[str, str, tuple[int, ...], Any]] | None = None,
-                target: int = -1, mask: int = -1) -> asyncio.Future[Any]:
+    def _future(self) -> asyncio.Future[Any]:
         if self._native is None or self._loop is None:
             raise EngineError("the pool is not started: await pool.start() first")
         fut = self._loop.create_future()
-        self._native.submit(fut, kind, model, text, inputs, target, mask & 0xFFFFFFFFFFFFFFFF)
         self._pending.add(fut)
         fut.add_done_callback(self._pending.discard)
+        return fut
+
+    def _submit(self, kind: int, *, model: str | None = None, text: str | None = None,
+                inputs: list[tuple[str, str, tuple[int, ...], Any]] | None = None,
+                target: int = -1, mask: int = -1) -> asyncio.Future[Any]:
+        fut = self._future()
+        self._native.submit(fut, kind, model, text, inputs, target, mask & 0xFFFFFFFFFFFFFFFF)
         return fut
 
     def _check_open(self) -> None:
@@ -273,6 +295,7 @@ class Pool:
             tensor_format=meta["tensor_format"],
             inputs=[TensorSpec(d["name"], d["datatype"], tuple(d["shape"])) for d in meta["inputs"]],
             outputs=[TensorSpec(d["name"], d["datatype"], tuple(d["shape"])) for d in meta["outputs"]],
+            stages=int(meta.get("stages", 0)),
         )
         self._models[spec.name] = info
         self._masks[spec.name] = (1 << n) - 1
@@ -296,9 +319,53 @@ class Pool:
         mask = self._masks.get(model)
         if mask is None:
             raise ModelNotFound(f"model {model!r} is not loaded")
-        payload = [(name, t.datatype, t.shape, t.data) for name, t in inputs.items()]
-        outputs = await self._submit(_native.JOB_INFER, model=model, inputs=payload, mask=mask)
+        outputs = await self._submit(_native.JOB_INFER, model=model, inputs=_wire(inputs), mask=mask)
         return {name: Tensor(datatype, shape, buf) for name, datatype, shape, buf in outputs}
+
+    def infer_staged(self, model: str, inputs: Mapping[str, Tensor], /) -> StagedRun:
+        """Queue one batch of a staged model that may absorb groups offered while it runs."""
+        self._check_open()
+        mask = self._masks.get(model)
+        if mask is None:
+            raise ModelNotFound(f"model {model!r} is not loaded")
+        if not self._models[model].stages:
+            raise EngineError(f"model {model!r} has no stages: it cannot run a joinable batch")
+        fut = self._future()
+        job = self._native.submit(fut, _native.JOB_INFER, model, None, _wire(inputs), -1,
+                                  mask & 0xFFFFFFFFFFFFFFFF, True)
+        result: asyncio.Future[tuple[dict[str, Tensor], tuple[float, ...]]] = self._loop.create_future()  # type: ignore[union-attr]
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if result.done():
+                return
+            if f.cancelled():
+                result.cancel()
+            elif (e := f.exception()) is not None:
+                result.set_exception(e)
+            else:
+                outputs, seconds = f.result()
+                result.set_result(({n: Tensor(d, s, b) for n, d, s, b in outputs}, seconds))
+
+        fut.add_done_callback(done)
+        return StagedRun(job, result)
+
+    def offer(self, run: StagedRun, inputs: Mapping[str, Tensor], last_stage: int, /) -> asyncio.Future[bool] | None:
+        """Offer a group of requests to a staged batch: it joins at the first stage boundary
+        the batch reaches no later than `last_stage`. The future says whether it joined
+        (True: the batch's outputs cover it) or was turned away (False: run it otherwise);
+        None: the batch is complete or already past `last_stage`."""
+        fut = self._future()
+        if not self._native.offer(run.id, fut, _wire(inputs), last_stage):
+            fut.cancel()
+            return None
+        return fut
+
+    def progress(self, run: StagedRun) -> tuple[int, float] | None:
+        """(stages done, seconds it has been running or -1 while queued); None once complete."""
+        if self._native is None:
+            return None
+        state: tuple[int, float] | None = self._native.progress(run.id)
+        return state
 
     async def execute(self, interpreter: int, source: str, /) -> str:
         """Run Python source in one interpreter; returns repr of its `result` variable."""

@@ -12,7 +12,9 @@ import importlib.util
 import json
 import os
 import sys
+import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from .model import TENSOR_FORMATS, Model, TensorSpec
@@ -24,15 +26,17 @@ class LoadError(Exception):
 
 
 class _Loaded:
-    __slots__ = ("fmt", "inputs", "model", "outputs")
+    __slots__ = ("fmt", "inputs", "model", "outputs", "stages")
 
     def __init__(self, model: Model, fmt: str, inputs: list[TensorSpec], outputs: list[TensorSpec]):
         self.model = model
         self.fmt = fmt
         self.inputs = {s.name: s for s in inputs}
         self.outputs = {s.name: s for s in outputs}
+        self.stages = tuple(model.stages)
 
 
+MAX_STAGES = 64  # AS_MAX_STAGES in native/abi.h
 _models: dict[str, _Loaded] = {}
 _scratch: dict[str, Any] = {"__name__": "__aserve_exec__"}
 
@@ -117,7 +121,13 @@ def load(key: str, spec_json: str) -> str:
         model.load()
     except BaseException as e:
         raise LoadError(f"{path}: {cls.__name__} failed to load: {type(e).__name__}: {e}") from e
-    _models[key] = _Loaded(model, fmt, inputs, outputs)
+    loaded = _Loaded(model, fmt, inputs, outputs)
+    bad = [i for i, stage in enumerate(loaded.stages) if not callable(stage)]
+    if bad:
+        raise LoadError(f"{path}: {cls.__name__}.stages[{bad[0]}] is not callable")
+    if len(loaded.stages) > MAX_STAGES:
+        raise LoadError(f"{path}: {cls.__name__} has {len(loaded.stages)} stages; at most {MAX_STAGES}")
+    _models[key] = loaded
     return json.dumps(
         {
             "class": cls.__name__,
@@ -125,6 +135,7 @@ def load(key: str, spec_json: str) -> str:
             "tensor_format": fmt,
             "inputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in inputs],
             "outputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in outputs],
+            "stages": len(loaded.stages),
         }
     )
 
@@ -135,14 +146,53 @@ def unload(key: str) -> None:
         gc.collect()
 
 
-def infer(key: str, inputs: list[tuple[str, str, tuple[int, ...], memoryview]]) -> list[Any]:
-    """Run one batch; inputs and outputs are (name, datatype, shape, data) tuples."""
+Wire = list[tuple[str, str, tuple[int, ...], memoryview]]
+
+
+def _run_staged(loaded: _Loaded, batch: dict[str, Any], join: Callable[[int], Wire | None]
+                ) -> tuple[Any, tuple[float, ...]]:
+    """The staged path: after each stage but the last, absorb the groups the host lets join.
+
+    A joining group runs the stages done so far on its own inputs; its activation is
+    concatenated after the batch's. Returns the outputs and each stage's seconds."""
+    model, stages = loaded.model, loaded.stages
+    last = len(stages) - 1
+    seconds = []
+    with model.stage_context():
+        x = model.stage_input(batch)
+        for k, stage in enumerate(stages):
+            start = time.perf_counter()
+            x = stage(x)
+            seconds.append(time.perf_counter() - start)
+            if k == last:
+                break
+            while (wire := join(k + 1)) is not None:
+                group = {name: to_model(datatype, shape, view, loaded.fmt) for name, datatype, shape, view in wire}
+                y = model.stage_input(group)
+                for done in stages[: k + 1]:
+                    y = done(y)
+                x = model.stage_concat([x, y])
+        return model.stage_output(x), tuple(seconds)
+
+
+def infer(key: str, inputs: Wire, join: Callable[[int], Wire | None] | None = None) -> Any:
+    """Run one batch; inputs and outputs are (name, datatype, shape, data) tuples.
+
+    With `join` (a staged batch that may absorb joiners) returns (outputs, stage seconds)."""
     loaded = _models.get(key)
     if loaded is None:
         raise KeyError(f"model {key!r} is not loaded in this interpreter")
     fmt = loaded.fmt
     batch = {name: to_model(datatype, shape, view, fmt) for name, datatype, shape, view in inputs}
-    result = loaded.model(batch)
+    if join is not None:
+        if not loaded.stages:
+            raise TypeError(f"model {key!r} has no stages: it cannot run a joinable batch")
+        result, seconds = _run_staged(loaded, batch, join)
+        return _outputs(loaded, result), seconds
+    return _outputs(loaded, loaded.model(batch))
+
+
+def _outputs(loaded: _Loaded, result: Any) -> list[Any]:
     if isinstance(result, (list, tuple)) and loaded.outputs:
         result = dict(zip(loaded.outputs, result))
     if not isinstance(result, dict):

@@ -7,7 +7,8 @@ prepare itself in `load()`, and answers a batch of named tensors in `__call__` (
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 from .datatypes import lookup
@@ -46,6 +47,14 @@ class Model:
         always flat lists of `bytes`.
       torch_threads: intra-op threads for torch in this interpreter (default 1:
         parallelism comes from interpreters).
+      stages: optional callables whose composition is the model (e.g. the children
+        of an `nn.Sequential`). A model with stages lets the batcher join requests
+        that arrive while a batch runs at a stage boundary (layer-level joining):
+        they run the stages done so far, their activations are concatenated to the
+        batch's along the first dimension, and all finish together. The staged path
+        is `stage_output(stages[-1](...stages[0](stage_input(inputs))))` inside
+        `stage_context()`, and must answer exactly what `__call__` answers. It may
+        also be set in `load()`.
 
     Instance attributes set before `load()`: `name`, `directory` (the model's
     folder) and `parameters` (the `parameters` table of its config).
@@ -59,6 +68,7 @@ class Model:
     outputs: ClassVar[Sequence[TensorSpec]] = ()
     tensor_format: ClassVar[str] = "memoryview"
     torch_threads: ClassVar[int] = 1
+    stages: Sequence[Callable[[Any], Any]] = ()
 
     name: str
     directory: str
@@ -66,6 +76,50 @@ class Model:
 
     def load(self) -> None:
         """Prepare the model (read weights, warm up). Runs once per interpreter."""
+
+    # ---- the staged path (used only when `stages` is not empty) ----
+
+    def stage_input(self, inputs: dict[str, Any]) -> Any:
+        """The first stage's input from the batch's inputs; by default the only input."""
+        if len(inputs) != 1:
+            raise TypeError(
+                f"{type(self).__name__} has {len(inputs)} inputs: define stage_input(inputs) to make the "
+                "first stage's input from them"
+            )
+        return next(iter(inputs.values()))
+
+    def stage_output(self, activation: Any) -> dict[str, Any]:
+        """The outputs from the last stage's result; by default it is the only declared output."""
+        if len(self.outputs) != 1:
+            raise TypeError(
+                f"{type(self).__name__} declares {len(self.outputs)} outputs: define stage_output(activation)"
+            )
+        return {self.outputs[0].name: activation}
+
+    def stage_concat(self, parts: list[Any]) -> Any:
+        """Activations joined along the first (batch) dimension: torch.cat or numpy.concatenate."""
+        first = parts[0]
+        module = type(first).__module__.split(".")[0]
+        if module == "torch":
+            import torch
+
+            return torch.cat(parts, 0)
+        if module == "numpy":
+            import numpy
+
+            return numpy.concatenate(parts, 0)
+        raise TypeError(
+            f"{type(self).__name__}: cannot concatenate {type(first).__name__} activations; define "
+            "stage_concat(parts)"
+        )
+
+    def stage_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Entered around the staged path: torch.inference_mode() for torch models."""
+        if self.tensor_format == "torch":
+            import torch
+
+            return torch.inference_mode()
+        return contextlib.nullcontext()
 
     def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
         forward = getattr(self, "forward", None)
