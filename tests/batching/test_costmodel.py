@@ -90,6 +90,14 @@ def test_throughput_optimal_and_efficient_batch() -> None:
     assert CostModel([(b, affine(b)) for b in ladder(64)], max_batch_size=64).throughput_optimal_batch() == 64
 
 
+def test_largest_batch_within_a_time() -> None:
+    cost = CostModel([(b, affine(b)) for b in ladder(32)], max_batch_size=32)  # 1 ms + 4 ms per sample
+    assert cost.largest_batch_within(0.025) == 6  # L(6) = 25 ms
+    assert cost.largest_batch_within(0.0249) == 5
+    assert cost.largest_batch_within(0.001) == 1  # not even one sample fits: still 1
+    assert cost.largest_batch_within(10.0) == 32  # never past max_batch_size
+
+
 def test_online_refinement_converges_to_a_shifted_curve() -> None:
     cost = CostModel([(b, affine(b)) for b in ladder(32)], max_batch_size=32)
     rng = random.Random(3)

@@ -86,3 +86,24 @@ def test_admission_refuses_and_summaries() -> None:
     assert result.refused == [2, 3]
     plain = simulate(Scripted({}, default=Decision(1, None)), [0.0, 10.0], cost, interpreters=1, max_batch_size=8)
     assert plain.mean() == pytest.approx(1.5) and plain.percentile(99) == 1.5 and plain.sizes() == [1, 1]
+
+
+def test_requests_carry_their_own_budget() -> None:
+    seen: list[tuple[float | None, ...]] = []
+
+    class Recording(Scripted):
+        def decide(self, now: float, queue: Sequence[Pending], *, idle: int, running: int,
+                   max_batch_size: int) -> Decision:
+            seen.append(tuple(p.budget for p in queue))
+            return Decision(len(queue), None)
+
+    # Arrival(time, samples, deadline, budget), and the older forms without a budget
+    arrivals = [Arrival(0.0, 1, None, 2.0), Arrival(0.0, 1), (0.0, 1), 0.0]
+    result = simulate(Recording({}), arrivals, cost, interpreters=1, max_batch_size=8)
+    assert seen[0] == (2.0,) and seen[-1] == (None, None, None)
+    assert result.latencies == [1.5, 4.0, 4.0, 4.0]
+    assert result.budgets == (2.0, None, None, None)
+    # over budget: request 0 against its own 2 s (met), the others against the 3 s given
+    assert result.over(3.0) == 0.75
+    assert result.over(4.0) == 0.0
+    assert result.throughput() == pytest.approx(4 / 4.0)

@@ -302,6 +302,19 @@ class CostModel:
         b = self.smallest_batch_for((1.0 - tolerance) * self.throughput(best))
         return best if b is None else b
 
+    def largest_batch_within(self, seconds: float) -> int:
+        """Largest batch size (1..max_batch_size) predicted to take at most `seconds`;
+        1 when even a single sample takes longer."""
+        lo, hi = 1, self.max_batch_size
+        # latency never falls as the batch grows (the points are made monotone): bisect
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.predict(mid) <= seconds:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def smallest_batch_for(self, rate: float) -> int | None:
         """Smallest batch size at which one interpreter serves `rate` samples/s, or None."""
         if rate <= 0.0:

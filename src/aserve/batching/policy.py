@@ -25,6 +25,7 @@ class Pending(Protocol):  # what a policy sees of one queued request
     arrival: float  # loop.time() when queued
     samples: int
     deadline: float | None  # loop.time() by which it must finish, if any
+    budget: float | None  # this request's latency budget in seconds (None: the policy's own)
 
 
 class Decision(NamedTuple):

@@ -27,23 +27,27 @@ _COMPLETION, _ARRIVAL, _TIMER, _EXPIRY = 0, 1, 2, 3
 
 
 class Arrival(NamedTuple):
-    """One simulated request: when it arrives, how many samples, optional absolute deadline."""
+    """One simulated request: when it arrives, how many samples, optional absolute
+    deadline, optional latency budget in seconds (None: the policy's own)."""
 
     time: float
     samples: int = 1
     deadline: float | None = None
+    budget: float | None = None
 
 
 class SimRequest:
     """What the policy sees of a simulated queued request."""
 
-    __slots__ = ("arrival", "deadline", "index", "samples")
+    __slots__ = ("arrival", "budget", "deadline", "index", "samples")
 
-    def __init__(self, arrival: float, samples: int, deadline: float | None, index: int) -> None:
+    def __init__(self, arrival: float, samples: int, deadline: float | None, index: int,
+                 budget: float | None = None) -> None:
         self.arrival = arrival
         self.samples = samples
         self.deadline = deadline
         self.index = index
+        self.budget = budget
 
     def __repr__(self) -> str:
         return f"SimRequest(#{self.index}, arrival={self.arrival:.6f}, samples={self.samples})"
@@ -70,6 +74,7 @@ class SimResult(NamedTuple):
     refused: list[int]  # indices refused by admission control
     timed_out: list[int]  # indices whose deadline passed in the queue
     end: float  # simulated time of the last event
+    budgets: tuple[float | None, ...] = ()  # budgets[i]: request i's own budget, if any
 
     def sizes(self) -> list[int]:
         """Samples per batch, in dispatch order."""
@@ -95,11 +100,17 @@ class SimResult(NamedTuple):
         return s[k]
 
     def over(self, budget: float) -> float:
-        """Fraction of requests not served within `budget` seconds (timeouts and refusals count)."""
+        """Fraction of requests not served within their budget: their own where they
+        have one, else `budget` seconds (timeouts and refusals count)."""
         if not self.latencies:
             return 0.0
-        bad = sum(1 for x in self.latencies if x is None or x > budget)
+        own = self.budgets or (None,) * len(self.latencies)
+        bad = sum(1 for x, b in zip(self.latencies, own) if x is None or x > (budget if b is None else b))
         return bad / len(self.latencies)
+
+    def throughput(self) -> float:
+        """Requests served per simulated second, from time 0 to the last event."""
+        return len(self.served()) / self.end if self.end > 0.0 else 0.0
 
 
 def simulate(
@@ -113,7 +124,8 @@ def simulate(
 ) -> SimResult:
     """Run the arrivals through `policy` with `interpreters` slots; deterministic.
 
-    arrivals: Arrival, (time, samples) or a bare time (one sample); any order.
+    arrivals: Arrival, (time, samples[, deadline[, budget]]) or a bare time (one
+      sample); any order.
     cost: seconds a batch of b samples takes.
     admit: call the policy's `admit(now, queued_samples)` before queueing each
       request and refuse it when that returns a Retry-After.
@@ -187,7 +199,7 @@ def simulate(
             if admit_fn is not None and queue and admit_fn(now, queued_samples) is not None:
                 refused.append(payload)
                 continue
-            req = SimRequest(a.time, a.samples, a.deadline, payload)
+            req = SimRequest(a.time, a.samples, a.deadline, payload, a.budget)
             queue.append(req)
             queued_samples += a.samples
             if a.deadline is not None:
@@ -214,4 +226,4 @@ def simulate(
                 queued_samples -= payload.samples
                 timed_out.append(payload.index)
                 schedule()
-    return SimResult(latencies, batches, refused, timed_out, now)
+    return SimResult(latencies, batches, refused, timed_out, now, tuple(a.budget for a in items))
