@@ -10,34 +10,64 @@ run at once.
 If a batch of several requests fails with a model error, each of its requests is
 run again alone (in the same interpreter slot), so that only the request that makes
 the model fail gets the error.
+
+With `join` (a staged model, layer-level joining, see join.py) every batch runs
+staged, and while no interpreter is free the head of the queue is offered to a
+running batch whenever the planner predicts the joined batch still meets every
+budget. A group the engine turns away (the batch moved past the offer's last
+stage) returns to the head of the queue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import math
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NamedTuple, Protocol
 
 from ..errors import EngineError, InvalidInput, ModelError, Overloaded, RequestTimeout
 from ..runtime.datatypes import element_count
 from ..tensor import Tensor
+from .join import JoinPlanner, tightest
 from .policy import BatchPolicy
 
 Runner = Callable[[str, Mapping[str, Tensor]], Awaitable[dict[str, Tensor]]]
+
+
+class StagedPool(Protocol):
+    """What joining needs of the engine (aserve.engine.Pool has it)."""
+
+    def infer_staged(self, model: str, inputs: Mapping[str, Tensor], /) -> Any: ...
+
+    def offer(self, run: Any, inputs: Mapping[str, Tensor], last_stage: int, /) -> asyncio.Future[bool] | None: ...
+
+    def progress(self, run: Any, /) -> tuple[int, float] | None: ...
+
+
+class Joining(NamedTuple):
+    """Layer-level joining for one model: the engine, the planner and the default budget (s)."""
+
+    pool: StagedPool
+    planner: JoinPlanner
+    budget: float
 
 _QUEUED, _RUNNING, _DONE = 0, 1, 2
 
 
 class _Request:
-    """A queued request; `arrival`, `samples` and `deadline` are what the policy sees."""
+    """A queued request; `arrival`, `samples`, `deadline` and `budget` are what the policy sees."""
 
-    __slots__ = ("arrival", "deadline", "future", "inputs", "samples", "state", "timer")
+    __slots__ = ("arrival", "budget", "deadline", "future", "inputs", "samples", "state", "timer")
 
     def __init__(self, arrival: float, samples: int, deadline: float | None,
-                 inputs: Mapping[str, Tensor], future: asyncio.Future[dict[str, Tensor]]) -> None:
+                 inputs: Mapping[str, Tensor], future: asyncio.Future[dict[str, Tensor]],
+                 budget: float | None = None) -> None:
         self.arrival = arrival
         self.samples = samples
         self.deadline = deadline
+        self.budget = budget
         self.inputs = inputs
         self.future = future
         self.timer: asyncio.TimerHandle | None = None
@@ -134,6 +164,20 @@ def split_outputs(outputs: Mapping[str, Tensor], samples: list[int], model: str)
     return results
 
 
+class _Staged:
+    """A staged batch in flight: its requests, then the groups offered to it, in order."""
+
+    __slots__ = ("groups", "head", "limit", "requests", "run", "samples")
+
+    def __init__(self, run: Any, requests: list[_Request], samples: int, limit: float) -> None:
+        self.run = run
+        self.requests = requests
+        self.head = requests[0].inputs
+        self.samples = samples  # with the groups offered and not turned away
+        self.limit = limit  # earliest finish limit among its requests and groups
+        self.groups: list[tuple[asyncio.Future[bool], list[_Request]]] = []
+
+
 class Batcher:
     """The queue and dispatcher of one model.
 
@@ -144,7 +188,7 @@ class Batcher:
 
     def __init__(
         self, *, model: str, run: Runner, policy: BatchPolicy, max_batch_size: int, interpreters: int,
-        max_queue_size: int,
+        max_queue_size: int, join: Joining | None = None,
     ) -> None:
         if interpreters < 1:
             raise ValueError(f"interpreters must be >= 1, got {interpreters}")
@@ -154,6 +198,8 @@ class Batcher:
         self.interpreters = interpreters
         self.max_queue_size = max_queue_size
         self._run_batch = run
+        self._join = join if max_batch_size > 0 else None
+        self._staged: list[_Staged] = []
         # optional admission control: a policy with admit(now, queued_samples) -> Retry-After seconds | None
         self._admit: Callable[[float, int], float | None] | None = getattr(policy, "admit", None)
         self._queue: collections.deque[_Request] = collections.deque()
@@ -166,6 +212,11 @@ class Batcher:
         self._idle.set()
         self.batches = 0  # batches dispatched
         self.requests = 0  # requests answered by a batch
+        self.refused = 0  # requests refused (Overloaded)
+        self.timed_out = 0  # requests whose deadline passed
+        self.joins = 0  # groups absorbed into running batches
+        self.joined_requests = 0
+        self.offers_turned_away = 0
 
     # ---- state ----
 
@@ -179,12 +230,37 @@ class Batcher:
         """Batches in flight."""
         return self._running
 
+    def stats(self) -> dict[str, object]:
+        """Counters and policy state for metrics and model metadata (JSON-ready)."""
+        out: dict[str, object] = {
+            "queued_samples": self._queued_samples,
+            "queued_requests": len(self._queue),
+            "running_batches": self._running,
+            "batches": self.batches,
+            "requests": self.requests,
+            "refused": self.refused,
+            "timed_out": self.timed_out,
+        }
+        if self._join is not None:
+            out["joins"] = self.joins
+            out["joined_requests"] = self.joined_requests
+            out["offers_turned_away"] = self.offers_turned_away
+            out["join"] = self._join.planner.as_dict()
+        state = getattr(self.policy, "as_dict", None)
+        if state is not None:
+            out["policy"] = state(asyncio.get_running_loop().time())
+        return out
+
     # ---- requests ----
 
     async def submit(
-        self, inputs: Mapping[str, Tensor], samples: int, /, *, deadline: float | None = None
+        self, inputs: Mapping[str, Tensor], samples: int, /, *, deadline: float | None = None,
+        budget: float | None = None,
     ) -> dict[str, Tensor]:
         """Queue one request and wait for its outputs (split from its batch's outputs).
+
+        deadline: loop.time() after which the request fails with RequestTimeout;
+        budget: this request's latency budget in seconds (None: the policy's own).
 
         Raises InvalidInput (over max_batch_size), Overloaded (queue full),
         RequestTimeout (deadline passed), ModelError (the model raised on it)."""
@@ -199,12 +275,14 @@ class Batcher:
         if self._admit is not None and self._queue:
             wait = self._admit(now, self._queued_samples)
             if wait is not None:
+                self.refused += 1
                 raise Overloaded(
                     f"model {self.model!r}: {self._queued_samples} samples are queued, more than it can answer "
                     f"within its latency budget; retry in {wait:.2f} s",
                     retry_after=wait,
                 )
         if self._queue and self._queued_samples + samples > self.max_queue_size:
+            self.refused += 1
             raise Overloaded(
                 f"model {self.model!r}: {self._queued_samples} samples are queued (max_queue_size "
                 f"{self.max_queue_size}); retry later",
@@ -212,7 +290,7 @@ class Batcher:
             )
         if deadline is not None and deadline <= now:
             raise RequestTimeout(f"model {self.model!r}: the request's deadline passed before it was queued")
-        req = _Request(now, samples, deadline, inputs, loop.create_future())
+        req = _Request(now, samples, deadline, inputs, loop.create_future(), budget)
         if deadline is not None:
             req.timer = loop.call_at(deadline, self._expire, req)
         self._queue.append(req)
@@ -237,6 +315,8 @@ class Batcher:
         req.timer = None
         now = asyncio.get_running_loop().time()
         waited = (now - req.arrival) * 1000
+        if req.state != _DONE:
+            self.timed_out += 1
         if req.state == _QUEUED:
             self._remove(req)
             req.finish(error=RequestTimeout(
@@ -259,6 +339,7 @@ class Batcher:
         while queue:
             idle = self.interpreters - self._running
             if idle <= 0:
+                self._offer_joins()
                 return  # a completion calls back
             loop = asyncio.get_running_loop()
             decision = self.policy.decide(
@@ -304,6 +385,9 @@ class Batcher:
     async def _run(self, batch: list[_Request]) -> None:
         loop = asyncio.get_running_loop()
         try:
+            if self._join is not None:
+                await self._run_staged(batch, self._join, loop)
+                return
             if len(batch) == 1:
                 await self._run_alone(batch[0], loop)
                 return
@@ -340,6 +424,124 @@ class Batcher:
             self._running -= 1
             self._check_idle()
             self._schedule()
+
+    # ---- layer-level joining ----
+
+    def _limit(self, req: _Request, join: Joining) -> float:
+        return tightest(req.arrival, req.budget if req.budget is not None else join.budget, req.deadline)
+
+    async def _run_staged(self, batch: list[_Request], join: Joining, loop: asyncio.AbstractEventLoop) -> None:
+        total = sum(r.samples for r in batch)
+        inputs = batch[0].inputs if len(batch) == 1 else concat_inputs([r.inputs for r in batch], total)
+        started = loop.time()
+        try:
+            run = join.pool.infer_staged(self.model, inputs)
+        except BaseException as e:
+            for r in batch:
+                r.finish(error=e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        staged = _Staged(run, batch, total, min(self._limit(r, join) for r in batch))
+        self._staged.append(staged)
+        try:
+            outputs, seconds = await run.result
+        except BaseException as e:
+            everyone = batch + [r for _, group in self._absorbed(staged) for r in group]
+            if isinstance(e, ModelError) and len(everyone) > 1:
+                for r in everyone:  # find the culprit: each alone, so only it fails
+                    if not r.future.done():
+                        await self._run_alone(r, loop)
+                return
+            for r in everyone:
+                r.finish(error=e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        finally:
+            self._staged.remove(staged)
+        absorbed = self._absorbed(staged)
+        requests = batch + [r for _, group in absorbed for r in group]
+        if absorbed:
+            self.joins += len(absorbed)
+            self.joined_requests += len(requests) - len(batch)
+        else:  # a batch that ran as it was dispatched teaches the curve and the stage shares
+            self.policy.observe(total, loop.time() - started)
+            join.planner.profile.observe(seconds)
+        del inputs
+        try:
+            parts = split_outputs(outputs, [r.samples for r in requests], self.model)
+        except ModelError as e:
+            for r in requests:
+                r.finish(error=e)
+            return
+        for r, part in zip(requests, parts):
+            r.finish(part)
+        self.requests += len(requests)
+
+    @staticmethod
+    def _absorbed(staged: _Staged) -> list[tuple[asyncio.Future[bool], list[_Request]]]:
+        # the engine completes every offer of a batch before the batch itself
+        return [(f, g) for f, g in staged.groups if f.done() and not f.cancelled() and f.result()]
+
+    def _offer_joins(self) -> None:
+        """No interpreter is free: offer the head of the queue to running staged batches."""
+        join = self._join
+        queue = self._queue
+        if join is None or not self._staged:
+            return
+        now = asyncio.get_running_loop().time()
+        for staged in list(self._staged):
+            if not queue:
+                return
+            progress = join.pool.progress(staged.run)
+            if progress is None:
+                continue
+            sizes: list[int] = []
+            limits: list[float] = []
+            total, limit = 0, math.inf
+            for r in queue:
+                if staged.samples + total + r.samples > self.max_batch_size or not _compatible(staged.head, r.inputs):
+                    break
+                total += r.samples
+                limit = min(limit, self._limit(r, join))
+                sizes.append(total)
+                limits.append(limit)
+            if not sizes:
+                continue
+            plan = join.planner.plan(
+                now, done=progress[0], elapsed=progress[1], samples=staged.samples, limit=staged.limit,
+                sizes=sizes, limits=limits, max_batch_size=self.max_batch_size,
+            )
+            if plan is None:
+                continue
+            group = [queue.popleft() for _ in range(plan.take)]
+            samples = sizes[plan.take - 1]
+            inputs = group[0].inputs if len(group) == 1 else concat_inputs([r.inputs for r in group], samples)
+            future = join.pool.offer(staged.run, inputs, plan.last_stage)
+            if future is None:  # the batch completed or moved on meanwhile
+                queue.extendleft(reversed(group))
+                continue
+            self._queued_samples -= samples
+            for r in group:
+                r.state = _RUNNING
+            staged.samples += samples
+            staged.limit = min(staged.limit, limits[plan.take - 1])
+            staged.groups.append((future, group))
+            future.add_done_callback(functools.partial(self._offer_done, staged, group, samples))
+
+    def _offer_done(self, staged: _Staged, group: list[_Request], samples: int, future: asyncio.Future[bool]) -> None:
+        if not future.cancelled() and future.result():
+            return  # absorbed: the batch's completion answers the group
+        self.offers_turned_away += 1
+        staged.samples -= samples
+        for r in reversed(group):
+            if r.state == _RUNNING and not r.future.done():  # not timed out or cancelled meanwhile
+                r.state = _QUEUED
+                self._queue.appendleft(r)
+                self._queued_samples += r.samples
+        self._check_idle()
+        self._schedule()
 
     async def _run_alone(self, req: _Request, loop: asyncio.AbstractEventLoop) -> None:
         started = loop.time()

@@ -1,0 +1,164 @@
+"""Layer-level joining (LBCI): when requests waiting may join a running staged batch.
+
+A model that declares stages runs its batches stage by stage; after each stage but
+the last the engine polls a join point (see native/host/pool.c). The batcher offers
+the head of its queue to a running batch when no interpreter is free, and the
+engine absorbs the group at the first boundary it reaches no later than the offer's
+`last_stage`, or turns it away.
+
+The prediction, for a running batch of N samples started at t0 (measured by the
+engine) and a group of n samples joining after stage k, with L the model's batch
+latency curve and F_k the share of a batch's time spent in stages 1..k:
+
+    reach boundary k   b_k = max(now, t0 + F_k L(N))
+    finish             b_k + F_k L(n) + (1 - F_k) L(N + n)
+
+(the group runs stages 1..k alone, then everything finishes together). The offer's
+`last_stage` is the latest boundary at which that finish still meets every budget
+involved: the running batch's requests and the group's (arrival + budget, or an
+earlier deadline). Joining later costs more (the group repeats more stages on its
+own), so the engine joins at the first boundary it reaches.
+
+`StageProfile` learns F from the stage timings of batches that ran without joiners.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .costmodel import CostModel, sample_inputs
+
+if TYPE_CHECKING:
+    from ..engine import ModelInfo, Pool
+
+
+class StageProfile:
+    """Each stage's share of a batch's latency: measured, then refined online.
+
+    alpha: weight of one observed batch in the running shares."""
+
+    def __init__(self, stages: int, seconds: Sequence[float] | None = None, *, alpha: float = 0.1) -> None:
+        if stages < 1:
+            raise ValueError(f"a staged model has at least one stage, got {stages}")
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self.stages = stages
+        self.alpha = alpha
+        self.shares = [1.0 / stages] * stages
+        self.observations = 0
+        if seconds is not None:
+            self.observe(seconds, weight=1.0)
+
+    def observe(self, seconds: Sequence[float], *, weight: float | None = None) -> None:
+        """Stage timings of one batch that ran without joiners."""
+        total = sum(seconds)
+        if len(seconds) != self.stages or not total > 0.0 or any(s < 0.0 for s in seconds):
+            return
+        a = self.alpha if weight is None else weight
+        self.shares = [old + a * (s / total - old) for old, s in zip(self.shares, seconds)]
+        norm = sum(self.shares)
+        self.shares = [s / norm for s in self.shares]
+        self.observations += 1
+
+    def done(self, k: int) -> float:
+        """Share of a batch's time spent in stages 1..k."""
+        return min(1.0, sum(self.shares[:k]))
+
+    def as_dict(self) -> dict[str, object]:
+        return {"stages": self.stages, "shares": [round(s, 4) for s in self.shares],
+                "observations": self.observations}
+
+
+class JoinPlan:
+    """An offer to make: the first `take` queued requests, joining no later than `last_stage`."""
+
+    __slots__ = ("finish", "last_stage", "take")
+
+    def __init__(self, take: int, last_stage: int, finish: float) -> None:
+        self.take = take
+        self.last_stage = last_stage
+        self.finish = finish  # predicted finish if it joins at the first possible boundary
+
+    def __repr__(self) -> str:
+        return f"JoinPlan(take={self.take}, last_stage={self.last_stage}, finish={self.finish:.6f})"
+
+
+class JoinPlanner:
+    """Decides offers to running staged batches from the cost model and the stage profile."""
+
+    def __init__(self, cost: CostModel, profile: StageProfile) -> None:
+        self.cost = cost
+        self.profile = profile
+
+    def finish(self, *, start: float, now: float, samples: int, joining: int, k: int) -> float:
+        """Predicted finish of a batch of `samples` started at `start` if `joining` samples
+        join after stage k (see the module doc)."""
+        predict = self.cost.predict
+        f = self.profile.done(k)
+        boundary = max(now, start + f * predict(samples))
+        return boundary + f * predict(joining) + (1.0 - f) * predict(samples + joining)
+
+    def plan(
+        self,
+        now: float,
+        *,
+        done: int,
+        elapsed: float,
+        samples: int,
+        limit: float,
+        sizes: Sequence[int],
+        limits: Sequence[float],
+        max_batch_size: int,
+    ) -> JoinPlan | None:
+        """The largest group from the head of the queue that may join, or None.
+
+        done, elapsed: the running batch's stages done and seconds running (engine's
+        progress); samples: its samples (with groups already offered); limit: the
+        earliest time by which one of its requests must finish; sizes[i]/limits[i]:
+        cumulative samples and tightest finish limit of the first i+1 queued requests."""
+        last = self.profile.stages - 1  # boundaries are after stages 1..last
+        first = done + 1
+        if elapsed < 0.0 or first > last:
+            return None  # not started yet, or past its last boundary
+        start = now - elapsed
+        for take in range(len(sizes), 0, -1):
+            n = sizes[take - 1]
+            if samples + n > max_batch_size:
+                continue
+            bound = min(limit, limits[take - 1])
+            # the engine joins at the first boundary it reaches (normally `first`; a later
+            # one if the batch moved on meanwhile): every boundary up to last_stage must fit
+            best = None
+            for k in range(first, last + 1):
+                if self.finish(start=start, now=now, samples=samples, joining=n, k=k) > bound:
+                    break
+                best = k
+            if best is not None:
+                end = self.finish(start=start, now=now, samples=samples, joining=n, k=first)
+                return JoinPlan(take, best, end)
+        return None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"stage_profile": self.profile.as_dict()}
+
+
+def tightest(arrival: float, budget: float, deadline: float | None) -> float:
+    """When a request must finish: arrival + budget, or its deadline if earlier."""
+    return min(arrival + budget, deadline if deadline is not None else math.inf)
+
+
+async def measure_stages(pool: Pool, info: ModelInfo, samples: int, *, repeats: int = 5) -> StageProfile:
+    """The stage shares of `info`'s model: median stage timings of `repeats` staged batches
+    of `samples` generated samples (after one unmeasured run)."""
+    if info.stages < 1:
+        raise ValueError(f"model {info.name!r} has no stages")
+    inputs = sample_inputs(info, samples)
+    runs = []
+    for i in range(repeats + 1):
+        _, seconds = await pool.infer_staged(info.name, inputs).result
+        if i:
+            runs.append(seconds)
+    return StageProfile(info.stages, [statistics.median(r[k] for r in runs) for k in range(info.stages)])
