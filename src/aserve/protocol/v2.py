@@ -8,6 +8,7 @@ little-endian buffers in C (see `arrays`).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
@@ -92,7 +93,8 @@ class InferRequest(msgspec.Struct, kw_only=True):
     outputs: the requested outputs in order (empty: every output the model returns).
     samples: batch rows (the leading dimension of the inputs; 1 if the model does not
     batch). timeout_ms: from parameters["timeout"], which is in microseconds as in
-    Triton and tritonclient.
+    Triton and tritonclient. latency_budget_ms: from parameters["latency_budget_ms"],
+    this request's latency budget (None: the model's own).
     """
 
     id: str | None
@@ -101,6 +103,7 @@ class InferRequest(msgspec.Struct, kw_only=True):
     parameters: dict[str, Any]
     samples: int
     timeout_ms: float | None
+    latency_budget_ms: float | None = None
 
 
 def decode_infer(
@@ -111,8 +114,12 @@ def decode_infer(
     header_length: int | None,
     model: ModelInfo,
     max_batch_size: int,
+    max_latency_budget_ms: float | None = None,
 ) -> InferRequest:
-    """Decode and validate an infer request body; raises InvalidInput naming the field."""
+    """Decode and validate an infer request body; raises InvalidInput naming the field.
+
+    max_latency_budget_ms: the largest `parameters.latency_budget_ms` accepted (the
+    model's request timeout); None: any positive value."""
     fmt = request_format(content_type)
     header, blobs = _split(body, header_length)
     wire = _decode_header(header, fmt, header_length)
@@ -157,6 +164,7 @@ def decode_infer(
     if not isinstance(default_binary, bool):
         raise InvalidInput(f"parameters.binary_data_output: expected true or false, got {default_binary!r}")
     timeout_ms = _timeout_ms(parameters.get("timeout"))
+    latency_budget_ms = _latency_budget_ms(parameters.get("latency_budget_ms"), max_latency_budget_ms)
     outputs = _requested_outputs(wire.outputs, model, default_binary)
     samples = validate_inputs(inputs, model, max_batch_size=max_batch_size)
     return InferRequest(
@@ -166,6 +174,7 @@ def decode_infer(
         parameters=parameters,
         samples=samples,
         timeout_ms=timeout_ms,
+        latency_budget_ms=latency_budget_ms,
     )
 
 
@@ -291,6 +300,16 @@ def _timeout_ms(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise InvalidInput(f"parameters.timeout: expected microseconds > 0, got {value!r}")
     return value / 1000.0
+
+
+def _latency_budget_ms(value: Any, limit: float | None) -> float | None:
+    if value is None:
+        return None
+    accepted = "milliseconds > 0" if limit is None else f"milliseconds in (0, {limit:g}] (the model's timeout_ms)"
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and 0 < value < math.inf and (limit is None or value <= limit)):
+        raise InvalidInput(f"parameters.latency_budget_ms: expected {accepted}, got {value!r}")
+    return float(value)
 
 
 def _requested_outputs(

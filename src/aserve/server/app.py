@@ -6,7 +6,8 @@ from aiohttp import web
 
 from ..config import ServerSettings
 from .errors import MAX_BODY_KEY, error_middleware
-from .handlers import REGISTRY_KEY, add_routes
+from .handlers import METRICS_KEY, REGISTRY_KEY, add_routes
+from .metrics import Metrics
 from .models import ModelRegistry
 
 
@@ -14,6 +15,7 @@ def build_app(registry: ModelRegistry, settings: ServerSettings) -> web.Applicat
     """An application serving `registry`'s models; it does not start or stop them."""
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
     app[REGISTRY_KEY] = registry
+    app[METRICS_KEY] = Metrics()
     app[MAX_BODY_KEY] = settings.max_body_bytes
     add_routes(app)
     return app

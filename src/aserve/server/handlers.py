@@ -15,9 +15,12 @@ from .. import __version__
 from ..errors import InvalidInput
 from ..protocol import decode_infer, decode_predict, encode_infer, encode_message, encode_predict, negotiate
 from ..protocol.formats import CONTENT_TYPES
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import Metrics, render
 from .models import READY, VERSIONS, ModelHandle, ModelRegistry
 
 REGISTRY_KEY: web.AppKey[ModelRegistry] = web.AppKey("registry", ModelRegistry)
+METRICS_KEY: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 
 EXTENSIONS = ["binary_tensor_data", "model_repository", "msgpack"]
 STREAM_THRESHOLD = 1 << 20  # bodies larger than this are written chunk by chunk, not joined
@@ -138,33 +141,49 @@ async def _write_chunks(request: web.Request, chunks: list[Any], headers: dict[s
 
 async def infer(request: web.Request) -> web.StreamResponse:
     handle = _handle(request)
-    header_length = _header_length(request)
-    body = await request.read()
-    info = handle.require_ready()
-    content_type = request.headers.get("Content-Type")
-    req = decode_infer(
-        body, content_type=content_type, header_length=header_length, model=info,
-        max_batch_size=handle.config.max_batch_size,
-    )
-    outputs = await handle.infer(req.inputs, req.samples, timeout_ms=req.timeout_ms)
-    chunks, headers = encode_infer(
-        model_name=handle.name, model_version=request.match_info.get("version"), request=req, outputs=outputs,
-        accept=request.headers.get("Accept"), content_type=content_type,
-    )
-    return await _write_chunks(request, chunks, headers)
+    with request.app[METRICS_KEY].track(handle.name, handle.version) as tracked:
+        header_length = _header_length(request)
+        body = await request.read()
+        info = handle.require_ready()
+        content_type = request.headers.get("Content-Type")
+        req = decode_infer(
+            body, content_type=content_type, header_length=header_length, model=info,
+            max_batch_size=handle.config.max_batch_size, max_latency_budget_ms=handle.timeout_ms,
+        )
+        tracked.samples = req.samples
+        outputs = await handle.infer(
+            req.inputs, req.samples, timeout_ms=req.timeout_ms, latency_budget_ms=req.latency_budget_ms
+        )
+        chunks, headers = encode_infer(
+            model_name=handle.name, model_version=request.match_info.get("version"), request=req, outputs=outputs,
+            accept=request.headers.get("Accept"), content_type=content_type,
+        )
+        return await _write_chunks(request, chunks, headers)
 
 
 # ---- TensorFlow-Serving REST ----
 
 async def tf_predict(request: web.Request) -> web.Response:
+    # TF-Serving's predict request has no per-request parameters: the model's timeout and budget apply.
     handle = _handle(request)
-    body = await request.read()
-    info = handle.require_ready()
-    req = decode_predict(body, model=info, max_batch_size=handle.config.max_batch_size)
-    outputs = await handle.infer(req.inputs, req.samples, timeout_ms=None)
-    response = web.Response(body=encode_predict(outputs, columnar=req.columnar, batched=handle.config.max_batch_size > 0))
-    response.content_type = "application/json"
-    return response
+    with request.app[METRICS_KEY].track(handle.name, handle.version) as tracked:
+        body = await request.read()
+        info = handle.require_ready()
+        req = decode_predict(body, model=info, max_batch_size=handle.config.max_batch_size)
+        tracked.samples = req.samples
+        outputs = await handle.infer(req.inputs, req.samples, timeout_ms=None)
+        batched = handle.config.max_batch_size > 0
+        response = web.Response(body=encode_predict(outputs, columnar=req.columnar, batched=batched))
+        response.content_type = "application/json"
+        return response
+
+
+# ---- Prometheus ----
+
+async def metrics(request: web.Request) -> web.Response:
+    registry = _registry(request)
+    text = render(registry.models.values(), registry.pools, request.app[METRICS_KEY])
+    return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
 async def tf_status(request: web.Request) -> web.Response:
@@ -182,6 +201,7 @@ async def tf_status(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/v2", server_metadata)
+    r.add_get("/metrics", metrics)
     r.add_get("/v2/health/live", live)
     r.add_get("/v2/health/ready", ready)
     r.add_post("/v2/repository/index", repository_index)

@@ -80,6 +80,27 @@ class ModelHandle:
             out["tensor_format"] = self.info.tensor_format
         if self.reason:
             out["reason"] = self.reason
+        batching = self.config.batching
+        summary: dict[str, Any] = {
+            "policy": batching.policy,
+            "max_queue_delay_ms": batching.max_queue_delay_ms,
+            "max_queue_size": batching.max_queue_size,
+            "timeout_ms": batching.timeout_ms,
+        }
+        if batching.policy == "adaptive":
+            summary["latency_budget_ms"] = batching.latency_budget_ms
+        # the live policy state (adaptive: budget, arrival rate, the fitted cost model)
+        state = getattr(self.batcher.policy, "as_dict", None) if self.batcher is not None else None
+        if state is not None:
+            policy: dict[str, Any] = state(asyncio.get_running_loop().time())
+            budget = policy.get("latency_budget_s")
+            if isinstance(budget, (int, float)):
+                summary["latency_budget_ms"] = budget * 1000.0
+            if "arrival_rate_samples_per_s" in policy:
+                summary["arrival_rate_samples_per_s"] = policy["arrival_rate_samples_per_s"]
+            if "cost" in policy:
+                summary["cost_model"] = policy["cost"]
+        out["batching"] = summary
         return out
 
     def require_ready(self) -> ModelInfo:
@@ -90,13 +111,26 @@ class ModelHandle:
             )
         return self.info
 
-    async def infer(self, inputs: Mapping[str, Tensor], samples: int, *, timeout_ms: float | None) -> dict[str, Tensor]:
-        """Run one request through the batcher; timeout_ms may only lower the config's timeout."""
+    async def infer(
+        self, inputs: Mapping[str, Tensor], samples: int, *, timeout_ms: float | None,
+        latency_budget_ms: float | None = None,
+    ) -> dict[str, Tensor]:
+        """Run one request through the batcher; timeout_ms may only lower the config's timeout.
+
+        latency_budget_ms: this request's latency budget, tighter or looser than the
+        config's, in (0, timeout_ms]; the protocol layer checks it and names the field."""
         self.require_ready()
         assert self.batcher is not None
+        budget = None
+        if latency_budget_ms is not None:
+            if not 0 < latency_budget_ms <= self.timeout_ms:
+                raise ValueError(
+                    f"model {self.name!r}: latency_budget_ms must be in (0, {self.timeout_ms:g}], got {latency_budget_ms}"
+                )
+            budget = latency_budget_ms / 1000.0
         limit = self.timeout_ms if timeout_ms is None else min(timeout_ms, self.timeout_ms)
         deadline = asyncio.get_running_loop().time() + limit / 1000.0
-        return await self.batcher.submit(inputs, samples, deadline=deadline)
+        return await self.batcher.submit(inputs, samples, deadline=deadline, budget=budget)
 
 
 class ModelRegistry:

@@ -1,0 +1,338 @@
+"""Prometheus metrics: per-request counters and the text exposition format 0.0.4, by hand.
+
+`Metrics` holds what only the HTTP layer sees (a request's outcome, its samples and
+end-to-end duration); `render` adds what the models report when scraped: each
+batcher's `stats()` (queue, batches, refusals, timeouts, and for adaptive models the
+latency budget, arrival rate and cost model) and each pool's `stats()`.
+
+Names follow Triton's (`nv_inference_request_success` and friends) with the
+`aserve_` prefix and Prometheus' conventions: counters end in `_total`, units are in
+the name, durations are microseconds as in Triton. Per-model series carry
+`model="name",version="1"`, pool series `engine="private"`. Numeric keys a batcher or
+pool reports that this module does not know are still exported, as untyped
+`aserve_batcher_<key>` / `aserve_batching_<key>` / `aserve_cost_model_<key>` /
+`aserve_pool_<key>` series.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import math
+import re
+import time
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from ..errors import InvalidInput, ModelError, ModelNotReady, Overloaded, PayloadTooLarge, RequestTimeout
+
+if TYPE_CHECKING:
+    from ..engine import Pool
+    from .models import ModelHandle
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Upper bounds (microseconds) of the request duration histogram's buckets.
+DURATION_BUCKETS_US = (
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000,
+)
+
+# Why a request failed: the `reason` label of aserve_inference_request_failure_total.
+REASONS = ("invalid", "overloaded", "timeout", "model", "unavailable", "cancelled", "other")
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The `reason` label of a request that failed with `exc`."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled"  # the client went away
+    if isinstance(exc, Overloaded):
+        return "overloaded"
+    if isinstance(exc, RequestTimeout):
+        return "timeout"
+    if isinstance(exc, ModelError):
+        return "model"
+    if isinstance(exc, ModelNotReady):
+        return "unavailable"
+    if isinstance(exc, (InvalidInput, PayloadTooLarge)):
+        return "invalid"
+    status = getattr(exc, "status", None)  # aiohttp's own (body too large, ...)
+    if isinstance(status, int) and 400 <= status < 500:
+        return "invalid"
+    return "other"
+
+
+# ---- what the HTTP layer counts ----
+
+
+class RequestStats:
+    """One model version's request outcomes; durations of successful requests only,
+    so that duration sum / success count is their mean latency."""
+
+    __slots__ = ("buckets", "duration_us", "failures", "samples", "success")
+
+    def __init__(self) -> None:
+        self.success = 0
+        self.failures = dict.fromkeys(REASONS, 0)
+        self.samples = 0  # samples of successful requests (Triton's inference count)
+        self.duration_us = 0.0
+        self.buckets = [0] * (len(DURATION_BUCKETS_US) + 1)  # the last one: above every bound
+
+    def succeeded(self, seconds: float, samples: int) -> None:
+        us = seconds * 1e6
+        self.success += 1
+        self.samples += samples
+        self.duration_us += us
+        self.buckets[bisect.bisect_left(DURATION_BUCKETS_US, us)] += 1
+
+    def failed(self, reason: str) -> None:
+        self.failures[reason] = self.failures.get(reason, 0) + 1
+
+
+class Tracker:
+    """Times one request and records its outcome when the `with` block ends.
+
+    Set `samples` once known; an exception leaving the block is a failure (and goes on)."""
+
+    __slots__ = ("_start", "_stats", "samples")
+
+    def __init__(self, stats: RequestStats) -> None:
+        self._stats = stats
+        self._start = 0.0
+        self.samples = 0
+
+    def __enter__(self) -> Self:
+        self._start = time.perf_counter()  # a measurement, not a deadline: full resolution
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self._stats.succeeded(time.perf_counter() - self._start, self.samples)
+        else:
+            self._stats.failed(failure_reason(exc))
+
+
+class Metrics:
+    """Request counters of every model version, kept by the HTTP handlers."""
+
+    def __init__(self) -> None:
+        self._stats: dict[tuple[str, str], RequestStats] = {}
+
+    def stats(self, model: str, version: str) -> RequestStats:
+        key = (model, version)
+        found = self._stats.get(key)
+        if found is None:
+            found = self._stats[key] = RequestStats()
+        return found
+
+    def track(self, model: str, version: str) -> Tracker:
+        """`with metrics.track(name, version) as t: ...; t.samples = n`"""
+        return Tracker(self.stats(model, version))
+
+
+# ---- the exposition format ----
+
+_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_INVALID = re.compile(r"[^a-zA-Z0-9_:]")
+Labels = Mapping[str, str]
+
+
+def metric_name(text: str) -> str:
+    """`text` made a valid metric name (other characters become `_`)."""
+    name = _INVALID.sub("_", text)
+    return name if _NAME.match(name) else "_" + name
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def format_value(value: float) -> str:
+    if isinstance(value, int):  # bool included
+        return str(int(value))
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+class Exposition:
+    """Metric families in the order first added, each with its HELP, TYPE and samples."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, tuple[str, str, list[str]]] = {}
+
+    def add(self, name: str, kind: str, help: str, value: float, labels: Labels | None = None,
+            *, suffix: str = "") -> None:
+        """One sample of family `name` (`suffix`: a histogram's _bucket/_sum/_count)."""
+        if not _NAME.match(name):
+            raise ValueError(f"invalid metric name {name!r}")
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = (kind, help, [])
+        elif family[0] != kind:
+            raise ValueError(f"metric {name!r} added as {kind}, already a {family[0]}")
+        text = ",".join(f'{k}="{_escape_label(v)}"' for k, v in (labels or {}).items())
+        family[2].append(f"{name}{suffix}{{{text}}} {format_value(value)}" if text
+                         else f"{name}{suffix} {format_value(value)}")
+
+    def text(self) -> str:
+        lines: list[str] = []
+        for name, (kind, help, samples) in self._families.items():
+            lines.append(f"# HELP {name} {_escape_help(help)}")
+            lines.append(f"# TYPE {name} {kind}")
+            lines.extend(samples)
+        return "\n".join(lines) + "\n"
+
+
+# ---- what is rendered ----
+
+# Known keys: key -> (metric name, type, help, scale).
+_BATCHER: dict[str, tuple[str, str, str, float]] = {
+    "batches": ("aserve_inference_exec_count_total", "counter",
+                "Batches run on an interpreter (Triton's execution count).", 1),
+    "requests": ("aserve_batcher_requests_total", "counter", "Requests answered by the batcher.", 1),
+    "refused": ("aserve_inference_refused_total", "counter",
+                "Requests refused with 503 (queue full or admission control).", 1),
+    "timed_out": ("aserve_inference_timed_out_total", "counter",
+                  "Requests whose deadline passed (504), queued or running.", 1),
+    "queued_samples": ("aserve_queue_samples", "gauge", "Samples waiting in the batching queue.", 1),
+    "queued_requests": ("aserve_queue_requests", "gauge", "Requests waiting in the batching queue.", 1),
+    "running_batches": ("aserve_batches_in_flight", "gauge", "Batches running now.", 1),
+    "queue_seconds": ("aserve_inference_queue_duration_us_total", "counter",
+                      "Cumulative time requests waited in the batching queue, microseconds.", 1e6),
+    "compute_seconds": ("aserve_inference_compute_duration_us_total", "counter",
+                        "Cumulative time requests' batches ran on an interpreter, microseconds.", 1e6),
+}
+_POLICY: dict[str, tuple[str, str, str, float]] = {
+    "latency_budget_s": ("aserve_latency_budget_us", "gauge", "The model's latency budget, microseconds.", 1e6),
+    "interpreters": ("aserve_batching_interpreters", "gauge", "Interpreters the batching policy plans for.", 1),
+    "arrival_rate_samples_per_s": ("aserve_arrival_rate_samples_per_second", "gauge",
+                                   "Estimated arriving samples per second.", 1),
+}
+_COST: dict[str, tuple[str, str, str, float]] = {
+    "batch1_seconds": ("aserve_cost_model_batch1_latency_us", "gauge",
+                       "Predicted latency of a batch of one sample, microseconds.", 1e6),
+    "throughput_optimal_batch": ("aserve_cost_model_throughput_optimal_batch", "gauge",
+                                 "Batch size with the highest predicted throughput.", 1),
+    "throughput_optimal_samples_per_s": ("aserve_cost_model_throughput_optimal_samples_per_second", "gauge",
+                                         "Predicted samples per second of one interpreter at that size.", 1),
+    "max_batch_size": ("aserve_cost_model_max_batch_size", "gauge", "Largest batch the cost model covers.", 1),
+    "observations": ("aserve_cost_model_observations_total", "counter",
+                     "Executed batches folded into the cost model since warm-up.", 1),
+}
+_POOL_HELP = {
+    "interpreters": "Interpreters of the pool.",
+    "ready": "Interpreters started and ready.",
+    "active": "Interpreters taking jobs.",
+    "busy": "Interpreters running a job now.",
+    "queued": "Jobs waiting for an interpreter.",
+}
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, (int, float)):
+        return value
+    return None
+
+
+def _known_or_generic(out: Exposition, stats: Mapping[str, Any], known: Mapping[str, tuple[str, str, str, float]],
+                      prefix: str, labels: Labels, *, skip: Iterable[str] = ()) -> None:
+    skipped = set(skip)
+    for key, value in stats.items():
+        number = _number(value)
+        if key in skipped or number is None:
+            continue
+        if key in known:
+            name, kind, help, scale = known[key]
+            out.add(name, kind, help, number * scale if scale != 1 else number, labels)
+        else:
+            out.add(metric_name(f"{prefix}_{key}"), "untyped", f"{key!r} as reported.", number, labels)
+
+
+def _requests(out: Exposition, labels: Labels, stats: RequestStats) -> None:
+    out.add("aserve_inference_request_success_total", "counter", "Requests answered successfully.",
+            stats.success, labels)
+    for reason, count in stats.failures.items():
+        out.add("aserve_inference_request_failure_total", "counter",
+                "Requests that failed, by reason (invalid, overloaded, timeout, model, unavailable, cancelled, other).",
+                count, {**labels, "reason": reason})
+    out.add("aserve_inference_count_total", "counter",
+            "Samples answered successfully (Triton's inference count; / exec count = mean batch size).",
+            stats.samples, labels)
+    name, help = "aserve_inference_request_duration_us", "End-to-end duration of successful requests, microseconds."
+    cumulative = 0
+    for bound, count in zip((*DURATION_BUCKETS_US, math.inf), stats.buckets):
+        cumulative += count
+        le = "+Inf" if bound == math.inf else str(bound)
+        out.add(name, "histogram", help, cumulative, {**labels, "le": le}, suffix="_bucket")
+    out.add(name, "histogram", help, stats.duration_us, labels, suffix="_sum")
+    out.add(name, "histogram", help, stats.success, labels, suffix="_count")
+
+
+def _cost_model(out: Exposition, labels: Labels, cost: Mapping[str, Any]) -> None:
+    _known_or_generic(out, cost, _COST, "aserve_cost_model", labels)
+    form = cost.get("form")
+    if isinstance(form, str):
+        out.add("aserve_cost_model_info", "gauge", "The cost model's curve form (label form).", 1,
+                {**labels, "form": form})
+    points = [(int(p[0]), float(p[1])) for p in cost.get("points", ()) if len(p) == 2]
+    for b, seconds in points:
+        out.add("aserve_cost_model_latency_us", "gauge",
+                "The fitted curve's points: batch latency by batch size, microseconds.",
+                seconds * 1e6, {**labels, "batch_size": str(b)})
+    params = cost.get("params")
+    slope: float | None = None
+    if form == "affine" and isinstance(params, Mapping) and _number(params.get("c")) is not None:
+        slope = float(params["c"])
+    elif len(points) >= 2 and points[-1][0] > points[0][0]:
+        slope = (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+    if slope is not None:
+        out.add("aserve_cost_model_per_sample_latency_us", "gauge",
+                "Latency each extra sample adds to a batch (affine: its slope; else between the first and last "
+                "points), microseconds.", slope * 1e6, labels)
+    if isinstance(params, Mapping):
+        for key, value in params.items():
+            number = _number(value)
+            if number is not None:
+                out.add("aserve_cost_model_parameter", "gauge",
+                        "The fitted curve's parameters, in the form's own units (seconds for affine a and c).",
+                        number, {**labels, "form": str(form), "param": str(key)})
+
+
+def _batcher(out: Exposition, labels: Labels, stats: Mapping[str, Any]) -> None:
+    _known_or_generic(out, stats, _BATCHER, "aserve_batcher", labels, skip=("policy",))
+    policy = stats.get("policy")
+    if isinstance(policy, Mapping):
+        _known_or_generic(out, policy, _POLICY, "aserve_batching", labels, skip=("cost",))
+        cost = policy.get("cost")
+        if isinstance(cost, Mapping):
+            _cost_model(out, labels, cost)
+
+
+def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Metrics) -> str:
+    """The exposition text: every model (requests, batcher, policy), then every pool."""
+    out = Exposition()
+    for handle in sorted(models, key=lambda h: h.name):
+        labels = {"model": handle.name, "version": handle.version}
+        out.add("aserve_model_ready", "gauge", "1 when the model answers requests.", int(handle.ready), labels)
+        out.add("aserve_model_info", "gauge", "The model's engine and batching policy (labels).", 1,
+                {**labels, "engine": handle.engine, "batching_policy": handle.config.batching.policy})
+        _requests(out, labels, metrics.stats(handle.name, handle.version))
+        if handle.batcher is not None:
+            _batcher(out, labels, handle.batcher.stats())
+    for engine in sorted(pools):
+        for key, value in pools[engine].stats().items():
+            number = _number(value)
+            if number is not None:
+                help = _POOL_HELP.get(key, f"{key!r} as the pool reports it.")
+                out.add(metric_name(f"aserve_pool_{key}"), "gauge", help, number, {"engine": engine})
+    return out.text()
