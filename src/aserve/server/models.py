@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..batching import Batcher, BatchPolicy, WindowPolicy
+from ..batching.batcher import Joining
 from ..config import ServerSettings
 from ..engine import ModelInfo, ModelSpec, Pool
 from ..engine.choose import close_probe
@@ -28,18 +29,30 @@ VERSIONS = ("1",)  # only version 1 exists until versioned folders are served
 LOADING, READY, UNAVAILABLE = "LOADING", "READY", "UNAVAILABLE"
 
 
-async def make_policy(batching: BatchingConfig, *, pool: Pool, info: ModelInfo, max_batch_size: int) -> BatchPolicy:
-    """The batching policy a model's config asks for; "adaptive" first measures the model's latency curve."""
-    if batching.policy == "adaptive":
-        from ..batching.adaptive import AdaptivePolicy
-        from ..batching.costmodel import warmup
+async def make_policy(
+    batching: BatchingConfig, *, pool: Pool, info: ModelInfo, max_batch_size: int
+) -> tuple[BatchPolicy, Joining | None]:
+    """The batching policy a model's config asks for, and layer-level joining if it applies.
 
-        cost = await warmup(pool, info, max_batch_size)
-        return AdaptivePolicy(
-            cost, latency_budget_s=batching.latency_budget_ms / 1000.0, interpreters=info.interpreters,
-            max_queue_delay_s=batching.max_queue_delay_ms / 1000.0,
-        )
-    return WindowPolicy(max_queue_delay=batching.max_queue_delay_ms / 1000.0)
+    "adaptive" first measures the model's latency curve; a model with stages also gets
+    its stage shares measured, and joins running batches unless `layer_join` is off."""
+    if batching.policy != "adaptive":
+        return WindowPolicy(max_queue_delay=batching.max_queue_delay_ms / 1000.0), None
+    from ..batching.adaptive import AdaptivePolicy
+    from ..batching.costmodel import warmup
+    from ..batching.join import JoinPlanner, measure_stages
+
+    cost = await warmup(pool, info, max_batch_size)
+    budget = batching.latency_budget_ms / 1000.0
+    policy = AdaptivePolicy(
+        cost, latency_budget_s=budget, interpreters=info.interpreters,
+        max_queue_delay_s=batching.max_queue_delay_ms / 1000.0,
+    )
+    joining = None
+    if batching.layer_join and info.stages > 0 and max_batch_size > 0:
+        profile = await measure_stages(pool, info, min(4, max_batch_size))
+        joining = Joining(pool, JoinPlanner(cost, profile), budget)
+    return policy, joining
 
 
 class ModelHandle:
@@ -100,6 +113,13 @@ class ModelHandle:
                 summary["arrival_rate_samples_per_s"] = policy["arrival_rate_samples_per_s"]
             if "cost" in policy:
                 summary["cost_model"] = policy["cost"]
+        if self.info is not None:
+            out["stages"] = self.info.stages
+        if self.batcher is not None:
+            stats = self.batcher.stats()
+            summary["layer_join"] = "join" in stats
+            if "join" in stats:
+                summary["stage_profile"] = stats["join"]["stage_profile"]  # type: ignore[index]
         out["batching"] = summary
         return out
 
@@ -212,7 +232,9 @@ class ModelRegistry:
                 inputs=config.input_specs, outputs=config.output_specs, parameters=config.parameters,
             )
             info = await pool.load(spec, interpreters=config.interpreters)
-            policy = await make_policy(config.batching, pool=pool, info=info, max_batch_size=config.max_batch_size)
+            policy, joining = await make_policy(
+                config.batching, pool=pool, info=info, max_batch_size=config.max_batch_size
+            )
         except (AserveError, ValueError, TypeError) as e:
             handle.state, handle.reason = UNAVAILABLE, str(e)
             log.error("model %s failed to load: %s", handle.name, e)
@@ -220,7 +242,7 @@ class ModelRegistry:
         handle.info = info
         handle.batcher = Batcher(
             model=handle.name, run=pool.infer, policy=policy, max_batch_size=config.max_batch_size,
-            interpreters=info.interpreters, max_queue_size=config.batching.max_queue_size,
+            interpreters=info.interpreters, max_queue_size=config.batching.max_queue_size, join=joining,
         )
         handle.state, handle.reason = READY, ""
         log.info("model %s ready: engine %s (%s), %d interpreters", handle.name, handle.engine,
