@@ -115,7 +115,7 @@ class ModelHandle:
                 summary["cost_model"] = policy["cost"]
         if self.info is not None:
             out["stages"] = self.info.stages
-        if self.batcher is not None:
+        if self.batcher is not None and batching.policy == "adaptive":
             stats = self.batcher.stats()
             summary["layer_join"] = "join" in stats
             if "join" in stats:
