@@ -4,10 +4,12 @@ The bundled CNN (examples/cnn) runs on a private pool of 2 interpreters behind t
 real `Batcher`. After a warm-up (the cost model's ladder) the benchmark measures the
 capacity (requests/s with the queue never empty), then sends Poisson arrivals at
 25/50/75/100% of it, single-sample requests and multi-sample ones (k uniform in
-1..10), under three policies:
-  serial    every request alone (window policy, max_batch_size 0);
-  fixed10   the window policy, max batch 10, a `--window-ms` window;
-  adaptive  AdaptivePolicy with the warmed-up cost model under the latency budget.
+1..10), under four policies:
+  serial         every request alone (window policy, max_batch_size 0);
+  fixed10        the window policy, max batch 10, a `--window-ms` window;
+  adaptive       AdaptivePolicy with the warmed-up cost model under the latency budget;
+  adaptive_join  the same, and waiting requests join running batches at stage
+                 boundaries (layer-level joining, aserve.batching.join).
 Each record: policy, requests (single|multi), load, mean_ms, p99_ms,
 throughput_rps, over_budget (fraction of requests over the budget).
 
@@ -35,11 +37,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..engine import ensure_glibc_tunables
-from ..errors import AserveError
+from ..errors import AserveError, Overloaded
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "benchmarks" / "results"
-POLICIES = ("serial", "fixed10", "adaptive")
+POLICIES = ("serial", "fixed10", "adaptive", "adaptive_join")
 LOADS = (0.25, 0.5, 0.75, 1.0)
 
 
@@ -50,6 +52,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", default=str(ROOT / "examples" / "cnn"), help="model folder")
     ap.add_argument("--interpreters", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=8.0, help="arrivals per point")
+    ap.add_argument("--capacity-seconds", type=float, default=4.0, help="closed-loop capacity measurement")
     ap.add_argument("--budget-ms", type=float, default=50.0, help="latency budget, single-sample requests")
     ap.add_argument("--multi-budget-ms", type=float, default=100.0, help="latency budget, multi-sample")
     ap.add_argument("--window-ms", type=float, default=10.0, help="fixed10's batching window")
@@ -173,16 +176,19 @@ def make_batcher(
     name: str,
     pool: Any,
     cost: Any,
+    profile: Any,
     budget: float,
     interpreters: int,
     window: float,
     max_batch_size: int,
 ) -> Any:
     from ..batching.adaptive import AdaptivePolicy
-    from ..batching.batcher import Batcher
+    from ..batching.batcher import Batcher, Joining
+    from ..batching.join import JoinPlanner
     from ..batching.policy import WindowPolicy
 
     policy: Any
+    join = None
     if kind == "serial":
         policy, mb = WindowPolicy(max_queue_delay=0.0), 0
     elif kind == "fixed10":
@@ -195,6 +201,8 @@ def make_batcher(
             max_queue_delay_s=budget / 2,
         )
         mb = max_batch_size
+        if kind == "adaptive_join":
+            join = Joining(pool, JoinPlanner(policy.cost, copy.deepcopy(profile)), budget)
     return Batcher(
         model=name,
         run=pool.infer,
@@ -202,6 +210,7 @@ def make_batcher(
         max_batch_size=mb,
         interpreters=interpreters,
         max_queue_size=1 << 30,
+        join=join,
     )
 
 
@@ -216,7 +225,11 @@ async def capacity(batcher: Any, inputs: dict[int, Any], multi: bool, seconds: f
         nonlocal done
         while loop.time() < stop:
             k = rng.randint(1, 10) if multi else 1
-            await batcher.submit(inputs[k], k)
+            try:
+                await batcher.submit(inputs[k], k)
+            except Overloaded as e:  # admission control: back off as told
+                await asyncio.sleep(min(e.retry_after or 0.01, 0.05))
+                continue
             done += 1
 
     start = loop.time()
@@ -226,6 +239,7 @@ async def capacity(batcher: Any, inputs: dict[int, Any], multi: bool, seconds: f
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..batching.costmodel import sample_inputs, warmup
+    from ..batching.join import measure_stages
     from ..engine import ModelSpec, Pool
 
     folder = pathlib.Path(args.model)
@@ -240,7 +254,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         info = await pool.load(ModelSpec(name=folder.name, path=str(folder)))
         cost = await warmup(pool, info, max_batch_size)
+        profile = await measure_stages(pool, info, 4)
         print(f"# cost model: {json.dumps(cost.as_dict())}", file=sys.stderr, flush=True)
+        print(f"# stages: {json.dumps(profile.as_dict())}", file=sys.stderr, flush=True)
         inputs = {k: sample_inputs(info, k) for k in range(1, 11)}
         for kind in ("single", "multi"):
             multi = kind == "multi"
@@ -249,12 +265,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "name": info.name,
                 "pool": pool,
                 "cost": cost,
+                "profile": profile,
                 "budget": budget,
                 "interpreters": args.interpreters,
                 "window": args.window_ms / 1e3,
                 "max_batch_size": max_batch_size,
             }
-            cap = await capacity(make_batcher("adaptive", **common), inputs, multi, 4.0, args.seed)
+            cap = await capacity(make_batcher("adaptive", **common), inputs, multi, args.capacity_seconds, args.seed)
             caps[kind] = cap
             print(f"# {kind}: capacity {cap:.1f} requests/s", file=sys.stderr, flush=True)
             for load in loads:
@@ -280,7 +297,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         "budget_ms": budget * 1e3,
                         "errors": point.errors,
                     }
-                    if policy == "adaptive":
+                    if policy == "adaptive_join":
+                        stats = batcher.stats()
+                        rec["joins"] = stats["joins"]
+                        rec["joined_requests"] = stats["joined_requests"]
+                        rec["offers_turned_away"] = stats["offers_turned_away"]
+                    if policy.startswith("adaptive"):
                         rec["cost_after"] = batcher.policy.cost.as_dict()
                     records.append(rec)
                     print(
@@ -304,6 +326,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "seconds_per_point": args.seconds,
         "capacity_rps": {k: round(v, 1) for k, v in caps.items()},
         "cost_model": cost.as_dict(),
+        "stage_profile": profile.as_dict(),
         "records": records,
         "summary": summarize(records),
         "notes": [
@@ -315,8 +338,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ),
             "capacity: closed loop through the adaptive batcher, queue never empty",
             (
-                "adaptive_join (joining a running batch at a layer boundary) is left out: "
-                "the engine has no layer-join feature yet"
+                "adaptive_join: AdaptivePolicy plus joining at stage boundaries; mean_batch_requests counts "
+                "dispatched batches only, joins are in joins/joined_requests"
             ),
             "latency: from the scheduled arrival to the answer, on the same event loop as the batcher",
         ],
@@ -324,15 +347,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Adaptive against fixed10 per request kind and load: mean-latency cut, throughput ratio."""
+    """Adaptive and adaptive_join against fixed10 per request kind and load: mean-latency
+    cut, throughput ratio, over-budget share."""
     out: dict[str, Any] = {}
     by = {(r["policy"], r["requests"], r["load"]): r for r in records}
     for (policy, kind, load), r in by.items():
-        if policy != "adaptive" or (("fixed10", kind, load) not in by):
+        if not policy.startswith("adaptive") or ("fixed10", kind, load) not in by:
             continue
         f = by[("fixed10", kind, load)]
         if r["mean_ms"] and f["mean_ms"] and r["throughput_rps"] and f["throughput_rps"]:
-            out[f"{kind}@{load}"] = {
+            out.setdefault(f"{kind}@{load}", {})[policy] = {
                 "mean_cut_vs_fixed10": round(1 - r["mean_ms"] / f["mean_ms"], 3),
                 "throughput_ratio_vs_fixed10": round(r["throughput_rps"] / f["throughput_rps"], 3),
                 "over_budget": r["over_budget"],

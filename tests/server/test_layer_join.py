@@ -1,0 +1,114 @@
+"""Layer-level joining through the server: requests arriving while a staged batch runs join it."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import re
+
+import aiohttp
+import pytest
+
+from .conftest import write_repository
+
+# Three stages x -> 2x + k, 40 ms each; stage_input/stage_concat over lists of rows.
+STAGED_MODEL = """
+import time
+from aserve.runtime import Model, TensorSpec
+
+class Staged(Model):
+    inputs = [TensorSpec("X", "FP32", (-1, 2))]
+    outputs = [TensorSpec("Y", "FP32", (-1, 2))]
+
+    def load(self):
+        def stage(k):
+            def run(rows):
+                time.sleep(0.04)
+                return [[2 * v + k for v in row] for row in rows]
+            return run
+        self.stages = [stage(k) for k in range(3)]
+
+    def stage_input(self, inputs):
+        return inputs["X"].tolist()
+
+    def stage_concat(self, parts):
+        return [row for part in parts for row in part]
+
+    def __call__(self, inputs):
+        x = self.stage_input(inputs)
+        for stage in self.stages:
+            x = stage(x)
+        return self.stage_output(x)
+"""
+
+STAGED_CONFIG = """
+interpreters = 1
+max_batch_size = 16
+[[inputs]]
+name = "X"
+datatype = "FP32"
+shape = [-1, 2]
+[[outputs]]
+name = "Y"
+datatype = "FP32"
+shape = [-1, 2]
+[batching]
+policy = "adaptive"
+latency_budget_ms = 2000.0
+layer_join = {join}
+"""
+
+
+def expected(values: list[float]) -> list[float]:
+    out = []
+    for x in values:
+        for k in range(3):
+            x = 2 * x + k
+        out.append(x)
+    return out
+
+
+async def infer(http: aiohttp.ClientSession, url: str, values: list[float]) -> list[float]:
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [len(values) // 2, 2], "data": values}]}
+    async with http.post(f"{url}/v2/models/staged/infer", json=body) as r:
+        assert r.status == 200, await r.text()
+        data: list[float] = (await r.json())["outputs"][0]["data"]
+        return data
+
+
+async def metric(http: aiohttp.ClientSession, url: str, name: str) -> float:
+    async with http.get(f"{url}/metrics") as r:
+        text = await r.text()
+    m = re.search(rf'^{name}\{{model="staged",version="1"\}} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+@pytest.mark.parametrize("join", [True, False])
+async def test_requests_join_a_running_batch_and_get_their_own_answers(
+    start_server, http: aiohttp.ClientSession, tmp_path: pathlib.Path, join: bool
+) -> None:
+    repo = write_repository(tmp_path / "repo", {"staged": (STAGED_MODEL, STAGED_CONFIG.format(join=str(join).lower()))})
+    _, url = await start_server(repo, engine="private", interpreters=1)
+    async with http.get(f"{url}/v2/models/staged") as r:
+        params = (await r.json())["parameters"]
+    assert params["stages"] == 3
+    assert params["batching"]["layer_join"] is join
+    if join:
+        assert len(params["batching"]["stage_profile"]["shares"]) == 3
+
+    payloads = [[float(i), float(i) + 0.5] * (1 + i % 2) for i in range(6)]
+
+    async def staggered(i: int) -> list[float]:
+        await asyncio.sleep(0.01 * i)  # all arrive while the first batch (120 ms) runs
+        return await infer(http, url, payloads[i])
+
+    results = await asyncio.gather(*(staggered(i) for i in range(len(payloads))))
+    for values, got in zip(payloads, results):
+        assert got == pytest.approx(expected(values))
+    joins = await metric(http, url, "aserve_layer_joins_total")
+    if join:
+        assert joins >= 1
+        assert await metric(http, url, "aserve_layer_joined_requests_total") >= joins
+    else:
+        assert joins == 0
+
