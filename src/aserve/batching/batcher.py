@@ -5,7 +5,9 @@ Requests wait in a FIFO queue with their input tensors. Whenever something chang
 how many requests to dispatch; it concatenates their inputs along the batch
 dimension with one copy per input, runs the batch on the pool, and hands each
 request zero-copy slices of the outputs. At most `interpreters` batches of the model
-run at once.
+run at once. With a `scheduler` (fair.py: the interpreters of a pool shared by
+several models), a batch also needs one of the pool's slots, which go round-robin to
+the models with work as batches end; without one, only the model's own limit counts.
 
 If a batch of several requests fails with a model error, each of its requests is
 run again alone (in the same interpreter slot), so that only the request that makes
@@ -30,6 +32,7 @@ from typing import Any, NamedTuple, Protocol
 from ..errors import EngineError, InvalidInput, ModelError, Overloaded, RequestTimeout
 from ..runtime.datatypes import element_count
 from ..tensor import Tensor
+from .fair import FairScheduler, Seat
 from .join import JoinPlanner, tightest
 from .policy import BatchPolicy
 
@@ -47,11 +50,13 @@ class StagedPool(Protocol):
 
 
 class Joining(NamedTuple):
-    """Layer-level joining for one model: the engine, the planner and the default budget (s)."""
+    """Layer-level joining for one model: the engine, the planner, the default budget (s),
+    and whether a join must also lower total latency (benefit) or only fit the budgets."""
 
     pool: StagedPool
     planner: JoinPlanner
     budget: float
+    benefit: bool = True
 
 _QUEUED, _RUNNING, _DONE = 0, 1, 2
 
@@ -183,12 +188,13 @@ class Batcher:
 
     run: the coroutine that runs a batch (pool.infer); max_batch_size 0 = the model
     does not batch (every request runs alone); interpreters: most batches in flight;
-    max_queue_size: most samples waiting before new requests get Overloaded.
+    max_queue_size: most samples waiting before new requests get Overloaded;
+    scheduler: the slots of the pool shared with other models (None: not shared).
     """
 
     def __init__(
         self, *, model: str, run: Runner, policy: BatchPolicy, max_batch_size: int, interpreters: int,
-        max_queue_size: int, join: Joining | None = None,
+        max_queue_size: int, join: Joining | None = None, scheduler: FairScheduler | None = None,
     ) -> None:
         if interpreters < 1:
             raise ValueError(f"interpreters must be >= 1, got {interpreters}")
@@ -217,6 +223,7 @@ class Batcher:
         self.joins = 0  # groups absorbed into running batches
         self.joined_requests = 0
         self.offers_turned_away = 0
+        self._seat: Seat | None = None if scheduler is None else scheduler.join(self, interpreters=interpreters)
 
     # ---- state ----
 
@@ -334,13 +341,26 @@ class Batcher:
         self._timer = None
         self._schedule()
 
-    def _schedule(self) -> None:
+    def offer_slot(self) -> bool:
+        """The shared scheduler offers a free slot: start one batch if the policy wants to."""
+        seat = self._seat
+        if not self._queue or self._running >= self.interpreters or seat is None or seat.room() <= 0:
+            return False
+        return self._schedule(once=True)
+
+    def _schedule(self, *, once: bool = False) -> bool:
+        """Dispatch what the policy says while interpreters are free (one batch if `once`);
+        True if a batch started."""
         queue = self._queue
+        seat = self._seat
+        started = False
         while queue:
             idle = self.interpreters - self._running
+            if seat is not None and idle > 0:
+                idle = min(idle, seat.room())
             if idle <= 0:
                 self._offer_joins()
-                return  # a completion calls back
+                return started  # a completion calls back (with a scheduler: offers a slot)
             loop = asyncio.get_running_loop()
             decision = self.policy.decide(
                 loop.time(), queue, idle=idle, running=self._running, max_batch_size=self.max_batch_size
@@ -352,8 +372,12 @@ class Batcher:
                         self._timer = None
                     if self._timer is None:
                         self._timer = loop.call_at(decision.wake_at, self._on_timer)
-                return
+                return started
             self._dispatch(self._take(decision.take))
+            started = True
+            if once:
+                return True
+        return started
 
     def _take(self, n: int) -> list[_Request]:
         queue = self._queue
@@ -373,6 +397,8 @@ class Batcher:
     def _dispatch(self, batch: list[_Request]) -> None:
         for r in batch:
             r.state = _RUNNING
+        if self._seat is not None:
+            self._seat.take()
         self._running += 1
         self.batches += 1
         if self._timer is not None and not self._queue:
@@ -423,7 +449,12 @@ class Batcher:
         finally:
             self._running -= 1
             self._check_idle()
-            self._schedule()
+            if self._seat is None:
+                self._schedule()
+            else:
+                self._seat.release()  # offers the slot round-robin, this model included
+                if self._queue and self._staged:
+                    self._schedule()  # no slot came back to it: its running batches may take joins
 
     # ---- layer-level joining ----
 
@@ -491,12 +522,19 @@ class Batcher:
         if join is None or not self._staged:
             return
         now = asyncio.get_running_loop().time()
-        for staged in list(self._staged):
-            if not queue:
-                return
+        predict = join.planner.cost.predict
+        running = []
+        free_at = math.inf  # the earliest predicted end of a running batch: when a slot frees
+        for staged in self._staged:
             progress = join.pool.progress(staged.run)
             if progress is None:
                 continue
+            running.append((staged, progress))
+            if progress[1] >= 0.0:
+                free_at = min(free_at, now - progress[1] + predict(staged.samples))
+        for staged, (done, elapsed) in running:
+            if not queue:
+                return
             sizes: list[int] = []
             limits: list[float] = []
             total, limit = 0, math.inf
@@ -509,9 +547,13 @@ class Batcher:
                 limits.append(limit)
             if not sizes:
                 continue
+            offered = [sum(r.samples for r in group) for future, group in staged.groups
+                       if not future.done() or (not future.cancelled() and future.result())]
             plan = join.planner.plan(
-                now, done=progress[0], elapsed=progress[1], samples=staged.samples, limit=staged.limit,
-                sizes=sizes, limits=limits, max_batch_size=self.max_batch_size,
+                now, done=done, elapsed=elapsed, samples=staged.samples, limit=staged.limit,
+                sizes=sizes, limits=limits, max_batch_size=self.max_batch_size, offered=offered,
+                requests=len(staged.requests) + sum(len(group) for _, group in staged.groups),
+                free_at=free_at if join.benefit else None,
             )
             if plan is None:
                 continue
@@ -582,3 +624,5 @@ class Batcher:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._seat is not None:
+            self._seat.leave()

@@ -12,7 +12,7 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-from ..batching import Batcher, BatchPolicy, WindowPolicy
+from ..batching import Batcher, BatchPolicy, FairScheduler, WindowPolicy
 from ..batching.batcher import Joining
 from ..config import ServerSettings
 from ..engine import ModelInfo, ModelSpec, Pool
@@ -51,7 +51,7 @@ async def make_policy(
     joining = None
     if batching.layer_join and info.stages > 0 and max_batch_size > 0:
         profile = await measure_stages(pool, info, min(4, max_batch_size))
-        joining = Joining(pool, JoinPlanner(cost, profile), budget)
+        joining = Joining(pool, JoinPlanner(cost, profile), budget, benefit=batching.join_rule == "benefit")
     return policy, joining
 
 
@@ -118,6 +118,7 @@ class ModelHandle:
         if self.batcher is not None and batching.policy == "adaptive":
             stats = self.batcher.stats()
             summary["layer_join"] = "join" in stats
+            summary["join_rule"] = batching.join_rule
             if "join" in stats:
                 summary["stage_profile"] = stats["join"]["stage_profile"]  # type: ignore[index]
         out["batching"] = summary
@@ -154,13 +155,18 @@ class ModelHandle:
 
 
 class ModelRegistry:
-    """Every model of a repository, loaded into one pool per engine in use."""
+    """Every model of a repository, loaded into one pool per engine in use.
+
+    The models of a pool share its interpreters through one FairScheduler: their
+    batches take the pool's slots round-robin by model, so a busy model cannot
+    starve the others."""
 
     def __init__(self, repository: str | pathlib.Path, settings: ServerSettings) -> None:
         self.repository = pathlib.Path(repository)
         self.settings = settings
         self.models: dict[str, ModelHandle] = {}
         self.pools: dict[str, Pool] = {}
+        self.schedulers: dict[str, FairScheduler] = {}  # per engine, beside its pool
         self._closed = False
 
     def scan(self) -> None:
@@ -208,11 +214,13 @@ class ModelRegistry:
         size = self.settings.pool_size
         for engine in sorted(self.engines):
             self.pools[engine] = Pool(engine=engine, interpreters=size)
+            self.schedulers[engine] = FairScheduler(size)
         results = await asyncio.gather(*(p.start() for p in self.pools.values()), return_exceptions=True)
         for (engine, pool), result in zip(list(self.pools.items()), results):
             if isinstance(result, BaseException):
                 log.error("engine %s failed to start: %s", engine, result)
                 del self.pools[engine]
+                del self.schedulers[engine]
                 for h in self.models.values():
                     if h.engine == engine:
                         h.state, h.reason = UNAVAILABLE, f"engine {engine!r} failed to start: {result}"
@@ -243,6 +251,7 @@ class ModelRegistry:
         handle.batcher = Batcher(
             model=handle.name, run=pool.infer, policy=policy, max_batch_size=config.max_batch_size,
             interpreters=info.interpreters, max_queue_size=config.batching.max_queue_size, join=joining,
+            scheduler=self.schedulers[handle.engine],
         )
         handle.state, handle.reason = READY, ""
         log.info("model %s ready: engine %s (%s), %d interpreters", handle.name, handle.engine,
