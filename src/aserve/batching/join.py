@@ -10,14 +10,37 @@ The prediction, for a running batch of N samples started at t0 (measured by the
 engine) and a group of n samples joining after stage k, with L the model's batch
 latency curve and F_k the share of a batch's time spent in stages 1..k:
 
-    reach boundary k   b_k = max(now, t0 + F_k L(N))
+    reach boundary k   b_k = max(now, t0 + F_k (L(N) + sum_i L(g_i)))
     finish             b_k + F_k L(n) + (1 - F_k) L(N + n)
 
-(the group runs stages 1..k alone, then everything finishes together). The offer's
+(the group runs stages 1..k alone, then everything finishes together). N counts the
+groups g_i offered to the batch before (absorbed, or waiting at its join point):
+each ran, or will run before this group, its own stages up to its boundary (at most
+k) alone, and the batch's stages ran with at most N samples, so b_k bounds when the
+batch is through boundary k with every earlier group. Without the g_i, a batch that
+absorbs several groups at one boundary (single requests arriving one by one) would
+be predicted to finish F_k L(g_i) too early per group, and miss the budgets it was
+checked against. If the engine absorbs the group at the boundary it is still
+polling (done) rather than the next, the finish is no later than predicted on a
+subadditive curve (L(a) + L(b) >= L(a + b)). The offer's
 `last_stage` is the latest boundary at which that finish still meets every budget
 involved: the running batch's requests and the group's (arrival + budget, or an
 earlier deadline). Joining later costs more (the group repeats more stages on its
 own), so the engine joins at the first boundary it reaches.
+
+Fitting the budgets is necessary, not sufficient: with `free_at` (when the group
+would start without joining: the earliest predicted end of a running batch) the
+planner also asks whether joining lowers the requests' total latency. Joining moves
+the group's finish from free_at + L(n) to the joined finish and delays each of the
+batch's requests by D = joined finish - the batch's own finish. It joins only if
+
+    (requests in the group) x (gain) > (requests in the batch) x D.
+
+On an affine curve a + c b, gain = (1 - F_k) a + (E - free_at) and D = F_k a + c n
+(E: the batch's own end): joining pays where the per-batch overhead a is large next
+to the per-sample cost c (LBCI's CPU models), and not for a model whose latency is
+nearly proportional to its batch (where waiting for a free interpreter and batching
+there costs less). Without `free_at` only the budgets are checked (LBCI's rule).
 
 `StageProfile` learns F from the stage timings of batches that ran without joiners.
 """
@@ -55,8 +78,8 @@ class StageProfile:
     def observe(self, seconds: Sequence[float], *, weight: float | None = None) -> None:
         """Stage timings of one batch that ran without joiners."""
         total = sum(seconds)
-        if len(seconds) != self.stages or not total > 0.0 or any(s < 0.0 for s in seconds):
-            return
+        if len(seconds) != self.stages or not 0.0 < total < math.inf or any(s < 0.0 for s in seconds):
+            return  # a stage that did not run or a non-finite timing would poison every share
         a = self.alpha if weight is None else weight
         self.shares = [old + a * (s / total - old) for old, s in zip(self.shares, seconds)]
         norm = sum(self.shares)
@@ -93,12 +116,14 @@ class JoinPlanner:
         self.cost = cost
         self.profile = profile
 
-    def finish(self, *, start: float, now: float, samples: int, joining: int, k: int) -> float:
+    def finish(self, *, start: float, now: float, samples: int, joining: int, k: int,
+               offered: Sequence[int] = ()) -> float:
         """Predicted finish of a batch of `samples` started at `start` if `joining` samples
-        join after stage k (see the module doc)."""
+        join after stage k; `offered`: the samples of each group offered to it before,
+        counted in `samples` (see the module doc)."""
         predict = self.cost.predict
         f = self.profile.done(k)
-        boundary = max(now, start + f * predict(samples))
+        boundary = max(now, start + f * (predict(samples) + sum(predict(g) for g in offered)))
         return boundary + f * predict(joining) + (1.0 - f) * predict(samples + joining)
 
     def plan(
@@ -112,13 +137,20 @@ class JoinPlanner:
         sizes: Sequence[int],
         limits: Sequence[float],
         max_batch_size: int,
+        offered: Sequence[int] = (),
+        requests: int = 1,
+        free_at: float | None = None,
     ) -> JoinPlan | None:
         """The largest group from the head of the queue that may join, or None.
 
         done, elapsed: the running batch's stages done and seconds running (engine's
         progress); samples: its samples (with groups already offered); limit: the
         earliest time by which one of its requests must finish; sizes[i]/limits[i]:
-        cumulative samples and tightest finish limit of the first i+1 queued requests."""
+        cumulative samples and tightest finish limit of the first i+1 queued requests;
+        offered: the samples of each group offered to the batch and not turned away
+        (absorbed or waiting), which run their first stages alone; requests: the
+        batch's requests (with those groups); free_at: when the group would start
+        without joining, for the benefit check (None: budgets only)."""
         last = self.profile.stages - 1  # boundaries are after stages 1..last
         first = done + 1
         if elapsed < 0.0 or first > last:
@@ -130,16 +162,33 @@ class JoinPlanner:
                 continue
             bound = min(limit, limits[take - 1])
             # the engine joins at the first boundary it reaches (normally `first`; a later
-            # one if the batch moved on meanwhile): every boundary up to last_stage must fit
+            # one if the batch moved on meanwhile; `done` if it is still absorbing groups
+            # there, which finishes no later): every boundary up to last_stage must fit
             best = None
             for k in range(first, last + 1):
-                if self.finish(start=start, now=now, samples=samples, joining=n, k=k) > bound:
+                if self.finish(start=start, now=now, samples=samples, joining=n, k=k, offered=offered) > bound:
                     break
                 best = k
-            if best is not None:
-                end = self.finish(start=start, now=now, samples=samples, joining=n, k=first)
-                return JoinPlan(take, best, end)
+            if best is None:
+                continue
+            end = self.finish(start=start, now=now, samples=samples, joining=n, k=first, offered=offered)
+            if free_at is not None and not self._pays(
+                start=start, now=now, samples=samples, offered=offered, first=first, end=end, joining=n,
+                group=take, requests=requests, free_at=free_at,
+            ):
+                continue
+            return JoinPlan(take, best, end)
         return None
+
+    def _pays(self, *, start: float, now: float, samples: int, offered: Sequence[int], first: int, end: float,
+              joining: int, group: int, requests: int, free_at: float) -> bool:
+        """Whether joining lowers the total latency of the group's and the batch's requests."""
+        predict = self.cost.predict
+        f = self.profile.done(first)
+        own = max(now, start + predict(samples) + f * sum(predict(g) for g in offered))
+        delay = max(0.0, end - own)
+        gain = max(now, free_at) + predict(joining) - end
+        return group * gain > requests * delay
 
     def as_dict(self) -> dict[str, object]:
         return {"stage_profile": self.profile.as_dict()}

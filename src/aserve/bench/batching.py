@@ -58,6 +58,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--window-ms", type=float, default=10.0, help="fixed10's batching window")
     ap.add_argument("--loads", default=",".join(str(x) for x in LOADS), help="fractions of capacity")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--join-rule", choices=("budget", "benefit"), default="budget",
+                    help="adaptive_join: join whenever budgets hold (LBCI), or only if total latency falls")
     ap.add_argument("--fit-only", action="store_true", help="compare cost-model fits and exit")
     return ap.parse_args(argv)
 
@@ -178,6 +180,7 @@ def make_batcher(
     cost: Any,
     profile: Any,
     budget: float,
+    join_rule: str,
     interpreters: int,
     window: float,
     max_batch_size: int,
@@ -202,7 +205,8 @@ def make_batcher(
         )
         mb = max_batch_size
         if kind == "adaptive_join":
-            join = Joining(pool, JoinPlanner(policy.cost, copy.deepcopy(profile)), budget)
+            join = Joining(pool, JoinPlanner(policy.cost, copy.deepcopy(profile)), budget,
+                           benefit=join_rule == "benefit")
     return Batcher(
         model=name,
         run=pool.infer,
@@ -267,6 +271,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "cost": cost,
                 "profile": profile,
                 "budget": budget,
+                "join_rule": args.join_rule,
                 "interpreters": args.interpreters,
                 "window": args.window_ms / 1e3,
                 "max_batch_size": max_batch_size,
@@ -324,6 +329,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "loadavg_1m_end": os.getloadavg()[0],
         },
         "seconds_per_point": args.seconds,
+        "join_rule": args.join_rule,
         "capacity_rps": {k: round(v, 1) for k, v in caps.items()},
         "cost_model": cost.as_dict(),
         "stage_profile": profile.as_dict(),

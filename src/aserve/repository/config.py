@@ -56,6 +56,10 @@ class BatchingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     layer_join: Annotated[
         bool, _doc("adaptive: requests may join a running batch at a stage boundary (models with stages)")
     ] = True
+    join_rule: Annotated[
+        Literal["benefit", "budget"],
+        _doc("benefit: join only if the total latency falls; budget: whenever every budget still holds (LBCI)"),
+    ] = "benefit"
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
