@@ -181,6 +181,8 @@ async def test_counters_follow_requests(url: str, http: aiohttp.ClientSession) -
     assert value(after, "aserve_pool_interpreters", engine="main") == 2
     assert value(after, "aserve_pool_busy", engine="main") == 0
     assert after["aserve_pool_queued"].kind == "gauge"
+    assert value(after, "aserve_pool_batch_slots", engine="main") == 2
+    assert value(after, "aserve_pool_batch_slots_in_use", engine="main") == 0
 
 
 async def test_adaptive_model_exports_its_cost_model(url: str, http: aiohttp.ClientSession) -> None:

@@ -182,7 +182,7 @@ async def tf_predict(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     registry = _registry(request)
-    text = render(registry.models.values(), registry.pools, request.app[METRICS_KEY])
+    text = render(registry.models.values(), registry.pools, request.app[METRICS_KEY], registry.schedulers)
     return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 

@@ -324,8 +324,10 @@ def _batcher(out: Exposition, labels: Labels, stats: Mapping[str, Any]) -> None:
             _cost_model(out, labels, cost)
 
 
-def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Metrics) -> str:
-    """The exposition text: every model (requests, batcher, policy), then every pool."""
+def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Metrics,
+           schedulers: Mapping[str, Any] | None = None) -> str:
+    """The exposition text: every model (requests, batcher, policy), then every pool
+    (with its fair scheduler's slots)."""
     out = Exposition()
     for handle in sorted(models, key=lambda h: h.name):
         labels = {"model": handle.name, "version": handle.version}
@@ -341,4 +343,11 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
             if number is not None:
                 help = _POOL_HELP.get(key, f"{key!r} as the pool reports it.")
                 out.add(metric_name(f"aserve_pool_{key}"), "gauge", help, number, {"engine": engine})
+        scheduler = (schedulers or {}).get(engine)
+        if scheduler is not None:
+            state = scheduler.stats()
+            out.add("aserve_pool_batch_slots", "gauge", "Batch slots the pool's models share (round-robin).",
+                    state["slots"], {"engine": engine})
+            out.add("aserve_pool_batch_slots_in_use", "gauge", "Batch slots held by running batches.",
+                    state["in_flight"], {"engine": engine})
     return out.text()
