@@ -163,6 +163,12 @@ async def test_counters_follow_requests(url: str, http: aiohttp.ClientSession) -
     assert value(after, "aserve_batcher_requests_total", **add) == ok
     assert value(after, "aserve_queue_samples", **add) == 0
     assert value(after, "aserve_batches_in_flight", **add) == 0
+    # Triton's cumulative queue and compute durations: every answered request ran, and
+    # a request's duration end to end covers its queueing and its batch's run
+    compute = value(after, "aserve_inference_compute_duration_us_total", **add)
+    queue = value(after, "aserve_inference_queue_duration_us_total", **add)
+    assert compute > 0 and queue >= 0
+    assert queue + compute <= value(after, "aserve_inference_request_duration_us_sum", **add) * 2
 
     # the histogram: cumulative buckets ending at +Inf == count == successes; a positive sum
     buckets = [(ls["le"], v) for n, ls, v in after["aserve_inference_request_duration_us"].samples

@@ -220,6 +220,8 @@ class Batcher:
         self.requests = 0  # requests answered by a batch
         self.refused = 0  # requests refused (Overloaded)
         self.timed_out = 0  # requests whose deadline passed
+        self.queue_seconds = 0.0  # summed over requests: from arrival to dispatch (or offer)
+        self.compute_seconds = 0.0  # summed over requests: their batch's run time
         self.joins = 0  # groups absorbed into running batches
         self.joined_requests = 0
         self.offers_turned_away = 0
@@ -247,6 +249,8 @@ class Batcher:
             "requests": self.requests,
             "refused": self.refused,
             "timed_out": self.timed_out,
+            "queue_seconds": self.queue_seconds,
+            "compute_seconds": self.compute_seconds,
         }
         if self._join is not None:
             out["joins"] = self.joins
@@ -395,8 +399,10 @@ class Batcher:
         return batch
 
     def _dispatch(self, batch: list[_Request]) -> None:
+        now = asyncio.get_running_loop().time()
         for r in batch:
             r.state = _RUNNING
+            self.queue_seconds += now - r.arrival
         if self._seat is not None:
             self._seat.take()
         self._running += 1
@@ -410,6 +416,7 @@ class Batcher:
 
     async def _run(self, batch: list[_Request]) -> None:
         loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             if self._join is not None:
                 await self._run_staged(batch, self._join, loop)
@@ -447,6 +454,7 @@ class Batcher:
                 r.finish(part)
             self.requests += len(batch)
         finally:
+            self.compute_seconds += (loop.time() - started) * len(batch)
             self._running -= 1
             self._check_idle()
             if self._seat is None:
@@ -493,6 +501,7 @@ class Batcher:
             self._staged.remove(staged)
         absorbed = self._absorbed(staged)
         requests = batch + [r for _, group in absorbed for r in group]
+        self.compute_seconds += (loop.time() - started) * (len(requests) - len(batch))  # joiners, roughly
         if absorbed:
             self.joins += len(absorbed)
             self.joined_requests += len(requests) - len(batch)
@@ -567,12 +576,14 @@ class Batcher:
             self._queued_samples -= samples
             for r in group:
                 r.state = _RUNNING
+                self.queue_seconds += now - r.arrival
             staged.samples += samples
             staged.limit = min(staged.limit, limits[plan.take - 1])
             staged.groups.append((future, group))
-            future.add_done_callback(functools.partial(self._offer_done, staged, group, samples))
+            future.add_done_callback(functools.partial(self._offer_done, staged, group, samples, now))
 
-    def _offer_done(self, staged: _Staged, group: list[_Request], samples: int, future: asyncio.Future[bool]) -> None:
+    def _offer_done(self, staged: _Staged, group: list[_Request], samples: int, offered: float,
+                    future: asyncio.Future[bool]) -> None:
         if not future.cancelled() and future.result():
             return  # absorbed: the batch's completion answers the group
         self.offers_turned_away += 1
@@ -580,6 +591,7 @@ class Batcher:
         for r in reversed(group):
             if r.state == _RUNNING and not r.future.done():  # not timed out or cancelled meanwhile
                 r.state = _QUEUED
+                self.queue_seconds -= offered - r.arrival  # counted again at its dispatch
                 self._queue.appendleft(r)
                 self._queued_samples += r.samples
         self._check_idle()
