@@ -524,6 +524,11 @@ class Batcher:
         # the engine completes every offer of a batch before the batch itself
         return [(f, g) for f, g in staged.groups if f.done() and not f.cancelled() and f.result()]
 
+    @staticmethod
+    def _offered(staged: _Staged) -> list[tuple[asyncio.Future[bool], list[_Request]]]:
+        """Groups offered to a batch and not turned away (absorbed, or waiting at its join point)."""
+        return [(f, g) for f, g in staged.groups if not f.done() or (not f.cancelled() and f.result())]
+
     def _offer_joins(self) -> None:
         """No interpreter is free: offer the head of the queue to running staged batches."""
         join = self._join
@@ -531,7 +536,7 @@ class Batcher:
         if join is None or not self._staged:
             return
         now = asyncio.get_running_loop().time()
-        predict = join.planner.cost.predict
+        planner = join.planner
         running = []
         free_at = math.inf  # the earliest predicted end of a running batch: when a slot frees
         for staged in self._staged:
@@ -540,7 +545,10 @@ class Batcher:
                 continue
             running.append((staged, progress))
             if progress[1] >= 0.0:
-                free_at = min(free_at, now - progress[1] + predict(staged.samples))
+                free_at = min(free_at, planner.own_end(
+                    start=now - progress[1], now=now, samples=staged.samples,
+                    offered=[sum(r.samples for r in g) for _, g in self._offered(staged)], done=progress[0],
+                ))
         for staged, (done, elapsed) in running:
             if not queue:
                 return
@@ -556,12 +564,12 @@ class Batcher:
                 limits.append(limit)
             if not sizes:
                 continue
-            offered = [sum(r.samples for r in group) for future, group in staged.groups
-                       if not future.done() or (not future.cancelled() and future.result())]
-            plan = join.planner.plan(
+            groups = self._offered(staged)
+            plan = planner.plan(
                 now, done=done, elapsed=elapsed, samples=staged.samples, limit=staged.limit,
-                sizes=sizes, limits=limits, max_batch_size=self.max_batch_size, offered=offered,
-                requests=len(staged.requests) + sum(len(group) for _, group in staged.groups),
+                sizes=sizes, limits=limits, max_batch_size=self.max_batch_size,
+                offered=[sum(r.samples for r in g) for _, g in groups],
+                requests=len(staged.requests) + sum(len(g) for _, g in groups),
                 free_at=free_at if join.benefit else None,
             )
             if plan is None:

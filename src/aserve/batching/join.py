@@ -36,8 +36,9 @@ batch's requests by D = joined finish - the batch's own finish. It joins only if
 
     (requests in the group) x (gain) > (requests in the batch) x D.
 
-On an affine curve a + c b, gain = (1 - F_k) a + (E - free_at) and D = F_k a + c n
-(E: the batch's own end): joining pays where the per-batch overhead a is large next
+On an affine curve a + c b, gain = (1 - F_k) a - (E - free_at) and D = F_k a + c n
+(E: the batch's own end, `own_end`; free_at is the earliest `own_end` of the running
+batches): joining pays where the per-batch overhead a is large next
 to the per-sample cost c (LBCI's CPU models), and not for a model whose latency is
 nearly proportional to its batch (where waiting for a free interpreter and batching
 there costs less). Without `free_at` only the budgets are checked (LBCI's rule).
@@ -180,12 +181,19 @@ class JoinPlanner:
             return JoinPlan(take, best, end)
         return None
 
+    def own_end(self, *, start: float, now: float, samples: int, offered: Sequence[int], done: int) -> float:
+        """Predicted end of a running batch as it stands: its `samples` (the groups
+        `offered` to it included) through every stage, behind those groups' own runs
+        through the first stages (bounded by the next boundary's share, as in `finish`)."""
+        predict = self.cost.predict
+        f = self.profile.done(done + 1)
+        return max(now, start + predict(samples) + f * sum(predict(g) for g in offered))
+
     def _pays(self, *, start: float, now: float, samples: int, offered: Sequence[int], first: int, end: float,
               joining: int, group: int, requests: int, free_at: float) -> bool:
         """Whether joining lowers the total latency of the group's and the batch's requests."""
         predict = self.cost.predict
-        f = self.profile.done(first)
-        own = max(now, start + predict(samples) + f * sum(predict(g) for g in offered))
+        own = self.own_end(start=start, now=now, samples=samples, offered=offered, done=first - 1)
         delay = max(0.0, end - own)
         gain = max(now, free_at) + predict(joining) - end
         return group * gain > requests * delay
