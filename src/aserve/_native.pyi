@@ -1,6 +1,7 @@
 """Type stubs for the C extension aserve._native (native/host/)."""
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 JOB_LOAD: int
 JOB_UNLOAD: int

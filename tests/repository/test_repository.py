@@ -38,6 +38,8 @@ max_queue_delay_ms = 2.5
 max_queue_size = 100
 timeout_ms = 1000
 latency_budget_ms = 20.0
+layer_join = false
+join_rule = "budget"
 [parameters]
 scale = 3
 label = "x"
@@ -52,6 +54,7 @@ def test_full_config() -> None:
     b = c.batching
     assert (b.policy, b.max_queue_delay_ms, b.max_queue_size, b.timeout_ms, b.latency_budget_ms) == (
         "adaptive", 2.5, 100, 1000.0, 20.0)
+    assert (b.layer_join, b.join_rule) == (False, "budget")
     assert c.parameters == {"scale": 3, "label": "x"}
     with pytest.raises(AttributeError):
         c.max_batch_size = 1  # type: ignore[misc]
@@ -62,6 +65,7 @@ def test_defaults() -> None:
     assert c == ModelConfig()
     assert c.engine is None and c.interpreters is None and c.max_batch_size == 0
     assert c.batching.policy == "window" and c.batching.max_queue_size == 4096 and c.batching.timeout_ms == 30000
+    assert c.batching.layer_join is True and c.batching.join_rule == "benefit"
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -80,6 +84,8 @@ def test_defaults() -> None:
     (b"[batching]\nmax_queue_sizes = 1", "m/config.toml: batching: Object contains unknown field `max_queue_sizes`; expected one of policy,"),
     (b'[batching]\npolicy = "fifo"', "m/config.toml: batching.policy: Invalid enum value 'fifo'"),
     (b"[batching]\ntimeout_ms = 0", "m/config.toml: batching.timeout_ms: Expected `float` > 0"),
+    (b'[batching]\njoin_rule = "always"', "m/config.toml: batching.join_rule: Invalid enum value 'always'"),
+    (b'[batching]\nlayer_join = "yes"', "m/config.toml: batching.layer_join: Expected `bool`, got `str`"),
     (b"max_batch_size = ", "m/config.toml: invalid TOML"),
 ])
 def test_errors_name_file_and_field(text: bytes, message: str) -> None:

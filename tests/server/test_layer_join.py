@@ -79,7 +79,7 @@ async def infer(http: aiohttp.ClientSession, url: str, values: list[float]) -> l
 async def metric(http: aiohttp.ClientSession, url: str, name: str) -> float:
     async with http.get(f"{url}/metrics") as r:
         text = await r.text()
-    m = re.search(rf'^{name}\{{model="staged",version="1"\}} (\S+)$', text, re.M)
+    m = re.search(rf'^{name}\{{model="staged",version="1"\}} (\S+)$', text, re.MULTILINE)
     return float(m.group(1)) if m else 0.0
 
 

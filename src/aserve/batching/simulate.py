@@ -332,7 +332,6 @@ def simulate(
         nonlocal queued_samples
         if join is None or not staged:
             return
-        predict = join.cost.predict
         free_at = math.inf  # the earliest predicted end of a running batch: when a slot frees
         for run in staged:
             if not any(run is f for f in fresh):
