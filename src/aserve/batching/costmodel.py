@@ -405,9 +405,13 @@ class CostModel:
 
 
 def sample_inputs(model_info: ModelInfo, batch: int, *, batched: bool = True) -> dict[str, Tensor]:
-    """Generated inputs for `batch` samples: zeros of each declared datatype and shape
-    (BYTES: short strings). With `batched`, the leading dimension is the batch one;
-    other variable dimensions become 1."""
+    """Inputs for `batch` samples. From the model's example request when it declares one
+    (`Model.example_inputs`): its samples over and over (or the example as it is, when
+    not `batched`). Otherwise generated: zeros of each declared datatype and shape
+    (BYTES: short strings); with `batched` the leading dimension is the batch one, other
+    variable dimensions become 1."""
+    if model_info.example:
+        return _from_example(model_info.example, batch) if batched else dict(model_info.example)
     out: dict[str, Tensor] = {}
     for spec in model_info.inputs:
         dims = list(spec.shape)
@@ -421,6 +425,17 @@ def sample_inputs(model_info: ModelInfo, batch: int, *, batched: bool = True) ->
         data = encode_bytes([b"warmup"] * count) if spec.datatype == "BYTES" else bytes(count * dt.itemsize)
         out[spec.name] = Tensor(spec.datatype, shape, data)
     return out
+
+
+def _from_example(example: dict[str, Tensor], batch: int) -> dict[str, Tensor]:
+    """A batch of `batch` samples cycling through the example request's samples."""
+    from .batcher import concat_inputs, split_outputs
+
+    have = next(iter(example.values())).shape[0]
+    if have < 1:
+        raise ValueError("the example request holds no sample")
+    samples = split_outputs(example, [1] * have, "example")
+    return concat_inputs([samples[i % have] for i in range(batch)], batch)
 
 
 async def measure(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import base64
 import json
 import os
 import platform
@@ -52,6 +53,7 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     stages: int = 0  # the model's stages: > 0 lets batches absorb joiners at stage boundaries
+    example: dict[str, Any] | None = None  # the model's example request (name -> Tensor), if it declares one
 
 
 class StagedRun:
@@ -109,6 +111,12 @@ def _error(payload: tuple[str, str]) -> Exception:
         return EngineError(text)
     last = text.strip().splitlines()[-1] if text.strip() else error_type
     return ModelError(last, traceback=text, error_type=error_type)
+
+
+def _example(encoded: list[dict[str, Any]] | None) -> dict[str, Tensor] | None:
+    if not encoded:
+        return None
+    return {t["name"]: Tensor(t["datatype"], tuple(t["shape"]), base64.b64decode(t["data"])) for t in encoded}
 
 
 def _wire(inputs: Mapping[str, Tensor]) -> list[tuple[str, str, tuple[int, ...], Any]]:
@@ -296,6 +304,7 @@ class Pool:
             inputs=[TensorSpec(d["name"], d["datatype"], tuple(d["shape"])) for d in meta["inputs"]],
             outputs=[TensorSpec(d["name"], d["datatype"], tuple(d["shape"])) for d in meta["outputs"]],
             stages=int(meta.get("stages", 0)),
+            example=_example(meta.get("example")),
         )
         self._models[spec.name] = info
         self._masks[spec.name] = (1 << n) - 1

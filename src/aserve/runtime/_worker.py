@@ -7,6 +7,7 @@ nothing but buffers and metadata ever crosses between interpreters.
 
 from __future__ import annotations
 
+import base64
 import gc
 import importlib.util
 import json
@@ -127,6 +128,11 @@ def load(key: str, spec_json: str) -> str:
         raise LoadError(f"{path}: {cls.__name__}.stages[{bad[0]}] is not callable")
     if len(loaded.stages) > MAX_STAGES:
         raise LoadError(f"{path}: {cls.__name__} has {len(loaded.stages)} stages; at most {MAX_STAGES}")
+    try:
+        example = model.example_inputs()
+        encoded = None if example is None else _encode_example(example, loaded.inputs)
+    except BaseException as e:
+        raise LoadError(f"{path}: {cls.__name__}.example_inputs(): {type(e).__name__}: {e}") from e
     _models[key] = loaded
     return json.dumps(
         {
@@ -136,8 +142,37 @@ def load(key: str, spec_json: str) -> str:
             "inputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in inputs],
             "outputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in outputs],
             "stages": len(loaded.stages),
+            "example": encoded,
         }
     )
+
+
+def _raw(data: Any) -> bytes:
+    """The bytes of an output's data: a buffer, or a torch tensor's (address, nbytes, tensor)."""
+    if isinstance(data, tuple):
+        import torch
+
+        return bytes(data[2].contiguous().flatten().view(torch.uint8).tolist())
+    return memoryview(data).cast("B").tobytes()
+
+
+def _encode_example(example: Any, declared: dict[str, TensorSpec]) -> list[dict[str, Any]]:
+    """A model's example request as JSON-ready tensors (data in base64)."""
+    if not isinstance(example, dict) or not example:
+        raise TypeError(f"expected a dict of input name -> tensor, got {type(example).__name__}")
+    if declared and set(example) != set(declared):
+        raise ValueError(f"inputs {sorted(example)} do not match the declared inputs {sorted(declared)}")
+    out = []
+    for name, value in example.items():
+        spec = declared.get(name)
+        _, datatype, shape, data = from_model(name, value, spec)
+        if spec is not None and (
+            len(shape) != len(spec.shape) or any(d != s for d, s in zip(shape, spec.shape) if s != -1)
+        ):
+            raise ValueError(f"input {name!r}: shape {list(shape)} does not fit the declared {list(spec.shape)}")
+        out.append({"name": name, "datatype": datatype, "shape": list(shape),
+                    "data": base64.b64encode(_raw(data)).decode("ascii")})
+    return out
 
 
 def unload(key: str) -> None:

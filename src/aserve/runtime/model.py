@@ -77,6 +77,13 @@ class Model:
     def load(self) -> None:
         """Prepare the model (read weights, warm up). Runs once per interpreter."""
 
+    def example_inputs(self) -> dict[str, Any] | None:
+        """One request's inputs (batch dimension first when the model batches), in any
+        form an output may take; the adaptive batcher measures the model's latency curve
+        on batches made of them at load. None (the default): zeros of the declared shapes
+        (BYTES: short strings), which suits models whose cost does not depend on values."""
+        return None
+
     # ---- the staged path (used only when `stages` is not empty) ----
 
     def stage_input(self, inputs: dict[str, Any]) -> Any:
