@@ -172,12 +172,11 @@ def split_outputs(outputs: Mapping[str, Tensor], samples: list[int], model: str)
 class _Staged:
     """A staged batch in flight: its requests, then the groups offered to it, in order."""
 
-    __slots__ = ("groups", "head", "limit", "requests", "run", "samples")
+    __slots__ = ("groups", "limit", "requests", "run", "samples")
 
     def __init__(self, run: Any, requests: list[_Request], samples: int, limit: float) -> None:
         self.run = run
         self.requests = requests
-        self.head = requests[0].inputs
         self.samples = samples  # with the groups offered and not turned away
         self.limit = limit  # earliest finish limit among its requests and groups
         self.groups: list[tuple[asyncio.Future[bool], list[_Request]]] = []
@@ -437,22 +436,13 @@ class Batcher:
                         await self._run_alone(r, loop)
                 return
             except BaseException as e:
-                for r in batch:
-                    r.finish(error=e)
+                self._fail(batch, e)
                 if not isinstance(e, Exception):
                     raise
                 return
             self.policy.observe(total, loop.time() - started)
             del inputs
-            try:
-                parts = split_outputs(outputs, samples, self.model)
-            except ModelError as e:
-                for r in batch:
-                    r.finish(error=e)
-                return
-            for r, part in zip(batch, parts):
-                r.finish(part)
-            self.requests += len(batch)
+            self._deliver(batch, outputs)
         finally:
             self.compute_seconds += (loop.time() - started) * len(batch)
             self._running -= 1
@@ -476,8 +466,7 @@ class Batcher:
         try:
             run = join.pool.infer_staged(self.model, inputs)
         except BaseException as e:
-            for r in batch:
-                r.finish(error=e)
+            self._fail(batch, e)
             if not isinstance(e, Exception):
                 raise
             return
@@ -492,8 +481,7 @@ class Batcher:
                     if not r.future.done():
                         await self._run_alone(r, loop)
                 return
-            for r in everyone:
-                r.finish(error=e)
+            self._fail(everyone, e)
             if not isinstance(e, Exception):
                 raise
             return
@@ -509,6 +497,10 @@ class Batcher:
             self.policy.observe(total, loop.time() - started)
             join.planner.profile.observe(seconds)
         del inputs
+        self._deliver(requests, outputs)
+
+    def _deliver(self, requests: list[_Request], outputs: Mapping[str, Tensor]) -> None:
+        """Answer each request of a batch with its slice of the outputs (all fail if they do not split)."""
         try:
             parts = split_outputs(outputs, [r.samples for r in requests], self.model)
         except ModelError as e:
@@ -518,6 +510,12 @@ class Batcher:
         for r, part in zip(requests, parts):
             r.finish(part)
         self.requests += len(requests)
+
+    @staticmethod
+    def _fail(requests: list[_Request], error: BaseException) -> None:
+        """Fail every request with `error` (the caller re-raises what is not an Exception)."""
+        for r in requests:
+            r.finish(error=error)
 
     @staticmethod
     def _absorbed(staged: _Staged) -> list[tuple[asyncio.Future[bool], list[_Request]]]:
@@ -556,7 +554,7 @@ class Batcher:
             limits: list[float] = []
             total, limit = 0, math.inf
             for r in queue:
-                if staged.samples + total + r.samples > self.max_batch_size or not _compatible(staged.head, r.inputs):
+                if staged.samples + total + r.samples > self.max_batch_size or not _compatible(staged.requests[0].inputs, r.inputs):
                     break
                 total += r.samples
                 limit = min(limit, self._limit(r, join))
