@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import random
 import statistics
 from collections.abc import Callable
 from typing import NamedTuple
@@ -13,7 +12,7 @@ import pytest
 from aserve.batching.adaptive import AdaptivePolicy
 from aserve.batching.costmodel import CostModel, ladder
 from aserve.batching.policy import Decision, WindowPolicy
-from aserve.batching.simulate import Arrival, SimRequest, simulate
+from aserve.batching.simulate import Arrival, SimRequest, poisson, simulate
 
 
 def curve(overhead: float, per_sample: float) -> Callable[[int], float]:
@@ -34,18 +33,6 @@ OVERHEAD = curve(0.010, 0.0005)  # batching is nearly free
 LINEAR = curve(0.001, 0.004)  # per-sample work dominates
 BENT = curve(0.010, 0.002)
 CNN = curve(0.0042, 0.0041)  # the bundled staged CNN, measured on this machine
-
-
-def poisson(rate: float, seconds: float, seed: int, samples: Callable[[random.Random], int] | None = None
-            ) -> list[Arrival]:
-    rng = random.Random(seed)
-    t = 0.0
-    out: list[Arrival] = []
-    while True:
-        t += rng.expovariate(rate)
-        if t >= seconds:
-            return out
-        out.append(Arrival(t, samples(rng) if samples else 1))
 
 
 def capacity(cost: Callable[[int], float], max_batch_size: int, interpreters: int = 2) -> float:

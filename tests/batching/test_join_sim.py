@@ -9,7 +9,6 @@ that joining lower the total latency of the group's and the batch's requests."""
 from __future__ import annotations
 
 import functools
-import random
 import statistics
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -20,7 +19,7 @@ from aserve.batching.adaptive import AdaptivePolicy
 from aserve.batching.costmodel import CostModel, ladder
 from aserve.batching.join import JoinPlanner, StageProfile
 from aserve.batching.policy import Decision, Pending, WindowPolicy
-from aserve.batching.simulate import Arrival, SimBatch, SimJoin, SimResult, simulate
+from aserve.batching.simulate import Arrival, SimBatch, SimJoin, SimResult, poisson, simulate
 
 SHARES = [0.4, 0.3, 0.2, 0.1]
 
@@ -263,18 +262,6 @@ class Curve(NamedTuple):
 
 
 CURVES = {"cnn": Curve(cnn, tuple(CNN_SHARES)), "overhead": Curve(overhead, (0.25, 0.25, 0.25, 0.25))}
-
-
-def poisson(rate: float, seconds: float, seed: int, samples: Callable[[random.Random], int] | None = None
-            ) -> list[Arrival]:
-    rng = random.Random(seed)
-    t = 0.0
-    out: list[Arrival] = []
-    while True:
-        t += rng.expovariate(rate)
-        if t >= seconds:
-            return out
-        out.append(Arrival(t, samples(rng) if samples else 1))
 
 
 CAPACITY = 2 * 32 / cnn(32)

@@ -12,44 +12,10 @@ from aserve.engine import ModelSpec, Pool
 from aserve.errors import EngineError, ModelError
 from aserve.tensor import Tensor
 
+from ..conftest import STAGED_MODEL as STAGED
+
 ENGINES = ["private", "main"] + (["subinterp"] if sys.version_info >= (3, 12) else [])
 
-# Three stages, each x -> 2x + k (k = stage index) on every element, sleeping `delay`
-# seconds (parameters). Activations are lists of rows; __call__ runs the same stages.
-STAGED = """
-import time
-from aserve.runtime import Model, TensorSpec
-
-class Staged(Model):
-    inputs = (TensorSpec("X", "FP32", (-1, 4)),)
-    outputs = (TensorSpec("Y", "FP32", (-1, 4)),)
-
-    def load(self):
-        delay = float(self.parameters.get("delay", 0.0))
-        fail = float(self.parameters.get("fail_on", -1.0))
-
-        def stage(k):
-            def run(rows):
-                time.sleep(delay)
-                if any(v == fail for row in rows for v in row):
-                    raise ValueError(f"stage {k} refuses {fail}")
-                return [[2 * v + k for v in row] for row in rows]
-            return run
-
-        self.stages = [stage(k) for k in range(3)]
-
-    def stage_input(self, inputs):
-        return inputs["X"].tolist()
-
-    def stage_concat(self, parts):
-        return [row for part in parts for row in part]
-
-    def __call__(self, inputs):
-        x = self.stage_input(inputs)
-        for stage in self.stages:
-            x = stage(x)
-        return self.stage_output(x)
-"""
 
 
 def rows(*values: float) -> Tensor:

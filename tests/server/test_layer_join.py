@@ -9,49 +9,14 @@ import re
 import aiohttp
 import pytest
 
+from ..conftest import STAGED_MODEL
 from .conftest import write_repository
-
-# Three stages x -> 2x + k, 40 ms each; stage_input/stage_concat over lists of rows.
-STAGED_MODEL = """
-import time
-from aserve.runtime import Model, TensorSpec
-
-class Staged(Model):
-    inputs = [TensorSpec("X", "FP32", (-1, 2))]
-    outputs = [TensorSpec("Y", "FP32", (-1, 2))]
-
-    def load(self):
-        def stage(k):
-            def run(rows):
-                time.sleep(0.04)
-                return [[2 * v + k for v in row] for row in rows]
-            return run
-        self.stages = [stage(k) for k in range(3)]
-
-    def stage_input(self, inputs):
-        return inputs["X"].tolist()
-
-    def stage_concat(self, parts):
-        return [row for part in parts for row in part]
-
-    def __call__(self, inputs):
-        x = self.stage_input(inputs)
-        for stage in self.stages:
-            x = stage(x)
-        return self.stage_output(x)
-"""
 
 STAGED_CONFIG = """
 interpreters = 1
 max_batch_size = 16
-[[inputs]]
-name = "X"
-datatype = "FP32"
-shape = [-1, 2]
-[[outputs]]
-name = "Y"
-datatype = "FP32"
-shape = [-1, 2]
+[parameters]
+delay = 0.04
 [batching]
 policy = "adaptive"
 latency_budget_ms = 2000.0
@@ -69,7 +34,7 @@ def expected(values: list[float]) -> list[float]:
 
 
 async def infer(http: aiohttp.ClientSession, url: str, values: list[float]) -> list[float]:
-    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [len(values) // 2, 2], "data": values}]}
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [len(values) // 4, 4], "data": values}]}
     async with http.post(f"{url}/v2/models/staged/infer", json=body) as r:
         assert r.status == 200, await r.text()
         data: list[float] = (await r.json())["outputs"][0]["data"]
@@ -96,7 +61,7 @@ async def test_requests_join_a_running_batch_and_get_their_own_answers(
     if join:
         assert len(params["batching"]["stage_profile"]["shares"]) == 3
 
-    payloads = [[float(i), float(i) + 0.5] * (1 + i % 2) for i in range(6)]
+    payloads = [[float(i) + j / 4 for j in range(4)] * (1 + i % 2) for i in range(6)]
 
     async def staggered(i: int) -> list[float]:
         await asyncio.sleep(0.01 * i)  # all arrive while the first batch (120 ms) runs

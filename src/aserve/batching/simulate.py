@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -74,6 +75,20 @@ class Arrival(NamedTuple):
     samples: int = 1
     deadline: float | None = None
     budget: float | None = None
+
+
+def poisson(rate: float, seconds: float, seed: int, samples: Callable[[random.Random], int] | None = None
+            ) -> list[Arrival]:
+    """Poisson arrivals at `rate` per second for `seconds`, from `seed`; each of
+    `samples(rng)` samples (drawn after its gap), or one."""
+    rng = random.Random(seed)
+    t = 0.0
+    out: list[Arrival] = []
+    while True:
+        t += rng.expovariate(rate)
+        if t >= seconds:
+            return out
+        out.append(Arrival(t, samples(rng) if samples else 1))
 
 
 class SimRequest:

@@ -36,6 +36,7 @@ import tomllib
 from collections.abc import Sequence
 from typing import Any
 
+from ..batching.simulate import Arrival, poisson
 from ..engine import ensure_glibc_tunables
 from ..errors import AserveError
 
@@ -131,7 +132,12 @@ class Point:
         self.last = 0.0
 
 
-async def drive(batcher: Any, inputs: dict[int, Any], arrivals: list[tuple[float, int]]) -> Point:
+def _ten(rng: random.Random) -> int:
+    """Samples of a multi-sample request: uniform in 1..10."""
+    return rng.randint(1, 10)
+
+
+async def drive(batcher: Any, inputs: dict[int, Any], arrivals: list[Arrival]) -> Point:
     """Submit each request at its arrival time (relative seconds); wait for all answers."""
     loop = asyncio.get_running_loop()
     point = Point()
@@ -151,8 +157,8 @@ async def drive(batcher: Any, inputs: dict[int, Any], arrivals: list[tuple[float
     def fire(at: float, k: int) -> None:
         tasks.append(loop.create_task(one(at, k)))
 
-    for t, k in arrivals:
-        loop.call_at(start + t, fire, start + t, k)
+    for a in arrivals:
+        loop.call_at(start + a.time, fire, start + a.time, a.samples)
     point.first = start
     end = start + (arrivals[-1][0] if arrivals else 0.0)
     await asyncio.sleep(max(0.0, end - loop.time()) + 0.01)
@@ -160,16 +166,6 @@ async def drive(batcher: Any, inputs: dict[int, Any], arrivals: list[tuple[float
         await asyncio.sleep(0.005)
     await asyncio.gather(*tasks)
     return point
-
-
-def poisson(rate: float, seconds: float, rng: random.Random, multi: bool) -> list[tuple[float, int]]:
-    out: list[tuple[float, int]] = []
-    t = 0.0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= seconds:
-            return out
-        out.append((t, rng.randint(1, 10) if multi else 1))
 
 
 def make_batcher(
@@ -231,7 +227,7 @@ async def capacity(batcher: Any, inputs: dict[int, Any], multi: bool, seconds: f
     async def client() -> None:
         nonlocal done
         while loop.time() < stop:
-            k = rng.randint(1, 10) if multi else 1
+            k = _ten(rng) if multi else 1
             await batcher.submit(inputs[k], k)
             done += 1
 
@@ -279,7 +275,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             caps[kind] = cap
             print(f"# {kind}: capacity {cap:.1f} requests/s", file=sys.stderr, flush=True)
             for load in loads:
-                arrivals = poisson(load * cap, args.seconds, random.Random(args.seed), multi)
+                arrivals = poisson(load * cap, args.seconds, args.seed, _ten if multi else None)
                 for policy in POLICIES:
                     batcher = make_batcher(policy, **common)
                     point = await drive(batcher, inputs, arrivals)
