@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .costmodel import CostModel, sample_inputs
 
@@ -96,18 +96,12 @@ class StageProfile:
                 "observations": self.observations}
 
 
-class JoinPlan:
+class JoinPlan(NamedTuple):
     """An offer to make: the first `take` queued requests, joining no later than `last_stage`."""
 
-    __slots__ = ("finish", "last_stage", "take")
-
-    def __init__(self, take: int, last_stage: int, finish: float) -> None:
-        self.take = take
-        self.last_stage = last_stage
-        self.finish = finish  # predicted finish if it joins at the first possible boundary
-
-    def __repr__(self) -> str:
-        return f"JoinPlan(take={self.take}, last_stage={self.last_stage}, finish={self.finish:.6f})"
+    take: int
+    last_stage: int
+    finish: float  # predicted finish if it joins at the first possible boundary
 
 
 class JoinPlanner:
