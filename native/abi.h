@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define AS_ABI_VERSION 2
+#define AS_ABI_VERSION 3
 #define AS_MAX_DIMS 16
 #define AS_MAX_STAGES 64
 
@@ -24,7 +24,7 @@ enum as_job_kind {
 };
 
 typedef struct as_tensor {
-    char *name;     /* UTF-8, NUL-terminated */
+    char *name;     /* UTF-8, NUL-terminated; inputs: the model's interned names (never freed per job) */
     char *datatype; /* V2 datatype name */
     int ndim;
     int readonly;
@@ -36,11 +36,12 @@ typedef struct as_tensor {
 /* The join point of a running staged batch (layer-level joining). After each stage
  * but the last, the interpreter side calls poll with the number of stages done; the
  * host answers with the inputs of a group of requests to absorb now (they run the
- * stages done so far, then continue in the batch) or NULL. The inputs stay valid
- * until the job completes. poll takes only the pool's lock, never the host GIL. */
+ * stages done so far, then continue in the batch) or NULL, and sets *inputs_ctx to
+ * the group's input reference (see as_job.inputs_ctx). poll takes only the pool's
+ * lock, never the host GIL. */
 typedef struct as_join {
     void *ctx;
-    const struct as_tensor *(*poll)(void *ctx, int done, size_t *n_inputs);
+    const struct as_tensor *(*poll)(void *ctx, int done, size_t *n_inputs, void **inputs_ctx);
 } as_join;
 
 typedef struct as_job {
@@ -50,6 +51,11 @@ typedef struct as_job {
     const char *text;
     size_t n_inputs;
     const as_tensor *inputs;
+    /* The interpreter's reference to the input memory: the interpreter side gives it
+     * back exactly once, with as_host.inputs_released, when no object of that
+     * interpreter exports the inputs any more (at the end of the job, or later if the
+     * model kept a view). Until then the host keeps the memory alive. */
+    void *inputs_ctx;
     const as_join *join; /* INFER of a staged model that may absorb joiners; NULL: runs whole */
     /* set by the interpreter side, with as_host.alloc */
     int failed;
@@ -66,6 +72,9 @@ typedef struct as_job {
 typedef struct as_host {
     void *(*alloc)(size_t);
     void (*free)(void *);
+    /* any thread, holding that interpreter's GIL: the interpreter holds no view of
+     * the inputs behind ctx any more. Takes only the pool's lock. */
+    void (*inputs_released)(void *ctx);
 } as_host;
 
 typedef struct as_init {

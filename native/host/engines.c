@@ -122,6 +122,7 @@ static void sub_destroy(as_interp *ip)
     Py_CLEAR(ip->fn_infer);
     Py_CLEAR(ip->fn_exec);
     Py_CLEAR(ip->fn_format);
+    Py_CLEAR(ip->input_type);
     Py_EndInterpreter(ip->ts);
     PyMem_RawFree(ip);
 }

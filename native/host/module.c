@@ -77,9 +77,12 @@ static PyMethodDef native_methods[] = {
 static int native_exec(PyObject *m)
 {
     module_state *st = PyModule_GetState(m);
-    st->engine_error = PyErr_NewExceptionWithDoc("aserve._native.EngineError",
-                                                 "The interpreter engine cannot do what was asked.",
-                                                 PyExc_RuntimeError, NULL);
+    /* the engine raises the package's own EngineError, which carries its HTTP status */
+    PyObject *errors = PyImport_ImportModule("aserve.errors");
+    if (errors == NULL)
+        return -1;
+    st->engine_error = PyObject_GetAttrString(errors, "EngineError");
+    Py_DECREF(errors);
     if (st->engine_error == NULL || PyModule_AddObjectRef(m, "EngineError", st->engine_error) < 0)
         return -1;
     st->pool_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_pool_spec, NULL);

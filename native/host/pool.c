@@ -1,11 +1,34 @@
 /* The pool: native worker threads, one interpreter each, fed from the host.
  *
- * The host thread (holding the host GIL) submits jobs; a worker thread never
- * touches the host GIL. Shared jobs wait in one pool queue and go to the first
- * idle worker (idle-first dispatch); targeted jobs (load, exec) wait in a
- * worker's own queue. Finished jobs go on one completion list and the eventfd is
- * written only when that list goes from empty to non-empty, so one wake-up of the
- * event loop drains many completions.
+ * Shared jobs wait in one pool queue and go to the first idle worker (idle-first
+ * dispatch); targeted jobs (load, exec) wait in a worker's own queue. Finished jobs
+ * go on one completion list and the eventfd is written only when nothing was
+ * pending, so one wake-up of the event loop drains many completions.
+ *
+ * Locks, outermost first. Never take one while holding a later one.
+ *   1. A GIL: the host's (any Python-facing method here, and drain) or an
+ *      interpreter's (a worker running a job or giving back an owner). A worker of
+ *      the `main` engine and subinterpreter creation (engines.c) take the host GIL
+ *      on a worker thread; private and PEP 684 workers never touch the host GIL.
+ *   2. p->mu, the pool mutex: queues, worker flags, the completion and release
+ *      lists, staged-job progress, and the reference counts of input buffers
+ *      (hinputs.refs). It is always the innermost lock: no Python runs under it.
+ *
+ * Who owns what:
+ *   - hjob: the host until it is queued, then the queue, then the worker running
+ *     it, then the completion list, then the host again (drain frees it).
+ *   - hmodel (a model's interned key, input names and datatypes): reference
+ *     counted under the host GIL; held by its registration object and by every job
+ *     of the model, so the strings a worker reads outlive the job.
+ *   - hinputs (the Py_buffers of a job's inputs): two references under p->mu, the
+ *     host's (dropped when drain frees the job) and the interpreter's (taken when a
+ *     worker starts the job or absorbs the group, given back by the interpreter when
+ *     no view of the inputs is left there). The last one releases the buffers: the
+ *     host directly, or, if the interpreter's was last, drain after the worker put
+ *     it on the release list, since only the host GIL may release host buffers.
+ *   - outputs: the interpreter's owner object until every OutputBuffer over it is
+ *     gone (as_result, refs under the host GIL); then the owner goes back to its
+ *     worker's release list and that worker frees it under its own GIL.
  *
  * Staged jobs (layer-level joining): the host may offer a group of requests to a
  * staged batch that is queued or running. The offer waits on the job; after each
@@ -16,12 +39,13 @@
  *
  * Workers live as long as the process: an interpreter holding torch cannot be torn
  * down and recreated in the same namespace, so a pool that is closed keeps its
- * interpreters parked and a later pool of the same engine reuses them.
+ * interpreters parked and a later pool of the same engine reuses them. Worker
+ * threads block every asynchronous signal: signals belong to the host's loop.
  */
 #include "common.h"
 
 #include <errno.h>
-#include <stdatomic.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -29,21 +53,39 @@
 
 #define AS_JOB_START 100 /* host-only kind: a worker's interpreter is ready (or failed) */
 #define MAX_WORKERS 64
+#define MODEL_CAPSULE "aserve.model"
 
 struct pool;
+
+/* A model's names, interned once per load: every infer job of it points here. */
+typedef struct hmodel {
+    Py_ssize_t refs; /* host GIL */
+    char *key;
+    size_t n_inputs;
+    char **names, **datatypes;
+} hmodel;
+
+/* The host buffers of one job's (or one offered group's) inputs. */
+typedef struct hinputs {
+    struct pool *pool;
+    int refs; /* p->mu */
+    size_t n;
+    struct hinputs *next; /* p->released */
+    Py_buffer views[];
+} hinputs;
 
 typedef struct hjob {
     as_job job;
     struct hjob *next;
-    PyObject *future;
+    PyObject *token; /* called with (ok, payload) by the host when the job completes */
     int host_kind;
     int worker;
     uint64_t mask; /* shared jobs: bit i set if interpreter i may run it */
-    char *model, *text;
+    char *key, *text; /* load/unload/exec: owned copies */
+    hmodel *model;    /* infer jobs and offers */
     as_tensor *in;
-    Py_buffer *views;
-    size_t n_views;
-    char start_error[1024];
+    hinputs *inputs;
+    char *start_error; /* start jobs */
     /* staged jobs: their join point, progress and groups offered / absorbed */
     struct pool *pool;
     uint64_t id;
@@ -90,12 +132,15 @@ typedef struct pool {
     as_init init;
     char **path;
     char *executable, *bootstrap;
+    PyObject *str_shape, *str_data; /* interned attribute names of input tensors */
     pthread_mutex_t mu;
     pthread_cond_t exit_cv;
     hjob *head, *tail; /* shared queue */
     size_t queued;
-    hjob *done;        /* completions, newest first */
-    hjob *staged;      /* staged jobs not yet complete */
+    hjob *done;         /* completions, newest first */
+    hinputs *released;  /* input buffers the interpreters gave back last */
+    int signalled;      /* the eventfd was written since the last drain */
+    hjob *staged;       /* staged jobs not yet complete */
     uint64_t next_id;
     int efd;
     int n_workers;
@@ -109,51 +154,25 @@ struct as_result {
     Py_ssize_t refs;
 };
 
-static const as_host host_alloc = {malloc, free};
+/* ---- the pool lock's helpers (caller holds p->mu) ---- */
 
-/* ---- helpers on the host side (host GIL held) ---- */
-
-static void job_free(hjob *j)
+static void notify(pool_t *p)
 {
-    for (size_t i = 0; i < j->n_views; i++) {
-        if (j->views[i].obj != NULL)
-            PyBuffer_Release(&j->views[i]);
-        free(j->in[i].name);
-        free(j->in[i].datatype);
-    }
-    free(j->views);
-    free(j->in);
-    free(j->model);
-    free(j->text);
-    free(j->job.error_type);
-    free(j->job.error);
-    free(j->job.result);
-    for (size_t i = 0; i < j->job.n_outputs; i++) {
-        free(j->job.outputs[i].name);
-        free(j->job.outputs[i].datatype);
-    }
-    free(j->job.outputs);
-    Py_XDECREF(j->future);
-    free(j);
+    if (p->signalled)
+        return;
+    p->signalled = 1;
+    uint64_t one = 1;
+    ssize_t rc;
+    do
+        rc = write(p->efd, &one, sizeof one);
+    while (rc < 0 && errno == EINTR);
 }
 
-static char *dup_or_null(const char *s) { return s != NULL ? strdup(s) : NULL; }
-
-/* ---- worker thread (no host GIL) ---- */
-
-/* Caller holds p->mu. */
 static void post_done(pool_t *p, hjob *j)
 {
-    int was_empty = p->done == NULL;
     j->next = p->done;
     p->done = j;
-    if (was_empty) {
-        uint64_t one = 1;
-        ssize_t rc;
-        do
-            rc = write(p->efd, &one, sizeof one);
-        while (rc < 0 && errno == EINTR);
-    }
+    notify(p);
 }
 
 static void append(hjob **head, hjob **tail, hjob *j)
@@ -198,9 +217,121 @@ static hjob *pop_shared(pool_t *p, int index)
     return NULL;
 }
 
+/* Hand an interpreter's output owner back to its worker, which frees it under its GIL. */
+static void give_back_owner(pool_t *p, worker_t *w, void *owner)
+{
+    release_t *rel = malloc(sizeof *rel);
+    if (rel == NULL)
+        return; /* the owner leaks; better than freeing it from the wrong thread */
+    rel->owner = owner;
+    pthread_mutex_lock(&p->mu);
+    rel->next = w->releases;
+    w->releases = rel;
+    w->waiting = 0;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* ---- input buffers ---- */
+
+static void inputs_free(hinputs *in)
+{
+    for (size_t i = 0; i < in->n; i++)
+        if (in->views[i].obj != NULL)
+            PyBuffer_Release(&in->views[i]);
+    free(in);
+}
+
+/* as_host.inputs_released: an interpreter holds no view of these inputs any more. */
+static void inputs_released(void *ctx)
+{
+    hinputs *in = ctx;
+    pool_t *p = in->pool;
+    pthread_mutex_lock(&p->mu);
+    if (--in->refs == 0) { /* the host is done too: drain releases them under its GIL */
+        in->next = p->released;
+        p->released = in;
+        notify(p);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Host GIL held: drop the host's reference. */
+static void inputs_drop_host(hinputs *in)
+{
+    pool_t *p = in->pool;
+    pthread_mutex_lock(&p->mu);
+    int last = --in->refs == 0;
+    pthread_mutex_unlock(&p->mu);
+    if (last)
+        inputs_free(in);
+}
+
+/* ---- models ---- */
+
+static void model_decref(hmodel *m)
+{
+    if (m == NULL || --m->refs > 0)
+        return;
+    for (size_t i = 0; i < m->n_inputs; i++) {
+        free(m->names[i]);
+        free(m->datatypes[i]);
+    }
+    free(m->names);
+    free(m->datatypes);
+    free(m->key);
+    free(m);
+}
+
+static void model_capsule_free(PyObject *capsule)
+{
+    model_decref(PyCapsule_GetPointer(capsule, MODEL_CAPSULE));
+}
+
+/* ---- jobs (host GIL held) ---- */
+
+static void job_free(hjob *j)
+{
+    if (j->inputs != NULL)
+        inputs_drop_host(j->inputs);
+    if (j->job.owner != NULL && j->worker >= 0 && j->pool != NULL)
+        give_back_owner(j->pool, j->pool->workers[j->worker], j->job.owner);
+    free(j->in);
+    model_decref(j->model);
+    free(j->key);
+    free(j->text);
+    free(j->start_error);
+    free(j->job.error_type);
+    free(j->job.error);
+    free(j->job.result);
+    for (size_t i = 0; i < j->job.n_outputs; i++) {
+        free(j->job.outputs[i].name);
+        free(j->job.outputs[i].datatype);
+    }
+    free(j->job.outputs);
+    Py_XDECREF(j->token);
+    free(j);
+}
+
+static hjob *job_new(pool_t *p, PyObject *token, int kind)
+{
+    hjob *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    j->pool = p;
+    j->worker = -1;
+    j->job.kind = kind;
+    j->token = Py_NewRef(token);
+    return j;
+}
+
+/* ---- worker thread (no host GIL, unless the engine is `main`) ---- */
+
 /* as_join.poll: called by the interpreter side of a running staged job after
  * `done` stages; hands over the first offered group that may still join. */
-static const as_tensor *join_poll(void *ctx, int done, size_t *n_inputs)
+static const as_tensor *join_poll(void *ctx, int done, size_t *n_inputs, void **inputs_ctx)
 {
     hjob *j = ctx;
     pool_t *p = j->pool;
@@ -213,6 +344,8 @@ static const as_tensor *join_poll(void *ctx, int done, size_t *n_inputs)
             o->joined = 1;
             append(&j->absorbed, &j->absorbed_tail, o);
             *n_inputs = o->job.n_inputs;
+            o->inputs->refs++; /* the interpreter's, given back with inputs_released */
+            *inputs_ctx = o->inputs;
             in = o->in;
         } else {
             post_done(p, o); /* too late for this group: the host queues it again */
@@ -243,13 +376,14 @@ static void *worker_main(void *arg)
     worker_t *w = arg;
     pool_t *p = w->pool;
     hjob *sj = w->start_job;
+    const size_t errlen = 1024;
     int rc = 0;
     if (p->library != NULL)
-        rc = as_private_open(p->library, &w->engine, sj->start_error, sizeof sj->start_error);
+        rc = as_private_open(p->library, &w->engine, sj->start_error, errlen);
     if (rc == 0 && w->engine.thread_init != NULL)
         w->engine.thread_init();
     if (rc == 0)
-        rc = w->engine.create(&p->init, &w->ip, sj->start_error, sizeof sj->start_error);
+        rc = w->engine.create(&p->init, &w->ip, sj->start_error, errlen);
 
     pthread_mutex_lock(&p->mu);
     sj->job.failed = rc != 0;
@@ -282,6 +416,8 @@ static void *worker_main(void *arg)
             w->busy = 1;
             j->running = 1;
             j->worker = w->index;
+            if (j->inputs != NULL)
+                j->inputs->refs++; /* the interpreter's, given back with inputs_released */
             if (j->job.join != NULL)
                 clock_gettime(CLOCK_MONOTONIC, &j->started);
             pthread_mutex_unlock(&p->mu);
@@ -323,29 +459,36 @@ static void wake_idle(pool_t *p, uint64_t mask)
     }
 }
 
+/* Host GIL held: queue a job (targeted at a worker, or shared). */
+static void enqueue(pool_t *p, hjob *j, int target)
+{
+    if (target >= 0) {
+        worker_t *w = p->workers[target];
+        append(&w->head, &w->tail, j);
+        w->waiting = 0;
+        pthread_cond_signal(&w->cv);
+    } else {
+        append(&p->head, &p->tail, j);
+        p->queued++;
+        wake_idle(p, j->mask);
+    }
+}
+
 /* ---- results handed to the host ---- */
 
 void as_result_decref(struct as_result *r)
 {
     if (--r->refs > 0)
         return;
-    release_t *rel = malloc(sizeof *rel);
     pool_t *p = r->pool;
-    if (rel != NULL) {
-        rel->owner = r->owner;
-        pthread_mutex_lock(&p->mu);
-        rel->next = r->worker->releases;
-        r->worker->releases = rel;
-        r->worker->waiting = 0;
-        pthread_cond_signal(&r->worker->cv);
-        pthread_mutex_unlock(&p->mu);
-    }
-    /* else: the owner leaks; better than freeing it from the wrong thread */
+    give_back_owner(p, r->worker, r->owner);
     Py_DECREF(p);
     free(r);
 }
 
 /* ---- Python type ---- */
+
+static const as_host host_calls = {malloc, free, inputs_released};
 
 static PyObject *pool_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
 {
@@ -373,7 +516,6 @@ static PyObject *pool_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
     int rc = 0;
     if (strcmp(engine, "private") == 0) {
         if (library == NULL) {
-            err[0] = 0;
             snprintf(err, sizeof err, "the private engine needs the interpreter library path");
             rc = -1;
         } else {
@@ -407,7 +549,13 @@ static PyObject *pool_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
     p->executable = strdup(executable);
     p->bootstrap = strdup(bootstrap);
     p->init = (as_init){AS_ABI_VERSION, p->executable, (const char *const *)p->path, (size_t)n, p->bootstrap,
-                        &host_alloc};
+                        &host_calls};
+    p->str_shape = PyUnicode_InternFromString("shape");
+    p->str_data = PyUnicode_InternFromString("data");
+    if (p->str_shape == NULL || p->str_data == NULL) {
+        Py_DECREF(p);
+        return NULL;
+    }
     p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (p->efd < 0 || p->path == NULL) {
         Py_DECREF(p);
@@ -431,11 +579,35 @@ static void pool_dealloc(pool_t *p)
     free(p->library);
     free(p->executable);
     free(p->bootstrap);
+    Py_XDECREF(p->str_shape);
+    Py_XDECREF(p->str_data);
     tp->tp_free(p);
     Py_DECREF(tp);
 }
 
-static PyObject *pool_add_interpreter(pool_t *p, PyObject *future)
+/* Start a worker thread with every asynchronous signal blocked (the host's loop
+ * handles SIGINT, SIGTERM, SIGHUP ...); faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+ * SIGABRT, SIGTRAP, SIGSYS) stay deliverable so that they are reported where they
+ * happen. */
+static int start_thread(worker_t *w)
+{
+    static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS};
+    sigset_t blocked, old;
+    sigfillset(&blocked);
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++)
+        sigdelset(&blocked, faults[i]);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 16 * 1024 * 1024); /* model code recurses like the main thread */
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_sigmask(SIG_BLOCK, &blocked, &old);
+    int rc = pthread_create(&w->thread, &attr, worker_main, w);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    return rc;
+}
+
+static PyObject *pool_add_interpreter(pool_t *p, PyObject *token)
 {
     if (p->n_workers >= MAX_WORKERS)
         return as_engine_error(Py_TYPE(p), "Pool.add_interpreter: at most %d interpreters per pool", MAX_WORKERS);
@@ -445,34 +617,32 @@ static PyObject *pool_add_interpreter(pool_t *p, PyObject *future)
                                "(%d in use); use fewer interpreters or engine='subinterp'",
                                AS_MAX_NAMESPACES, as_private_namespaces_in_use());
     worker_t *w = calloc(1, sizeof *w);
-    hjob *sj = calloc(1, sizeof *sj);
-    if (w == NULL || sj == NULL) {
+    hjob *sj = job_new(p, token, 0);
+    char *start_error = calloc(1, 1024);
+    if (w == NULL || sj == NULL || start_error == NULL) {
         free(w);
-        free(sj);
+        free(start_error);
+        if (sj != NULL)
+            job_free(sj);
         return PyErr_NoMemory();
     }
     sj->host_kind = AS_JOB_START;
-    sj->future = Py_NewRef(future);
+    sj->start_error = start_error;
     w->pool = p;
     w->index = p->n_workers;
     w->engine = p->engine;
     w->active = 1;
     w->start_job = sj;
     pthread_cond_init(&w->cv, NULL);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 16 * 1024 * 1024); /* model code recurses like the main thread */
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_mutex_lock(&p->mu);
     p->workers[p->n_workers++] = w;
     pthread_mutex_unlock(&p->mu);
     Py_INCREF(p); /* the worker's reference: the pool outlives its threads */
-    int rc = pthread_create(&w->thread, &attr, worker_main, w);
-    pthread_attr_destroy(&attr);
+    int rc = start_thread(w);
     if (rc != 0) {
         pthread_mutex_lock(&p->mu);
         w->dead = 1;
-        snprintf(sj->start_error, sizeof sj->start_error, "pthread_create: %s", strerror(rc));
+        snprintf(sj->start_error, 1024, "pthread_create: %s", strerror(rc));
         sj->job.failed = 1;
         post_done(p, sj);
         pthread_mutex_unlock(&p->mu);
@@ -480,109 +650,194 @@ static PyObject *pool_add_interpreter(pool_t *p, PyObject *future)
     return PyLong_FromLong(w->index);
 }
 
-static int fill_input(as_tensor *t, Py_buffer *v, PyObject *item)
+static PyObject *pool_register(pool_t *p, PyObject *args)
 {
-    const char *name, *datatype;
-    PyObject *shape, *data;
-    if (!PyArg_ParseTuple(item, "ssOO;Pool.submit: inputs are (name, datatype, shape, buffer) tuples", &name,
-                          &datatype, &shape, &data))
-        return -1;
-    PyObject *dims = PySequence_Fast(shape, "Pool.submit: shape must be a sequence of int");
-    if (dims == NULL)
-        return -1;
-    Py_ssize_t nd = PySequence_Fast_GET_SIZE(dims);
-    if (nd > AS_MAX_DIMS) {
-        Py_DECREF(dims);
-        PyErr_Format(PyExc_ValueError, "Pool.submit: input %s has %zd dimensions; at most %d", name, nd,
-                     AS_MAX_DIMS);
-        return -1;
+    const char *key;
+    PyObject *inputs;
+    if (!PyArg_ParseTuple(args, "sO:register", &key, &inputs))
+        return NULL;
+    PyObject *seq = PySequence_Fast(inputs, "Pool.register: inputs must be a sequence of (name, datatype)");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    hmodel *m = calloc(1, sizeof *m);
+    if (m == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
     }
-    t->ndim = (int)nd;
-    for (Py_ssize_t d = 0; d < nd; d++) {
-        t->shape[d] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(dims, d));
-        if (t->shape[d] == -1 && PyErr_Occurred()) {
-            Py_DECREF(dims);
-            return -1;
+    m->refs = 1;
+    m->key = strdup(key);
+    m->names = calloc((size_t)n + 1, sizeof(char *));
+    m->datatypes = calloc((size_t)n + 1, sizeof(char *));
+    if (m->key == NULL || m->names == NULL || m->datatypes == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *name, *datatype;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "ss;Pool.register: an input is (name, datatype)",
+                              &name, &datatype))
+            goto error;
+        m->n_inputs = (size_t)i + 1;
+        m->names[i] = strdup(name);
+        m->datatypes[i] = strdup(datatype);
+        if (m->names[i] == NULL || m->datatypes[i] == NULL) {
+            PyErr_NoMemory();
+            goto error;
         }
     }
-    Py_DECREF(dims);
-    if (PyObject_GetBuffer(data, v, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyErr_Clear();
-        if (PyObject_GetBuffer(data, v, PyBUF_C_CONTIGUOUS) < 0)
-            return -1;
-    }
-    t->data = v->buf;
-    t->nbytes = (size_t)v->len;
-    t->readonly = v->readonly;
-    t->name = strdup(name);
-    t->datatype = strdup(datatype);
-    if (t->name == NULL || t->datatype == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    return 0;
+    Py_DECREF(seq);
+    PyObject *capsule = PyCapsule_New(m, MODEL_CAPSULE, model_capsule_free);
+    if (capsule == NULL)
+        model_decref(m);
+    return capsule;
+error:
+    Py_DECREF(seq);
+    model_decref(m);
+    return NULL;
 }
 
-static int fill_inputs(hjob *j, PyObject *inputs)
+/* Fill j->in and j->inputs from input tensors (objects with .shape and .data) given
+ * in the model's registered order. */
+static int fill_inputs(pool_t *p, hjob *j, PyObject *inputs)
 {
-    PyObject *seq = PySequence_Fast(inputs, "Pool.submit: inputs must be a sequence");
+    hmodel *m = j->model;
+    PyObject *seq = PySequence_Fast(inputs, "Pool.infer: inputs must be a sequence of tensors");
     if (seq == NULL)
         return -1;
     size_t n = (size_t)PySequence_Fast_GET_SIZE(seq);
+    if (n != m->n_inputs) {
+        PyErr_Format(PyExc_ValueError, "Pool.infer: model %s takes %zu inputs, got %zu", m->key, m->n_inputs, n);
+        Py_DECREF(seq);
+        return -1;
+    }
     j->in = calloc(n ? n : 1, sizeof(as_tensor));
-    j->views = calloc(n ? n : 1, sizeof(Py_buffer));
-    if (j->in == NULL || j->views == NULL) {
+    j->inputs = calloc(1, sizeof(hinputs) + n * sizeof(Py_buffer));
+    if (j->in == NULL || j->inputs == NULL) {
         Py_DECREF(seq);
         PyErr_NoMemory();
         return -1;
     }
+    j->inputs->pool = p;
+    j->inputs->refs = 1; /* the host's */
     for (size_t i = 0; i < n; i++) {
-        j->n_views = i + 1;
-        if (fill_input(&j->in[i], &j->views[i], PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i)) < 0) {
-            Py_DECREF(seq);
-            return -1;
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i);
+        as_tensor *t = &j->in[i];
+        t->name = m->names[i];
+        t->datatype = m->datatypes[i];
+        PyObject *shape = PyObject_GetAttr(item, p->str_shape);
+        if (shape == NULL || !PyTuple_Check(shape)) {
+            if (shape != NULL)
+                PyErr_Format(PyExc_TypeError, "Pool.infer: input %s: shape must be a tuple", t->name);
+            Py_XDECREF(shape);
+            goto error;
         }
+        Py_ssize_t nd = PyTuple_GET_SIZE(shape);
+        if (nd > AS_MAX_DIMS) {
+            PyErr_Format(PyExc_ValueError, "Pool.infer: input %s has %zd dimensions; at most %d", t->name, nd,
+                         AS_MAX_DIMS);
+            Py_DECREF(shape);
+            goto error;
+        }
+        t->ndim = (int)nd;
+        for (Py_ssize_t d = 0; d < nd; d++) {
+            t->shape[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+            if (t->shape[d] == -1 && PyErr_Occurred()) {
+                Py_DECREF(shape);
+                goto error;
+            }
+        }
+        Py_DECREF(shape);
+        PyObject *data = PyObject_GetAttr(item, p->str_data);
+        if (data == NULL)
+            goto error;
+        /* read-only: models get read-only views, so a read-only exporter (bytes) is asked
+         * for nothing more */
+        int rc = PyObject_GetBuffer(data, &j->inputs->views[i], PyBUF_C_CONTIGUOUS);
+        Py_DECREF(data);
+        if (rc < 0)
+            goto error;
+        j->inputs->n = i + 1;
+        t->data = j->inputs->views[i].buf;
+        t->nbytes = (size_t)j->inputs->views[i].len;
+        t->readonly = 1;
     }
     Py_DECREF(seq);
     j->job.inputs = j->in;
     j->job.n_inputs = n;
+    j->job.inputs_ctx = j->inputs;
     return 0;
+error:
+    Py_DECREF(seq);
+    return -1;
+}
+
+static hmodel *model_of(PyObject *capsule)
+{
+    return PyCapsule_GetPointer(capsule, MODEL_CAPSULE);
 }
 
 static PyObject *pool_submit(pool_t *p, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"future", "kind", "model", "text", "inputs", "target", "mask", "staged", NULL};
-    PyObject *future, *inputs = Py_None;
-    int kind, target = -1, staged = 0;
-    unsigned long long mask = ~0ULL;
+    static char *kwlist[] = {"token", "kind", "model", "text", "target", NULL};
+    PyObject *token;
+    int kind, target = -1;
     const char *model = NULL, *text = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|zzOiKp:submit", kwlist, &future, &kind, &model, &text, &inputs,
-                                     &target, &mask, &staged))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|zzi:submit", kwlist, &token, &kind, &model, &text, &target))
         return NULL;
-    if (staged && (kind != AS_JOB_INFER || target >= 0)) {
-        PyErr_SetString(PyExc_ValueError, "Pool.submit: only shared INFER jobs can be staged");
-        return NULL;
-    }
-    if (kind < AS_JOB_LOAD || kind > AS_JOB_EXEC) {
-        PyErr_Format(PyExc_ValueError, "Pool.submit: unknown job kind %d", kind);
+    if (kind != AS_JOB_LOAD && kind != AS_JOB_UNLOAD && kind != AS_JOB_EXEC) {
+        PyErr_Format(PyExc_ValueError, "Pool.submit: job kind %d: expected JOB_LOAD, JOB_UNLOAD or JOB_EXEC "
+                                       "(infer jobs go through Pool.infer)", kind);
         return NULL;
     }
     if (target >= p->n_workers || (target >= 0 && p->workers[target]->dead))
         return as_engine_error(Py_TYPE(p), "Pool.submit: no live interpreter %d", target);
-    hjob *j = calloc(1, sizeof *j);
+    hjob *j = job_new(p, token, kind);
     if (j == NULL)
+        return NULL;
+    j->mask = ~0ULL;
+    if ((model != NULL && (j->key = strdup(model)) == NULL) || (text != NULL && (j->text = strdup(text)) == NULL)) {
+        job_free(j);
         return PyErr_NoMemory();
-    j->pool = p;
-    j->job.kind = kind;
-    j->mask = mask;
-    j->future = Py_NewRef(future);
-    j->model = dup_or_null(model);
-    j->text = dup_or_null(text);
-    j->job.model = j->model;
+    }
+    j->job.model = j->key;
     j->job.text = j->text;
-    if (inputs != Py_None && fill_inputs(j, inputs) < 0)
-        goto error;
-    PyObject *id = Py_NewRef(Py_None);
+    pthread_mutex_lock(&p->mu);
+    enqueue(p, j, target);
+    pthread_mutex_unlock(&p->mu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *pool_infer(pool_t *p, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"model", "token", "inputs", "mask", "staged", NULL};
+    PyObject *capsule, *token, *inputs;
+    unsigned long long mask = ~0ULL;
+    int staged = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|Kp:infer", kwlist, &capsule, &token, &inputs, &mask, &staged))
+        return NULL;
+    hmodel *m = model_of(capsule);
+    if (m == NULL)
+        return NULL;
+    hjob *j = job_new(p, token, AS_JOB_INFER);
+    if (j == NULL)
+        return NULL;
+    j->model = m;
+    m->refs++;
+    j->mask = mask;
+    j->job.model = m->key;
+    if (fill_inputs(p, j, inputs) < 0) {
+        job_free(j);
+        return NULL;
+    }
+    PyObject *id = NULL;
+    if (staged) {
+        id = PyLong_FromUnsignedLongLong(p->next_id + 1);
+        if (id == NULL) {
+            job_free(j);
+            return NULL;
+        }
+    }
     pthread_mutex_lock(&p->mu);
     if (staged) {
         j->id = ++p->next_id;
@@ -590,31 +845,10 @@ static PyObject *pool_submit(pool_t *p, PyObject *args, PyObject *kw)
         j->job.join = &j->join;
         j->snext = p->staged;
         p->staged = j;
-        Py_SETREF(id, PyLong_FromUnsignedLongLong(j->id));
     }
-    if (target >= 0) {
-        worker_t *w = p->workers[target];
-        if (w->tail != NULL)
-            w->tail->next = j;
-        else
-            w->head = j;
-        w->tail = j;
-        w->waiting = 0;
-        pthread_cond_signal(&w->cv);
-    } else {
-        if (p->tail != NULL)
-            p->tail->next = j;
-        else
-            p->head = j;
-        p->tail = j;
-        p->queued++;
-        wake_idle(p, j->mask);
-    }
+    enqueue(p, j, -1);
     pthread_mutex_unlock(&p->mu);
-    return id; /* NULL only if the id could not be made: the job runs all the same */
-error:
-    job_free(j);
-    return NULL;
+    return id != NULL ? id : Py_NewRef(Py_None);
 }
 
 /* Caller holds p->mu. */
@@ -628,26 +862,32 @@ static hjob *find_staged(pool_t *p, uint64_t id)
 
 static PyObject *pool_offer(pool_t *p, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"job", "future", "inputs", "last_stage", NULL};
+    static char *kwlist[] = {"job", "token", "inputs", "last_stage", NULL};
     unsigned long long id;
-    PyObject *future, *inputs;
+    PyObject *token, *inputs;
     int last_stage;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KOOi:offer", kwlist, &id, &future, &inputs, &last_stage))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KOOi:offer", kwlist, &id, &token, &inputs, &last_stage))
         return NULL;
-    hjob *o = calloc(1, sizeof *o);
+    /* the staged job cannot complete meanwhile: completions are freed by drain, on this thread */
+    pthread_mutex_lock(&p->mu);
+    hjob *j = find_staged(p, id);
+    hmodel *m = j != NULL ? j->model : NULL;
+    pthread_mutex_unlock(&p->mu);
+    if (m == NULL)
+        Py_RETURN_FALSE;
+    hjob *o = job_new(p, token, AS_JOB_INFER);
     if (o == NULL)
-        return PyErr_NoMemory();
-    o->pool = p;
+        return NULL;
     o->is_offer = 1;
-    o->job.kind = AS_JOB_INFER;
     o->last_stage = last_stage;
-    o->future = Py_NewRef(future);
-    if (fill_inputs(o, inputs) < 0) {
+    o->model = m;
+    m->refs++;
+    if (fill_inputs(p, o, inputs) < 0) {
         job_free(o);
         return NULL;
     }
     pthread_mutex_lock(&p->mu);
-    hjob *j = find_staged(p, id);
+    j = find_staged(p, id);
     int posted = j != NULL && j->stage < last_stage;
     if (posted)
         append(&j->offers, &j->offers_tail, o);
@@ -685,13 +925,14 @@ static PyObject *pool_progress(pool_t *p, PyObject *arg)
 static PyObject *make_outputs(pool_t *p, hjob *j)
 {
     module_state *st = as_state_of_type(Py_TYPE(p));
+    if (st == NULL)
+        return NULL;
     size_t n = j->job.n_outputs;
     PyObject *list = PyList_New((Py_ssize_t)n);
-    struct as_result *r = calloc(1, sizeof *r);
-    if (list == NULL || r == NULL) {
+    struct as_result *r = list != NULL ? calloc(1, sizeof *r) : NULL;
+    if (r == NULL) {
         Py_XDECREF(list);
-        free(r);
-        return PyErr_NoMemory();
+        return PyErr_NoMemory(); /* job_free gives the owner back */
     }
     r->pool = (pool_t *)Py_NewRef(p);
     r->worker = p->workers[j->worker];
@@ -725,27 +966,30 @@ error:
     return NULL;
 }
 
+/* (token, ok, payload) for one finished job, or NULL with an exception set. */
 static PyObject *completion(pool_t *p, hjob *j)
 {
     if (j->is_offer)
-        return Py_BuildValue("(OOO)", j->future, Py_True, j->joined ? Py_True : Py_False);
+        return Py_BuildValue("(OOO)", j->token, Py_True, j->joined ? Py_True : Py_False);
     if (j->host_kind == AS_JOB_START) {
         if (j->job.failed)
-            return Py_BuildValue("(OO(ss))", j->future, Py_False, "EngineError", j->start_error);
-        return Py_BuildValue("(OOO)", j->future, Py_True, Py_None);
+            return Py_BuildValue("(OO(ss))", j->token, Py_False, "EngineError", j->start_error);
+        return Py_BuildValue("(OOO)", j->token, Py_True, Py_None);
     }
-    if (j->job.failed) {
-        if (j->job.owner != NULL) /* cannot happen: the runtime frees it on failure */
-            j->job.owner = NULL;
-        return Py_BuildValue("(OO(ss))", j->future, Py_False, j->job.error_type ? j->job.error_type : "Error",
+    if (j->job.failed)
+        return Py_BuildValue("(OO(ss))", j->token, Py_False, j->job.error_type ? j->job.error_type : "Error",
                              j->job.error ? j->job.error : "");
-    }
     PyObject *payload;
     if (j->job.kind == AS_JOB_INFER && j->job.join != NULL) {
         PyObject *outputs = make_outputs(p, j);
         PyObject *seconds = outputs != NULL ? PyTuple_New(j->job.n_stages) : NULL;
-        for (int i = 0; seconds != NULL && i < j->job.n_stages; i++)
-            PyTuple_SET_ITEM(seconds, i, PyFloat_FromDouble(j->job.stage_seconds[i]));
+        for (int i = 0; seconds != NULL && i < j->job.n_stages; i++) {
+            PyObject *s = PyFloat_FromDouble(j->job.stage_seconds[i]);
+            if (s == NULL)
+                Py_CLEAR(seconds);
+            else
+                PyTuple_SET_ITEM(seconds, i, s);
+        }
         payload = seconds != NULL ? Py_BuildValue("(NN)", outputs, seconds) : NULL;
         if (seconds == NULL)
             Py_XDECREF(outputs);
@@ -757,42 +1001,83 @@ static PyObject *completion(pool_t *p, hjob *j)
         payload = Py_NewRef(Py_None);
     if (payload == NULL)
         return NULL;
-    return Py_BuildValue("(OON)", j->future, Py_True, payload);
+    return Py_BuildValue("(OON)", j->token, Py_True, payload);
+}
+
+/* A completion that could not be built: the job fails with the reason instead. If
+ * even that cannot be built (no memory), the bare token stands for the job and the
+ * host fails it with a fixed message. */
+static PyObject *failed_completion(hjob *j)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
+    PyErr_Clear();
+    PyObject *item = Py_BuildValue("(OO(sO))", j->token, Py_False, "EngineError",
+                                   text != NULL ? text : Py_None);
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    if (item == NULL) {
+        PyErr_Clear();
+        item = Py_NewRef(j->token);
+    }
+    return item;
 }
 
 static PyObject *pool_drain(pool_t *p, PyObject *Py_UNUSED(ignored))
 {
     uint64_t count;
-    if (read(p->efd, &count, sizeof count) < 0 && errno != EAGAIN)
+    if (read(p->efd, &count, sizeof count) < 0 && errno != EAGAIN && errno != EINTR)
         return PyErr_SetFromErrno(PyExc_OSError);
     pthread_mutex_lock(&p->mu);
     hjob *j = p->done;
+    hinputs *released = p->released;
     p->done = NULL;
+    p->released = NULL;
+    p->signalled = 0;
     pthread_mutex_unlock(&p->mu);
+    while (released != NULL) {
+        hinputs *next = released->next;
+        inputs_free(released);
+        released = next;
+    }
     /* the list is newest first: reverse it so completions come in order */
     hjob *ordered = NULL;
+    Py_ssize_t n = 0;
     while (j != NULL) {
         hjob *next = j->next;
         j->next = ordered;
         ordered = j;
         j = next;
+        n++;
     }
-    PyObject *out = PyList_New(0);
-    int failed = out == NULL;
-    for (j = ordered; j != NULL;) {
-        hjob *next = j->next;
-        if (!failed) {
-            PyObject *item = completion(p, j);
-            if (item == NULL || PyList_Append(out, item) < 0)
-                failed = 1;
-            Py_XDECREF(item);
+    /* Every finished job is answered: a completion that cannot be built fails its
+     * own job and no other, and the list is allocated before anything is freed. */
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        /* put them back for the next drain rather than lose them */
+        pthread_mutex_lock(&p->mu);
+        while (ordered != NULL) {
+            hjob *next = ordered->next;
+            ordered->next = p->done;
+            p->done = ordered;
+            ordered = next;
         }
+        notify(p);
+        pthread_mutex_unlock(&p->mu);
+        return NULL;
+    }
+    Py_ssize_t i = 0;
+    for (j = ordered; j != NULL; i++) {
+        hjob *next = j->next;
+        PyObject *item = completion(p, j);
+        if (item == NULL)
+            item = failed_completion(j);
+        PyList_SET_ITEM(out, i, item);
         job_free(j);
         j = next;
-    }
-    if (failed) {
-        Py_XDECREF(out);
-        return NULL;
     }
     return out;
 }
@@ -857,20 +1142,28 @@ static PyObject *pool_get_engine(pool_t *p, void *Py_UNUSED(closure)) { return P
 
 static PyMethodDef pool_methods[] = {
     {"add_interpreter", (PyCFunction)pool_add_interpreter, METH_O,
-     "add_interpreter(future) -> index: start one more interpreter; future resolves when it is ready"},
+     "add_interpreter(token) -> index: start one more interpreter; drain reports (token, ok, error) when it is "
+     "ready or failed"},
+    {"register", (PyCFunction)pool_register, METH_VARARGS,
+     "register(key, inputs) -> model: intern a loaded model's key and its inputs' (name, datatype) in the "
+     "order infer takes them"},
     {"submit", (PyCFunction)(void (*)(void))pool_submit, METH_VARARGS | METH_KEYWORDS,
-     "submit(future, kind, model=None, text=None, inputs=None, target=-1, mask=all, staged=False) -> "
-     "job id | None: queue a job for interpreter target, or for the first idle interpreter whose bit is "
-     "set in mask; a staged INFER job gets an id for offer/progress and completes with "
-     "(outputs, stage_seconds)"},
+     "submit(token, kind, model=None, text=None, target=-1): queue a load, unload or exec job for interpreter "
+     "target (or the first idle one)"},
+    {"infer", (PyCFunction)(void (*)(void))pool_infer, METH_VARARGS | METH_KEYWORDS,
+     "infer(model, token, inputs, mask=all, staged=False) -> job id | None: queue a batch (tensors with .shape "
+     "and .data, in the registered order) for the first idle interpreter whose bit is set in mask; a staged "
+     "job gets an id for offer/progress and completes with (outputs, stage_seconds)"},
     {"offer", (PyCFunction)(void (*)(void))pool_offer, METH_VARARGS | METH_KEYWORDS,
-     "offer(job, future, inputs, last_stage) -> bool: offer a group of requests to staged job `job`; it "
-     "joins at the first stage boundary <= last_stage, else it is rejected. future resolves True "
-     "(absorbed: the job's outputs cover it, after the job's own samples and earlier groups) or False. "
-     "False: the job is gone or already past last_stage"},
+     "offer(job, token, inputs, last_stage) -> bool: offer a group of requests to staged job `job`; it "
+     "joins at the first stage boundary <= last_stage, else it is rejected. drain reports (token, True, joined): "
+     "joined True (absorbed: the job's outputs cover it, after the job's own samples and earlier groups) or "
+     "False. Returns False: the job is gone or already past last_stage"},
     {"progress", (PyCFunction)pool_progress, METH_O,
      "progress(job) -> (stages_done, seconds_running or -1 if queued) | None once it completed"},
-    {"drain", (PyCFunction)pool_drain, METH_NOARGS, "drain() -> [(future, ok, payload)]: finished jobs"},
+    {"drain", (PyCFunction)pool_drain, METH_NOARGS,
+     "drain() -> [(token, ok, payload) | token]: finished jobs, each exactly once (a bare token: a job whose "
+     "completion could not be built)"},
     {"fileno", (PyCFunction)pool_fileno, METH_NOARGS, "fileno() -> the eventfd that signals completions"},
     {"set_active", (PyCFunction)pool_set_active, METH_O,
      "set_active(n): only the first n interpreters take shared jobs"},

@@ -4,16 +4,18 @@
  * join(done) -> inputs | None. The runtime calls it after each stage but the last;
  * it asks the host (as_join.poll, which takes only the pool's lock) for a group of
  * requests to absorb at this boundary and hands their inputs over as memoryviews in
- * the (name, datatype, shape, view) form infer itself receives. Every view handed
- * out is ended when the job finishes, like the batch's own inputs.
+ * the (name, datatype, shape, view) form infer itself receives. Their memory stays
+ * alive as long as a view of it does, like the batch's own inputs; the join state
+ * drops its references to them when the job finishes.
  */
 #include "runtime.h"
 
 #define JOIN_CAPSULE "aserve.join"
 
 typedef struct {
+    as_interp *ip;
     const as_join *join;
-    PyObject *views; /* list: every memoryview handed out */
+    PyObject *views; /* list: every group of inputs handed out */
 } join_state;
 
 static void join_state_free(PyObject *capsule)
@@ -40,22 +42,14 @@ static PyObject *join_call(PyObject *self, PyObject *arg)
         return NULL;
     }
     size_t n = 0;
-    const as_tensor *in = st->join->poll(st->join->ctx, (int)done, &n);
+    void *inputs_ctx = NULL;
+    const as_tensor *in = st->join->poll(st->join->ctx, (int)done, &n, &inputs_ctx);
     if (in == NULL)
         Py_RETURN_NONE;
-    PyObject **views = PyMem_RawCalloc(n ? n : 1, sizeof(PyObject *));
-    if (views == NULL)
-        return PyErr_NoMemory();
-    PyObject *list = as_runtime_tensors(in, n, views);
-    /* the state keeps every view (also on failure) so that the job ends them */
-    for (size_t i = 0; i < n; i++) {
-        if (views[i] != NULL) {
-            if (PyList_Append(st->views, views[i]) < 0)
-                Py_CLEAR(list);
-            Py_DECREF(views[i]);
-        }
-    }
-    PyMem_RawFree(views);
+    PyObject *list = as_runtime_tensors(st->ip, in, n, inputs_ctx);
+    /* the state keeps each group so that the job drops its views when it ends */
+    if (list != NULL && PyList_Append(st->views, list) < 0)
+        Py_CLEAR(list);
     return list;
 }
 
@@ -64,11 +58,12 @@ static PyMethodDef join_def = {
     "join(done) -> [(name, datatype, shape, view)] | None: inputs of requests joining after `done` stages",
 };
 
-PyObject *as_join_new(const as_join *join)
+PyObject *as_join_new(as_interp *ip, const as_join *join)
 {
     join_state *st = PyMem_RawCalloc(1, sizeof *st);
     if (st == NULL)
         return PyErr_NoMemory();
+    st->ip = ip;
     st->join = join;
     st->views = PyList_New(0);
     PyObject *capsule = st->views != NULL ? PyCapsule_New(st, JOIN_CAPSULE, join_state_free) : NULL;
@@ -90,11 +85,6 @@ void as_join_end(PyObject *fn)
         return;
     }
     Py_ssize_t n = PyList_GET_SIZE(st->views);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *r = PyObject_CallMethod(PyList_GET_ITEM(st->views, i), "release", NULL);
-        if (r == NULL)
-            PyErr_Clear();
-        Py_XDECREF(r);
-    }
-    PyList_SetSlice(st->views, 0, n, NULL);
+    if (PyList_SetSlice(st->views, 0, n, NULL) < 0)
+        PyErr_Clear();
 }

@@ -43,8 +43,74 @@ void as_runtime_error(char *err, size_t errlen, const char *what)
     Py_XDECREF(tb);
 }
 
+/* ---- host input memory, read-only, alive as long as a view of it is ----
+ *
+ * Every input tensor is handed to model code as a memoryview over an InputMemory
+ * object. The objects of one job (or one joining group) share a hold on the host's
+ * reference to the input buffers; when the last of them is gone the hold gives that
+ * reference back (host->inputs_released). A model that keeps an array over an
+ * input past its call therefore keeps the host memory alive instead of reading
+ * freed memory, and exporting the objects read-only makes in-place writes fail. */
+
+typedef struct {
+    Py_ssize_t refs; /* under this interpreter's GIL */
+    const as_host *host;
+    void *ctx;
+} hold_t;
+
+typedef struct {
+    PyObject_HEAD
+    hold_t *hold;
+    void *data;
+    Py_ssize_t nbytes;
+} inmem_t;
+
+static void hold_drop(hold_t *h)
+{
+    if (--h->refs > 0)
+        return;
+    if (h->ctx != NULL)
+        h->host->inputs_released(h->ctx);
+    PyMem_RawFree(h);
+}
+
+static int inmem_getbuffer(PyObject *self, Py_buffer *view, int flags)
+{
+    static char empty[1];
+    inmem_t *m = (inmem_t *)self;
+    return PyBuffer_FillInfo(view, self, m->nbytes ? m->data : empty, m->nbytes, 1, flags);
+}
+
+static void inmem_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    hold_t *h = ((inmem_t *)self)->hold;
+    tp->tp_free(self);
+    Py_DECREF(tp);
+    hold_drop(h);
+}
+
+static PyType_Slot inmem_slots[] = {
+    {Py_bf_getbuffer, inmem_getbuffer},
+    {Py_tp_dealloc, inmem_dealloc},
+    {Py_tp_doc, "Read-only host memory of an input tensor; the host keeps it alive while this object lives."},
+    {0, NULL},
+};
+
+static PyType_Spec inmem_spec = {
+    .name = "aserve.InputMemory",
+    .basicsize = sizeof(inmem_t),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = inmem_slots,
+};
+
 int as_runtime_bind(as_interp *ip, const as_init *cfg, char *err, size_t errlen)
 {
+    ip->input_type = (PyTypeObject *)PyType_FromSpec(&inmem_spec);
+    if (ip->input_type == NULL) {
+        as_runtime_error(err, errlen, "creating the input memory type");
+        return -1;
+    }
     PyObject *mod = PyImport_ImportModule(cfg->bootstrap);
     if (mod == NULL) {
         as_runtime_error(err, errlen, "importing the aserve runtime");
@@ -98,51 +164,45 @@ static int set_text_result(as_interp *ip, as_job *job, PyObject *res)
     return 0;
 }
 
-PyObject *as_runtime_tensors(const as_tensor *tensors, size_t n, PyObject **views)
+PyObject *as_runtime_tensors(as_interp *ip, const as_tensor *tensors, size_t n, void *inputs_ctx)
 {
-    static char empty[1];
+    hold_t *h = PyMem_RawMalloc(sizeof *h);
+    if (h == NULL) {
+        /* the reference must still come back exactly once */
+        if (inputs_ctx != NULL)
+            ip->host->inputs_released(inputs_ctx);
+        return PyErr_NoMemory();
+    }
+    *h = (hold_t){1, ip->host, inputs_ctx}; /* this call's own reference, dropped on return */
     PyObject *list = PyList_New((Py_ssize_t)n);
-    if (list == NULL)
-        return NULL;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; list != NULL && i < n; i++) {
         const as_tensor *t = &tensors[i];
         PyObject *shape = PyTuple_New(t->ndim);
-        if (shape == NULL)
-            goto error;
+        inmem_t *m = shape != NULL ? PyObject_New(inmem_t, ip->input_type) : NULL;
+        if (m == NULL) {
+            Py_XDECREF(shape);
+            Py_CLEAR(list);
+            break;
+        }
+        h->refs++;
+        m->hold = h;
+        m->data = t->data;
+        m->nbytes = (Py_ssize_t)t->nbytes;
         for (int d = 0; d < t->ndim; d++)
             PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(t->shape[d]));
-        views[i] = PyMemoryView_FromMemory(t->nbytes ? (char *)t->data : empty, (Py_ssize_t)t->nbytes,
-                                           t->readonly ? PyBUF_READ : PyBUF_WRITE);
-        if (views[i] == NULL) {
-            Py_DECREF(shape);
-            goto error;
+        PyObject *view = PyMemoryView_FromObject((PyObject *)m);
+        Py_DECREF(m); /* the view holds it */
+        PyObject *item = view != NULL ? Py_BuildValue("(ssNN)", t->name, t->datatype, shape, view) : NULL;
+        if (item == NULL) {
+            if (view == NULL)
+                Py_DECREF(shape);
+            Py_CLEAR(list);
+            break;
         }
-        Py_INCREF(views[i]);
-        PyObject *item = Py_BuildValue("(ssNN)", t->name, t->datatype, shape, views[i]);
-        if (item == NULL)
-            goto error;
         PyList_SET_ITEM(list, (Py_ssize_t)i, item);
     }
+    hold_drop(h);
     return list;
-error:
-    Py_DECREF(list);
-    return NULL;
-}
-
-/* Inputs are borrowed for the call: end the views so nothing reads host memory later.
- * A model that kept an array over an input leaves the view exported; that is its
- * contract to honour (copy what you keep), so the BufferError is not fatal. */
-static void end_views(PyObject **views, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (views[i] == NULL)
-            continue;
-        PyObject *r = PyObject_CallMethod(views[i], "release", NULL);
-        if (r == NULL)
-            PyErr_Clear();
-        Py_XDECREF(r);
-        Py_DECREF(views[i]);
-    }
 }
 
 static void free_owner(owner_t *o)
@@ -164,17 +224,6 @@ static void free_outputs(as_interp *ip, as_job *job)
     ip->host->free(job->outputs);
     job->outputs = NULL;
     job->n_outputs = 0;
-}
-
-static int overlaps_input(const as_job *job, const void *p, size_t n)
-{
-    const char *a = p, *b = (const char *)p + n;
-    for (size_t i = 0; i < job->n_inputs; i++) {
-        const char *lo = job->inputs[i].data, *hi = lo + job->inputs[i].nbytes;
-        if (n && job->inputs[i].nbytes && a < hi && lo < b)
-            return 1;
-    }
-    return 0;
 }
 
 /* Turn the bootstrap's list of (name, datatype, shape, data) into job->outputs. */
@@ -228,29 +277,13 @@ static int take_outputs(as_interp *ip, as_job *job, PyObject *res)
             if (PyErr_Occurred())
                 goto error;
         } else {
-            if (PyObject_GetBuffer(data, v, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-                PyErr_Clear();
-                if (PyObject_GetBuffer(data, v, PyBUF_C_CONTIGUOUS) < 0)
-                    goto error;
-            }
+            /* read-only is enough: the host only reads outputs (an output may be a view of
+             * an input, which the view keeps alive) */
+            if (PyObject_GetBuffer(data, v, PyBUF_C_CONTIGUOUS) < 0)
+                goto error;
             t->data = v->buf;
             t->nbytes = (size_t)v->len;
             t->readonly = v->readonly;
-        }
-        if (overlaps_input(job, t->data, t->nbytes)) {
-            /* an output over an input (an identity model): inputs are borrowed and
-             * the host frees them when the job completes, so the output is copied */
-            PyObject *copy = PyBytes_FromStringAndSize(t->data, (Py_ssize_t)t->nbytes);
-            if (v->obj != NULL)
-                PyBuffer_Release(v);
-            if (copy == NULL)
-                goto error;
-            int rc = PyObject_GetBuffer(copy, v, PyBUF_C_CONTIGUOUS);
-            Py_DECREF(copy); /* the view holds it */
-            if (rc < 0)
-                goto error;
-            t->data = v->buf;
-            t->readonly = 1;
         }
     }
     job->owner = o;
@@ -302,10 +335,10 @@ static void run_attached(as_interp *ip, as_job *job)
             Py_CLEAR(res);
         break;
     case AS_JOB_INFER: {
-        PyObject **views = PyMem_RawCalloc(job->n_inputs ? job->n_inputs : 1, sizeof(PyObject *));
-        PyObject *inputs = views != NULL ? as_runtime_tensors(job->inputs, job->n_inputs, views) : PyErr_NoMemory();
+        /* the inputs' hold is given back when the last view of them is gone */
+        PyObject *inputs = as_runtime_tensors(ip, job->inputs, job->n_inputs, job->inputs_ctx);
         PyObject *join = NULL;
-        if (inputs != NULL && job->join != NULL && (join = as_join_new(job->join)) == NULL)
+        if (inputs != NULL && job->join != NULL && (join = as_join_new(ip, job->join)) == NULL)
             Py_CLEAR(inputs);
         if (inputs != NULL) {
             if (join != NULL)
@@ -318,18 +351,14 @@ static void run_attached(as_interp *ip, as_job *job)
             Py_CLEAR(res);
         if (res != NULL && take_outputs(ip, job, res) < 0)
             Py_CLEAR(res);
-        /* keep the pending exception across the releases */
-        PyObject *t, *v, *tb;
-        PyErr_Fetch(&t, &v, &tb);
-        if (views != NULL) {
-            end_views(views, job->n_inputs);
-            PyMem_RawFree(views);
-        }
         if (join != NULL) {
+            /* keep the pending exception across dropping the joiners' views */
+            PyObject *t, *v, *tb;
+            PyErr_Fetch(&t, &v, &tb);
             as_join_end(join);
             Py_DECREF(join);
+            PyErr_Restore(t, v, tb);
         }
-        PyErr_Restore(t, v, tb);
         break;
     }
     default:

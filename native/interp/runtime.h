@@ -11,6 +11,7 @@ struct as_interp {
     PyThreadState *ts;     /* detached between jobs */
     const as_host *host;
     PyObject *fn_load, *fn_unload, *fn_infer, *fn_exec, *fn_format;
+    PyTypeObject *input_type; /* read-only exporter of host input memory, one type per interpreter */
 };
 
 /* Import the bootstrap module and keep its entry points. Needs an attached thread
@@ -20,12 +21,15 @@ int as_runtime_bind(as_interp *ip, const as_init *cfg, char *err, size_t errlen)
 /* Format the current Python exception into err (clearing it). */
 void as_runtime_error(char *err, size_t errlen, const char *what);
 
-/* Tensors as a list of (name, datatype, shape, memoryview) tuples; views[i] gets a
- * reference to each memoryview (end them with their release method when done). */
-PyObject *as_runtime_tensors(const as_tensor *tensors, size_t n, PyObject **views);
+/* Host input tensors as a list of (name, datatype, shape, memoryview) tuples. Each
+ * memoryview is read-only and exports an object that keeps the host's reference
+ * `inputs_ctx`: once every such object of the list is gone (at the end of the job,
+ * or later if the model kept a view), the interpreter gives the reference back with
+ * host->inputs_released, so host memory outlives every view of it. */
+PyObject *as_runtime_tensors(as_interp *ip, const as_tensor *tensors, size_t n, void *inputs_ctx);
 
-/* The join(done) callable of a staged job (join.c), and ending the views it handed out. */
-PyObject *as_join_new(const as_join *join);
+/* The join(done) callable of a staged job (join.c), and dropping the views it handed out. */
+PyObject *as_join_new(as_interp *ip, const as_join *join);
 void as_join_end(PyObject *join);
 
 /* Run one job / give back one result's owner; attach and detach ip->ts. */

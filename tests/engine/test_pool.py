@@ -21,7 +21,7 @@ ECHO = """
 from aserve.runtime import Model
 class Echo(Model):
     def __call__(self, inputs):
-        return dict(inputs)  # outputs that alias inputs are copied by the engine
+        return dict(inputs)  # outputs over the inputs' memory keep that memory alive
 """
 
 
@@ -52,38 +52,64 @@ async def test_torch_runs_in_every_interpreter_of_four() -> None:
 
 
 RENDEZVOUS = """
-import time
+import mmap, time
 from aserve.runtime import Model
 class Meet(Model):
     def __call__(self, inputs):
-        flags = inputs["flags"]          # one shared writable host buffer: a byte per caller
+        with open(bytes(inputs["path"]).decode(), "r+b") as f:  # a file both callers map: a byte each
+            flags = mmap.mmap(f.fileno(), 2)
         me = inputs["me"][0]
         flags[me] = 1
         limit = time.monotonic() + 60
         while flags[1 - me] == 0:        # wait until the other caller is inside its call too
             if time.monotonic() > limit:
                 raise TimeoutError("the other interpreter never arrived")
+        flags.close()
         import sys
         return {"interp": [id(sys.modules)]}
 """
 
 
 @pytest.mark.parametrize("engine", PARALLEL_ENGINES)
-async def test_two_interpreters_run_model_code_simultaneously(engine: str, model_dir) -> None:
+async def test_two_interpreters_run_model_code_simultaneously(engine: str, model_dir, tmp_path) -> None:
     async with Pool(engine=engine, interpreters=2) as pool:
         await pool.load(ModelSpec(name="meet", path=str(model_dir(RENDEZVOUS))))
-        flags = bytearray(2)
+        shared = tmp_path / "flags"
+        shared.write_bytes(bytes(2))
+        path = str(shared).encode()
 
         def call(me: int):
             return pool.infer(
                 "meet",
-                {"flags": Tensor("UINT8", (2,), flags), "me": Tensor("INT32", (1,), array.array("i", [me]))},
+                {"path": Tensor("UINT8", (len(path),), path), "me": Tensor("INT32", (1,), array.array("i", [me]))},
             )
 
         a, b = await asyncio.wait_for(asyncio.gather(call(0), call(1)), 120)
-        assert flags == bytearray([1, 1])  # the interpreters wrote straight into host memory
+        assert shared.read_bytes() == b"\x01\x01"  # both callers were inside their calls at once
         ids = {memoryview(r["interp"].data).cast("q")[0] for r in (a, b)}
         assert len(ids) == 2  # and they were two different interpreters
+
+
+INPUTS_READ_ONLY = """
+from aserve.runtime import Model
+class Writer(Model):
+    def __call__(self, inputs):
+        try:
+            inputs["x"][0] = 1
+        except TypeError as e:
+            return {"error": [str(e)]}
+        return {"error": ["the write went through"]}
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_models_get_read_only_views_of_inputs(engine: str, model_dir) -> None:
+    async with Pool(engine=engine, interpreters=1) as pool:
+        await pool.load(ModelSpec(name="writer", path=str(model_dir(INPUTS_READ_ONLY))))
+        x = bytearray(4)  # writable on the host, read-only in the model
+        out = await pool.infer("writer", {"x": Tensor("UINT8", (4,), x)})
+        assert bytes(out["error"].data)[4:].decode() == "cannot modify read-only memory"
+        assert x == bytearray(4)
 
 
 STATEFUL = """
@@ -211,6 +237,43 @@ async def test_every_datatype_round_trips(engine: str, model_dir) -> None:
         if name not in ("BF16", "FP16"):  # memoryviews cannot be shaped as half floats: they come back flat
             assert out[name].shape == t.shape, name
         assert bytes(out[name].data) == bytes(t.data), name
+
+
+KEEPER = """
+from aserve.runtime import Model
+class Keeper(Model):
+    kept = None
+    def __call__(self, inputs):
+        op = inputs["op"][0]
+        if op == 0:
+            self.kept = inputs["x"]          # keeps a view of an input past the call
+        elif op == 2:
+            self.kept = None
+        return {"seen": bytes(self.kept) if self.kept is not None else b""}
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_an_input_a_model_keeps_stays_alive_until_it_lets_go(engine: str, model_dir) -> None:
+    import gc
+    import weakref
+
+    def op(n: int) -> Tensor:
+        return Tensor("INT32", (1,), array.array("i", [n]))
+
+    async with Pool(engine=engine, interpreters=1) as pool:
+        await pool.load(ModelSpec(name="keeper", path=str(model_dir(KEEPER))))
+        x = array.array("i", [7, 8, 9, 10])
+        alive = weakref.ref(x)
+        await pool.infer("keeper", {"op": op(0), "x": Tensor("INT32", (4,), x)})
+        del x
+        gc.collect()
+        assert alive() is not None  # the host keeps the buffer: the model still holds a view of it
+        seen = await pool.infer("keeper", {"op": op(1), "x": Tensor("INT32", (4,), array.array("i", [0] * 4))})
+        assert list(memoryview(seen["seen"].data).cast("i")) == [7, 8, 9, 10]
+        await pool.infer("keeper", {"op": op(2), "x": Tensor("INT32", (4,), array.array("i", [0] * 4))})
+        gc.collect()
+        assert alive() is None  # the model let go during that call: the host released the buffer
 
 
 async def test_outputs_are_released_when_the_host_drops_them(model_dir) -> None:

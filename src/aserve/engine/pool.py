@@ -1,8 +1,15 @@
 """The host's asyncio front of the native interpreter pool.
 
-`Pool` submits jobs to native worker threads (one interpreter each) and awaits
-them as futures; completions arrive through one eventfd the event loop watches, so
-one wake-up resolves every job that finished meanwhile.
+`Pool` submits jobs to native worker threads (one interpreter each). Completions
+arrive through one eventfd the event loop watches: one wake-up drains every job that
+finished meanwhile, and each job's token is called right there, in the reader
+callback. Batches (`Pool.run`) complete by calling the batcher's function directly,
+so a request's answer costs no future or task of its own here; load, exec and the
+convenience `infer` await futures.
+
+A model's input names and datatypes are interned natively once per load
+(`_native.Pool.register`); a batch is handed over as its input tensors in the
+model's declared order, and the engine never copies a name or a buffer.
 """
 
 from __future__ import annotations
@@ -10,18 +17,19 @@ from __future__ import annotations
 import asyncio
 import atexit
 import base64
+import functools
 import json
 import os
 import platform
 import sys
 import sysconfig
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 import msgspec
 
 from .. import _native
-from ..errors import EngineError, ModelError, ModelLoadError, ModelNotFound
+from ..errors import EngineError, InvalidInput, ModelError, ModelLoadError, ModelNotFound
 from ..runtime.model import TensorSpec
 from ..tensor import Tensor
 from . import tunables
@@ -54,19 +62,6 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     outputs: list[TensorSpec]
     stages: int = 0  # the model's stages: > 0 lets batches absorb joiners at stage boundaries
     example: dict[str, Any] | None = None  # the model's example request (name -> Tensor), if it declares one
-
-
-class StagedRun:
-    """A staged batch in the pool: offer it groups of requests while it runs.
-
-    `result` resolves to (outputs, stage_seconds): the outputs cover the batch's own
-    samples, then each absorbed group in the order offered."""
-
-    __slots__ = ("id", "result")
-
-    def __init__(self, job: int, result: asyncio.Future[tuple[dict[str, Tensor], tuple[float, ...]]]) -> None:
-        self.id = job
-        self.result = result
 
 
 def interpreter_library() -> str:
@@ -119,8 +114,54 @@ def _example(encoded: list[dict[str, Any]] | None) -> dict[str, Tensor] | None:
     return {t["name"]: Tensor(t["datatype"], tuple(t["shape"]), base64.b64decode(t["data"])) for t in encoded}
 
 
-def _wire(inputs: Mapping[str, Tensor]) -> list[tuple[str, str, tuple[int, ...], Any]]:
-    return [(name, t.datatype, t.shape, t.data) for name, t in inputs.items()]
+def _settle(fut: asyncio.Future[Any], ok: bool, payload: Any) -> None:
+    """The token of a job someone awaits: resolve its future."""
+    if fut.done():  # the caller stopped waiting; the job itself still ran
+        return
+    if ok:
+        fut.set_result(payload)
+    else:
+        fut.set_exception(_error(payload))
+
+
+def tensors(outputs: list[tuple[str, str, tuple[int, ...], Any]]) -> dict[str, Tensor]:
+    """A completed batch's outputs (name, datatype, shape, buffer) as named tensors."""
+    return {name: Tensor(datatype, shape, buf) for name, datatype, shape, buf in outputs}
+
+
+# What a batch's completion hands its `done` function: (outputs, None) or (None, error).
+Done = Callable[[dict[str, Tensor] | None, BaseException | None], None]
+_NO_COMPLETION = ("EngineError", "the engine could not build this job's completion (out of memory)")
+
+
+class _Model:
+    """A loaded model's entry in a pool: what the interpreters reported, which of them
+    run it, and its interned native registration."""
+
+    __slots__ = ("info", "input_names", "mask", "ref", "refs_by_signature")
+
+    def __init__(self, info: ModelInfo, mask: int, native: Any) -> None:
+        self.info = info
+        self.mask = mask
+        self.input_names = tuple(s.name for s in info.inputs)
+        self.ref = native.register(info.name, [(s.name, s.datatype) for s in info.inputs])
+        # models that declare no inputs: one registration per (name, datatype) signature seen
+        self.refs_by_signature: dict[tuple[tuple[str, str], ...], Any] = {}
+
+
+class StagedRun:
+    """A staged batch in the pool: offer it groups of requests while it runs.
+
+    `result` resolves to (outputs, stage_seconds): the outputs cover the batch's own
+    samples, then each absorbed group in the order offered."""
+
+    __slots__ = ("id", "model", "result")
+
+    def __init__(self, job: int, model: str,
+                 result: asyncio.Future[tuple[dict[str, Tensor], tuple[float, ...]]]) -> None:
+        self.id = job
+        self.model = model
+        self.result = result
 
 
 class Pool:
@@ -151,9 +192,9 @@ class Pool:
         self.interpreters = n
         self._native: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pending: set[asyncio.Future[Any]] = set()
-        self._models: dict[str, ModelInfo] = {}
-        self._masks: dict[str, int] = {}
+        self._in_flight = 0  # jobs submitted and not yet completed
+        self._idle: asyncio.Future[None] | None = None  # resolved when _in_flight drops to 0
+        self._models: dict[str, _Model] = {}
         self._closed = False
 
     # ---- lifecycle ----
@@ -165,13 +206,17 @@ class Pool:
         loop = asyncio.get_running_loop()
         native = self._take_native()
         have = native.stats()["ready"]
-        futures = []
-        for _ in range(self.interpreters - have):
-            fut = loop.create_future()
-            native.add_interpreter(fut)
-            futures.append(fut)
         self._native, self._loop = native, loop
         loop.add_reader(native.fileno(), self._drain)
+        futures = []
+        for _ in range(self.interpreters - have):
+            fut = self._future()
+            try:
+                native.add_interpreter(functools.partial(self._complete, fut))
+            except _native.EngineError as e:
+                self._forget(fut)
+                fut.set_exception(EngineError(str(e)))
+            futures.append(fut)
         results = await asyncio.gather(*futures, return_exceptions=True)
         errors = [str(r) for r in results if isinstance(r, BaseException)]
         native.set_active(self.interpreters)
@@ -195,10 +240,13 @@ class Pool:
             library: str | None = interpreter_library()
         else:
             library = None
-        native = _native.Pool(
-            self.engine, executable=sys.executable, path=[p for p in sys.path if p], bootstrap=BOOTSTRAP,
-            library=library,
-        )
+        try:
+            native = _native.Pool(
+                self.engine, executable=sys.executable, path=[p for p in sys.path if p], bootstrap=BOOTSTRAP,
+                library=library,
+            )
+        except _native.EngineError as e:
+            raise EngineError(str(e)) from None
         if self.engine == "subinterp":
             _subinterp_pools.append(native)
         return native
@@ -212,8 +260,7 @@ class Pool:
         native, loop = self._native, self._loop
         assert loop is not None
         try:
-            if self._pending:
-                await asyncio.gather(*list(self._pending), return_exceptions=True)
+            await self._quiesce()
             for name in list(self._models):
                 await self._unload(name)
         finally:
@@ -222,6 +269,13 @@ class Pool:
             self._drain()
             _parked.setdefault(self.engine, []).append(native)
 
+    async def _quiesce(self) -> None:
+        while self._in_flight:
+            if self._idle is None or self._idle.done():
+                assert self._loop is not None
+                self._idle = self._loop.create_future()
+            await asyncio.shield(self._idle)
+
     async def __aenter__(self) -> Self:
         await self.start()
         return self
@@ -229,30 +283,54 @@ class Pool:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    # ---- jobs ----
+    # ---- completions ----
 
     def _drain(self) -> None:
-        for fut, ok, payload in self._native.drain():
-            if fut.done():  # the caller stopped waiting; the job itself still ran
-                continue
-            if ok:
-                fut.set_result(payload)
-            else:
-                fut.set_exception(_error(payload))
+        """The eventfd's reader: answer every finished job, each exactly once; a token
+        that raises is reported to the loop and does not stop the others."""
+        for item in self._native.drain():
+            try:
+                if type(item) is tuple:
+                    token, ok, payload = item
+                    token(ok, payload)
+                else:  # the engine could not build this completion
+                    item(False, _NO_COMPLETION)
+            except Exception as exc:  # noqa: BLE001 - every other completion must still be answered
+                assert self._loop is not None
+                self._loop.call_exception_handler(
+                    {"message": "aserve: a job's completion handler raised", "exception": exc}
+                )
+
+    def _complete(self, fut: asyncio.Future[Any], ok: bool, payload: Any) -> None:
+        self._done_one()
+        _settle(fut, ok, payload)
+
+    def _done_one(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
 
     def _future(self) -> asyncio.Future[Any]:
         if self._native is None or self._loop is None:
             raise EngineError("the pool is not started: await pool.start() first")
-        fut = self._loop.create_future()
-        self._pending.add(fut)
-        fut.add_done_callback(self._pending.discard)
-        return fut
+        self._in_flight += 1
+        return self._loop.create_future()
+
+    def _forget(self, fut: asyncio.Future[Any]) -> None:
+        """A job that was never queued after all."""
+        self._done_one()
 
     def _submit(self, kind: int, *, model: str | None = None, text: str | None = None,
-                inputs: list[tuple[str, str, tuple[int, ...], Any]] | None = None,
-                target: int = -1, mask: int = -1) -> asyncio.Future[Any]:
+                target: int = -1) -> asyncio.Future[Any]:
         fut = self._future()
-        self._native.submit(fut, kind, model, text, inputs, target, mask & 0xFFFFFFFFFFFFFFFF)
+        try:
+            self._native.submit(functools.partial(self._complete, fut), kind, model, text, target)
+        except _native.EngineError as e:
+            self._forget(fut)
+            raise EngineError(str(e)) from None
+        except BaseException:
+            self._forget(fut)
+            raise
         return fut
 
     def _check_open(self) -> None:
@@ -261,8 +339,17 @@ class Pool:
 
     def _targets(self, name: str) -> range:
         # host-interpreter threads share one set of modules: load once
-        n = self._models[name].interpreters if name in self._models else self.interpreters
+        entry = self._models.get(name)
+        n = entry.info.interpreters if entry is not None else self.interpreters
         return range(1) if self.engine == "main" else range(n)
+
+    def _entry(self, model: str) -> _Model:
+        entry = self._models.get(model)
+        if entry is None:
+            raise ModelNotFound(f"model {model!r} is not loaded")
+        return entry
+
+    # ---- models ----
 
     async def load(self, spec: ModelSpec, *, interpreters: int | None = None) -> ModelInfo:
         """Load a model in its interpreters (all, or the first `interpreters`), concurrently.
@@ -306,14 +393,12 @@ class Pool:
             stages=int(meta.get("stages", 0)),
             example=_example(meta.get("example")),
         )
-        self._models[spec.name] = info
-        self._masks[spec.name] = (1 << n) - 1
+        self._models[spec.name] = _Model(info, (1 << n) - 1, self._native)
         return info
 
     async def _unload(self, name: str) -> None:
         targets = self._targets(name)
         self._models.pop(name, None)
-        self._masks.pop(name, None)
         await asyncio.gather(*(self._submit(_native.JOB_UNLOAD, model=name, target=i) for i in targets))
 
     async def unload(self, name: str) -> None:
@@ -322,49 +407,106 @@ class Pool:
             raise ModelNotFound(f"model {name!r} is not loaded")
         await self._unload(name)
 
+    # ---- batches ----
+
+    def run(self, model: str, inputs: Sequence[Tensor], done: Done, /) -> None:
+        """Queue one batch on the first idle interpreter of `model`.
+
+        inputs: the model's declared inputs, in order. `done(outputs, None)` or
+        `done(None, error)` is called from the loop's completion callback; outputs are
+        buffers the interpreter keeps alive until they are garbage."""
+        self._check_open()
+        entry = self._models.get(model)
+        if entry is None:
+            raise ModelNotFound(f"model {model!r} is not loaded")
+        self._in_flight += 1
+        try:
+            self._native.infer(entry.ref, functools.partial(self._batch_done, done), inputs, entry.mask)
+        except BaseException:
+            self._done_one()
+            raise
+
+    def _batch_done(self, done: Done, ok: bool, payload: Any) -> None:
+        self._done_one()
+        if ok:
+            done(tensors(payload), None)
+        else:
+            done(None, _error(payload))
+
+    def ordered(self, model: str, inputs: Mapping[str, Tensor]) -> tuple[Any, list[Tensor]]:
+        """(native registration, tensors in its order) for inputs given by name."""
+        entry = self._entry(model)
+        names = entry.input_names
+        if names:
+            if inputs.keys() != set(names):
+                raise InvalidInput(f"model {model!r} takes inputs {list(names)}, got {list(inputs)}")
+            return entry.ref, [inputs[n] for n in names]
+        signature = tuple((name, t.datatype) for name, t in inputs.items())
+        ref = entry.refs_by_signature.get(signature)
+        if ref is None:
+            ref = entry.refs_by_signature[signature] = self._native.register(model, signature)
+        return ref, list(inputs.values())
+
     async def infer(self, model: str, inputs: Mapping[str, Tensor], /) -> dict[str, Tensor]:
-        """Run one batch on the first idle interpreter; outputs are buffers it keeps alive."""
+        """Run one batch, inputs given by name, on the first idle interpreter of `model`."""
         self._check_open()
-        mask = self._masks.get(model)
-        if mask is None:
-            raise ModelNotFound(f"model {model!r} is not loaded")
-        outputs = await self._submit(_native.JOB_INFER, model=model, inputs=_wire(inputs), mask=mask)
-        return {name: Tensor(datatype, shape, buf) for name, datatype, shape, buf in outputs}
-
-    def infer_staged(self, model: str, inputs: Mapping[str, Tensor], /) -> StagedRun:
-        """Queue one batch of a staged model that may absorb groups offered while it runs."""
-        self._check_open()
-        mask = self._masks.get(model)
-        if mask is None:
-            raise ModelNotFound(f"model {model!r} is not loaded")
-        if not self._models[model].stages:
-            raise EngineError(f"model {model!r} has no stages: it cannot run a joinable batch")
+        ref, ordered = self.ordered(model, inputs)
         fut = self._future()
-        job = self._native.submit(fut, _native.JOB_INFER, model, None, _wire(inputs), -1,
-                                  mask & 0xFFFFFFFFFFFFFFFF, True)
-        result: asyncio.Future[tuple[dict[str, Tensor], tuple[float, ...]]] = self._loop.create_future()  # type: ignore[union-attr]
+        try:
+            self._native.infer(ref, functools.partial(self._complete, fut), ordered, self._models[model].mask)
+        except BaseException:
+            self._forget(fut)
+            raise
+        return tensors(await fut)
 
-        def done(f: asyncio.Future[Any]) -> None:
+    def infer_staged(self, model: str, inputs: Mapping[str, Tensor] | Sequence[Tensor], /) -> StagedRun:
+        """Queue one batch of a staged model that may absorb groups offered while it runs
+        (inputs by name, or in the model's declared order)."""
+        self._check_open()
+        entry = self._entry(model)
+        if not entry.info.stages:
+            raise EngineError(f"model {model!r} has no stages: it cannot run a joinable batch")
+        if isinstance(inputs, Mapping):
+            ref, ordered = self.ordered(model, inputs)
+        else:
+            ref, ordered = entry.ref, list(inputs)
+        loop = self._loop
+        assert loop is not None
+        result: asyncio.Future[tuple[dict[str, Tensor], tuple[float, ...]]] = loop.create_future()
+
+        def done(ok: bool, payload: Any) -> None:
+            self._done_one()
             if result.done():
                 return
-            if f.cancelled():
-                result.cancel()
-            elif (e := f.exception()) is not None:
-                result.set_exception(e)
+            if not ok:
+                result.set_exception(_error(payload))
             else:
-                outputs, seconds = f.result()
-                result.set_result(({n: Tensor(d, s, b) for n, d, s, b in outputs}, seconds))
+                outputs, seconds = payload
+                result.set_result((tensors(outputs), seconds))
 
-        fut.add_done_callback(done)
-        return StagedRun(job, result)
+        self._in_flight += 1
+        try:
+            job = self._native.infer(ref, done, ordered, entry.mask, True)
+        except BaseException:
+            self._done_one()
+            raise
+        return StagedRun(job, model, result)
 
-    def offer(self, run: StagedRun, inputs: Mapping[str, Tensor], last_stage: int, /) -> asyncio.Future[bool] | None:
+    def offer(self, run: StagedRun, inputs: Mapping[str, Tensor] | Sequence[Tensor], last_stage: int, /
+              ) -> asyncio.Future[bool] | None:
         """Offer a group of requests to a staged batch: it joins at the first stage boundary
         the batch reaches no later than `last_stage`. The future says whether it joined
         (True: the batch's outputs cover it) or was turned away (False: run it otherwise);
         None: the batch is complete or already past `last_stage`."""
+        ordered = self.ordered(run.model, inputs)[1] if isinstance(inputs, Mapping) else list(inputs)
         fut = self._future()
-        if not self._native.offer(run.id, fut, _wire(inputs), last_stage):
+        try:
+            posted = self._native.offer(run.id, functools.partial(self._complete, fut), ordered, last_stage)
+        except BaseException:
+            self._forget(fut)
+            raise
+        if not posted:
+            self._forget(fut)
             fut.cancel()
             return None
         return fut
@@ -388,7 +530,7 @@ class Pool:
 
     @property
     def models(self) -> dict[str, ModelInfo]:
-        return dict(self._models)
+        return {name: entry.info for name, entry in self._models.items()}
 
     def stats(self) -> dict[str, int]:
         """interpreters, ready, active, busy (running a job) and queued (waiting) counts."""
