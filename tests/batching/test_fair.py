@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import array
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
 from aserve.batching import Batcher, Decision, FairScheduler, Pending, WindowPolicy
 from aserve.batching.fair import Seat
 from aserve.tensor import Tensor
+
+from ..conftest import until
 
 # ---- the scheduler alone, with contenders that start a "batch" per offer ----
 
@@ -196,29 +198,26 @@ def test_bad_arguments() -> None:
 
 
 class HandRunner:
-    """pool.infer's contract: a batch runs until the test completes it; outputs echo the input."""
+    """Pool.run's contract: a batch runs until the test completes it; outputs echo the input."""
 
     def __init__(self) -> None:
         self.started: list[tuple[str, list[int]]] = []  # (model, values) in start order
-        self._running: list[tuple[str, asyncio.Future[None]]] = []
+        self._running: list[tuple[str, list[int], Callable[..., None]]] = []
 
-    async def __call__(self, model: str, inputs: Mapping[str, Tensor], /) -> dict[str, Tensor]:
-        values = array.array("i", bytes(inputs["X"].view())).tolist()
+    def __call__(self, model: str, inputs: Sequence[Tensor], done: Callable[..., None], /) -> None:
+        values = array.array("i", bytes(inputs[0].view())).tolist()
         self.started.append((model, values))
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._running.append((model, done))
-        await done
-        return {"Y": Tensor("INT32", (len(values), 1), array.array("i", values).tobytes())}
+        self._running.append((model, values, done))
 
     @property
     def running(self) -> list[str]:
-        return [m for m, _ in self._running]
+        return [m for m, _, _ in self._running]
 
     async def finish(self, model: str) -> None:
         """Complete the oldest running batch of `model` and let the batchers react."""
         i = self.running.index(model)
-        _, done = self._running.pop(i)
-        done.set_result(None)
+        _, values, done = self._running.pop(i)
+        done({"Y": Tensor("INT32", (len(values), 1), array.array("i", values).tobytes())}, None)
         await settle()
 
 
@@ -227,8 +226,8 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def x(value: int) -> dict[str, Tensor]:
-    return {"X": Tensor("INT32", (1, 1), array.array("i", [value]).tobytes())}
+def x(value: int) -> list[Tensor]:
+    return [Tensor("INT32", (1, 1), array.array("i", [value]).tobytes())]
 
 
 def batcher(name: str, run: HandRunner, scheduler: FairScheduler | None, *, interpreters: int = 2,
@@ -320,8 +319,8 @@ async def test_a_model_whose_policy_waits_passes_its_turn_then_takes_a_free_slot
     await run.finish("hot")  # the batch of the two others queued
     assert policy.asked == 2 and run.running == [] and s.free == 1  # shy passed again: the slot stays free
     policy.hold = False
-    await asyncio.sleep(0.05)  # shy's timer (0.02 s, set earlier) fires first and takes the free slot at once
-    assert run.running == ["shy"] and s.free == 0
+    await until(lambda: run.running == ["shy"], what="shy's timer")  # it fires and takes the free slot
+    assert s.free == 0
     await run.finish("shy")
     assert array.array("i", bytes((await req)["Y"].view())).tolist() == [7]
     await asyncio.gather(*flood)

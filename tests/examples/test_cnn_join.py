@@ -41,12 +41,12 @@ async def test_joined_batches_equal_requests_run_alone(engine: str) -> None:
         cost = await warmup(pool, info, 16, repeats=2)
         profile = await measure_stages(pool, info, 2, repeats=2)
         policy = AdaptivePolicy(cost, latency_budget_s=10.0, interpreters=1, max_queue_delay_s=0.0)
-        batcher = Batcher(model="cnn", run=pool.infer, policy=policy, max_batch_size=16, interpreters=1,
+        batcher = Batcher(model="cnn", run=pool.run, policy=policy, max_batch_size=16, interpreters=1,
                           max_queue_size=1024, join=Joining(pool, JoinPlanner(cost, profile), 10.0, benefit=False))
 
         async def one(i: int) -> torch.Tensor:
             await asyncio.sleep(0.003 * i)  # arrivals while earlier batches run
-            return _tensor((await batcher.submit(_input(images[i]), sizes[i]))["SCORES"])
+            return _tensor((await batcher.submit(list(_input(images[i]).values()), sizes[i]))["SCORES"])
 
         joined = await asyncio.gather(*(one(i) for i in range(len(images))))
         stats = batcher.stats()

@@ -55,10 +55,11 @@ def test_window_deadline_inside_window_dispatches() -> None:
 def test_concat_and_split_fixed_size() -> None:
     a = np.arange(6, dtype=np.int32).reshape(2, 3)
     b = np.arange(100, 103, dtype=np.int32).reshape(1, 3)
-    out = concat_inputs([{"X": Tensor("INT32", (2, 3), a.tobytes())}, {"X": Tensor("INT32", (1, 3), b.tobytes())}], 3)
-    assert out["X"].shape == (3, 3)
-    assert isinstance(out["X"].data, bytearray)
-    np.testing.assert_array_equal(np.frombuffer(out["X"].data, np.int32).reshape(3, 3), np.vstack([a, b]))
+    [x] = concat_inputs([[Tensor("INT32", (2, 3), a.tobytes())], [Tensor("INT32", (1, 3), b.tobytes())]], 3)
+    assert x.shape == (3, 3)
+    assert isinstance(x.data, bytearray)
+    np.testing.assert_array_equal(np.frombuffer(x.data, np.int32).reshape(3, 3), np.vstack([a, b]))
+    out = {"X": x}
     parts = split_outputs(out, [2, 1], "m")
     np.testing.assert_array_equal(np.frombuffer(parts[0]["X"].data, np.int32).reshape(2, 3), a)
     np.testing.assert_array_equal(np.frombuffer(parts[1]["X"].data, np.int32).reshape(1, 3), b)
@@ -72,7 +73,8 @@ def test_concat_and_split_bytes() -> None:
     r2 = [b"\x00\x01\x02", b"z"]  # 1 sample x 2
     t1 = Tensor("BYTES", (2, 2), encode_bytes(r1))
     t2 = Tensor("BYTES", (1, 2), encode_bytes(r2))
-    out = concat_inputs([{"S": t1}, {"S": t2}], 3)
+    [joined] = concat_inputs([[t1], [t2]], 3)
+    out = {"S": joined}
     assert decode_bytes(out["S"].view(), 6) == r1 + r2
     parts = split_outputs(out, [2, 1], "m")
     assert decode_bytes(parts[0]["S"].view(), 4) == r1
@@ -122,9 +124,9 @@ async def echo_pool(model_dir):
         await pool.close()
 
 
-def _req(rows: int, start: int) -> dict[str, Tensor]:
+def _req(rows: int, start: int) -> list[Tensor]:
     arr = np.arange(start, start + rows * 4, dtype=np.int32).reshape(rows, 4)
-    return {"IN": Tensor("INT32", (rows, 4), arr.tobytes())}
+    return [Tensor("INT32", (rows, 4), arr.tobytes())]
 
 
 def _out(result: dict[str, Tensor]) -> np.ndarray:
@@ -134,11 +136,11 @@ def _out(result: dict[str, Tensor]) -> np.ndarray:
 
 async def _unblock(pool: Pool) -> None:
     """Release the request blocked on 777 by running 778 in the pool's other interpreter."""
-    await pool.infer("echo", _marker(778))
+    await pool.infer("echo", {"IN": _marker(778)[0]})
 
 
-def _marker(value: int) -> dict[str, Tensor]:
-    return {"IN": Tensor("INT32", (1, 4), np.array([value, 0, 0, 0], np.int32).tobytes())}
+def _marker(value: int) -> list[Tensor]:
+    return [Tensor("INT32", (1, 4), np.array([value, 0, 0, 0], np.int32).tobytes())]
 
 
 class CountingPolicy(WindowPolicy):
@@ -152,7 +154,7 @@ class CountingPolicy(WindowPolicy):
 
 async def test_batches_form_under_load_and_results_do_not_cross(echo_pool: Pool) -> None:
     policy = CountingPolicy()
-    b = Batcher(model="echo", run=echo_pool.infer, policy=policy, max_batch_size=16, interpreters=1,
+    b = Batcher(model="echo", run=echo_pool.run, policy=policy, max_batch_size=16, interpreters=1,
                 max_queue_size=1000)
     sizes = [1 + i % 3 for i in range(60)]
     starts = [i * 1000 for i in range(60)]
@@ -167,15 +169,13 @@ async def test_batches_form_under_load_and_results_do_not_cross(echo_pool: Pool)
 
 
 async def test_model_error_fails_only_the_culprit(echo_pool: Pool) -> None:
-    b = Batcher(model="echo", run=echo_pool.infer, policy=WindowPolicy(max_queue_delay=0.05),
+    b = Batcher(model="echo", run=echo_pool.run, policy=WindowPolicy(max_queue_delay=0.05),
                 max_batch_size=16, interpreters=1, max_queue_size=1000)
-    blocker = asyncio.ensure_future(b.submit(_marker(777), 1, deadline=None))  # holds the only slot
-    await asyncio.sleep(0.05)
-    good1 = asyncio.ensure_future(b.submit(_req(1, 10), 1, deadline=None))
-    bad = asyncio.ensure_future(b.submit({"IN": Tensor("INT32", (1, 4), np.full(4, -1, np.int32).tobytes())}, 1,
-                                         deadline=None))
-    good2 = asyncio.ensure_future(b.submit(_req(2, 20), 2, deadline=None))
-    await asyncio.sleep(0.01)
+    blocker = b.submit(_marker(777), 1, deadline=None)  # holds the only slot
+    assert b.running == 1  # dispatched at once: nothing else runs
+    good1 = b.submit(_req(1, 10), 1, deadline=None)
+    bad = b.submit([Tensor("INT32", (1, 4), np.full(4, -1, np.int32).tobytes())], 1, deadline=None)
+    good2 = b.submit(_req(2, 20), 2, deadline=None)
     assert b.running == 1 and not blocker.done(), (b.running, blocker)
     assert b.queued == 4  # the three wait behind the blocker, to go as one batch
     await _unblock(echo_pool)
@@ -188,15 +188,13 @@ async def test_model_error_fails_only_the_culprit(echo_pool: Pool) -> None:
 
 async def test_limits_timeout_and_overload(echo_pool: Pool) -> None:
     loop = asyncio.get_running_loop()
-    b = Batcher(model="echo", run=echo_pool.infer, policy=WindowPolicy(max_queue_delay=0.001),
+    b = Batcher(model="echo", run=echo_pool.run, policy=WindowPolicy(max_queue_delay=0.001),
                 max_batch_size=4, interpreters=1, max_queue_size=3)
     with pytest.raises(InvalidInput, match="max_batch_size is 4"):
         await b.submit(_req(5, 0), 5, deadline=None)
-    blocker = asyncio.ensure_future(b.submit(_marker(777), 1, deadline=None))
-    await asyncio.sleep(0.05)
+    blocker = b.submit(_marker(777), 1, deadline=None)
     assert b.running == 1
-    late = asyncio.ensure_future(b.submit(_req(2, 0), 2, deadline=loop.time() + 0.05))
-    await asyncio.sleep(0)
+    late = b.submit(_req(2, 0), 2, deadline=loop.time() + 0.05)
     with pytest.raises(Overloaded):
         await b.submit(_req(2, 0), 2, deadline=None)  # 2 + 2 > max_queue_size 3
     with pytest.raises(RequestTimeout, match="in the queue"):
@@ -206,4 +204,19 @@ async def test_limits_timeout_and_overload(echo_pool: Pool) -> None:
     await blocker
     r = await b.submit(_req(1, 5), 1, deadline=loop.time() + 5)  # still serving
     np.testing.assert_array_equal(_out(r), np.arange(5, 9).reshape(1, 4) * 2)
+    await b.close(timeout=1)
+
+
+async def test_a_sub_millisecond_window_rearms_without_asking_the_timer(echo_pool: Pool) -> None:
+    """A window shorter than a millisecond: uvloop hands back plain handles for such timers
+    (no `when()`); the batcher keeps the time it armed for and must never ask the handle."""
+    b = Batcher(model="echo", run=echo_pool.run, policy=WindowPolicy(max_queue_delay=0.0003),
+                max_batch_size=16, interpreters=2, max_queue_size=1000)
+    blocker = b.submit(_marker(777), 1, deadline=None)  # one batch runs: the next requests wait for the window
+    waiting = [b.submit(_req(1, 100 * i), 1, deadline=None) for i in range(1, 6)]  # arrivals re-decide each time
+    for i, fut in enumerate(waiting, start=1):
+        np.testing.assert_array_equal(_out(await fut), np.arange(100 * i, 100 * i + 4).reshape(1, 4) * 2)
+    assert b.batches < 1 + len(waiting)  # the window gathered some of them into one batch
+    await _unblock(echo_pool)
+    await blocker
     await b.close(timeout=1)

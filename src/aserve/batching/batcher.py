@@ -1,13 +1,24 @@
 """One model's micro-batcher: queue requests, dispatch batches as its policy says, split results back.
 
-Requests wait in a FIFO queue with their input tensors. Whenever something changes
-(an arrival, a completion, a timer the policy asked for) the batcher asks the policy
-how many requests to dispatch; it concatenates their inputs along the batch
-dimension with one copy per input, runs the batch on the pool, and hands each
-request zero-copy slices of the outputs. At most `interpreters` batches of the model
+Requests wait in a FIFO queue with their input tensors (in the model's declared
+order). Whenever something changes (an arrival, a completion, a timer the policy
+asked for) the batcher asks the policy how many requests to dispatch; it
+concatenates their inputs along the batch dimension with one copy per input, hands
+the batch to the engine, and when the engine calls back it answers each request
+with zero-copy slices of the outputs. At most `interpreters` batches of the model
 run at once. With a `scheduler` (fair.py: the interpreters of a pool shared by
 several models), a batch also needs one of the pool's slots, which go round-robin to
 the models with work as batches end; without one, only the model's own limit counts.
+
+The hot path costs one future per request and nothing per batch but the engine's
+callback: no task, no timer per request. Deadlines are kept as numbers; one timer
+per batcher fires at the earliest deadline among the queued and running requests
+(and is re-armed from there), and one more wakes the policy when it asked to wait.
+Both remember the time they were armed for, so nothing asks a timer handle for its
+time (uvloop's handles for near deadlines cannot tell it). Times are read from
+`time.monotonic()`, the clock `loop.call_at` counts in, at full resolution: uvloop's
+`loop.time()` is that clock cut to whole milliseconds and cached per loop iteration,
+too coarse to time sub-millisecond batches.
 
 If a batch of several requests fails with a model error, each of its requests is
 run again alone (in the same interpreter slot), so that only the request that makes
@@ -26,7 +37,8 @@ import asyncio
 import collections
 import functools
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from time import monotonic as clock
 from typing import Any, NamedTuple, Protocol
 
 from ..errors import EngineError, InvalidInput, ModelError, Overloaded, RequestTimeout
@@ -36,15 +48,18 @@ from .fair import FairScheduler, Seat
 from .join import JoinPlanner, tightest
 from .policy import BatchPolicy
 
-Runner = Callable[[str, Mapping[str, Tensor]], Awaitable[dict[str, Tensor]]]
+Done = Callable[[dict[str, Tensor] | None, BaseException | None], None]
+# Runs one batch: run(model, inputs in declared order, done); the engine calls done(outputs, None)
+# or done(None, error) later, from the event loop (aserve.engine.Pool.run).
+Runner = Callable[[str, Sequence[Tensor], Done], None]
 
 
 class StagedPool(Protocol):
     """What joining needs of the engine (aserve.engine.Pool has it)."""
 
-    def infer_staged(self, model: str, inputs: Mapping[str, Tensor], /) -> Any: ...
+    def infer_staged(self, model: str, inputs: Sequence[Tensor], /) -> Any: ...
 
-    def offer(self, run: Any, inputs: Mapping[str, Tensor], last_stage: int, /) -> asyncio.Future[bool] | None: ...
+    def offer(self, run: Any, inputs: Sequence[Tensor], last_stage: int, /) -> asyncio.Future[bool] | None: ...
 
     def progress(self, run: Any, /) -> tuple[int, float] | None: ...
 
@@ -58,58 +73,52 @@ class Joining(NamedTuple):
     budget: float
     benefit: bool = True
 
+
 _QUEUED, _RUNNING, _DONE = 0, 1, 2
+_NEVER = math.inf
 
 
 class _Request:
     """A queued request; `arrival`, `samples`, `deadline` and `budget` are what the policy sees."""
 
-    __slots__ = ("arrival", "budget", "deadline", "future", "inputs", "samples", "state", "timer")
+    __slots__ = ("arrival", "budget", "deadline", "future", "inputs", "samples", "state")
 
-    def __init__(self, arrival: float, samples: int, deadline: float | None,
-                 inputs: Mapping[str, Tensor], future: asyncio.Future[dict[str, Tensor]],
-                 budget: float | None = None) -> None:
+    def __init__(self, arrival: float, samples: int, deadline: float | None, inputs: Sequence[Tensor],
+                 future: asyncio.Future[dict[str, Tensor]], budget: float | None) -> None:
         self.arrival = arrival
         self.samples = samples
         self.deadline = deadline
         self.budget = budget
         self.inputs = inputs
         self.future = future
-        self.timer: asyncio.TimerHandle | None = None
         self.state = _QUEUED
 
     def finish(self, result: dict[str, Tensor] | None = None, error: BaseException | None = None) -> None:
         self.state = _DONE
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.future.done():
+        future = self.future
+        if future.done():  # timed out or cancelled meanwhile
             return
         if error is not None:
-            self.future.set_exception(error)
+            future.set_exception(error)
         else:
-            assert result is not None
-            self.future.set_result(result)
+            future.set_result(result)  # type: ignore[arg-type]
 
 
-def _compatible(head: Mapping[str, Tensor], other: Mapping[str, Tensor]) -> bool:
-    """Whether two requests' inputs can share a batch: same names, datatypes and per-sample shapes."""
-    if head.keys() != other.keys():
-        return False
-    for name, t in head.items():
-        o = other[name]
-        if o.datatype != t.datatype or o.shape[1:] != t.shape[1:]:
+def _compatible(head: Sequence[Tensor], other: Sequence[Tensor]) -> bool:
+    """Whether two requests' inputs can share a batch: the same per-sample shapes."""
+    for t, o in zip(head, other):
+        if o.shape[1:] != t.shape[1:]:
             return False
     return True
 
 
-def concat_inputs(requests: list[Mapping[str, Tensor]], samples: int) -> dict[str, Tensor]:
+def concat_inputs(requests: Sequence[Sequence[Tensor]], samples: int) -> list[Tensor]:
     """Each input of `requests` concatenated along the batch dimension: one copy into a fresh bytearray.
 
     BYTES inputs concatenate the same way: their length-prefixed layout has no header."""
-    out: dict[str, Tensor] = {}
-    for name, first in requests[0].items():
-        views = [r[name].view() for r in requests]
+    out: list[Tensor] = []
+    for i, first in enumerate(requests[0]):
+        views = [r[i].view() for r in requests]
         buf = bytearray(sum(v.nbytes for v in views))
         mv = memoryview(buf)
         offset = 0
@@ -117,7 +126,7 @@ def concat_inputs(requests: list[Mapping[str, Tensor]], samples: int) -> dict[st
             end = offset + v.nbytes
             mv[offset:end] = v
             offset = end
-        out[name] = Tensor(first.datatype, (samples, *first.shape[1:]), buf)
+        out.append(Tensor(first.datatype, (samples, *first.shape[1:]), buf))
     return out
 
 
@@ -136,18 +145,23 @@ def _bytes_boundaries(view: memoryview, elements: int, per_sample: int, model: s
     return bounds
 
 
-def split_outputs(outputs: Mapping[str, Tensor], samples: list[int], model: str) -> list[dict[str, Tensor]]:
+def _wrong_rows(model: str, name: str, shape: tuple[int, ...], total: int) -> ModelError:
+    return ModelError(
+        f"model {model!r}: output {name!r} has shape {list(shape)}, but the batch holds {total} "
+        f"samples: its first dimension must be {total}"
+    )
+
+
+def split_outputs(outputs: Mapping[str, Tensor], samples: Sequence[int], model: str) -> list[dict[str, Tensor]]:
     """Per-request outputs: zero-copy slices of each output along the batch dimension."""
     total = sum(samples)
     results: list[dict[str, Tensor]] = [{} for _ in samples]
     for name, t in outputs.items():
-        if not t.shape or t.shape[0] != total:
-            raise ModelError(
-                f"model {model!r}: output {name!r} has shape {list(t.shape)}, but the batch holds {total} "
-                f"samples: its first dimension must be {total}"
-            )
+        shape = t.shape
+        if not shape or shape[0] != total:
+            raise _wrong_rows(model, name, shape, total)
         view = t.view()
-        rest = t.shape[1:]
+        rest = shape[1:]
         if t.datatype == "BYTES":
             per = element_count(rest)
             if per == 0:
@@ -164,9 +178,25 @@ def split_outputs(outputs: Mapping[str, Tensor], samples: list[int], model: str)
             starts = [0]
             for s in samples:
                 starts.append(starts[-1] + s * stride)
+        datatype = t.datatype
         for i, s in enumerate(samples):
-            results[i][name] = Tensor(t.datatype, (s, *rest), view[starts[i]:starts[i + 1]])
+            results[i][name] = Tensor(datatype, (s, *rest), view[starts[i]:starts[i + 1]])
     return results
+
+
+class _Batch:
+    """A batch in flight: its requests and when it started; `done` is the engine's callback."""
+
+    __slots__ = ("batcher", "requests", "samples", "started")
+
+    def __init__(self, batcher: Batcher, requests: list[_Request], samples: int, started: float) -> None:
+        self.batcher = batcher
+        self.requests = requests
+        self.samples = samples
+        self.started = started
+
+    def done(self, outputs: dict[str, Tensor] | None, error: BaseException | None) -> None:
+        self.batcher._batch_done(self, outputs, error)
 
 
 class _Staged:
@@ -185,15 +215,18 @@ class _Staged:
 class Batcher:
     """The queue and dispatcher of one model.
 
-    run: the coroutine that runs a batch (pool.infer); max_batch_size 0 = the model
-    does not batch (every request runs alone); interpreters: most batches in flight;
+    run: hands a batch to the engine (Pool.run); max_batch_size 0 = the model does not
+    batch (every request runs alone); interpreters: most batches in flight;
     max_queue_size: most samples waiting before new requests get Overloaded;
-    scheduler: the slots of the pool shared with other models (None: not shared).
+    scheduler: the slots of the pool shared with other models (None: not shared);
+    uniform: every request has the same per-sample shapes (no variable dimension but
+    the batch), so any two may share a batch without comparing shapes.
     """
 
     def __init__(
         self, *, model: str, run: Runner, policy: BatchPolicy, max_batch_size: int, interpreters: int,
         max_queue_size: int, join: Joining | None = None, scheduler: FairScheduler | None = None,
+        uniform: bool = False,
     ) -> None:
         if interpreters < 1:
             raise ValueError(f"interpreters must be >= 1, got {interpreters}")
@@ -203,6 +236,7 @@ class Batcher:
         self.interpreters = interpreters
         self.max_queue_size = max_queue_size
         self._run_batch = run
+        self._uniform = uniform
         self._join = join if max_batch_size > 0 else None
         self._staged: list[_Staged] = []
         # optional admission control: a policy with admit(now, queued_samples) -> Retry-After seconds | None
@@ -210,11 +244,15 @@ class Batcher:
         self._queue: collections.deque[_Request] = collections.deque()
         self._queued_samples = 0
         self._running = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._timer: asyncio.TimerHandle | None = None
+        self._batches: set[_Batch] = set()  # plain batches in flight (for their deadlines)
+        self._tasks: set[asyncio.Task[None]] = set()  # staged batches and failure isolation
+        self._wake: asyncio.Handle | None = None  # the policy's timer, armed for _wake_at
+        self._wake_at = _NEVER
+        self._expiry: asyncio.Handle | None = None  # the deadline timer, armed for _expiry_at
+        self._expiry_at = _NEVER
         self._closed = False
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._drained: asyncio.Future[None] | None = None  # close() waits on it
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.batches = 0  # batches dispatched
         self.requests = 0  # requests answered by a batch
         self.refused = 0  # requests refused (Overloaded)
@@ -258,90 +296,136 @@ class Batcher:
             out["join"] = self._join.planner.as_dict()
         state = getattr(self.policy, "as_dict", None)
         if state is not None:
-            out["policy"] = state(asyncio.get_running_loop().time())
+            out["policy"] = state(clock())
         return out
 
     # ---- requests ----
 
-    async def submit(
-        self, inputs: Mapping[str, Tensor], samples: int, /, *, deadline: float | None = None,
+    def submit(
+        self, inputs: Sequence[Tensor], samples: int, /, *, deadline: float | None = None,
         budget: float | None = None,
-    ) -> dict[str, Tensor]:
-        """Queue one request and wait for its outputs (split from its batch's outputs).
+    ) -> asyncio.Future[dict[str, Tensor]]:
+        """Queue one request; the future resolves to its outputs (split from its batch's outputs).
 
-        deadline: loop.time() after which the request fails with RequestTimeout;
+        inputs: the model's inputs in declared order, each `samples` rows long when the
+        model batches (the codec derived `samples` from them and checked it);
+        deadline: time.monotonic() after which the request fails with RequestTimeout;
         budget: this request's latency budget in seconds (None: the policy's own).
 
-        Raises InvalidInput (over max_batch_size), Overloaded (queue full),
-        RequestTimeout (deadline passed), ModelError (the model raised on it)."""
+        Raises InvalidInput (over max_batch_size), Overloaded (queue full), RequestTimeout
+        (deadline already passed) and EngineError (closing). The future fails with
+        RequestTimeout (deadline passed) or ModelError (the model raised on it).
+        Cancelling the future withdraws the request if it has not run yet."""
         if self._closed:
             raise EngineError(f"model {self.model!r} is shutting down")
         if self.max_batch_size > 0 and samples > self.max_batch_size:
             raise InvalidInput(
                 f"model {self.model!r}: the request holds {samples} samples, max_batch_size is {self.max_batch_size}"
             )
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if self._admit is not None and self._queue:
-            wait = self._admit(now, self._queued_samples)
-            if wait is not None:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        now = clock()
+        queue = self._queue
+        if queue:
+            if self._admit is not None:
+                wait = self._admit(now, self._queued_samples)
+                if wait is not None:
+                    self.refused += 1
+                    raise Overloaded(
+                        f"model {self.model!r}: {self._queued_samples} samples are queued, more than it can "
+                        f"answer within its latency budget; retry in {wait:.2f} s",
+                        retry_after=wait,
+                    )
+            if self._queued_samples + samples > self.max_queue_size:
                 self.refused += 1
                 raise Overloaded(
-                    f"model {self.model!r}: {self._queued_samples} samples are queued, more than it can answer "
-                    f"within its latency budget; retry in {wait:.2f} s",
-                    retry_after=wait,
+                    f"model {self.model!r}: {self._queued_samples} samples are queued (max_queue_size "
+                    f"{self.max_queue_size}); retry later",
+                    retry_after=1.0,
                 )
-        if self._queue and self._queued_samples + samples > self.max_queue_size:
-            self.refused += 1
-            raise Overloaded(
-                f"model {self.model!r}: {self._queued_samples} samples are queued (max_queue_size "
-                f"{self.max_queue_size}); retry later",
-                retry_after=1.0,
-            )
-        if deadline is not None and deadline <= now:
-            raise RequestTimeout(f"model {self.model!r}: the request's deadline passed before it was queued")
-        req = _Request(now, samples, deadline, inputs, loop.create_future(), budget)
         if deadline is not None:
-            req.timer = loop.call_at(deadline, self._expire, req)
-        self._queue.append(req)
+            if deadline <= now:
+                raise RequestTimeout(f"model {self.model!r}: the request's deadline passed before it was queued")
+            if deadline < self._expiry_at:
+                self._arm_expiry(loop, deadline)
+        future: asyncio.Future[dict[str, Tensor]] = loop.create_future()
+        queue.append(_Request(now, samples, deadline, inputs, future, budget))
         self._queued_samples += samples
-        self._idle.clear()
         self._schedule()
-        try:
-            return await req.future
-        except asyncio.CancelledError:
-            if req.state == _QUEUED:  # the caller went away before dispatch: free its place
-                self._remove(req)
-                req.finish(error=asyncio.CancelledError())
-                self._schedule()
-            raise
+        return future
 
-    def _remove(self, req: _Request) -> None:
-        self._queue.remove(req)
-        self._queued_samples -= req.samples
-        self._check_idle()
+    def withdraw(self, future: asyncio.Future[dict[str, Tensor]]) -> None:
+        """The caller stopped waiting for `future`: free its place if it has not run yet."""
+        for r in self._queue:
+            if r.future is future:
+                if r.state == _QUEUED:
+                    self._queue.remove(r)
+                    self._queued_samples -= r.samples
+                    r.finish(error=asyncio.CancelledError())
+                    self._check_drained()
+                    self._schedule()
+                return
 
-    def _expire(self, req: _Request) -> None:
-        req.timer = None
-        now = asyncio.get_running_loop().time()
-        waited = (now - req.arrival) * 1000
-        if req.state != _DONE:
-            self.timed_out += 1
-        if req.state == _QUEUED:
-            self._remove(req)
-            req.finish(error=RequestTimeout(
-                f"model {self.model!r}: request timed out after waiting {waited:.1f} ms in the queue"
-            ))
-            self._schedule()
-        elif req.state == _RUNNING:
-            req.finish(error=RequestTimeout(
-                f"model {self.model!r}: request timed out after {waited:.1f} ms; its batch is still running"
-            ))
+    # ---- deadlines ----
+
+    def _arm_expiry(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry_at = when
+        self._expiry = loop.call_at(when, self._expire)
+
+    def _expire(self) -> None:
+        """The earliest deadline came: fail every request past its deadline, re-arm for the next."""
+        self._expiry = None
+        self._expiry_at = _NEVER
+        loop = self._loop
+        assert loop is not None
+        now = clock()
+        nearest = _NEVER
+        queue = self._queue
+        if queue:
+            expired = [r for r in queue if r.deadline is not None and r.deadline <= now]
+            if expired:
+                gone = set(map(id, expired))
+                kept = [r for r in queue if id(r) not in gone]
+                queue.clear()
+                queue.extend(kept)
+                for r in expired:
+                    self._queued_samples -= r.samples
+                    if not r.future.done():
+                        self.timed_out += 1
+                    r.finish(error=RequestTimeout(
+                        f"model {self.model!r}: request timed out after waiting "
+                        f"{(now - r.arrival) * 1000:.1f} ms in the queue"
+                    ))
+            for r in queue:
+                if r.deadline is not None and r.deadline < nearest:
+                    nearest = r.deadline
+        running = [r for b in self._batches for r in b.requests]
+        running.extend(r for s in self._staged for r in s.requests)
+        running.extend(r for s in self._staged for _, g in s.groups for r in g)
+        for r in running:
+            if r.deadline is None or r.future.done():
+                continue
+            if r.deadline <= now:
+                self.timed_out += 1
+                r.future.set_exception(RequestTimeout(
+                    f"model {self.model!r}: request timed out after {(now - r.arrival) * 1000:.1f} ms; "
+                    f"its batch is still running"
+                ))
+            elif r.deadline < nearest:
+                nearest = r.deadline
+        if nearest < _NEVER:
+            self._arm_expiry(loop, nearest)
+        self._check_drained()
+        self._schedule()
 
     # ---- scheduling ----
 
-    def _on_timer(self) -> None:
-        self._timer = None
+    def _on_wake(self) -> None:
+        self._wake = None
+        self._wake_at = _NEVER
         self._schedule()
 
     def offer_slot(self) -> bool:
@@ -364,33 +448,43 @@ class Batcher:
             if idle <= 0:
                 self._offer_joins()
                 return started  # a completion calls back (with a scheduler: offers a slot)
-            loop = asyncio.get_running_loop()
+            loop = self._loop
+            assert loop is not None
             decision = self.policy.decide(
-                loop.time(), queue, idle=idle, running=self._running, max_batch_size=self.max_batch_size
+                clock(), queue, idle=idle, running=self._running, max_batch_size=self.max_batch_size
             )
             if decision.take <= 0:
-                if decision.wake_at is not None:
-                    if self._timer is not None and self._timer.when() != decision.wake_at:
-                        self._timer.cancel()
-                        self._timer = None
-                    if self._timer is None:
-                        self._timer = loop.call_at(decision.wake_at, self._on_timer)
+                wake_at = decision.wake_at
+                if wake_at is not None and wake_at != self._wake_at:
+                    if self._wake is not None:
+                        self._wake.cancel()
+                    self._wake_at = wake_at
+                    self._wake = loop.call_at(wake_at, self._on_wake)
                 return started
-            self._dispatch(self._take(decision.take))
-            started = True
-            if once:
-                return True
+            batch = self._take(decision.take)
+            if batch:
+                self._dispatch(batch)
+                started = True
+                if once:
+                    return True
         return started
 
     def _take(self, n: int) -> list[_Request]:
+        """Up to n requests from the head that fit one batch; withdrawn ones are dropped."""
         queue = self._queue
-        head = queue.popleft()
-        batch = [head]
-        total = head.samples
+        batch: list[_Request] = []
+        total = 0
         limit = self.max_batch_size
+        uniform = self._uniform
         while len(batch) < n and queue:
             nxt = queue[0]
-            if limit <= 0 or total + nxt.samples > limit or not _compatible(head.inputs, nxt.inputs):
+            if nxt.future.done():  # withdrawn (cancelled) while queued
+                queue.popleft()
+                self._queued_samples -= nxt.samples
+                nxt.state = _DONE
+                continue
+            if batch and (limit <= 0 or total + nxt.samples > limit
+                          or not (uniform or _compatible(batch[0].inputs, nxt.inputs))):
                 break
             batch.append(queue.popleft())
             total += nxt.samples
@@ -398,7 +492,9 @@ class Batcher:
         return batch
 
     def _dispatch(self, batch: list[_Request]) -> None:
-        now = asyncio.get_running_loop().time()
+        loop = self._loop
+        assert loop is not None
+        now = clock()
         for r in batch:
             r.state = _RUNNING
             self.queue_seconds += now - r.arrival
@@ -406,101 +502,121 @@ class Batcher:
             self._seat.take()
         self._running += 1
         self.batches += 1
-        if self._timer is not None and not self._queue:
-            self._timer.cancel()
-            self._timer = None
-        task = asyncio.get_running_loop().create_task(self._run(batch))
+        if not self._queue and self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
+            self._wake_at = _NEVER
+        if self._join is not None:
+            self._spawn(self._run_staged(batch, self._join, loop))
+            return
+        if len(batch) == 1:
+            samples = batch[0].samples
+            inputs: Sequence[Tensor] = batch[0].inputs
+        else:
+            samples = sum(r.samples for r in batch)
+            inputs = concat_inputs([r.inputs for r in batch], samples)
+        run = _Batch(self, batch, samples, now)
+        self._batches.add(run)
+        try:
+            self._run_batch(self.model, inputs, run.done)
+        except Exception as e:  # noqa: BLE001 - the engine refused the batch: answer it from the loop
+            loop.call_soon(run.done, None, e)
+
+    def _spawn(self, coro: Any) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, batch: list[_Request]) -> None:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+    def _batch_done(self, run: _Batch, outputs: dict[str, Tensor] | None, error: BaseException | None) -> None:
+        """The engine's callback for a plain batch: answer its requests, free its slot."""
+        self._batches.discard(run)
+        loop = self._loop
+        assert loop is not None
+        requests = run.requests
+        elapsed = clock() - run.started
+        self.compute_seconds += elapsed * len(requests)
+        isolating = False
         try:
-            if self._join is not None:
-                await self._run_staged(batch, self._join, loop)
-                return
-            if len(batch) == 1:
-                await self._run_alone(batch[0], loop)
-                return
-            samples = [r.samples for r in batch]
-            total = sum(samples)
-            inputs = concat_inputs([r.inputs for r in batch], total)
-            started = loop.time()
-            try:
-                outputs = await self._run_batch(self.model, inputs)
-            except ModelError:
-                # find the culprit: run each request alone, so only it fails
-                for r in batch:
-                    if not r.future.done():
-                        await self._run_alone(r, loop)
-                return
-            except BaseException as e:
-                self._fail(batch, e)
-                if not isinstance(e, Exception):
-                    raise
-                return
-            self.policy.observe(total, loop.time() - started)
-            del inputs
-            self._deliver(batch, outputs)
-        finally:
-            self.compute_seconds += (loop.time() - started) * len(batch)
-            self._running -= 1
-            self._check_idle()
-            if self._seat is None:
-                self._schedule()
+            if outputs is not None:
+                self.policy.observe(run.samples, elapsed)
+                self._deliver(requests, outputs)
+            elif isinstance(error, ModelError) and len(requests) > 1:
+                # find the culprit: run each request alone in this slot, so only it fails
+                self._spawn(self._isolate(requests))
+                isolating = True
             else:
-                self._seat.release()  # offers the slot round-robin, this model included
-                if self._queue and self._staged:
-                    self._schedule()  # no slot came back to it: its running batches may take joins
-
-    # ---- layer-level joining ----
-
-    def _limit(self, req: _Request, join: Joining) -> float:
-        return tightest(req.arrival, req.budget if req.budget is not None else join.budget, req.deadline)
-
-    async def _run_staged(self, batch: list[_Request], join: Joining, loop: asyncio.AbstractEventLoop) -> None:
-        total = sum(r.samples for r in batch)
-        inputs = batch[0].inputs if len(batch) == 1 else concat_inputs([r.inputs for r in batch], total)
-        started = loop.time()
-        try:
-            run = join.pool.infer_staged(self.model, inputs)
-        except BaseException as e:
-            self._fail(batch, e)
-            if not isinstance(e, Exception):
-                raise
-            return
-        staged = _Staged(run, batch, total, min(self._limit(r, join) for r in batch))
-        self._staged.append(staged)
-        try:
-            outputs, seconds = await run.result
-        except BaseException as e:
-            everyone = batch + [r for _, group in self._absorbed(staged) for r in group]
-            if isinstance(e, ModelError) and len(everyone) > 1:
-                for r in everyone:  # find the culprit: each alone, so only it fails
-                    if not r.future.done():
-                        await self._run_alone(r, loop)
-                return
-            self._fail(everyone, e)
-            if not isinstance(e, Exception):
-                raise
-            return
+                for r in requests:
+                    r.finish(error=error)
+        except Exception as e:
+            for r in requests:  # whatever went wrong, no request of the batch is left waiting
+                r.finish(error=e)
+            raise
         finally:
-            self._staged.remove(staged)
-        absorbed = self._absorbed(staged)
-        requests = batch + [r for _, group in absorbed for r in group]
-        self.compute_seconds += (loop.time() - started) * (len(requests) - len(batch))  # joiners, roughly
-        if absorbed:
-            self.joins += len(absorbed)
-            self.joined_requests += len(requests) - len(batch)
-        else:  # a batch that ran as it was dispatched teaches the curve and the stage shares
-            self.policy.observe(total, loop.time() - started)
-            join.planner.profile.observe(seconds)
-        del inputs
-        self._deliver(requests, outputs)
+            if not isolating:
+                self._release()
+
+    def _release(self) -> None:
+        """A batch ended: free its slot and dispatch what is waiting."""
+        self._running -= 1
+        self._check_drained()
+        if self._seat is None:
+            self._schedule()
+        else:
+            self._seat.release()  # offers the slot round-robin, this model included
+            if self._queue and self._staged:
+                self._schedule()  # no slot came back to it: its running batches may take joins
+
+    def _run_one(self, inputs: Sequence[Tensor]) -> asyncio.Future[dict[str, Tensor]]:
+        assert self._loop is not None
+        fut: asyncio.Future[dict[str, Tensor]] = self._loop.create_future()
+
+        def done(outputs: dict[str, Tensor] | None, error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(outputs)  # type: ignore[arg-type]
+
+        try:
+            self._run_batch(self.model, inputs, done)
+        except Exception as e:  # noqa: BLE001 - answered through the future
+            fut.set_exception(e)
+        return fut
+
+    async def _isolate(self, requests: list[_Request]) -> None:
+        """Run each request of a failed batch alone, in the batch's slot."""
+        try:
+            for r in requests:
+                if not r.future.done():
+                    await self._run_alone(r)
+        finally:
+            self._release()
+
+    async def _run_alone(self, req: _Request) -> None:
+        assert self._loop is not None
+        started = clock()
+        try:
+            outputs = await self._run_one(req.inputs)
+        except Exception as e:  # noqa: BLE001 - the request's own failure
+            req.finish(error=e)
+            return
+        self.policy.observe(req.samples, clock() - started)
+        self._deliver([req], outputs)
 
     def _deliver(self, requests: list[_Request], outputs: Mapping[str, Tensor]) -> None:
         """Answer each request of a batch with its slice of the outputs (all fail if they do not split)."""
+        if len(requests) == 1:
+            r = requests[0]
+            if self.max_batch_size > 0:
+                for name, t in outputs.items():
+                    if not t.shape or t.shape[0] != r.samples:
+                        r.finish(error=_wrong_rows(self.model, name, t.shape, r.samples))
+                        return
+            r.finish(outputs if isinstance(outputs, dict) else dict(outputs))
+            self.requests += 1
+            return
         try:
             parts = split_outputs(outputs, [r.samples for r in requests], self.model)
         except ModelError as e:
@@ -511,11 +627,61 @@ class Batcher:
             r.finish(part)
         self.requests += len(requests)
 
-    @staticmethod
-    def _fail(requests: list[_Request], error: BaseException) -> None:
-        """Fail every request with `error` (the caller re-raises what is not an Exception)."""
-        for r in requests:
-            r.finish(error=error)
+    def _check_drained(self) -> None:
+        drained = self._drained
+        if drained is not None and not self._queue and self._running == 0 and not drained.done():
+            drained.set_result(None)
+
+    # ---- layer-level joining ----
+
+    def _limit(self, req: _Request, join: Joining) -> float:
+        return tightest(req.arrival, req.budget if req.budget is not None else join.budget, req.deadline)
+
+    async def _run_staged(self, batch: list[_Request], join: Joining, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            await self._run_staged_batch(batch, join, loop)
+        finally:
+            self._release()
+
+    async def _run_staged_batch(self, batch: list[_Request], join: Joining,
+                                loop: asyncio.AbstractEventLoop) -> None:
+        total = sum(r.samples for r in batch)
+        inputs = batch[0].inputs if len(batch) == 1 else concat_inputs([r.inputs for r in batch], total)
+        started = clock()
+        try:
+            run = join.pool.infer_staged(self.model, inputs)
+        except Exception as e:  # noqa: BLE001 - the engine refused the batch
+            for r in batch:
+                r.finish(error=e)
+            return
+        staged = _Staged(run, batch, total, min(self._limit(r, join) for r in batch))
+        self._staged.append(staged)
+        try:
+            outputs, seconds = await run.result
+        except Exception as e:  # noqa: BLE001 - every request of the batch gets an answer
+            everyone = batch + [r for _, group in self._absorbed(staged) for r in group]
+            self.compute_seconds += (clock() - started) * len(everyone)
+            if isinstance(e, ModelError) and len(everyone) > 1:
+                for r in everyone:  # find the culprit: each alone, so only it fails
+                    if not r.future.done():
+                        await self._run_alone(r)
+                return
+            for r in everyone:
+                r.finish(error=e)
+            return
+        finally:
+            self._staged.remove(staged)
+        absorbed = self._absorbed(staged)
+        requests = batch + [r for _, group in absorbed for r in group]
+        self.compute_seconds += (clock() - started) * len(requests)
+        if absorbed:
+            self.joins += len(absorbed)
+            self.joined_requests += len(requests) - len(batch)
+        else:  # a batch that ran as it was dispatched teaches the curve and the stage shares
+            self.policy.observe(total, clock() - started)
+            join.planner.profile.observe(seconds)
+        del inputs
+        self._deliver(requests, outputs)
 
     @staticmethod
     def _absorbed(staged: _Staged) -> list[tuple[asyncio.Future[bool], list[_Request]]]:
@@ -533,7 +699,8 @@ class Batcher:
         queue = self._queue
         if join is None or not self._staged:
             return
-        now = asyncio.get_running_loop().time()
+        assert self._loop is not None
+        now = clock()
         planner = join.planner
         running = []
         free_at = math.inf  # the earliest predicted end of a running batch: when a slot frees
@@ -548,13 +715,18 @@ class Batcher:
                     offered=[sum(r.samples for r in g) for _, g in self._offered(staged)], done=progress[0],
                 ))
         for staged, (done, elapsed) in running:
+            while queue and queue[0].future.done():  # withdrawn while queued
+                dropped = queue.popleft()
+                dropped.state = _DONE
+                self._queued_samples -= dropped.samples
             if not queue:
                 return
             sizes: list[int] = []
             limits: list[float] = []
             total, limit = 0, math.inf
             for r in queue:
-                if staged.samples + total + r.samples > self.max_batch_size or not _compatible(staged.requests[0].inputs, r.inputs):
+                if (staged.samples + total + r.samples > self.max_batch_size
+                        or not (self._uniform or _compatible(staged.requests[0].inputs, r.inputs))):
                     break
                 total += r.samples
                 limit = min(limit, self._limit(r, join))
@@ -600,47 +772,30 @@ class Batcher:
                 self.queue_seconds -= offered - r.arrival  # counted again at its dispatch
                 self._queue.appendleft(r)
                 self._queued_samples += r.samples
-        self._check_idle()
+        self._check_drained()
         self._schedule()
-
-    async def _run_alone(self, req: _Request, loop: asyncio.AbstractEventLoop) -> None:
-        started = loop.time()
-        try:
-            outputs = await self._run_batch(self.model, req.inputs)
-        except BaseException as e:
-            req.finish(error=e)
-            if not isinstance(e, Exception):
-                raise
-            return
-        self.policy.observe(req.samples, loop.time() - started)
-        if self.max_batch_size > 0:
-            for name, t in outputs.items():
-                if not t.shape or t.shape[0] != req.samples:
-                    req.finish(error=ModelError(
-                        f"model {self.model!r}: output {name!r} has shape {list(t.shape)}, but the batch holds "
-                        f"{req.samples} samples: its first dimension must be {req.samples}"
-                    ))
-                    return
-        req.finish(outputs)
-        self.requests += 1
-
-    def _check_idle(self) -> None:
-        if not self._queue and self._running == 0:
-            self._idle.set()
 
     # ---- lifecycle ----
 
     async def close(self, *, timeout: float | None = None) -> None:
         """Refuse new requests and wait (up to `timeout` s) until every accepted one is answered."""
         self._closed = True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            for r in list(self._queue):
-                self._remove(r)
-                r.finish(error=EngineError(f"model {self.model!r} shut down before the request ran"))
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        loop = asyncio.get_running_loop()
+        self._loop = self._loop or loop
+        if self._queue or self._running:
+            self._drained = loop.create_future()
+            self._check_drained()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._drained), timeout)
+            except TimeoutError:
+                for r in list(self._queue):
+                    r.finish(error=EngineError(f"model {self.model!r} shut down before the request ran"))
+                self._queue.clear()
+                self._queued_samples = 0
+        for handle in (self._wake, self._expiry):
+            if handle is not None:
+                handle.cancel()
+        self._wake = self._expiry = None
+        self._wake_at = self._expiry_at = _NEVER
         if self._seat is not None:
             self._seat.leave()

@@ -37,10 +37,10 @@ batches.
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import math
 import statistics
+import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -434,8 +434,10 @@ def _from_example(example: dict[str, Tensor], batch: int) -> dict[str, Tensor]:
     have = next(iter(example.values())).shape[0]
     if have < 1:
         raise ValueError("the example request holds no sample")
+    names = list(example)
     samples = split_outputs(example, [1] * have, "example")
-    return concat_inputs([samples[i % have] for i in range(batch)], batch)
+    joined = concat_inputs([[samples[i % have][n] for n in names] for i in range(batch)], batch)
+    return dict(zip(names, joined))
 
 
 async def measure(
@@ -444,16 +446,15 @@ async def measure(
     """Median seconds per batch size over `repeats` rounds, each round timing every size
     once (interleaved, so a burst of other load on the machine skews one round of all
     sizes, not all rounds of one size); one untimed call per size first."""
-    loop = asyncio.get_running_loop()
     inputs = {b: sample_inputs(model_info, b, batched=batched) for b in sizes}
     for b in sizes:
         await pool.infer(model_info.name, inputs[b])
     times: dict[int, list[float]] = {b: [] for b in sizes}
     for _ in range(max(1, repeats)):
         for b in sizes:
-            start = loop.time()
+            start = time.perf_counter()
             await pool.infer(model_info.name, inputs[b])
-            times[b].append(loop.time() - start)
+            times[b].append(time.perf_counter() - start)
     return [(b, statistics.median(times[b])) for b in sizes]
 
 

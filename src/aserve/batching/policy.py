@@ -22,9 +22,9 @@ from typing import NamedTuple, Protocol
 
 
 class Pending(Protocol):  # what a policy sees of one queued request
-    arrival: float  # loop.time() when queued
+    arrival: float  # time.monotonic() when queued (the clock loop.call_at counts in)
     samples: int
-    deadline: float | None  # loop.time() by which it must finish, if any
+    deadline: float | None  # time.monotonic() by which it must finish, if any
     budget: float | None  # this request's latency budget in seconds (None: the policy's own)
 
 

@@ -207,7 +207,7 @@ def make_batcher(
                            benefit=join_rule == "benefit")
     return Batcher(
         model=name,
-        run=pool.infer,
+        run=pool.run,
         policy=policy,
         max_batch_size=mb,
         interpreters=interpreters,
@@ -256,7 +256,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         profile = await measure_stages(pool, info, 4)
         print(f"# cost model: {json.dumps(cost.as_dict())}", file=sys.stderr, flush=True)
         print(f"# stages: {json.dumps(profile.as_dict())}", file=sys.stderr, flush=True)
-        inputs = {k: sample_inputs(info, k) for k in range(1, 11)}
+        inputs = {k: [sample_inputs(info, k)[s.name] for s in info.inputs] for k in range(1, 11)}
         for kind in ("single", "multi"):
             multi = kind == "multi"
             budget = (args.multi_budget_ms if multi else args.budget_ms) / 1e3
