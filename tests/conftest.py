@@ -1,11 +1,14 @@
-"""Suite-wide set-up: glibc tunables for private interpreters, example paths."""
+"""Suite-wide set-up: glibc tunables for private interpreters, event loops, example paths."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
+from collections.abc import Callable, Mapping
 
 import pytest
+import uvloop
 
 # Private interpreters need glibc tunables at process start: the `aserve.testing`
 # plugin (pyproject addopts) re-executes pytest with them before capture starts.
@@ -60,6 +63,30 @@ class Staged(Model):
             x = stage(x)
         return self.stage_output(x)
 """
+
+
+# The server runs on uvloop (`aserve serve`), so every test does; the server's, the data
+# plane's and the batcher's tests also run on the default asyncio loop, so that nothing
+# relies on one loop's quirks (uvloop's handles for near deadlines have no `when()`).
+BOTH_LOOPS = ("tests/server/", "tests/batching/", "tests/dataplane/")
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item
+                                  ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    path = item.nodeid.replace("\\", "/")
+    if path.startswith(BOTH_LOOPS):
+        return {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
+    return {"uvloop": uvloop.new_event_loop}
+
+
+async def until(predicate: Callable[[], bool], *, timeout: float = 30.0, what: str = "the condition") -> None:
+    """Wait until `predicate()` holds, polling observable state (never a fixed sleep)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not predicate():
+        if loop.time() > end:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.001)
 
 
 @pytest.fixture

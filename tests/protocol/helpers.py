@@ -8,6 +8,7 @@ import ml_dtypes
 import numpy as np
 
 from aserve.engine.pool import ModelInfo
+from aserve.inference import ModelSchema
 from aserve.runtime.model import TensorSpec
 
 NUMPY = {
@@ -83,3 +84,9 @@ def model(
         inputs=[TensorSpec(n, d, s) for n, d, s in inputs],
         outputs=[TensorSpec(n, d, s) for n, d, s in outs],
     )
+
+
+def schema(info: ModelInfo, max_batch_size: int, *, max_latency_budget_ms: float | None = None) -> ModelSchema:
+    """What a loaded model's requests are decoded against."""
+    return ModelSchema(info.name, "1", inputs=info.inputs, outputs=info.outputs, max_batch_size=max_batch_size,
+                       max_latency_budget_ms=max_latency_budget_ms)

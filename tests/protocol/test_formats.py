@@ -20,7 +20,7 @@ from aserve.protocol import (
 )
 from aserve.tensor import Tensor
 
-from .helpers import model, raw
+from .helpers import model, raw, schema
 
 
 @pytest.mark.parametrize(
@@ -134,8 +134,8 @@ def test_deeply_nested_v2_data_is_invalid_input() -> None:
     # msgspec stops either at its recursion limit or (newer Pythons) at the first wrong type
     deep = r"^(request body: malformed JSON: maximum recursion depth|inputs\[0\]\.data\[0\]\[0\]: expected `int`)"
     with pytest.raises(InvalidInput, match=deep):
-        decode_infer(body, content_type=None, header_length=None, model=m, max_batch_size=2)
+        decode_infer(body, content_type=None, header_length=None, schema=schema(m, 2))
     shape = json.dumps([1] * 40).encode()
     body = b'{"inputs": [{"name": "A", "shape": ' + shape + b', "datatype": "INT32", "data": [1]}]}'
     with pytest.raises(InvalidInput, match=r"^inputs\[0\]\.shape: at most 32 dimensions, got 40$"):
-        decode_infer(body, content_type=None, header_length=None, model=m, max_batch_size=2)
+        decode_infer(body, content_type=None, header_length=None, schema=schema(m, 2))

@@ -13,14 +13,14 @@ from aserve.errors import InvalidInput, ModelError
 from aserve.protocol import decode_predict, encode_predict
 from aserve.tensor import Tensor
 
-from .helpers import DATATYPES, VALUES, model, raw
+from .helpers import DATATYPES, VALUES, model, raw, schema
 
 ONE = model([("X", "FP32", (-1, 2))], [("Y", "FP32", (-1, 2))])
 TWO = model([("X", "INT32", (-1, 2)), ("S", "BYTES", (-1,))], [("Y", "FP32", (-1, 2))])
 
 
 def decode(body: Any, m=ONE, max_batch_size: int = 8):
-    return decode_predict(json.dumps(body).encode(), model=m, max_batch_size=max_batch_size)
+    return decode_predict(json.dumps(body).encode(), schema=schema(m, max_batch_size))
 
 
 def fails(body: Any, m=ONE, max_batch_size: int = 8) -> str:
@@ -39,10 +39,10 @@ def test_rows_and_columns_of_every_numeric_datatype(datatype: str) -> None:
     values = VALUES[datatype]
     rows = decode({"instances": [values[:3], values[3:]]}, m)
     columns = decode({"inputs": {"X": [values[:3], values[3:]]}}, m)
-    assert not rows.columnar and columns.columnar
+    assert not rows.form and columns.form
     for request in (rows, columns):
         assert request.samples == 2
-        assert request.inputs["X"].shape == (2, 3) and as_bytes(request.inputs["X"]) == raw(datatype)
+        assert request.named()["X"].shape == (2, 3) and as_bytes(request.named()["X"]) == raw(datatype)
 
     y = Tensor(datatype, (2, 3), raw(datatype))
     assert json.loads(encode_predict({"Y": y}, columnar=False)) == {"predictions": [values[:3], values[3:]]}
@@ -57,27 +57,27 @@ def test_rows_of_named_inputs_with_bytes() -> None:
         },
         TWO,
     )
-    assert request.samples == 2 and not request.columnar
-    assert as_bytes(request.inputs["X"]) == raw("INT32", [1, 2, 3, 4])
-    assert request.inputs["S"].shape == (2,)
-    assert as_bytes(request.inputs["S"]) == raw("BYTES", ["caf\u00e9".encode(), b"\x00\xff"])
+    assert request.samples == 2 and not request.form
+    assert as_bytes(request.named()["X"]) == raw("INT32", [1, 2, 3, 4])
+    assert request.named()["S"].shape == (2,)
+    assert as_bytes(request.named()["S"]) == raw("BYTES", ["caf\u00e9".encode(), b"\x00\xff"])
 
 
 def test_single_input_rows_may_name_it() -> None:
     request = decode({"instances": [{"X": [1, 2]}, {"X": [3, 4]}]})
-    assert request.inputs["X"].shape == (2, 2)
-    assert np.frombuffer(request.inputs["X"].data, np.float32).tolist() == [1, 2, 3, 4]
+    assert request.named()["X"].shape == (2, 2)
+    assert np.frombuffer(request.named()["X"].data, np.float32).tolist() == [1, 2, 3, 4]
 
 
 def test_columns_of_a_single_input_may_be_bare() -> None:
     request = decode({"inputs": [[1, 2]]})
-    assert request.columnar and request.inputs["X"].shape == (1, 2)
+    assert request.form and request.named()["X"].shape == (1, 2)
 
 
 def test_model_without_batching_takes_one_instance() -> None:
     m = model([("X", "INT64", (2, -1))], [("Y", "INT64", (2,))])
     request = decode({"instances": [[[1], [2]]]}, m, max_batch_size=0)
-    assert request.samples == 1 and request.inputs["X"].shape == (2, 1)
+    assert request.samples == 1 and request.named()["X"].shape == (2, 1)
     y = Tensor("INT64", (2,), raw("INT64", [5, 6]))
     assert json.loads(encode_predict({"Y": y}, columnar=False, batched=False)) == {"predictions": [[5, 6]]}
     assert fails({"instances": [[[1], [2]], [[3], [4]]]}, m, 0) == (
@@ -88,8 +88,8 @@ def test_model_without_batching_takes_one_instance() -> None:
 def test_scalar_samples() -> None:
     m = model([("X", "FP64", (-1,))], [("Y", "FP64", (-1,))])
     request = decode({"instances": [1.5, 2, -3]}, m)
-    assert request.inputs["X"].shape == (3,)
-    assert np.frombuffer(request.inputs["X"].data, np.float64).tolist() == [1.5, 2.0, -3.0]
+    assert request.named()["X"].shape == (3,)
+    assert np.frombuffer(request.named()["X"].data, np.float64).tolist() == [1.5, 2.0, -3.0]
     y = Tensor("FP64", (3,), raw("FP64", [0.5, 1.0, 2.0]))
     assert json.loads(encode_predict({"Y": y}, columnar=False)) == {"predictions": [0.5, 1.0, 2.0]}
 
@@ -241,7 +241,7 @@ ERRORS: list[tuple[str, Any, Any, str]] = [
 def test_predict_errors(body: Any, m, message: str) -> None:
     if body is None:
         with pytest.raises(InvalidInput) as info:
-            decode_predict(b"instances", model=m, max_batch_size=8)
+            decode_predict(b"instances", schema=schema(m, 8))
         assert str(info.value) == message
     else:
         assert fails(body, m) == message
@@ -251,7 +251,7 @@ def test_too_deep_nesting_is_invalid_input() -> None:
     deep = b'{"instances": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     too_deep = r"request body: malformed JSON: maximum recursion depth|instances\[\*\]\.X: at most 32 dimensions"
     with pytest.raises(InvalidInput, match=too_deep):
-        decode_predict(deep, model=ONE, max_batch_size=8)
+        decode_predict(deep, schema=schema(ONE, 8))
     nested: Any = [1.0]
     for _ in range(40):
         nested = [nested]

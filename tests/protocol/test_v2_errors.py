@@ -11,10 +11,11 @@ import msgspec
 import pytest
 
 from aserve.errors import InvalidInput
+from aserve.inference import InferResponse
 from aserve.protocol import decode_infer, encode_infer
 from aserve.tensor import Tensor
 
-from .helpers import model, raw
+from .helpers import model, raw, schema
 
 MODEL = model([("A", "INT32", (-1, 2)), ("B", "FP32", (-1, 3))], [("Y", "INT32", (-1, 2))])
 
@@ -33,7 +34,7 @@ B = inp("B", (1, 3), "FP32", (1.0, 2.0, 3.0))
 def fails(body: bytes, *, header_length: int | None = None, content_type: str | None = None) -> str:
     with pytest.raises(InvalidInput) as info:
         decode_infer(
-            body, content_type=content_type, header_length=header_length, model=MODEL, max_batch_size=4
+            body, content_type=content_type, header_length=header_length, schema=schema(MODEL, 4)
         )
     return str(info.value)
 
@@ -252,7 +253,7 @@ def test_bytes_elements_must_be_strings() -> None:
         {"inputs": [{"name": "S", "shape": [2], "datatype": "BYTES", "data": ["a", 5]}]}
     ).encode()
     with pytest.raises(InvalidInput, match=r"^inputs\[0\]\.data\[1\]: expected `str`, got `int`$"):
-        decode_infer(body, content_type=None, header_length=None, model=m, max_batch_size=2)
+        decode_infer(body, content_type=None, header_length=None, schema=schema(m, 2))
     packed = msgspec.msgpack.encode(
         {"inputs": [{"name": "S", "shape": [2], "datatype": "BYTES", "data": [b"a", 5]}]}
     )
@@ -260,7 +261,7 @@ def test_bytes_elements_must_be_strings() -> None:
         InvalidInput, match=r"^inputs\[0\]\.data\[1\]: BYTES element must be a string, got int$"
     ):
         decode_infer(
-            packed, content_type="application/msgpack", header_length=None, model=m, max_batch_size=2
+            packed, content_type="application/msgpack", header_length=None, schema=schema(m, 2)
         )
 
 
@@ -272,7 +273,7 @@ def test_uint64_above_range() -> None:
     with pytest.raises(
         InvalidInput, match=r"^inputs\[0\]\.data\[1\]: 18446744073709551616 is out of range for UINT64$"
     ):
-        decode_infer(body, content_type=None, header_length=None, model=m, max_batch_size=2)
+        decode_infer(body, content_type=None, header_length=None, schema=schema(m, 2))
 
 
 def test_malformed_bodies() -> None:
@@ -366,7 +367,7 @@ def test_binary_bytes_tensors_are_checked() -> None:
         ).encode()
         with pytest.raises(InvalidInput) as info:
             decode_infer(
-                header + tail, content_type=None, header_length=len(header), model=m, max_batch_size=4
+                header + tail, content_type=None, header_length=len(header), schema=schema(m, 4)
             )
         return str(info.value)
 
@@ -394,18 +395,16 @@ def test_msgpack_raw_data_must_match_the_shape() -> None:
 def test_bytes_output_that_is_not_utf8_needs_binary() -> None:
     m = model([("S", "BYTES", (-1,))])
     body = json.dumps({"inputs": [{"name": "S", "shape": [1], "datatype": "BYTES", "data": ["a"]}]}).encode()
-    request = decode_infer(body, content_type=None, header_length=None, model=m, max_batch_size=2)
+    request = decode_infer(body, content_type=None, header_length=None, schema=schema(m, 2))
     with pytest.raises(
         InvalidInput, match=r"BYTES output 'S' is not UTF-8 text .*parameters.binary_data = true"
     ):
         encode_infer(
-            model_name="m",
-            model_version=None,
-            request=request,
-            outputs={"S": Tensor("BYTES", (1,), raw("BYTES", [b"\xff"]))},
-            accept=None,
-            content_type=None,
-        )
+        InferResponse(model_name="m", model_version="1", outputs={"S": Tensor("BYTES", (1,), raw("BYTES", [b"\xff"]))}, id=request.id),
+        request,
+        accept=None,
+        content_type=None,
+    )
 
 
 # ---- nothing but InvalidInput, whatever the body ----
@@ -440,7 +439,7 @@ def test_mangled_bodies_raise_only_invalid_input() -> None:
             header_length = rng.randint(-2, len(data) + 2)
         try:
             decode_infer(
-                bytes(data), content_type=None, header_length=header_length, model=MODEL, max_batch_size=4
+                bytes(data), content_type=None, header_length=header_length, schema=schema(MODEL, 4)
             )
             outcomes["ok"] += 1
         except InvalidInput:
@@ -460,8 +459,7 @@ def test_mangled_msgpack_raises_only_invalid_input() -> None:
                 bytes(data),
                 content_type="application/msgpack",
                 header_length=None,
-                model=MODEL,
-                max_batch_size=4,
+                schema=schema(MODEL, 4),
             )
         except InvalidInput:
             pass
@@ -489,5 +487,5 @@ def test_numbers_outside_the_datatype(datatype: str, data: bytes, message: str) 
         data,
     )
     with pytest.raises(InvalidInput) as info:
-        decode_infer(body, content_type=None, header_length=None, model=m, max_batch_size=2)
+        decode_infer(body, content_type=None, header_length=None, schema=schema(m, 2))
     assert str(info.value) == message

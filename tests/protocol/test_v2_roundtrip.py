@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from aserve.errors import InvalidInput
+from aserve.inference import InferResponse
 from aserve.protocol import HEADER_LENGTH, InferRequest, decode_infer, encode_infer
 from aserve.tensor import Tensor
 
-from .helpers import DATATYPES, VALUES, model, raw
+from .helpers import DATATYPES, VALUES, model, raw, schema
 
 MSGPACK = "application/msgpack"
 
@@ -26,16 +27,14 @@ def decode(
     body: bytes | bytearray, m, *, content_type=None, header_length=None, max_batch_size=8
 ) -> InferRequest:
     return decode_infer(
-        body, content_type=content_type, header_length=header_length, model=m, max_batch_size=max_batch_size
+        body, content_type=content_type, header_length=header_length, schema=schema(m, max_batch_size)
     )
 
 
 def respond(request: InferRequest, outputs: dict[str, Tensor], *, accept=None, content_type=None):
     chunks, headers = encode_infer(
-        model_name="m",
-        model_version="3",
-        request=request,
-        outputs=outputs,
+        InferResponse(model_name="m", model_version="3", outputs=outputs, id=request.id),
+        request,
         accept=accept,
         content_type=content_type,
     )
@@ -56,7 +55,7 @@ def test_json_round_trip(datatype: str, nested: bool) -> None:
         {"id": "req-1", "inputs": [{"name": "X", "shape": [2, 3], "datatype": datatype, "data": data}]}
     ).encode()
     request = decode(body, one_input(datatype))
-    tensor = request.inputs["X"]
+    tensor = request.named()["X"]
     assert (tensor.datatype, tensor.shape, request.samples, request.id) == (datatype, (2, 3), 2, "req-1")
     assert bytes(tensor.view()) == raw(datatype)
 
@@ -87,10 +86,10 @@ def test_binary_round_trip(datatype: str) -> None:
         }
     ).encode()
     request = decode(header + blob, one_input(datatype), header_length=len(header))
-    assert bytes(request.inputs["X"].view()) == blob
+    assert bytes(request.named()["X"].view()) == blob
     assert [(o.name, o.binary) for o in request.outputs] == [("Y", True)]
 
-    out, headers = respond(request, {"Y": request.inputs["X"]})
+    out, headers = respond(request, {"Y": request.named()["X"]})
     assert headers["Content-Type"] == "application/octet-stream"
     message, tail = split_response(out, headers)
     [y] = message["outputs"]
@@ -117,9 +116,9 @@ def test_msgpack_round_trip(datatype: str, as_bytes: bool) -> None:
         {"id": "p", "inputs": [{"name": "X", "shape": [2, 3], "datatype": datatype, "data": data}]}
     )
     request = decode(body, one_input(datatype), content_type=MSGPACK)
-    assert bytes(request.inputs["X"].view()) == raw(datatype)
+    assert bytes(request.named()["X"].view()) == raw(datatype)
 
-    out, headers = respond(request, {"Y": request.inputs["X"]}, content_type=MSGPACK)
+    out, headers = respond(request, {"Y": request.named()["X"]}, content_type=MSGPACK)
     assert headers == {"Content-Type": MSGPACK}
     message = msgspec.msgpack.decode(out)
     [y] = message["outputs"]
@@ -136,7 +135,7 @@ def test_accept_overrides_request_format() -> None:
         {"inputs": [{"name": "X", "shape": [1, 3], "datatype": "INT32", "data": [1, 2, 3]}]}
     ).encode()
     request = decode(body, m)
-    out, headers = respond(request, {"Y": request.inputs["X"]}, accept="application/msgpack")
+    out, headers = respond(request, {"Y": request.named()["X"]}, accept="application/msgpack")
     assert headers["Content-Type"] == MSGPACK
     assert msgspec.msgpack.decode(out)["outputs"][0]["data"] == np.array([1, 2, 3], np.int32).tobytes()
 
@@ -145,7 +144,7 @@ def test_accept_overrides_request_format() -> None:
     )
     request = decode(packed, m, content_type="application/x-msgpack")
     out, headers = respond(
-        request, {"Y": request.inputs["X"]}, accept="application/json", content_type=MSGPACK
+        request, {"Y": request.named()["X"]}, accept="application/json", content_type=MSGPACK
     )
     assert headers["Content-Type"] == "application/json"
     assert json.loads(out)["outputs"][0]["data"] == [1, 2, 3]
@@ -179,11 +178,11 @@ def test_binary_inputs_are_views_into_the_body() -> None:
     request = decode(body, m, header_length=len(header))
     whole = np.frombuffer(body, dtype=np.uint8)
     for name in ("A", "B", "S"):
-        assert np.shares_memory(np.frombuffer(request.inputs[name].data, dtype=np.uint8), whole)
+        assert np.shares_memory(np.frombuffer(request.named()[name].data, dtype=np.uint8), whole)
     body[len(header)] ^= 0xFF  # the body changes: the tensor sees it (no copy was made)
-    assert np.frombuffer(request.inputs["A"].data, dtype=np.float32)[0] != 0.0
-    assert np.frombuffer(request.inputs["B"].data, dtype=np.int64).tolist() == [7, 8, 9, 10]
-    assert bytes(request.inputs["S"].data) == s
+    assert np.frombuffer(request.named()["A"].data, dtype=np.float32)[0] != 0.0
+    assert np.frombuffer(request.named()["B"].data, dtype=np.int64).tolist() == [7, 8, 9, 10]
+    assert bytes(request.named()["S"].data) == s
 
 
 def test_msgpack_raw_data_is_a_view_into_the_body() -> None:
@@ -195,7 +194,7 @@ def test_msgpack_raw_data_is_a_view_into_the_body() -> None:
     )
     request = decode(body, m, content_type=MSGPACK)
     assert np.shares_memory(
-        np.frombuffer(request.inputs["X"].data, dtype=np.uint8), np.frombuffer(body, dtype=np.uint8)
+        np.frombuffer(request.named()["X"].data, dtype=np.uint8), np.frombuffer(body, dtype=np.uint8)
     )
 
 
@@ -211,17 +210,15 @@ def test_binary_outputs_are_the_output_buffers() -> None:
     y = bytearray(np.arange(4, dtype=np.float32).tobytes())
     z = bytearray(b"\x01\x02\x03\x04")
     chunks, headers = encode_infer(
-        model_name="m",
-        model_version=None,
-        request=request,
-        outputs={"Y": Tensor("FP32", (1, 4), y), "Z": Tensor("INT8", (1, 4), z)},
+        InferResponse(model_name="m", model_version="1", outputs={"Y": Tensor("FP32", (1, 4), y), "Z": Tensor("INT8", (1, 4), z)}, id=request.id),
+        request,
         accept=None,
         content_type=None,
     )
     header, *blobs = chunks
     assert int(headers[HEADER_LENGTH]) == len(header)
     message = json.loads(bytes(header))
-    assert "model_version" not in message and "id" not in message
+    assert message["model_version"] == "1" and "id" not in message  # Triton always names the version
     assert [o["parameters"] for o in message["outputs"]] == [
         {"binary_data_size": 16},
         {"binary_data_size": 4},
@@ -244,7 +241,7 @@ def test_requested_outputs_select_and_order_the_response() -> None:
         }
     ).encode()
     request = decode(body, m)
-    x = request.inputs["X"]
+    x = request.named()["X"]
     out, headers = respond(request, {"P": x, "Q": x, "R": Tensor("INT8", (1, 2), b"\x09\x0a")})
     message, tail = split_response(out, headers)
     assert [o["name"] for o in message["outputs"]] == ["R", "P"]
@@ -285,7 +282,7 @@ def test_model_without_batching_counts_one_sample() -> None:
         {"inputs": [{"name": "X", "shape": [4, 1], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
     ).encode()
     request = decode(body, m, max_batch_size=0)
-    assert request.samples == 1 and request.inputs["X"].shape == (4, 1)
+    assert request.samples == 1 and request.named()["X"].shape == (4, 1)
 
 
 def test_scalar_and_empty_tensors() -> None:
@@ -299,9 +296,9 @@ def test_scalar_and_empty_tensors() -> None:
         }
     ).encode()
     request = decode(body, m, max_batch_size=0)
-    assert bytes(request.inputs["S"].view()) == np.float64(2.5).tobytes()
-    assert request.inputs["E"].nbytes == 0 and request.inputs["E"].shape == (3, 0)
-    out, _ = respond(request, {"S": request.inputs["S"], "E": request.inputs["E"]})
+    assert bytes(request.named()["S"].view()) == np.float64(2.5).tobytes()
+    assert request.named()["E"].nbytes == 0 and request.named()["E"].shape == (3, 0)
+    out, _ = respond(request, {"S": request.named()["S"], "E": request.named()["E"]})
     assert [o["data"] for o in json.loads(out)["outputs"]] == [[2.5], []]
 
 
@@ -326,7 +323,7 @@ def test_msgpack_nested_bytes_elements() -> None:
         }
     )
     request = decode(body, m, content_type=MSGPACK)
-    assert bytes(request.inputs["S"].view()) == raw("BYTES", ["a", "b", "", "\u00e9"])
+    assert bytes(request.named()["S"].view()) == raw("BYTES", ["a", "b", "", "\u00e9"])
     ragged = msgspec.msgpack.encode(
         {"inputs": [{"name": "S", "shape": [2, 2], "datatype": "BYTES", "data": [[b"a", "b"], [b""]]}]}
     )

@@ -7,10 +7,11 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.http._utils import _get_inference_request
 
+from aserve.inference import InferResponse
 from aserve.protocol import HEADER_LENGTH, decode_infer, encode_infer
 from aserve.tensor import Tensor
 
-from .helpers import DATATYPES, array, model, raw
+from .helpers import DATATYPES, array, model, raw, schema
 
 
 def build(inputs, outputs=None, request_id="", timeout=None, parameters=None) -> tuple[bytes, int | None]:
@@ -48,16 +49,14 @@ def test_tritonclient_round_trip(datatype: str, binary: bool) -> None:
     body, header_length = build(
         [infer_input], [triton.InferRequestedOutput("OUT", binary_data=binary)], request_id="abc"
     )
-    request = decode_infer(body, content_type=None, header_length=header_length, model=m, max_batch_size=4)
-    tensor = request.inputs["IN"]
+    request = decode_infer(body, content_type=None, header_length=header_length, schema=schema(m, 4))
+    tensor = request.named()["IN"]
     assert tensor.shape == (2, 3) and request.samples == 2 and request.id == "abc"
     assert bytes(tensor.view()) == raw(datatype)
 
     chunks, headers = encode_infer(
-        model_name="m",
-        model_version="1",
-        request=request,
-        outputs={"OUT": Tensor(datatype, tensor.shape, tensor.data)},
+        InferResponse(model_name="m", model_version="1", outputs={"OUT": Tensor(datatype, tensor.shape, tensor.data)}, id=request.id),
+        request,
         accept=None,
         content_type=None,
     )
@@ -85,14 +84,12 @@ def test_tritonclient_without_requested_outputs_gets_every_output_binary() -> No
     in_a.set_data_from_numpy(a, binary_data=False)
     in_b.set_data_from_numpy(b, binary_data=True)
     body, header_length = build([in_a, in_b], timeout=1500)
-    request = decode_infer(body, content_type=None, header_length=header_length, model=m, max_batch_size=2)
+    request = decode_infer(body, content_type=None, header_length=header_length, schema=schema(m, 2))
     assert request.outputs == [] and request.timeout_ms == 1.5
     strings = raw("BYTES", ["ok", "\u00e9"])
     chunks, headers = encode_infer(
-        model_name="m",
-        model_version=None,
-        request=request,
-        outputs={"C": request.inputs["A"], "D": Tensor("BYTES", (2,), strings)},
+        InferResponse(model_name="m", model_version="1", outputs={"C": request.named()["A"], "D": Tensor("BYTES", (2,), strings)}, id=request.id),
+        request,
         accept=None,
         content_type=None,
     )
@@ -107,5 +104,5 @@ def test_tritonclient_custom_parameters_reach_the_request() -> None:
     in_a = triton.InferInput("A", [1], "INT32")
     in_a.set_data_from_numpy(np.array([7], dtype=np.int32))
     body, header_length = build([in_a], parameters={"temperature": 0.5})
-    request = decode_infer(body, content_type=None, header_length=header_length, model=m, max_batch_size=1)
+    request = decode_infer(body, content_type=None, header_length=header_length, schema=schema(m, 1))
     assert request.parameters == {"binary_data_output": True, "temperature": 0.5}

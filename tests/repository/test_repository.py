@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from aserve.config import ServerSettings
+from aserve.dataplane.engines import resolve_engine
 from aserve.repository import (
     ConfigError,
     ModelConfig,
@@ -17,7 +18,6 @@ from aserve.repository import (
     scan_repository,
 )
 from aserve.runtime import TensorSpec
-from aserve.server.engines import resolve_engine
 
 FULL = b'''
 class = "Simple"

@@ -9,6 +9,7 @@ import pathlib
 import aiohttp
 import pytest
 
+from aserve.inference import InferRequest
 from aserve.tensor import Tensor
 
 from .conftest import write_repository
@@ -87,7 +88,7 @@ async def test_a_flooded_pool_serves_a_quiet_model_at_the_next_free_interpreter(
     models = {name: (LOGGED_MODEL, logged_config(log, ms=ms)) for name, ms in
               (("hot1", 3.0), ("hot2", 3.0), ("quiet", 1.0))}
     server, url = await start_server(write_repository(tmp_path / "repo", models), interpreters=1)
-    registry = server.registry
+    registry = server.plane.registry
     pool = registry.pools["main"]
     hot = [b for b in (registry.get("hot1").batcher, registry.get("hot2").batcher) if b is not None]
     assert len(hot) == 2
@@ -120,7 +121,9 @@ async def test_a_flooded_pool_serves_a_quiet_model_at_the_next_free_interpreter(
             mark = len(lines)
             value = 7000 + k
             x = Tensor("INT32", (1, 1), array.array("i", [value]).tobytes())
-            out = await quiet.infer({"X": x}, 1, timeout_ms=None)  # queued before the loop goes on
+            assert quiet.schema is not None
+            request = InferRequest(schema=quiet.schema, inputs=[x], samples=1)
+            out = (await server.plane.infer("quiet", None, request)).outputs  # queued before the loop goes on
             assert array.array("i", bytes(out["Y"].view())).tolist() == [value]
             starts = [w for w in read_log(log)[mark:] if w[0] == "start"]
             assert starts[0] == ["start", "quiet", str(value)], starts[:4]
@@ -160,6 +163,6 @@ async def test_models_on_a_subset_of_the_interpreters_all_get_served(
     )
     starts = [w[1] for w in read_log(log) if w[0] == "start"]
     assert {m: starts.count(m) > 0 for m in models} == dict.fromkeys(models, True)
-    scheduler = server.registry.schedulers["main"]
+    scheduler = server.plane.registry.schedulers["main"]
     assert scheduler.slots == 2 and scheduler.in_flight == 0
-    assert all(h.batcher is not None and h.batcher.requests == 90 for h in server.registry.models.values())
+    assert all(h.batcher is not None and h.batcher.requests == 90 for h in server.plane.registry.models.values())

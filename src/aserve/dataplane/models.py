@@ -1,7 +1,8 @@
-"""The served models: pools per engine, one handle (config, info, batcher) per model.
+"""The served models: pools per engine, one handle (config, schema, batcher) per model.
 
-Domain code: no web framework here. The HTTP layer looks models up with
-`ModelRegistry.get(name, version)` and calls `ModelHandle.infer`.
+Domain code: no web framework here. The data plane looks models up with
+`ModelRegistry.get(name, version)`; a handle that is ready has a schema to decode
+requests against and a batcher to submit them to.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import pathlib
-from collections.abc import Mapping
+import time
 from typing import Any
 
 from ..batching import Batcher, BatchPolicy, FairScheduler, WindowPolicy
@@ -18,9 +19,10 @@ from ..config import ServerSettings
 from ..engine import ModelInfo, ModelSpec, Pool
 from ..engine.choose import close_probe
 from ..errors import AserveError, EngineError, ModelNotFound, ModelNotReady
+from ..inference import ModelSchema
 from ..repository import BatchingConfig, ModelConfig, ModelEntry, scan_repository
-from ..tensor import Tensor
 from .engines import resolve_engine
+from .stats import Metrics, RequestStats
 
 log = logging.getLogger("aserve.server")
 
@@ -58,9 +60,10 @@ async def make_policy(
 class ModelHandle:
     """One served model version: its config, engine choice, load state and batcher."""
 
-    def __init__(self, entry: ModelEntry, *, version: str = "1") -> None:
+    def __init__(self, entry: ModelEntry, *, version: str = "1", stats: RequestStats | None = None) -> None:
         self.name = entry.name
         self.version = version
+        self.stats = stats if stats is not None else RequestStats()
         self.entry = entry
         self.config: ModelConfig = entry.config or ModelConfig()
         self.engine = ""
@@ -68,6 +71,7 @@ class ModelHandle:
         self.state = UNAVAILABLE if entry.config is None else LOADING
         self.reason = entry.error or ""
         self.info: ModelInfo | None = None
+        self.schema: ModelSchema | None = None  # set once loaded: what requests are decoded against
         self.batcher: Batcher | None = None
 
     @property
@@ -105,7 +109,7 @@ class ModelHandle:
         # the live policy state (adaptive: budget, arrival rate, the fitted cost model)
         state = getattr(self.batcher.policy, "as_dict", None) if self.batcher is not None else None
         if state is not None:
-            policy: dict[str, Any] = state(asyncio.get_running_loop().time())
+            policy: dict[str, Any] = state(time.monotonic())
             budget = policy.get("latency_budget_s")
             if isinstance(budget, (int, float)):
                 summary["latency_budget_ms"] = budget * 1000.0
@@ -124,34 +128,13 @@ class ModelHandle:
         out["batching"] = summary
         return out
 
-    def require_ready(self) -> ModelInfo:
-        """The loaded model's info, or ModelNotReady saying why it cannot answer."""
-        if self.info is None or self.batcher is None or self.state != READY:
+    def require_ready(self) -> ModelSchema:
+        """The loaded model's schema, or ModelNotReady saying why it cannot answer."""
+        if self.schema is None or self.batcher is None or self.state != READY:
             raise ModelNotReady(
                 f"model {self.name!r} is {self.state.lower()}" + (f": {self.reason}" if self.reason else "")
             )
-        return self.info
-
-    async def infer(
-        self, inputs: Mapping[str, Tensor], samples: int, *, timeout_ms: float | None,
-        latency_budget_ms: float | None = None,
-    ) -> dict[str, Tensor]:
-        """Run one request through the batcher; timeout_ms may only lower the config's timeout.
-
-        latency_budget_ms: this request's latency budget, tighter or looser than the
-        config's, in (0, timeout_ms]; the protocol layer checks it and names the field."""
-        self.require_ready()
-        assert self.batcher is not None
-        budget = None
-        if latency_budget_ms is not None:
-            if not 0 < latency_budget_ms <= self.timeout_ms:
-                raise ValueError(
-                    f"model {self.name!r}: latency_budget_ms must be in (0, {self.timeout_ms:g}], got {latency_budget_ms}"
-                )
-            budget = latency_budget_ms / 1000.0
-        limit = self.timeout_ms if timeout_ms is None else min(timeout_ms, self.timeout_ms)
-        deadline = asyncio.get_running_loop().time() + limit / 1000.0
-        return await self.batcher.submit(inputs, samples, deadline=deadline, budget=budget)
+        return self.schema
 
 
 class ModelRegistry:
@@ -161,9 +144,11 @@ class ModelRegistry:
     batches take the pool's slots round-robin by model, so a busy model cannot
     starve the others."""
 
-    def __init__(self, repository: str | pathlib.Path, settings: ServerSettings) -> None:
+    def __init__(self, repository: str | pathlib.Path, settings: ServerSettings,
+                 metrics: Metrics | None = None) -> None:
         self.repository = pathlib.Path(repository)
         self.settings = settings
+        self.metrics = metrics if metrics is not None else Metrics()
         self.models: dict[str, ModelHandle] = {}
         self.pools: dict[str, Pool] = {}
         self.schedulers: dict[str, FairScheduler] = {}  # per engine, beside its pool
@@ -172,7 +157,7 @@ class ModelRegistry:
     def scan(self) -> None:
         """Read the repository (configs only; nothing is loaded). Raises RepositoryError."""
         for entry in scan_repository(self.repository):
-            self.models[entry.name] = ModelHandle(entry)
+            self.models[entry.name] = ModelHandle(entry, stats=self.metrics.stats(entry.name, "1"))
 
     async def _choose_engine(self, handle: ModelHandle) -> None:
         try:
@@ -247,11 +232,16 @@ class ModelRegistry:
             handle.state, handle.reason = UNAVAILABLE, str(e)
             log.error("model %s failed to load: %s", handle.name, e)
             return
+        schema = ModelSchema(
+            handle.name, handle.version, inputs=info.inputs, outputs=info.outputs,
+            max_batch_size=config.max_batch_size, max_latency_budget_ms=handle.timeout_ms,
+        )
         handle.info = info
+        handle.schema = schema
         handle.batcher = Batcher(
-            model=handle.name, run=pool.infer, policy=policy, max_batch_size=config.max_batch_size,
+            model=handle.name, run=pool.run, policy=policy, max_batch_size=config.max_batch_size,
             interpreters=info.interpreters, max_queue_size=config.batching.max_queue_size, join=joining,
-            scheduler=self.schedulers[handle.engine],
+            scheduler=self.schedulers[handle.engine], uniform=schema.uniform,
         )
         handle.state, handle.reason = READY, ""
         log.info("model %s ready: engine %s (%s), %d interpreters", handle.name, handle.engine,

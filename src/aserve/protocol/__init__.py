@@ -16,7 +16,7 @@ from .formats import (
     request_format,
 )
 from .metadata import ModelMetadata, ServerMetadata, TensorMetadata, model_metadata
-from .tfserving import PredictRequest, decode_predict, encode_predict
+from .tfserving import decode_predict, encode_predict
 from .v2 import HEADER_LENGTH, InferRequest, RequestedOutput, decode_infer, encode_infer
 from .validate import validate_inputs
 
@@ -26,7 +26,6 @@ __all__ = [
     "Format",
     "InferRequest",
     "ModelMetadata",
-    "PredictRequest",
     "RequestedOutput",
     "ServerMetadata",
     "TensorMetadata",

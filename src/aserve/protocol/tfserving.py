@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from ..errors import InvalidInput, ModelError
+from ..inference import InferRequest, ModelSchema
 from ..tensor import Tensor
 from . import arrays
 from .formats import DECODE_ERRORS, decode_error
 from .validate import validate_inputs
-
-if TYPE_CHECKING:
-    from ..engine.pool import ModelInfo
 
 ROW_FIELD = "instances[*].{name}"
 COLUMN_FIELD = "inputs.{name}"
@@ -38,18 +36,9 @@ _DECODER = msgspec.json.Decoder(_WirePredict)
 _ENCODER = msgspec.json.Encoder()
 
 
-class PredictRequest(msgspec.Struct, kw_only=True):
-    """A decoded predict request; `columnar` says which format to answer in."""
-
-    inputs: dict[str, Tensor]
-    columnar: bool
-    samples: int
-
-
-def decode_predict(
-    body: bytes | bytearray | memoryview, /, *, model: ModelInfo, max_batch_size: int
-) -> PredictRequest:
-    """Decode and validate a predict body; raises InvalidInput naming the field."""
+def decode_predict(body: bytes | bytearray | memoryview, /, *, schema: ModelSchema) -> InferRequest:
+    """Decode and validate a predict body against a model's schema; raises InvalidInput
+    naming the field. The request's `form` is True for the columnar format."""
     try:
         wire = _DECODER.decode(body)
     except DECODE_ERRORS as exc:
@@ -61,11 +50,12 @@ def decode_predict(
             'request body: expected one of "instances" (row format) or "inputs" (columnar format), '
             f"got {'both' if rows else 'neither'}"
         )
+    max_batch_size = schema.max_batch_size
     if wire.instances is not None:
-        values, field = _rows(wire.instances, model, max_batch_size), ROW_FIELD
+        values, field = _rows(wire.instances, schema, max_batch_size), ROW_FIELD
     else:
-        values, field = _columns(wire.inputs, model), COLUMN_FIELD
-    specs = {s.name: s for s in model.inputs}
+        values, field = _columns(wire.inputs, schema), COLUMN_FIELD
+    specs = schema.by_name
     inputs: dict[str, Tensor] = {}
     for name, value in values.items():
         where = field.format(name=name)
@@ -75,8 +65,9 @@ def decode_predict(
             if rows:
                 raise _per_instance(exc, where, name, batched=max_batch_size > 0) from None
             raise
-    samples = validate_inputs(inputs, model, max_batch_size=max_batch_size, field=field)
-    return PredictRequest(inputs=inputs, columnar=columnar, samples=samples)
+    samples = validate_inputs(inputs, schema, max_batch_size=max_batch_size, field=field)
+    return InferRequest(schema=schema, inputs=[inputs[s.name] for s in schema.inputs], samples=samples,
+                        form=columnar)
 
 
 def _per_instance(exc: InvalidInput, where: str, name: str, *, batched: bool) -> InvalidInput:
@@ -91,11 +82,11 @@ def _per_instance(exc: InvalidInput, where: str, name: str, *, batched: bool) ->
     return exc
 
 
-def _names(model: ModelInfo) -> list[str]:
+def _names(model: ModelSchema) -> list[str]:
     return [s.name for s in model.inputs]
 
 
-def _check_keys(where: str, got: dict[str, Any], names: list[str], model: ModelInfo) -> None:
+def _check_keys(where: str, got: dict[str, Any], names: list[str], model: ModelSchema) -> None:
     missing = [n for n in names if n not in got]
     extra = [n for n in got if n not in names]
     if missing or extra:
@@ -110,7 +101,7 @@ def _check_keys(where: str, got: dict[str, Any], names: list[str], model: ModelI
         )
 
 
-def _rows(instances: list[Any], model: ModelInfo, max_batch_size: int) -> dict[str, Any]:
+def _rows(instances: list[Any], model: ModelSchema, max_batch_size: int) -> dict[str, Any]:
     names = _names(model)
     if not instances:
         raise InvalidInput("instances: expected at least one instance, got []")
@@ -134,7 +125,7 @@ def _rows(instances: list[Any], model: ModelInfo, max_batch_size: int) -> dict[s
     return columns
 
 
-def _columns(value: Any, model: ModelInfo) -> dict[str, Any]:
+def _columns(value: Any, model: ModelSchema) -> dict[str, Any]:
     names = _names(model)
     if isinstance(value, dict) and not (len(names) == 1 and value.keys() == {"b64"}):
         _check_keys("inputs", value, names, model)

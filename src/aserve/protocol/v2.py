@@ -9,11 +9,12 @@ little-endian buffers in C (see `arrays`).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import msgspec
 
 from ..errors import InvalidInput, ModelError
+from ..inference import InferRequest, InferResponse, InputSpec, ModelSchema, RequestedOutput
 from ..runtime.datatypes import DATATYPES, element_count
 from ..tensor import Tensor
 from . import arrays
@@ -26,10 +27,6 @@ from .formats import (
     request_format,
 )
 from .formats import content_type as _content_type
-from .validate import validate_inputs
-
-if TYPE_CHECKING:
-    from ..engine.pool import ModelInfo
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -80,101 +77,136 @@ _REQUEST_DECODERS: dict[str, _Decoder] = {
 # ---- the decoded request ----
 
 
-class RequestedOutput(msgspec.Struct, frozen=True):
-    """An output the client asked for; `binary`: send its data after the JSON header."""
-
-    name: str
-    binary: bool
-
-
-class InferRequest(msgspec.Struct, kw_only=True):
-    """A decoded, validated infer request.
-
-    outputs: the requested outputs in order (empty: every output the model returns).
-    samples: batch rows (the leading dimension of the inputs; 1 if the model does not
-    batch). timeout_ms: from parameters["timeout"], which is in microseconds as in
-    Triton and tritonclient. latency_budget_ms: from parameters["latency_budget_ms"],
-    this request's latency budget (None: the model's own).
-    """
-
-    id: str | None
-    inputs: dict[str, Tensor]
-    outputs: list[RequestedOutput]
-    parameters: dict[str, Any]
-    samples: int
-    timeout_ms: float | None
-    latency_budget_ms: float | None = None
-
-
 def decode_infer(
     body: bytes | bytearray | memoryview,
     /,
     *,
     content_type: str | None,
     header_length: int | None,
-    model: ModelInfo,
-    max_batch_size: int,
-    max_latency_budget_ms: float | None = None,
+    schema: ModelSchema,
 ) -> InferRequest:
-    """Decode and validate an infer request body; raises InvalidInput naming the field.
+    """Decode a V2 infer request body against a model's schema, checking each input once
+    as it is decoded; raises InvalidInput naming the field.
 
-    max_latency_budget_ms: the largest `parameters.latency_budget_ms` accepted (the
-    model's request timeout); None: any positive value."""
+    The request's inputs come out in the schema's order and its sample count is the
+    inputs' common batch dimension (1 if the model does not batch)."""
     fmt = request_format(content_type)
     header, blobs = _split(body, header_length)
     wire = _decode_header(header, fmt, header_length)
-    inputs: dict[str, Tensor] = {}
+    specs = schema.inputs
+    by_name = schema.by_name
+    max_batch_size = schema.max_batch_size
+    inputs: list[Any] = [None] * len(specs)
+    samples = 0
+    first = ""
     offset = 0
     for index, item in enumerate(wire.inputs):
-        field = f"inputs[{index}]"
-        if item.name in inputs:
-            first = next(i for i, w in enumerate(wire.inputs) if w.name == item.name)
-            raise InvalidInput(f"{field}.name: duplicate input {item.name!r} (also inputs[{first}])")
-        if len(item.shape) > MAX_RANK:
-            raise InvalidInput(f"{field}.shape: at most {MAX_RANK} dimensions, got {len(item.shape)}")
-        if item.datatype not in DATATYPES:
+        name = item.name
+        spec = by_name.get(name)
+        if spec is None:
             raise InvalidInput(
-                f"{field}.datatype: expected one of {', '.join(DATATYPES)}, got {item.datatype!r}"
+                f"inputs[{index}].name: model {schema.name!r} has no input {name!r}; "
+                f"expected one of {_names(specs)}"
             )
+        if inputs[spec.position] is not None:
+            earlier = next(i for i, w in enumerate(wire.inputs) if w.name == name)
+            raise InvalidInput(f"inputs[{index}].name: duplicate input {name!r} (also inputs[{earlier}])")
+        datatype = item.datatype
+        if datatype != spec.datatype:
+            if datatype not in DATATYPES:
+                raise InvalidInput(
+                    f"inputs[{index}].datatype: expected one of {', '.join(DATATYPES)}, got {datatype!r}"
+                )
+            raise InvalidInput(
+                f"inputs[{index}].datatype: input {name!r} of model {schema.name!r} is {spec.datatype}, "
+                f"got {datatype}"
+            )
+        shape = tuple(item.shape)
+        want = spec.shape
+        if len(shape) != len(want):
+            if len(shape) > MAX_RANK:
+                raise InvalidInput(f"inputs[{index}].shape: at most {MAX_RANK} dimensions, got {len(shape)}")
+            _bad_shape(index, spec, schema, shape)
+        for w, g in zip(want, shape):
+            if w != g and w != -1:
+                _bad_shape(index, spec, schema, shape)
+        if max_batch_size > 0 and shape:
+            rows = shape[0]
+            if not 1 <= rows <= max_batch_size:
+                raise InvalidInput(
+                    f"inputs[{index}].shape[0]: batch size of input {name!r} must be 1..{max_batch_size}, "
+                    f"got {rows}"
+                )
+            if not first:
+                first, samples = name, rows
+            elif rows != samples:
+                raise InvalidInput(
+                    f"inputs[{index}].shape[0]: batch size {rows} of input {name!r} differs from {samples} "
+                    f"of input {first!r}"
+                )
         params = item.parameters
         if params is not None and params.shared_memory_region is not None:
-            raise InvalidInput(f"{field}.parameters.shared_memory_region: shared memory is not supported")
+            raise InvalidInput(f"inputs[{index}].parameters.shared_memory_region: shared memory is not supported")
         if params is not None and params.binary_data_size is not None:
             if header_length is None:
                 raise InvalidInput(
-                    f"{field}.parameters.binary_data_size: binary data needs the {HEADER_LENGTH} header"
+                    f"inputs[{index}].parameters.binary_data_size: binary data needs the {HEADER_LENGTH} header"
                 )
             if item.data:
-                raise InvalidInput(f"{field}: has both data and parameters.binary_data_size")
-            data: Any = _binary_data(item, params.binary_data_size, blobs, offset, field)
-            offset += params.binary_data_size
+                raise InvalidInput(f"inputs[{index}]: has both data and parameters.binary_data_size")
+            size = params.binary_data_size
+            data: Any = _binary_data(spec, shape, size, blobs, offset, index)
+            offset += size
         elif item.data:
-            data = _decode_data(item.data, item.datatype, item.shape, fmt, f"{field}.data")
+            data = _decode_data(item.data, datatype, shape, fmt, f"inputs[{index}].data")
         else:
-            raise InvalidInput(f"{field}.data: missing (give data or parameters.binary_data_size)")
-        inputs[item.name] = Tensor(item.datatype, tuple(item.shape), data)
+            raise InvalidInput(f"inputs[{index}].data: missing (give data or parameters.binary_data_size)")
+        inputs[spec.position] = Tensor(datatype, shape, data)
     if offset != len(blobs):
         raise InvalidInput(
             f"{HEADER_LENGTH}: inputs' binary_data_size add up to {offset} bytes, but "
             f"{len(blobs)} bytes follow the {len(header)}-byte header"
         )
+    if len(wire.inputs) != len(specs):
+        missing = [s.name for s in specs if inputs[s.position] is None]
+        raise InvalidInput(
+            f"inputs: missing input{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} of model "
+            f"{schema.name!r} (expects {_names(specs)})"
+        )
 
-    parameters = wire.parameters if wire.parameters is not None else {}
+    parameters = wire.parameters
+    if parameters is None:
+        return InferRequest(schema=schema, inputs=inputs, samples=samples or 1, id=wire.id,
+                            outputs=_requested_outputs(wire.outputs, schema, False))
     default_binary = parameters.get("binary_data_output", False)
     if not isinstance(default_binary, bool):
         raise InvalidInput(f"parameters.binary_data_output: expected true or false, got {default_binary!r}")
-    timeout_ms = _timeout_ms(parameters.get("timeout"))
-    latency_budget_ms = _latency_budget_ms(parameters.get("latency_budget_ms"), max_latency_budget_ms)
-    outputs = _requested_outputs(wire.outputs, model, default_binary)
-    samples = validate_inputs(inputs, model, max_batch_size=max_batch_size)
     return InferRequest(
-        id=wire.id,
+        schema=schema,
         inputs=inputs,
-        outputs=outputs,
+        samples=samples or 1,
+        id=wire.id,
+        outputs=_requested_outputs(wire.outputs, schema, default_binary),
         parameters=parameters,
-        samples=samples,
-        timeout_ms=timeout_ms,
-        latency_budget_ms=latency_budget_ms,
+        timeout_ms=_timeout_ms(parameters.get("timeout")),
+        latency_budget_ms=_latency_budget_ms(parameters.get("latency_budget_ms"), schema.max_latency_budget_ms),
+        form=default_binary,
+    )
+
+
+def _names(specs: tuple[InputSpec, ...]) -> str:
+    return ", ".join(repr(s.name) for s in specs) or "none"
+
+
+def _bad_shape(index: int, spec: InputSpec, schema: ModelSchema, shape: tuple[int, ...]) -> NoReturn:
+    want = spec.shape
+    if schema.max_batch_size:
+        note = f" (-1: any size; the first is the batch, at most {schema.max_batch_size})"
+    else:
+        note = " (-1: any size)" if -1 in want else ""
+    raise InvalidInput(
+        f"inputs[{index}].shape: input {spec.name!r} of model {schema.name!r} expects {list(want)}{note}, "
+        f"got {list(shape)}"
     )
 
 
@@ -205,32 +237,32 @@ def _decode_header(header: memoryview, fmt: Format, header_length: int | None) -
     return wire
 
 
-def _binary_data(item: _WireInput, size: int, blobs: memoryview, offset: int, field: str) -> memoryview:
+def _binary_data(spec: InputSpec, shape: tuple[int, ...], size: int, blobs: memoryview, offset: int,
+                 index: int) -> memoryview:
     """The input's bytes in the binary data after the header: a view, no copy."""
     if offset + size > len(blobs):
         raise InvalidInput(
-            f"{field}.parameters.binary_data_size: {size} bytes at offset {offset} run past the "
+            f"inputs[{index}].parameters.binary_data_size: {size} bytes at offset {offset} run past the "
             f"binary data after the header ({len(blobs)} bytes)"
         )
     data = blobs[offset : offset + size]
-    itemsize = DATATYPES[item.datatype].itemsize
-    count = element_count(item.shape)
-    if itemsize == 0:
-        got = arrays.count_bytes_elements(data, field=f"{field} binary data")
+    count = element_count(shape)
+    if spec.itemsize == 0:
+        got = arrays.count_bytes_elements(data, field=f"inputs[{index}] binary data")
         if got != count:
             raise InvalidInput(
-                f"{field}.parameters.binary_data_size: BYTES {item.shape} needs {count} "
+                f"inputs[{index}].parameters.binary_data_size: BYTES {list(shape)} needs {count} "
                 f"elements, binary data holds {got}"
             )
-    elif size != count * itemsize:
+    elif size != count * spec.itemsize:
         raise InvalidInput(
-            f"{field}.parameters.binary_data_size: {item.datatype} {item.shape} needs "
-            f"{count * itemsize} bytes, got {size}"
+            f"inputs[{index}].parameters.binary_data_size: {spec.datatype} {list(shape)} needs "
+            f"{count * spec.itemsize} bytes, got {size}"
         )
     return data
 
 
-def _decode_data(raw: msgspec.Raw, datatype: str, shape: list[int], fmt: Format, field: str) -> Any:
+def _decode_data(raw: msgspec.Raw, datatype: str, shape: tuple[int, ...], fmt: Format, field: str) -> Any:
     """Tensor bytes from a `data` value: flat or nested list, or (msgpack) raw bytes."""
     try:
         value = _decoder(fmt, datatype, 1).decode(raw)
@@ -247,11 +279,12 @@ def _decode_data(raw: msgspec.Raw, datatype: str, shape: list[int], fmt: Format,
             value = arrays.flatten(value, shape, field=field)
     count = element_count(shape)
     if len(value) != count:
-        raise InvalidInput(f"{field}: shape {shape} needs {count} elements, got {len(value)}")
+        raise InvalidInput(f"{field}: shape {list(shape)} needs {count} elements, got {len(value)}")
     return arrays.pack(datatype, value, field=field)
 
 
-def _decode_nested(raw: msgspec.Raw, datatype: str, shape: list[int], fmt: Format, field: str) -> list[Any]:
+def _decode_nested(raw: msgspec.Raw, datatype: str, shape: tuple[int, ...], fmt: Format, field: str
+                   ) -> list[Any]:
     try:
         nested = _decoder(fmt, datatype, len(shape)).decode(raw)
     except DECODE_ERRORS as exc:
@@ -259,16 +292,16 @@ def _decode_nested(raw: msgspec.Raw, datatype: str, shape: list[int], fmt: Forma
     return arrays.flatten(nested, shape, field=field)
 
 
-def _raw_data(value: memoryview, datatype: str, shape: list[int], field: str) -> memoryview:
+def _raw_data(value: memoryview, datatype: str, shape: tuple[int, ...], field: str) -> memoryview:
     """msgpack `data` given as bytes: the tensor's little-endian bytes (a view, no copy)."""
     dt = DATATYPES[datatype]
     count = element_count(shape)
     if dt.itemsize == 0:
         got = arrays.count_bytes_elements(value, field=field)
         if got != count:
-            raise InvalidInput(f"{field}: BYTES {shape} needs {count} elements, got {got}")
+            raise InvalidInput(f"{field}: BYTES {list(shape)} needs {count} elements, got {got}")
     elif len(value) != count * dt.itemsize:
-        raise InvalidInput(f"{field}: {datatype} {shape} needs {count * dt.itemsize} bytes, got {len(value)}")
+        raise InvalidInput(f"{field}: {datatype} {list(shape)} needs {count * dt.itemsize} bytes, got {len(value)}")
     return value
 
 
@@ -313,18 +346,18 @@ def _latency_budget_ms(value: Any, limit: float | None) -> float | None:
 
 
 def _requested_outputs(
-    wire: list[_WireOutput] | None, model: ModelInfo, default_binary: bool
+    wire: list[_WireOutput] | None, schema: ModelSchema, default_binary: bool
 ) -> list[RequestedOutput]:
     if not wire:
         return []
-    known = [s.name for s in model.outputs]
+    known = [s.name for s in schema.outputs]
     out: list[RequestedOutput] = []
     seen: set[str] = set()
     for index, item in enumerate(wire):
         field = f"outputs[{index}]"
         if item.name not in known:
             raise InvalidInput(
-                f"{field}.name: model {model.name!r} has no output {item.name!r}; "
+                f"{field}.name: model {schema.name!r} has no output {item.name!r}; "
                 f"expected one of {', '.join(map(repr, known))}"
             )
         if item.name in seen:
@@ -366,11 +399,10 @@ _msgpack_encoder = msgspec.msgpack.Encoder()
 
 
 def encode_infer(
-    *,
-    model_name: str,
-    model_version: str | None,
+    response: InferResponse,
     request: InferRequest,
-    outputs: dict[str, Tensor],
+    /,
+    *,
     accept: str | None,
     content_type: str | None,
 ) -> tuple[list[bytes | memoryview], dict[str, str]]:
@@ -383,10 +415,12 @@ def encode_infer(
     as a list of byte strings.
     """
     fmt = negotiate(accept, content_type)
+    outputs = response.outputs
+    model_name = response.model_name
     if request.outputs:
         selected = [(r.name, r.binary) for r in request.outputs]
     else:
-        default_binary = request.parameters.get("binary_data_output", False) is True
+        default_binary = request.form is True
         selected = [(name, default_binary) for name in outputs]
     wire: list[_WireOutputTensor] = []
     blobs: list[bytes | memoryview] = []
@@ -411,7 +445,7 @@ def encode_infer(
             wire.append(
                 _WireOutputTensor(name, tensor.datatype, tensor.shape, _json_data(name, tensor, view))
             )
-    message = _WireResponse(model_name, model_version, request.id, wire)
+    message = _WireResponse(model_name, response.model_version, response.id, wire)
     if fmt == "msgpack":
         return [_msgpack_encoder.encode(message)], {"Content-Type": _content_type("msgpack", content_type)}
     header = _json_encoder.encode(message)

@@ -12,8 +12,7 @@ from ..tensor import Tensor
 from .arrays import count_bytes_elements
 
 if TYPE_CHECKING:
-    from ..engine.pool import ModelInfo
-    from ..runtime.model import TensorSpec
+    from ..inference import InputSpec, ModelSchema
 
 # How a message names the tensor at position `index` called `name`.
 V2_FIELD = "inputs[{index}]"
@@ -22,7 +21,7 @@ _GROUP = re.compile(r"[A-Za-z_]*")
 
 def validate_inputs(
     inputs: Mapping[str, Tensor],
-    model: ModelInfo,
+    model: ModelSchema,
     *,
     max_batch_size: int,
     field: str = V2_FIELD,
@@ -90,7 +89,7 @@ def _group(field: str) -> str:
     return m[0] if m else field
 
 
-def _names(specs: Sequence[TensorSpec]) -> str:
+def _names(specs: Sequence[InputSpec]) -> str:
     return ", ".join(repr(s.name) for s in specs) or "none"
 
 
@@ -98,7 +97,7 @@ def _bad_shape(
     field: str,
     index: int,
     name: str,
-    model: ModelInfo,
+    model: ModelSchema,
     want: tuple[int, ...],
     shape: tuple[int, ...],
     max_batch_size: int,

@@ -28,7 +28,7 @@ def retry_after(seconds: float) -> str:
     return str(max(1, math.ceil(seconds)))
 
 
-def error_response(request: web.Request, status: int, message: str,
+def error_response(request: web.BaseRequest, status: int, message: str,
                    headers: dict[str, str] | None = None) -> web.Response:
     body, content_type = encode_error(
         message, accept=request.headers.get("Accept"), content_type=request.headers.get("Content-Type")
@@ -38,8 +38,10 @@ def error_response(request: web.Request, status: int, message: str,
     return response
 
 
-def from_exception(request: web.Request, exc: BaseException) -> web.Response:
-    """The response for an exception raised while answering `request`."""
+def from_exception(request: web.BaseRequest, exc: BaseException, *, max_body_bytes: int | None = None
+                   ) -> web.Response:
+    """The response for an exception raised while answering `request`; max_body_bytes:
+    the limit a 413 names."""
     if isinstance(exc, AserveError):
         headers = None
         if isinstance(exc, Overloaded):
@@ -48,9 +50,8 @@ def from_exception(request: web.Request, exc: BaseException) -> web.Response:
             log.info("model error on %s: %s", request.path, exc.traceback.strip())
         return error_response(request, exc.status, str(exc), headers)
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
-        limit = request.app.get(MAX_BODY_KEY)
         return error_response(request, 413, str(PayloadTooLarge(
-            f"request body exceeds the server's limit of {limit} bytes (--max-body-bytes)"
+            f"request body exceeds the server's limit of {max_body_bytes} bytes (--max-body-bytes)"
         )))
     if isinstance(exc, web.HTTPException):
         if exc.status < 400:
@@ -72,4 +73,4 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - every failure gets an answer; the server goes on
-        return from_exception(request, exc)
+        return from_exception(request, exc, max_body_bytes=request.app.get(MAX_BODY_KEY))

@@ -1,7 +1,9 @@
 """Request handlers: Open Inference Protocol (V2) and TensorFlow-Serving REST.
 
-Handlers only translate: HTTP in, codec, registry/batcher, codec, HTTP out. Errors
-are raised as aserve errors and answered by the error middleware.
+Handlers only move bytes: HTTP in, a codec from `aserve.protocol`, the data plane,
+the codec again, HTTP out. Errors are raised as aserve errors and answered by
+`errors.from_exception`. The two infer routes are answered by `front.Front` before
+aiohttp's router; everything else is routed here.
 """
 
 from __future__ import annotations
@@ -9,25 +11,32 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from aiohttp import web
+from aiohttp import payload, web
 
 from .. import __version__
+from ..dataplane import READY, VERSIONS, DataPlane, ModelHandle
 from ..errors import InvalidInput
-from ..protocol import decode_infer, decode_predict, encode_infer, encode_message, encode_predict, negotiate
+from ..protocol import (
+    HEADER_LENGTH,
+    decode_infer,
+    decode_predict,
+    encode_infer,
+    encode_message,
+    encode_predict,
+    negotiate,
+)
 from ..protocol.formats import CONTENT_TYPES
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .metrics import Metrics, render
-from .models import READY, VERSIONS, ModelHandle, ModelRegistry
+from .metrics import render
 
-REGISTRY_KEY: web.AppKey[ModelRegistry] = web.AppKey("registry", ModelRegistry)
-METRICS_KEY: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
+PLANE_KEY: web.AppKey[DataPlane] = web.AppKey("plane", DataPlane)
 
 EXTENSIONS = ["binary_tensor_data", "model_repository", "msgpack"]
-STREAM_THRESHOLD = 1 << 20  # bodies larger than this are written chunk by chunk, not joined
+JOIN_LIMIT = 1 << 16  # bodies up to this size are joined into one buffer; larger ones are written chunk by chunk
 
 
-def _registry(request: web.Request) -> ModelRegistry:
-    return request.app[REGISTRY_KEY]
+def _plane(request: web.Request) -> DataPlane:
+    return request.app[PLANE_KEY]
 
 
 def _message(request: web.Request, obj: Any, *, status: int = 200) -> web.Response:
@@ -39,7 +48,7 @@ def _message(request: web.Request, obj: Any, *, status: int = 200) -> web.Respon
 
 def _handle(request: web.Request) -> ModelHandle:
     info = request.match_info
-    return _registry(request).get(info["model"], info.get("version"))
+    return _plane(request).model(info["model"], info.get("version"))
 
 
 # ---- health and metadata ----
@@ -53,7 +62,7 @@ async def live(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    ok = _registry(request).ready
+    ok = _plane(request).ready
     return _message(request, {"ready": ok}, status=200 if ok else 503)
 
 
@@ -97,7 +106,7 @@ async def repository_index(request: web.Request) -> web.Response:
             raise InvalidInput(f"repository index request: malformed JSON: {e}") from None
         only_ready = isinstance(wanted, dict) and wanted.get("ready") is True
     index = []
-    for handle in _registry(request).models.values():
+    for handle in _plane(request).registry.models.values():
         if only_ready and not handle.ready:
             continue
         row = {"name": handle.name, "version": VERSIONS[-1], "state": handle.state}
@@ -109,80 +118,95 @@ async def repository_index(request: web.Request) -> web.Response:
 
 # ---- inference ----
 
-def _header_length(request: web.Request) -> int | None:
-    value = request.headers.get("Inference-Header-Content-Length")
+def header_length(value: str | None) -> int | None:
+    """The Inference-Header-Content-Length header, checked."""
     if value is None:
         return None
     try:
         n = int(value)
     except ValueError:
-        raise InvalidInput(
-            f"header Inference-Header-Content-Length: expected a byte count, got {value!r}"
-        ) from None
+        raise InvalidInput(f"header {HEADER_LENGTH}: expected a byte count, got {value!r}") from None
     if n < 0:
-        raise InvalidInput(f"header Inference-Header-Content-Length: expected >= 0, got {n}")
+        raise InvalidInput(f"header {HEADER_LENGTH}: expected >= 0, got {n}")
     return n
 
 
-async def _write_chunks(request: web.Request, chunks: list[Any], headers: dict[str, str]) -> web.StreamResponse:
+class _Chunks(payload.Payload):
+    """A response body written as the buffers it is made of: large binary outputs go out
+    from the interpreter's memory, never joined into a new buffer."""
+
+    def __init__(self, chunks: list[Any], size: int, content_type: str) -> None:
+        super().__init__(chunks, content_type=content_type)
+        self._size = size
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return b"".join(self._value).decode(encoding, errors)
+
+    async def write(self, writer: Any) -> None:
+        for chunk in self._value:
+            await writer.write(chunk)
+
+    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+        await self.write(writer)
+
+
+def respond(chunks: list[Any], headers: dict[str, str]) -> web.Response:
+    """A response made of `chunks`: one buffer when small, written chunk by chunk when large."""
     if len(chunks) == 1:
         return web.Response(body=chunks[0], headers=headers)
-    total = sum(memoryview(c).nbytes for c in chunks)
-    if total <= STREAM_THRESHOLD:
+    size = sum(memoryview(c).nbytes for c in chunks)
+    if size <= JOIN_LIMIT:
         return web.Response(body=b"".join(chunks), headers=headers)
-    response = web.StreamResponse(headers=headers)
-    response.content_length = total
-    await response.prepare(request)
-    for c in chunks:
-        await response.write(memoryview(c).cast("B"))
-    await response.write_eof()
-    return response
+    body = _Chunks([memoryview(c).cast("B") for c in chunks], size, headers.pop("Content-Type"))
+    return web.Response(body=body, headers=headers)
 
 
-async def infer(request: web.Request) -> web.StreamResponse:
-    handle = _handle(request)
-    with request.app[METRICS_KEY].track(handle.name, handle.version) as tracked:
-        header_length = _header_length(request)
+async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version: str | None) -> web.Response:
+    """POST /v2/models/{model}[/versions/{version}]/infer"""
+    handle = plane.model(model, version)
+    with handle.stats.track() as tracked:
+        headers = request.headers
+        length = header_length(headers.get(HEADER_LENGTH))
         body = await request.read()
-        info = handle.require_ready()
-        content_type = request.headers.get("Content-Type")
-        req = decode_infer(
-            body, content_type=content_type, header_length=header_length, model=info,
-            max_batch_size=handle.config.max_batch_size, max_latency_budget_ms=handle.timeout_ms,
-        )
+        schema = handle.require_ready()
+        content_type = headers.get("Content-Type")
+        req = decode_infer(body, content_type=content_type, header_length=length, schema=schema)
         tracked.samples = req.samples
-        outputs = await handle.infer(
-            req.inputs, req.samples, timeout_ms=req.timeout_ms, latency_budget_ms=req.latency_budget_ms
-        )
-        chunks, headers = encode_infer(
-            model_name=handle.name, model_version=request.match_info.get("version"), request=req, outputs=outputs,
-            accept=request.headers.get("Accept"), content_type=content_type,
-        )
-        return await _write_chunks(request, chunks, headers)
+        response = await plane.run(handle, req)
+        chunks, out_headers = encode_infer(response, req, accept=headers.get("Accept"), content_type=content_type)
+        return respond(chunks, out_headers)
 
 
-# ---- TensorFlow-Serving REST ----
-
-async def tf_predict(request: web.Request) -> web.Response:
-    # TF-Serving's predict request has no per-request parameters: the model's timeout and budget apply.
-    handle = _handle(request)
-    with request.app[METRICS_KEY].track(handle.name, handle.version) as tracked:
+async def predict(plane: DataPlane, request: web.BaseRequest, model: str, version: str | None) -> web.Response:
+    """POST /v1/models/{model}[/versions/{version}]:predict (TF-Serving's predict has no
+    per-request parameters: the model's timeout and budget apply)."""
+    handle = plane.model(model, version)
+    with handle.stats.track() as tracked:
         body = await request.read()
-        info = handle.require_ready()
-        req = decode_predict(body, model=info, max_batch_size=handle.config.max_batch_size)
+        schema = handle.require_ready()
+        req = decode_predict(body, schema=schema)
         tracked.samples = req.samples
-        outputs = await handle.infer(req.inputs, req.samples, timeout_ms=None)
-        batched = handle.config.max_batch_size > 0
-        response = web.Response(body=encode_predict(outputs, columnar=req.columnar, batched=batched))
-        response.content_type = "application/json"
-        return response
+        response = await plane.run(handle, req)
+        answer = encode_predict(response.outputs, columnar=req.form is True, batched=schema.max_batch_size > 0)
+        return web.Response(body=answer, headers={"Content-Type": "application/json"})
 
 
-# ---- Prometheus ----
+async def _infer_routed(request: web.Request) -> web.Response:
+    info = request.match_info
+    return await infer(_plane(request), request, info["model"], info.get("version"))
+
+
+async def _predict_routed(request: web.Request) -> web.Response:
+    info = request.match_info
+    return await predict(_plane(request), request, info["model"], info.get("version"))
+
+
+# ---- TensorFlow-Serving model status, Prometheus ----
 
 async def metrics(request: web.Request) -> web.Response:
-    registry = _registry(request)
-    text = render(registry.models.values(), registry.pools, request.app[METRICS_KEY], registry.schedulers)
+    plane = _plane(request)
+    registry = plane.registry
+    text = render(registry.models.values(), registry.pools, plane.metrics, registry.schedulers)
     return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
@@ -199,17 +223,19 @@ async def tf_status(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    """Every route. The infer routes are here too, for requests the front hands over
+    (paths with percent-escapes, which only the router decodes)."""
     r = app.router
+    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        r.add_post(base + "/infer", _infer_routed)
+        r.add_get(base, model_metadata)
+        r.add_get(base + "/ready", model_ready)
+        r.add_get(base + "/config", model_config)
+    for base in ("/v1/models/{model}", "/v1/models/{model}/versions/{version}"):
+        r.add_post(base + ":predict", _predict_routed)
+        r.add_get(base, tf_status)
     r.add_get("/v2", server_metadata)
     r.add_get("/metrics", metrics)
     r.add_get("/v2/health/live", live)
     r.add_get("/v2/health/ready", ready)
     r.add_post("/v2/repository/index", repository_index)
-    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-        r.add_get(base, model_metadata)
-        r.add_get(base + "/ready", model_ready)
-        r.add_get(base + "/config", model_config)
-        r.add_post(base + "/infer", infer)
-    for base in ("/v1/models/{model}", "/v1/models/{model}/versions/{version}"):
-        r.add_get(base, tf_status)
-        r.add_post(base + ":predict", tf_predict)

@@ -1,7 +1,8 @@
 """Prometheus metrics: per-request counters and the text exposition format 0.0.4, by hand.
 
-`Metrics` holds what only the HTTP layer sees (a request's outcome, its samples and
-end-to-end duration); `render` adds what the models report when scraped: each
+`Metrics` (aserve.dataplane.stats) holds what the data plane counts of each request
+(its outcome, samples and end-to-end duration); `render` adds what the models report
+when scraped: each
 batcher's `stats()` (queue, batches, refusals, timeouts, and for adaptive models the
 latency budget, arrival rate and cost model) and each pool's `stats()`.
 
@@ -16,122 +17,21 @@ pool reports that this module does not know are still exported, as untyped
 
 from __future__ import annotations
 
-import asyncio
-import bisect
 import math
 import re
-import time
 from collections.abc import Iterable, Mapping
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidInput, ModelError, ModelNotReady, Overloaded, PayloadTooLarge, RequestTimeout
+from ..dataplane.stats import DURATION_BUCKETS_US, REASONS, Metrics, RequestStats, failure_reason
 
 if TYPE_CHECKING:
+    from ..dataplane import ModelHandle
     from ..engine import Pool
-    from .models import ModelHandle
+
+__all__ = ["CONTENT_TYPE", "DURATION_BUCKETS_US", "REASONS", "Exposition", "Metrics", "RequestStats",
+           "failure_reason", "render"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-# Upper bounds (microseconds) of the request duration histogram's buckets.
-DURATION_BUCKETS_US = (
-    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
-    1_000_000, 2_500_000, 5_000_000, 10_000_000,
-)
-
-# Why a request failed: the `reason` label of aserve_inference_request_failure_total.
-REASONS = ("invalid", "overloaded", "timeout", "model", "unavailable", "cancelled", "other")
-
-
-def failure_reason(exc: BaseException) -> str:
-    """The `reason` label of a request that failed with `exc`."""
-    if isinstance(exc, asyncio.CancelledError):
-        return "cancelled"  # the client went away
-    if isinstance(exc, Overloaded):
-        return "overloaded"
-    if isinstance(exc, RequestTimeout):
-        return "timeout"
-    if isinstance(exc, ModelError):
-        return "model"
-    if isinstance(exc, ModelNotReady):
-        return "unavailable"
-    if isinstance(exc, (InvalidInput, PayloadTooLarge)):
-        return "invalid"
-    status = getattr(exc, "status", None)  # aiohttp's own (body too large, ...)
-    if isinstance(status, int) and 400 <= status < 500:
-        return "invalid"
-    return "other"
-
-
-# ---- what the HTTP layer counts ----
-
-
-class RequestStats:
-    """One model version's request outcomes; durations of successful requests only,
-    so that duration sum / success count is their mean latency."""
-
-    __slots__ = ("buckets", "duration_us", "failures", "samples", "success")
-
-    def __init__(self) -> None:
-        self.success = 0
-        self.failures = dict.fromkeys(REASONS, 0)
-        self.samples = 0  # samples of successful requests (Triton's inference count)
-        self.duration_us = 0.0
-        self.buckets = [0] * (len(DURATION_BUCKETS_US) + 1)  # the last one: above every bound
-
-    def succeeded(self, seconds: float, samples: int) -> None:
-        us = seconds * 1e6
-        self.success += 1
-        self.samples += samples
-        self.duration_us += us
-        self.buckets[bisect.bisect_left(DURATION_BUCKETS_US, us)] += 1
-
-    def failed(self, reason: str) -> None:
-        self.failures[reason] = self.failures.get(reason, 0) + 1
-
-
-class Tracker:
-    """Times one request and records its outcome when the `with` block ends.
-
-    Set `samples` once known; an exception leaving the block is a failure (and goes on)."""
-
-    __slots__ = ("_start", "_stats", "samples")
-
-    def __init__(self, stats: RequestStats) -> None:
-        self._stats = stats
-        self._start = 0.0
-        self.samples = 0
-
-    def __enter__(self) -> Self:
-        self._start = time.perf_counter()  # a measurement, not a deadline: full resolution
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc is None:
-            self._stats.succeeded(time.perf_counter() - self._start, self.samples)
-        else:
-            self._stats.failed(failure_reason(exc))
-
-
-class Metrics:
-    """Request counters of every model version, kept by the HTTP handlers."""
-
-    def __init__(self) -> None:
-        self._stats: dict[tuple[str, str], RequestStats] = {}
-
-    def stats(self, model: str, version: str) -> RequestStats:
-        key = (model, version)
-        found = self._stats.get(key)
-        if found is None:
-            found = self._stats[key] = RequestStats()
-        return found
-
-    def track(self, model: str, version: str) -> Tracker:
-        """`with metrics.track(name, version) as t: ...; t.samples = n`"""
-        return Tracker(self.stats(model, version))
-
 
 # ---- the exposition format ----
 

@@ -11,14 +11,15 @@ from typing import Any
 from aiohttp import web
 
 from ..config import ServerSettings
+from ..dataplane import DataPlane
 from .app import build_app
-from .models import ModelRegistry
+from .front import Front, FrontRunner
 
 log = logging.getLogger("aserve.server")
 
 
 class Server:
-    """The HTTP server and its models.
+    """The HTTP front over a data plane.
 
     `start()` listens at once (live) and loads the models in the background (ready
     when all are loaded); `close()` stops accepting, answers every request already
@@ -26,16 +27,17 @@ class Server:
 
     def __init__(self, settings: ServerSettings, *, repository: str | pathlib.Path) -> None:
         self.settings = settings
-        self.registry = ModelRegistry(repository, settings)
-        self.app = build_app(self.registry, settings)
+        self.plane = DataPlane(repository, settings)
+        self.app = build_app(self.plane, settings)
+        self._front = Front(self.plane, max_body_bytes=settings.max_body_bytes)
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._loading: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self.registry.scan()
-        runner = web.AppRunner(
-            self.app, handle_signals=False, shutdown_timeout=self.settings.shutdown_timeout_s,
+        self.plane.scan()
+        runner = FrontRunner(
+            self.app, self._front, handle_signals=False, shutdown_timeout=self.settings.shutdown_timeout_s,
             access_log=logging.getLogger("aiohttp.access") if self.settings.access_log else None,
         )
         await runner.setup()
@@ -43,7 +45,7 @@ class Server:
         site = web.TCPSite(runner, self.settings.host, self.settings.port, reuse_address=True)
         await site.start()
         self._site = site
-        self._loading = asyncio.get_running_loop().create_task(self.registry.start())
+        self._loading = asyncio.get_running_loop().create_task(self.plane.start())
 
     async def loaded(self) -> None:
         """Wait until every model has loaded (or failed to)."""
@@ -70,7 +72,7 @@ class Server:
                     await self._loading
                 except Exception as e:  # noqa: BLE001 - close must go on to the pools
                     log.error("model loading failed: %s", e)
-            await self.registry.close(timeout=self.settings.shutdown_timeout_s)
+            await self.plane.close(timeout=self.settings.shutdown_timeout_s)
 
 
 async def serve(settings: ServerSettings, *, repository: str | pathlib.Path) -> None:

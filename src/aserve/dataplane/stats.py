@@ -1,0 +1,118 @@
+"""What the data plane counts of every request: outcome, samples and end-to-end duration.
+
+Durations are of successful requests only, in a histogram whose buckets are Triton's
+microseconds; failures are counted by reason. `aserve.server.metrics` renders them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+from types import TracebackType
+from typing import Self
+
+from ..errors import InvalidInput, ModelError, ModelNotReady, Overloaded, PayloadTooLarge, RequestTimeout
+
+# Upper bounds (microseconds) of the request duration histogram's buckets.
+DURATION_BUCKETS_US = (
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000,
+)
+
+# Why a request failed: the `reason` label of aserve_inference_request_failure_total.
+REASONS = ("invalid", "overloaded", "timeout", "model", "unavailable", "cancelled", "other")
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The `reason` label of a request that failed with `exc`."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled"  # the client went away
+    if isinstance(exc, Overloaded):
+        return "overloaded"
+    if isinstance(exc, RequestTimeout):
+        return "timeout"
+    if isinstance(exc, ModelError):
+        return "model"
+    if isinstance(exc, ModelNotReady):
+        return "unavailable"
+    if isinstance(exc, (InvalidInput, PayloadTooLarge)):
+        return "invalid"
+    status = getattr(exc, "status", None)  # aiohttp's own (body too large, ...)
+    if isinstance(status, int) and 400 <= status < 500:
+        return "invalid"
+    return "other"
+
+
+# ---- what is counted ----
+
+
+class RequestStats:
+    """One model version's request outcomes; durations of successful requests only,
+    so that duration sum / success count is their mean latency."""
+
+    __slots__ = ("buckets", "duration_us", "failures", "samples", "success")
+
+    def __init__(self) -> None:
+        self.success = 0
+        self.failures = dict.fromkeys(REASONS, 0)
+        self.samples = 0  # samples of successful requests (Triton's inference count)
+        self.duration_us = 0.0
+        self.buckets = [0] * (len(DURATION_BUCKETS_US) + 1)  # the last one: above every bound
+
+    def succeeded(self, seconds: float, samples: int) -> None:
+        us = seconds * 1e6
+        self.success += 1
+        self.samples += samples
+        self.duration_us += us
+        self.buckets[bisect.bisect_left(DURATION_BUCKETS_US, us)] += 1
+
+    def failed(self, reason: str) -> None:
+        self.failures[reason] = self.failures.get(reason, 0) + 1
+
+    def track(self) -> Tracker:
+        """`with stats.track() as t: ...; t.samples = n`: time one request, count its outcome."""
+        return Tracker(self)
+
+
+class Tracker:
+    """Times one request and records its outcome when the `with` block ends.
+
+    Set `samples` once known; an exception leaving the block is a failure (and goes on)."""
+
+    __slots__ = ("_start", "_stats", "samples")
+
+    def __init__(self, stats: RequestStats) -> None:
+        self._stats = stats
+        self._start = 0.0
+        self.samples = 0
+
+    def __enter__(self) -> Self:
+        self._start = time.perf_counter()  # a measurement, not a deadline: full resolution
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self._stats.succeeded(time.perf_counter() - self._start, self.samples)
+        else:
+            self._stats.failed(failure_reason(exc))
+
+
+class Metrics:
+    """Request counters of every model version."""
+
+    def __init__(self) -> None:
+        self._stats: dict[tuple[str, str], RequestStats] = {}
+
+    def stats(self, model: str, version: str) -> RequestStats:
+        key = (model, version)
+        found = self._stats.get(key)
+        if found is None:
+            found = self._stats[key] = RequestStats()
+        return found
+
+    def track(self, model: str, version: str) -> Tracker:
+        """`with metrics.track(name, version) as t: ...; t.samples = n`"""
+        return Tracker(self.stats(model, version))
