@@ -38,7 +38,7 @@ import collections
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from time import monotonic as clock
+from time import monotonic
 from typing import Any, NamedTuple, Protocol
 
 from ..errors import EngineError, InvalidInput, ModelError, Overloaded, RequestTimeout
@@ -221,12 +221,14 @@ class Batcher:
     scheduler: the slots of the pool shared with other models (None: not shared);
     uniform: every request has the same per-sample shapes (no variable dimension but
     the batch), so any two may share a batch without comparing shapes.
+    clock: what "now" is, in the seconds `loop.call_at` counts (time.monotonic; a
+    simulation on a virtual-time loop passes that loop's time).
     """
 
     def __init__(
         self, *, model: str, run: Runner, policy: BatchPolicy, max_batch_size: int, interpreters: int,
         max_queue_size: int, join: Joining | None = None, scheduler: FairScheduler | None = None,
-        uniform: bool = False,
+        uniform: bool = False, clock: Callable[[], float] = monotonic,
     ) -> None:
         if interpreters < 1:
             raise ValueError(f"interpreters must be >= 1, got {interpreters}")
@@ -237,6 +239,7 @@ class Batcher:
         self.max_queue_size = max_queue_size
         self._run_batch = run
         self._uniform = uniform
+        self._clock = clock
         self._join = join if max_batch_size > 0 else None
         self._staged: list[_Staged] = []
         # optional admission control: a policy with admit(now, queued_samples) -> Retry-After seconds | None
@@ -296,7 +299,7 @@ class Batcher:
             out["join"] = self._join.planner.as_dict()
         state = getattr(self.policy, "as_dict", None)
         if state is not None:
-            out["policy"] = state(clock())
+            out["policy"] = state(self._clock())
         return out
 
     # ---- requests ----
@@ -309,7 +312,7 @@ class Batcher:
 
         inputs: the model's inputs in declared order, each `samples` rows long when the
         model batches (the codec derived `samples` from them and checked it);
-        deadline: time.monotonic() after which the request fails with RequestTimeout;
+        deadline: the clock time after which the request fails with RequestTimeout;
         budget: this request's latency budget in seconds (None: the policy's own).
 
         Raises InvalidInput (over max_batch_size), Overloaded (queue full), RequestTimeout
@@ -325,7 +328,7 @@ class Batcher:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        now = clock()
+        now = self._clock()
         queue = self._queue
         if queue:
             if self._admit is not None:
@@ -381,7 +384,7 @@ class Batcher:
         self._expiry_at = _NEVER
         loop = self._loop
         assert loop is not None
-        now = clock()
+        now = self._clock()
         nearest = _NEVER
         queue = self._queue
         if queue:
@@ -451,7 +454,7 @@ class Batcher:
             loop = self._loop
             assert loop is not None
             decision = self.policy.decide(
-                clock(), queue, idle=idle, running=self._running, max_batch_size=self.max_batch_size
+                self._clock(), queue, idle=idle, running=self._running, max_batch_size=self.max_batch_size
             )
             if decision.take <= 0:
                 wake_at = decision.wake_at
@@ -494,7 +497,7 @@ class Batcher:
     def _dispatch(self, batch: list[_Request]) -> None:
         loop = self._loop
         assert loop is not None
-        now = clock()
+        now = self._clock()
         for r in batch:
             r.state = _RUNNING
             self.queue_seconds += now - r.arrival
@@ -534,7 +537,7 @@ class Batcher:
         loop = self._loop
         assert loop is not None
         requests = run.requests
-        elapsed = clock() - run.started
+        elapsed = self._clock() - run.started
         self.compute_seconds += elapsed * len(requests)
         isolating = False
         try:
@@ -596,13 +599,13 @@ class Batcher:
 
     async def _run_alone(self, req: _Request) -> None:
         assert self._loop is not None
-        started = clock()
+        started = self._clock()
         try:
             outputs = await self._run_one(req.inputs)
         except Exception as e:  # noqa: BLE001 - the request's own failure
             req.finish(error=e)
             return
-        self.policy.observe(req.samples, clock() - started)
+        self.policy.observe(req.samples, self._clock() - started)
         self._deliver([req], outputs)
 
     def _deliver(self, requests: list[_Request], outputs: Mapping[str, Tensor]) -> None:
@@ -647,7 +650,7 @@ class Batcher:
                                 loop: asyncio.AbstractEventLoop) -> None:
         total = sum(r.samples for r in batch)
         inputs = batch[0].inputs if len(batch) == 1 else concat_inputs([r.inputs for r in batch], total)
-        started = clock()
+        started = self._clock()
         try:
             run = join.pool.infer_staged(self.model, inputs)
         except Exception as e:  # noqa: BLE001 - the engine refused the batch
@@ -660,7 +663,7 @@ class Batcher:
             outputs, seconds = await run.result
         except Exception as e:  # noqa: BLE001 - every request of the batch gets an answer
             everyone = batch + [r for _, group in self._absorbed(staged) for r in group]
-            self.compute_seconds += (clock() - started) * len(everyone)
+            self.compute_seconds += (self._clock() - started) * len(everyone)
             if isinstance(e, ModelError) and len(everyone) > 1:
                 for r in everyone:  # find the culprit: each alone, so only it fails
                     if not r.future.done():
@@ -673,12 +676,12 @@ class Batcher:
             self._staged.remove(staged)
         absorbed = self._absorbed(staged)
         requests = batch + [r for _, group in absorbed for r in group]
-        self.compute_seconds += (clock() - started) * len(requests)
+        self.compute_seconds += (self._clock() - started) * len(requests)
         if absorbed:
             self.joins += len(absorbed)
             self.joined_requests += len(requests) - len(batch)
         else:  # a batch that ran as it was dispatched teaches the curve and the stage shares
-            self.policy.observe(total, clock() - started)
+            self.policy.observe(total, self._clock() - started)
             join.planner.profile.observe(seconds)
         del inputs
         self._deliver(requests, outputs)
@@ -700,7 +703,7 @@ class Batcher:
         if join is None or not self._staged:
             return
         assert self._loop is not None
-        now = clock()
+        now = self._clock()
         planner = join.planner
         running = []
         free_at = math.inf  # the earliest predicted end of a running batch: when a slot frees
