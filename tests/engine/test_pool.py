@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import pathlib
 import sys
 
 import pytest
@@ -344,3 +345,69 @@ def test_too_many_private_interpreters_is_a_clear_error() -> None:
 def test_subinterp_before_312_names_the_python_version() -> None:
     with pytest.raises(EngineError, match=r"Python >= 3.12\); this is Python 3\.11"):
         Pool(engine="subinterp", interpreters=1)
+
+
+def _blocked_signals(tid: int) -> int:
+    status = pathlib.Path(f"/proc/self/task/{tid}/status").read_text()
+    for line in status.splitlines():
+        if line.startswith("SigBlk:"):
+            return int(line.split()[1], 16)
+    raise AssertionError("no SigBlk line")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_worker_threads_leave_signals_to_the_host(engine: str) -> None:
+    import signal
+    import threading
+
+    main = threading.main_thread().native_id
+    async with Pool(engine=engine, interpreters=2) as pool:
+        ids = [int(await pool.execute(i, "import threading; result = threading.get_native_id()")) for i in range(2)]
+        for tid in ids:
+            assert tid != main
+            mask = _blocked_signals(tid)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1):
+                assert mask >> (sig - 1) & 1, f"{sig.name} reaches worker thread {tid}"
+            for sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT):
+                assert not mask >> (sig - 1) & 1, f"{sig.name} is blocked in worker thread {tid}"
+
+
+def test_engine_errors_are_aserves_own() -> None:
+    from aserve import _native
+
+    assert _native.EngineError is EngineError
+    with pytest.raises(EngineError, match="unknown engine"):
+        _native.Pool("gpu", executable=sys.executable, path=sys.path, bootstrap="aserve.runtime._worker")
+
+
+async def test_a_raising_completion_handler_does_not_stop_the_others(model_dir) -> None:
+    source = """
+from aserve.runtime import Model, TensorSpec
+class Double(Model):
+    inputs = [TensorSpec("x", "INT64", (1,))]
+    def __call__(self, inputs):
+        return {"y": [2 * inputs["x"][0]]}
+"""
+    loop = asyncio.get_running_loop()
+    reported: list[BaseException] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context["exception"]))
+    async with Pool(engine="main", interpreters=1) as pool:
+        await pool.load(ModelSpec(name="double", path=str(model_dir(source))))
+        answers: dict[int, object] = {}
+        every = asyncio.Event()
+
+        def done(i: int):
+            def call(outputs, error) -> None:
+                answers[i] = error if outputs is None else memoryview(outputs["y"].data).cast("q")[0]
+                if len(answers) == 8:
+                    every.set()
+                if i == 3:
+                    raise RuntimeError("a handler's own bug")
+            return call
+
+        ref_inputs = [[Tensor("INT64", (1,), array.array("q", [i]))] for i in range(8)]
+        for i, inputs in enumerate(ref_inputs):  # queued together: one interpreter, drained together
+            pool.run("double", inputs, done(i))
+        await asyncio.wait_for(every.wait(), 60)
+    assert answers == {i: 2 * i for i in range(8)}
+    assert [str(e) for e in reported] == ["a handler's own bug"]
