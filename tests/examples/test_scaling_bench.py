@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shutil
+
+import pytest
 
 from aserve.bench import scaling
+
+from ..conftest import EXAMPLES
 
 KEYS = {
     "model",
@@ -48,3 +53,22 @@ def test_writes_one_record_per_run(tmp_path: pathlib.Path) -> None:
     # a private interpreter is a libpython copy (megabytes); a main-engine thread is not
     private = ones["private"]
     assert private["pss_mb_per_interpreter"] > 1.0
+
+
+def test_skips_a_model_that_does_not_load(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # mlp as a Python without torch sees it: its model.py fails at import
+    repo = tmp_path / "repository"
+    (repo / "mlp").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "mlp" / "config.toml", repo / "mlp" / "config.toml")
+    (repo / "mlp" / "model.py").write_text('raise ImportError("No module named \'torch\' (this test)")\n')
+    (repo / "simple").symlink_to(EXAMPLES / "simple", target_is_directory=True)
+    out = tmp_path / "scaling.json"
+    argv = ["--models", "mlp,simple", "--engines", "main", "--requesters", "1", "--repository", str(repo)]
+    argv += ["--requests", "50", "--rounds", "1", "--warmup", "0", "--json", str(out)]
+    assert scaling.main(argv) == 0
+    records = json.loads(out.read_text())
+    skipped = [r for r in records if "skipped" in r]
+    assert [(r["model"], r["engine"]) for r in skipped] == [("mlp", "main")]
+    assert "No module named 'torch' (this test)" in skipped[0]["skipped"]
+    assert [(r["model"], r["requests"]) for r in records if "skipped" not in r] == [("simple", 50)]
+    assert "scaling: skipping mlp on main" in capsys.readouterr().err

@@ -1,384 +1,550 @@
-"""HTTP throughput and latency of `aserve serve`, per model and engine.
+"""HTTP throughput, latency, memory and CPU of aserve and its peers, side by side in one run.
 
-`aserve bench http [--json FILE] [--models simple,mlp,cnn] [--engines main,private]`
+    aserve bench http [--json FILE] [--plot FILE] [--models simple,mlp] [--connections 1,8,32,64,256]
+                      [--bodies json,binary] [--duration S] [--servers aserve,aserve-main,ceiling,inline,mosec]
 
-For each engine it starts the server in a subprocess on loopback, then drives each
-model's V2 infer endpoint (binary tensor extension, one sample per request) with many
-concurrent connections for a fixed time, and prints one JSON record per run:
-requests/s, p50 and p99 latency, errors, and the CPU the load generator and the
-server used. The load generator is `wrk` when installed (C, event-driven), else a
-multi-process aiohttp client.
+For each model, each server and each request body it starts the server on loopback
+(one at a time, so that each has the machine to itself), sends one request and checks
+the answer's values against values computed here (a wrong answer is an error record,
+never a number), warms up for `--warmup` seconds, then drives `POST
+/v2/models/{model}/infer` at each connection count for `--duration` seconds with wrk
+(`-t1 --latency`, a Lua script that sets the body and headers; a multi-process aiohttp
+client when wrk is not installed) and prints one JSON record per point.
 
-The same run measures a baseline: `GET /v2/health/live` through the same server and
-generator. It bounds what the HTTP path and the generator can do together; an infer
-rate well below it, with the generator using a fraction of a core, means the
-generator was not the bottleneck (`generator_cpu` is in cores: CPU seconds / wall
-seconds).
+Servers (`--servers`):
+- `aserve`: `aserve serve REPO --interpreters 2` with its default engine; REPO holds only
+  the benchmarked model, so its memory is that model's.
+- `aserve-main`: the same with `--engine main` (threads of the host interpreter).
+- `ceiling`: aiohttp + uvloop answering a fixed body without decoding: what one event loop
+  can do (`aserve.bench.peers.ceiling`).
+- `inline`: aiohttp + uvloop decoding the V2 request and running the model in the handler
+  (`aserve.bench.peers.inline`).
+- `mosec`: MOSEC 0.9.8 (Rust front; 2 worker processes, batches of up to 8, 10 ms wait)
+  in its own virtual environment, created with pip on first use under `--peer-venvs`
+  (default ~/.cache/aserve-bench; torch==2.13.0 is added for mlp). It reads binary
+  requests but answers V2 JSON (it cannot set the response's header-length header).
+
+Bodies: `json` (V2 JSON tensors) and `binary` (the binary tensor extension, asking for
+binary outputs), one sample per request.
+
+Each point's record:
+
+| key | meaning |
+| --- | --- |
+| `server`, `model`, `body`, `connections` | what ran |
+| `requests_per_s`, `p50_ms`, `p99_ms`, `requests`, `duration_s` | wrk's figures for the measured interval |
+| `errors` = `non_2xx` + `socket_errors` | every answer counts: a non-2xx status or a connect/read/write error or timeout is an error |
+| `pss_mb` | PSS of the server's whole process tree (psutil `memory_full_info().pss`, summed) after the point; `pss_mb_after_warmup` before the sweep |
+| `loop_cpu_us_per_request` | CPU (utime + stime, `/proc/PID/task/TID/stat`) of the server's event-loop thread during the point, over the requests completed; for MOSEC the Rust front process's CPU (all its threads): `loop_cpu_source` says which |
+| `server_cpu_cores` | CPU seconds of the whole server tree over wall seconds |
+| `generator_cpu_cores` | the load generator's CPU seconds (getrusage of children) over wall seconds |
+| `generator`, `threads` | `wrk` or `aiohttp`, and its threads or processes |
+| `response` | whether the answer was V2 JSON or binary |
+
+Records that are not points: `{"error": ...}` (a server that failed to start, a wrong
+answer, a non-zero exit on SIGTERM; `errors` is 1), `{"skipped": ...}` (e.g. mlp without
+torch, MOSEC that pip could not install), `{"generator_check": true}` (below), and last
+`{"summary": ...}` with the ratios the targets are judged by, against the ceiling
+measured in the same run: each server's peak requests/s over the ceiling's peak, per
+model and body; aserve's p50 at one connection; aserve's loop CPU per request at its
+peak; aserve's PSS over MOSEC's for mlp.
+
+Is the generator the bottleneck? wrk runs on the same machine and takes CPU from the
+servers. It is not the limit while `generator_cpu_cores` stays well below 1.0 (one wrk
+thread is one core) when the server is saturated (`server_cpu_cores` near the cores it
+can use, or its loop thread near 1.0: `loop_cpu_us_per_request` times `requests_per_s`
+near 1e6). The run also measures the ceiling once more with `wrk -t2` at the highest
+connection count (the `generator_check` record, summarised at the end): if two wrk
+threads get no more out of the ceiling than one, one was enough. `--no-generator-check`
+skips it.
+
+`--plot FILE` writes a PNG (matplotlib, from the `bench` extra: `pip install -e '.[bench]'`):
+for each model and body, requests/s and p99 against connections, per server.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import importlib.util
 import json
-import multiprocessing
+import math
 import os
 import pathlib
-import re
-import resource
+import platform
+import random
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from typing import Any
-
-import psutil
+from array import array
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 from ..cli import bundled_examples
+from . import loadgen, servers
+from .peers import v2
+from .peers.ceiling import BODY as CEILING_BODY
+from .servers import ServerFailed, ServerProcess
 
-DEFAULT_MODELS = ("simple", "mlp", "cnn")
-DEFAULT_ENGINES = ("main", "private")
-_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+MODELS = ("simple", "mlp")
+BODIES = ("json", "binary")
+DEFAULT_CONNECTIONS = (1, 8, 32, 64, 256)
+POINT_FIELDS = (
+    "bench", "server", "model", "body", "connections", "requests_per_s", "p50_ms", "p99_ms", "errors",
+    "non_2xx", "socket_errors", "pss_mb", "loop_cpu_us_per_request", "server_cpu_cores",
+    "generator_cpu_cores", "duration_s",
+)
+HEADER_LENGTH = "inference-header-content-length"
 
 
-def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+# ---- requests and the answers they must get ------------------------------------------
+
+class Case(NamedTuple):
+    model: str
+    body_kind: str  # "json" or "binary"
+    body: bytes
+    headers: dict[str, str]
+    expected: dict[str, v2.Tensor]
 
 
-class ServerProcess:
-    """`aserve serve` in a subprocess; `start()` waits until the models are ready (or failed)."""
-
-    def __init__(self, repository: pathlib.Path, *, engine: str, interpreters: int, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self.argv = [
-            sys.executable,
-            "-m",
-            "aserve.cli",
-            "serve",
-            str(repository),
-            "--engine",
-            engine,
-            "--interpreters",
-            str(interpreters),
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 300.0) -> list[str]:
-        """Start and wait for loading to finish; returns the names of the models that are READY."""
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL)
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}")
-            try:
-                status, body = _post(f"{self.url}/v2/repository/index", b"", {})
-                index = json.loads(body)
-                if status == 200 and all(m["state"] != "LOADING" for m in index):
-                    return [m["name"] for m in index if m["state"] == "READY"]
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("server did not finish loading its models")
-
-    def cpu_seconds(self) -> float:
-        assert self.proc is not None
-        t = psutil.Process(self.proc.pid).cpu_times()
-        return float(t.user + t.system)
-
-    def stop(self) -> int:
-        assert self.proc is not None
-        self.proc.terminate()
-        try:
-            return self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+class Skip(Exception):
+    """This model cannot be benchmarked in this environment; the message says why."""
 
 
-def infer_body(metadata: dict[str, Any], seed: int = 0) -> tuple[bytes, dict[str, str]]:
-    """A one-sample binary V2 infer request for a model's metadata (random inputs)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    header: dict[str, Any] = {"inputs": [], "parameters": {"binary_data_output": True}}
-    blobs = []
-    for spec in metadata["inputs"]:
-        shape = [1 if d == -1 else d for d in spec["shape"]]
-        dtype = {"INT32": np.int32, "FP32": np.float32, "INT64": np.int64, "FP64": np.float64}[
-            spec["datatype"]
-        ]
-        arr = (rng.random(shape) * 100).astype(dtype)
-        blobs.append(arr.tobytes())
-        header["inputs"].append(
-            {
-                "name": spec["name"],
-                "datatype": spec["datatype"],
-                "shape": shape,
-                "parameters": {"binary_data_size": arr.nbytes},
-            }
-        )
-    head = json.dumps(header).encode()
-    headers = {"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"}
-    return head + b"".join(blobs), headers
+def sample_inputs(model: str, seed: int = 0) -> dict[str, v2.Tensor]:
+    rng = random.Random(seed)
+    if model == "simple":
+        ints = [array("i", [rng.randrange(-1000, 1000) for _ in range(16)]) for _ in range(2)]
+        return {f"INPUT{i}": v2.Tensor("INT32", (1, 16), a.tobytes()) for i, a in enumerate(ints)}
+    if model == "mlp":
+        return {"INPUT": v2.Tensor("FP32", (1, 16), array("f", [rng.gauss(0, 1) for _ in range(16)]).tobytes())}
+    raise ValueError(f"no sample input for model {model!r}")
 
 
-# ---- load generators ----
+def expected_outputs(model: str, inputs: dict[str, v2.Tensor], examples: pathlib.Path) -> dict[str, v2.Tensor]:
+    """The right answer, computed here: simple's sums; mlp with torch and examples/mlp's own network."""
+    if model == "simple":
+        a, b = inputs["INPUT0"].values(), inputs["INPUT1"].values()
 
-_WRK_LUA = """
-local f = io.open(os.getenv("ASERVE_BENCH_BODY"), "rb")
-wrk.method = os.getenv("ASERVE_BENCH_METHOD")
-if wrk.method == "POST" then
-  wrk.body = f:read("*all")
-  wrk.headers["Content-Type"] = "application/octet-stream"
-  wrk.headers["Inference-Header-Content-Length"] = os.getenv("ASERVE_BENCH_HEADER_LENGTH")
-end
-f:close()
-"""
+        def wrap(v: int) -> int:  # int32 arithmetic
+            return (v + 2**31) % 2**32 - 2**31
 
-
-def _ms(text: str) -> float:
-    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text.strip())
-    if not m:
-        raise ValueError(f"cannot read wrk latency {text!r}")
-    return float(m[1]) * _UNITS[m[2]]
-
-
-def run_wrk(
-    url: str,
-    *,
-    method: str,
-    body: bytes,
-    headers: dict[str, str],
-    connections: int,
-    duration: float,
-    threads: int,
-) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        body_file = pathlib.Path(tmp) / "body"
-        body_file.write_bytes(body)
-        script = pathlib.Path(tmp) / "infer.lua"
-        script.write_text(_WRK_LUA)
-        env = dict(
-            os.environ,
-            ASERVE_BENCH_BODY=str(body_file),
-            ASERVE_BENCH_METHOD=method,
-            ASERVE_BENCH_HEADER_LENGTH=headers.get("Inference-Header-Content-Length", "0"),
-        )
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        out = subprocess.run(
-            [
-                "wrk",
-                "-t",
-                str(threads),
-                "-c",
-                str(connections),
-                "-d",
-                f"{max(1, round(duration))}s",
-                "--latency",
-                "-s",
-                str(script),
-                url,
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=True,
-        ).stdout
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
-    lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.MULTILINE))
-    errors = 0
-    for m in re.finditer(r"Non-2xx or 3xx responses: (\d+)", out):
-        errors += int(m[1])
-    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
-    if sock:
-        errors += sum(int(g) for g in sock.groups())
-    return {
-        "requests_per_s": rps,
-        "p50_ms": _ms(lat["50"]),
-        "p99_ms": _ms(lat["99"]),
-        "errors": errors,
-        "generator": "wrk",
-        "generator_cpu": cpu / max(1, round(duration)),
-    }
-
-
-def _client_worker(
-    args: tuple[str, str, bytes, dict[str, str], int, float],
-) -> tuple[list[float], int, float]:
-    url, method, body, headers, connections, duration = args
-    import aiohttp
-
-    async def run() -> tuple[list[float], int]:
-        latencies: list[float] = []
-        errors = 0
-        loop = asyncio.get_running_loop()
-        end = loop.time() + duration
-
-        async def conn(session: aiohttp.ClientSession) -> None:
-            nonlocal errors
-            while loop.time() < end:
-                t0 = loop.time()
-                async with session.request(method, url, data=body or None, headers=headers) as r:
-                    await r.read()
-                    if r.status != 200:
-                        errors += 1
-                latencies.append((loop.time() - t0) * 1000)
-
-        connector = aiohttp.TCPConnector(limit=connections)
-        async with aiohttp.ClientSession(connector=connector) as session:
-            await asyncio.gather(*(conn(session) for _ in range(connections)))
-        return latencies, errors
-
-    start = time.process_time()
-    latencies, errors = asyncio.run(run())
-    return latencies, errors, time.process_time() - start
-
-
-def run_aiohttp(
-    url: str,
-    *,
-    method: str,
-    body: bytes,
-    headers: dict[str, str],
-    connections: int,
-    duration: float,
-    threads: int,
-) -> dict[str, Any]:
-    per = max(1, connections // threads)
-    with multiprocessing.get_context("spawn").Pool(threads) as pool:
-        results = pool.map(_client_worker, [(url, method, body, headers, per, duration)] * threads)
-    latencies = sorted(x for r in results for x in r[0])
-    n = len(latencies)
-    return {
-        "requests_per_s": n / duration,
-        "p50_ms": latencies[n // 2] if n else 0.0,
-        "p99_ms": latencies[min(n - 1, int(n * 0.99))] if n else 0.0,
-        "errors": sum(r[1] for r in results),
-        "generator": "aiohttp",
-        "generator_cpu": sum(r[2] for r in results) / duration,
-    }
-
-
-def drive(url: str, **kw: Any) -> dict[str, Any]:
-    return (run_wrk if shutil.which("wrk") else run_aiohttp)(url, **kw)
-
-
-def bench_engine(
-    repository: pathlib.Path, engine: str, models: list[str], args: argparse.Namespace
-) -> list[dict]:
-    server = ServerProcess(repository, engine=engine, interpreters=args.interpreters, port=_free_port())
-    records: list[dict[str, Any]] = []
-    ready = server.start()
-    try:
-        common = {
-            "bench": "http",
-            "engine": engine,
-            "interpreters": args.interpreters,
-            "connections": args.connections,
-            "duration_s": args.duration,
+        return {
+            "OUTPUT0": v2.Tensor("INT32", (1, 16), array("i", [wrap(x + y) for x, y in zip(a, b)]).tobytes()),
+            "OUTPUT1": v2.Tensor("INT32", (1, 16), array("i", [wrap(x - y) for x, y in zip(a, b)]).tobytes()),
         }
-        runs: list[tuple[str, str, str, bytes, dict[str, str]]] = [
-            ("baseline:health/live", "GET", f"{server.url}/v2/health/live", b"", {})
-        ]
-        for model in models:
-            if model not in ready:
-                records.append({**common, "model": model, "error": "model not ready in this server"})
+    try:
+        import torch
+    except ImportError as e:
+        raise Skip(f"torch is not installed for Python {platform.python_version()}: mlp needs it") from e
+    spec = importlib.util.spec_from_file_location("_aserve_bench_reference_mlp", examples / "mlp" / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    x = torch.tensor(inputs["INPUT"].values().tolist(), dtype=torch.float32).view(1, -1)
+    with torch.inference_mode():
+        y = module.build()(x)
+    return {"OUTPUT": v2.Tensor("FP32", tuple(y.shape), array("f", y.flatten().tolist()).tobytes())}
+
+
+def encode_request(inputs: dict[str, v2.Tensor], kind: str) -> tuple[bytes, dict[str, str]]:
+    items: list[dict[str, Any]] = [{"name": n, "datatype": t.datatype, "shape": list(t.shape)}
+                                   for n, t in inputs.items()]
+    if kind == "json":
+        for item, t in zip(items, inputs.values(), strict=True):
+            item["data"] = t.values().tolist()
+        return json.dumps({"inputs": items}).encode(), {"Content-Type": "application/json"}
+    for item, t in zip(items, inputs.values(), strict=True):
+        item["parameters"] = {"binary_data_size": len(t.data)}
+    head = json.dumps({"inputs": items, "parameters": {"binary_data_output": True}}).encode()
+    headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}
+    return head + b"".join(t.data for t in inputs.values()), headers
+
+
+def make_cases(model: str, bodies: list[str], examples: pathlib.Path) -> dict[str, Case]:
+    inputs = sample_inputs(model)
+    expected = expected_outputs(model, inputs, examples)
+    return {kind: Case(model, kind, *encode_request(inputs, kind), expected) for kind in bodies}
+
+
+def check_answer(server: str, case: Case, status: int, headers: dict[str, str], body: bytes) -> tuple[str | None, str]:
+    """(what is wrong with the answer or None, "json" | "binary")."""
+    if status != 200:
+        return f"status {status}: {body[:300]!r}", "json"
+    if server == "ceiling":
+        return (None if body == CEILING_BODY else f"unexpected body {body[:300]!r}"), "json"
+    lower = {k.lower(): v for k, v in headers.items()}
+    length = int(lower[HEADER_LENGTH]) if HEADER_LENGTH in lower else None
+    response = "json" if length is None else "binary"
+    try:
+        outputs = v2.decode_response(body, length)
+    except (ValueError, KeyError, TypeError) as e:
+        return f"unreadable answer ({e}): {body[:300]!r}", response
+    for name, want in case.expected.items():
+        got = outputs.get(name)
+        if got is None:
+            return f"output {name} missing from {body[:300]!r}", response
+        if got.datatype != want.datatype or tuple(got.shape) != tuple(want.shape):
+            return f"output {name} is {got.datatype} {list(got.shape)}, expected {want.datatype} {list(want.shape)}", response
+        g, w = got.values(), want.values()
+        if want.datatype == "FP32":
+            bad = [i for i, (a, b) in enumerate(zip(g, w)) if abs(a - b) > 1e-4 + 1e-4 * abs(b)]
+        else:
+            bad = [i for i, (a, b) in enumerate(zip(g, w)) if a != b]
+        if bad or len(g) != len(w):
+            i = bad[0] if bad else min(len(g), len(w))
+            return f"output {name} is wrong at element {i}: got {list(g)[:16]}, expected {list(w)[:16]}", response
+    return None, response
+
+
+# ---- one run ------------------------------------------------------------------------
+
+class Run:
+    """The run's settings and what it set up once (MOSEC's environment, per-model repositories)."""
+
+    def __init__(self, args: argparse.Namespace, examples: pathlib.Path, generator: str, tmp: pathlib.Path) -> None:
+        self.args = args
+        self.examples = examples
+        self.generator = generator
+        self.tmp = tmp
+        self.seconds = max(1, math.ceil(args.duration))
+        self.generator_checked = not args.generator_check or generator != "wrk"
+        self._mosec: tuple[pathlib.Path, str] | ServerFailed | None = None
+
+    def repository(self, model: str) -> pathlib.Path:
+        """A model repository holding only `model` (a symlink to the example)."""
+        repo = self.tmp / f"repository-{model}"
+        if not repo.exists():
+            repo.mkdir()
+            (repo / model).symlink_to((self.examples / model).resolve(), target_is_directory=True)
+        return repo
+
+    def mosec(self) -> tuple[pathlib.Path, str]:
+        if self._mosec is None:
+            try:
+                self._mosec = servers.mosec_python(self.args.peer_venvs, torch="mlp" in self.args.models)
+            except ServerFailed as e:
+                self._mosec = e
+        if isinstance(self._mosec, ServerFailed):
+            raise self._mosec
+        return self._mosec
+
+    def server(self, kind: str, model: str) -> ServerProcess:
+        if kind in ("aserve", "aserve-main"):
+            s = servers.aserve_server(kind, model, self.repository(model), interpreters=self.args.interpreters)
+            s.notes["interpreters"] = self.args.interpreters
+            return s
+        if kind in ("ceiling", "inline"):
+            return servers.aiohttp_peer(kind, model, self.examples)
+        python, version = self.mosec()
+        s = servers.mosec_server(model, self.examples, python)
+        s.notes.update(mosec_version=version, workers=2, max_batch_size=8, max_wait_ms=10)
+        return s
+
+
+def _record(server: str, model: str, body: str | None, **fields: Any) -> dict[str, Any]:
+    return {"bench": "http", "server": server, "model": model, "body": body, **fields}
+
+
+def measure(run: Run, server: ServerProcess, case: Case, connections: int, *, threads: int = 1) -> dict[str, Any]:
+    front0, tree0, t0 = server.front_cpu_s(), server.tree_cpu_s(), time.perf_counter()
+    load = loadgen.drive(run.generator, server.url, body=case.body, headers=case.headers,
+                         connections=connections, seconds=run.seconds, threads=threads)
+    wall = time.perf_counter() - t0
+    front, tree = server.front_cpu_s() - front0, server.tree_cpu_s() - tree0
+    return _record(
+        server.name, case.model, case.body_kind,
+        connections=connections,
+        requests_per_s=round(load.requests_per_s, 1),
+        p50_ms=round(load.p50_ms, 3),
+        p99_ms=round(load.p99_ms, 3),
+        errors=load.errors,
+        non_2xx=load.non_2xx,
+        socket_errors=load.socket_errors,
+        pss_mb=round(server.pss_mb(), 1),
+        loop_cpu_us_per_request=round(front / load.requests * 1e6, 1) if load.requests else None,
+        server_cpu_cores=round(tree / wall, 3),
+        generator_cpu_cores=round(load.generator_cpu_s / wall, 3),
+        duration_s=round(load.wall_s, 3),
+        requests=load.requests,
+        generator=load.generator,
+        threads=load.threads,
+        loop_cpu_source=server.front_source,
+    )
+
+
+def bench_server(run: Run, kind: str, model: str, cases: dict[str, Case]) -> Iterator[dict[str, Any]]:
+    """Start one server, check and measure every body and connection count, stop it."""
+    bodies = list(cases)
+    try:
+        server = run.server(kind, model)
+    except ServerFailed as e:
+        for body in bodies:
+            yield _record(kind, model, body, skipped=str(e), errors=0)
+        return
+    first = cases[bodies[0]]
+
+    def probe() -> bool:
+        status, _, _ = servers.post(server.url, first.body, first.headers, timeout=10)
+        return status == 200
+
+    try:
+        try:
+            server.start(probe)
+        except ServerFailed as e:
+            yield _record(kind, model, None, error=str(e), errors=1)
+            return
+        extra = {**server.notes, "python": platform.python_version(), "cpus": os.cpu_count()}
+        if kind == "mosec":
+            extra["note"] = "binary requests are read; answers are V2 JSON (MOSEC cannot set header-length)"
+        for body in bodies:
+            case = cases[body]
+            status, headers, answer = servers.post(server.url, case.body, case.headers)
+            problem, response = check_answer(kind, case, status, headers, answer)
+            if problem:
+                yield _record(kind, model, body, error=f"wrong answer to the check request: {problem}", errors=1)
                 continue
-            _, meta = _get(f"{server.url}/v2/models/{model}")
-            body, headers = infer_body(json.loads(meta))
-            status, answer = _post(f"{server.url}/v2/models/{model}/infer", body, headers)
-            if status != 200:
-                records.append(
-                    {**common, "model": model, "error": f"probe request failed: {status} {answer[:200]!r}"}
-                )
-                continue
-            runs.append((model, "POST", f"{server.url}/v2/models/{model}/infer", body, headers))
-        for name, method, url, body, headers in runs:
-            drive(
-                url,
-                method=method,
-                body=body,
-                headers=headers,
-                connections=args.connections,
-                duration=min(1.0, args.duration),
-                threads=args.threads,
-            )  # warm-up
-            cpu0 = server.cpu_seconds()
-            result = drive(
-                url,
-                method=method,
-                body=body,
-                headers=headers,
-                connections=args.connections,
-                duration=args.duration,
-                threads=args.threads,
-            )
-            result["server_cpu"] = (server.cpu_seconds() - cpu0) / args.duration
-            record = {
-                **common,
-                "model": name,
-                **{k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()},
-            }
-            records.append(record)
-            print(json.dumps(record), flush=True)
+            try:
+                if run.args.warmup > 0:
+                    loadgen.drive(run.generator, server.url, body=case.body, headers=case.headers,
+                                  connections=max(run.args.connections),
+                                  seconds=max(1, math.ceil(run.args.warmup)))
+                warm = round(server.pss_mb(), 1)
+                for connections in run.args.connections:
+                    yield {**measure(run, server, case, connections), "pss_mb_after_warmup": warm,
+                           "response": response, **extra}
+                if kind == "ceiling" and not run.generator_checked and max(run.args.connections) >= 2:
+                    run.generator_checked = True
+                    yield {**measure(run, server, case, max(run.args.connections), threads=2),
+                           "generator_check": True, **extra}
+            except (OSError, RuntimeError) as e:  # the server died under load, or wrk failed
+                yield _record(kind, model, body, error=f"measuring failed: {e}; server log: {server.log_tail()}",
+                              errors=1)
     finally:
         rc = server.stop()
-        if rc != 0:
-            records.append(
-                {"bench": "http", "engine": engine, "error": f"server exited with {rc} on SIGTERM"}
-            )
-    return records
+    if rc not in (0, None):
+        yield _record(kind, model, None, error=f"{kind} exited with {rc} on SIGTERM", errors=1)
+
+
+# ---- summary and plot ---------------------------------------------------------------
+
+def points(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if "requests_per_s" in r and not r.get("generator_check")]
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    pts = points(records)
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in pts:
+        groups.setdefault((r["model"], r["body"]), []).append(r)
+    peaks = []
+    aserve: dict[str, Any] = {"p50_ms_at_1_connection": {}, "loop_cpu_us_per_request_at_peak": {}}
+    for (model, body), rs in groups.items():
+        ceiling = max((r["requests_per_s"] for r in rs if r["server"] == "ceiling"), default=None)
+        for name in dict.fromkeys(r["server"] for r in rs):
+            best = max((r for r in rs if r["server"] == name), key=lambda r: r["requests_per_s"])
+            peaks.append({
+                "model": model, "body": body, "server": name, "peak_requests_per_s": best["requests_per_s"],
+                "at_connections": best["connections"], "p99_ms_at_peak": best["p99_ms"],
+                "vs_ceiling": round(best["requests_per_s"] / ceiling, 3) if ceiling else None,
+            })
+            if name == "aserve":
+                key = f"{model}/{body}"
+                one = [r for r in rs if r["server"] == name and r["connections"] == 1]
+                if one:
+                    aserve["p50_ms_at_1_connection"][key] = one[0]["p50_ms"]
+                aserve["loop_cpu_us_per_request_at_peak"][key] = best["loop_cpu_us_per_request"]
+    pss = {name: max((r["pss_mb"] for r in pts if r["model"] == "mlp" and r["server"] == name), default=None)
+           for name in ("aserve", "mosec")}
+    aserve["mlp_pss_mb"] = pss["aserve"]
+    aserve["mosec_mlp_pss_mb"] = pss["mosec"]
+    aserve["mlp_pss_vs_mosec"] = round(pss["aserve"] / pss["mosec"], 3) if pss["aserve"] and pss["mosec"] else None
+    checks = [r for r in records if r.get("generator_check")]
+    generator: dict[str, Any] = {}
+    for c in checks:
+        t1 = next((r for r in pts if r["server"] == "ceiling" and r["model"] == c["model"]
+                   and r["body"] == c["body"] and r["connections"] == c["connections"]), None)
+        generator = {"ceiling_t1_requests_per_s": t1["requests_per_s"] if t1 else None,
+                     "ceiling_t2_requests_per_s": c["requests_per_s"], "connections": c["connections"],
+                     "t1_generator_cpu_cores": t1["generator_cpu_cores"] if t1 else None}
+    errors = sum(int(r.get("errors") or 0) for r in records)
+    return {"bench": "http", "summary": {"peaks": peaks, "aserve": aserve, "generator_check": generator,
+                                         "errors": errors}}
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    s = summary["summary"]
+    lines = [f"{'model':<8}{'body':<8}{'server':<13}{'peak req/s':>11}{'at conns':>9}{'p99 ms':>9}{'/ ceiling':>10}"]
+    for p in s["peaks"]:
+        ratio = f"{p['vs_ceiling']:.2f}" if p["vs_ceiling"] is not None else "-"
+        lines.append(f"{p['model']:<8}{p['body']:<8}{p['server']:<13}{p['peak_requests_per_s']:>11.0f}"
+                     f"{p['at_connections']:>9}{p['p99_ms_at_peak']:>9.2f}{ratio:>10}")
+    a = s["aserve"]
+    lines.append("")
+    for key, v in a["p50_ms_at_1_connection"].items():
+        lines.append(f"aserve p50 at 1 connection, {key}: {v} ms")
+    for key, v in a["loop_cpu_us_per_request_at_peak"].items():
+        lines.append(f"aserve loop CPU per request at peak, {key}: {v} us")
+    if a["mlp_pss_mb"] is not None or a["mosec_mlp_pss_mb"] is not None:
+        lines.append(f"mlp PSS: aserve {a['mlp_pss_mb']} MB, MOSEC {a['mosec_mlp_pss_mb']} MB, "
+                     f"ratio {a['mlp_pss_vs_mosec']}")
+    g = s["generator_check"]
+    if g:
+        lines.append(f"generator check: ceiling at {g['connections']} connections, wrk -t1 "
+                     f"{g['ceiling_t1_requests_per_s']} req/s ({g['t1_generator_cpu_cores']} cores), "
+                     f"-t2 {g['ceiling_t2_requests_per_s']} req/s")
+    lines.append(f"errors: {s['errors']}")
+    return "\n".join(lines)
+
+
+def require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit("aserve bench http: --plot needs matplotlib, which is not installed: "
+                         "pip install -e '.[bench]' (./dev setup installs it)") from None
+
+
+def plot(records: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    pts = points(records)
+    groups = list(dict.fromkeys((r["model"], r["body"]) for r in pts))
+    colors = {name: f"C{i}" for i, name in enumerate(dict.fromkeys(r["server"] for r in pts))}
+    fig, axes = plt.subplots(max(1, len(groups)), 2, figsize=(12, 3.8 * max(1, len(groups))), squeeze=False)
+    for row, (model, body) in enumerate(groups):
+        rps_ax, p99_ax = axes[row]
+        for name, color in colors.items():
+            rs = sorted((r for r in pts if (r["model"], r["body"], r["server"]) == (model, body, name)),
+                        key=lambda r: r["connections"])
+            if not rs:
+                continue
+            conns = [r["connections"] for r in rs]
+            rps_ax.plot(conns, [r["requests_per_s"] for r in rs], marker="o", color=color, label=name)
+            p99_ax.plot(conns, [r["p99_ms"] for r in rs], marker="o", color=color, label=name)
+        ticks = sorted({r["connections"] for r in pts if (r["model"], r["body"]) == (model, body)})
+        for ax, what in ((rps_ax, "requests/s"), (p99_ax, "p99 latency (ms)")):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            ax.minorticks_off()
+            ax.set_xlabel("connections")
+            ax.set_ylabel(what)
+            ax.set_title(f"{model}, {body} body: {what}")
+            ax.grid(True, alpha=0.3)
+        p99_ax.set_yscale("log")
+        p99_ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        p99_ax.yaxis.set_major_formatter(ScalarFormatter())
+        p99_ax.yaxis.set_minor_formatter(NullFormatter())
+        rps_ax.set_ylim(bottom=0)
+        rps_ax.legend(fontsize="small")
+    fig.suptitle(f"aserve bench http ({os.cpu_count()} CPUs, Python {platform.python_version()})")
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ---- command line ---------------------------------------------------------------------
+
+def _list(text: str, choices: tuple[str, ...], what: str, p: argparse.ArgumentParser) -> list[str]:
+    items = [x for x in text.split(",") if x]
+    unknown = [x for x in items if x not in choices]
+    if unknown or not items:
+        p.error(f"--{what}: {', '.join(unknown) or 'nothing'} not among {', '.join(choices)}")
+    return items
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="aserve bench http", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", metavar="FILE", help="write the records to FILE (a JSON list)")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG: requests/s and p99 against connections")
+    p.add_argument("--models", default=",".join(MODELS), help="default: %(default)s")
+    p.add_argument("--connections", default=",".join(map(str, DEFAULT_CONNECTIONS)), help="default: %(default)s")
+    p.add_argument("--bodies", default=",".join(BODIES), help="default: %(default)s")
+    p.add_argument("--servers", default=",".join(servers.SERVERS), help="default: %(default)s")
+    p.add_argument("--duration", type=float, default=5.0,
+                   help="seconds per point, whole seconds (wrk's unit; default %(default)s)")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up per server, model and body "
+                   "(0: none; default %(default)s)")
+    p.add_argument("--interpreters", type=int, default=2, help="aserve's interpreters (default %(default)s)")
+    p.add_argument("--generator", choices=("auto", "wrk", "aiohttp"), default="auto",
+                   help="load generator (auto: wrk when installed)")
+    p.add_argument("--no-generator-check", dest="generator_check", action="store_false",
+                   help="skip the ceiling's extra point with wrk -t2")
+    p.add_argument("--peer-venvs", type=pathlib.Path,
+                   default=pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
+                   / "aserve-bench", help="where MOSEC's virtual environment is kept (default %(default)s)")
+    p.add_argument("--repository", type=pathlib.Path, help="folder with the example models (default: examples/)")
+    args = p.parse_args(argv)
+    args.models = _list(args.models, MODELS, "models", p)
+    args.bodies = _list(args.bodies, BODIES, "bodies", p)
+    args.servers = _list(args.servers, servers.SERVERS, "servers", p)
+    try:
+        args.connections = sorted({int(c) for c in args.connections.split(",") if c})
+    except ValueError:
+        p.error("--connections takes comma-separated integers")
+    if not args.connections or min(args.connections) < 1 or args.duration <= 0 or args.warmup < 0:
+        p.error("--connections must be >= 1, --duration > 0, --warmup >= 0")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="aserve bench http", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--json", help="write the records to this file (a JSON list)")
-    p.add_argument("--repository", help="model repository (default: the bundled examples/)")
-    p.add_argument("--models", default=",".join(DEFAULT_MODELS))
-    p.add_argument("--engines", default=",".join(DEFAULT_ENGINES))
-    p.add_argument("--interpreters", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--connections", type=int, default=32)
-    p.add_argument("--threads", type=int, default=1, help="load generator threads/processes")
-    p.add_argument("--duration", type=float, default=5.0, help="seconds per run")
-    args = p.parse_args(argv)
-    repository = pathlib.Path(args.repository) if args.repository else bundled_examples()
-    if repository is None:
-        p.error("no --repository and no bundled examples/ folder")
+    args = parse_args(argv)
+    if args.plot:
+        require_matplotlib()  # before minutes of measuring, not after
+    examples = args.repository or bundled_examples()
+    if examples is None:
+        raise SystemExit("aserve bench http: no --repository and no bundled examples/ folder")
+    generator = args.generator
+    if generator == "auto":
+        generator = "wrk" if loadgen.have_wrk() else "aiohttp"
+        if generator == "aiohttp":
+            print("http: wrk is not installed: using the multi-process aiohttp client (records say "
+                  "\"generator\": \"aiohttp\"; it needs far more CPU per request than wrk)", file=sys.stderr)
+    elif generator == "wrk" and not loadgen.have_wrk():
+        raise SystemExit("aserve bench http: --generator wrk, but wrk is not installed (apt-get install wrk)")
     records: list[dict[str, Any]] = []
-    for engine in args.engines.split(","):
-        records.extend(bench_engine(repository, engine, args.models.split(","), args))
+
+    def emit(record: dict[str, Any]) -> None:
+        records.append(record)
+        print(json.dumps(record), flush=True)
+        if "skipped" in record or "error" in record:
+            what = "skipped" if "skipped" in record else "error"
+            print(f"http: {record['server']}/{record['model']}/{record['body']}: {what}: {record[what]}",
+                  file=sys.stderr, flush=True)
+
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="aserve-bench-http-"))
+    started = time.perf_counter()
+    try:
+        run = Run(args, examples, generator, tmp)
+        for model in args.models:
+            try:
+                cases = make_cases(model, args.bodies, examples)
+            except Skip as e:
+                for kind in args.servers:
+                    emit(_record(kind, model, None, skipped=str(e), errors=0))
+                continue
+            for kind in args.servers:
+                print(f"http: {model} on {kind} ...", file=sys.stderr, flush=True)
+                for record in bench_server(run, kind, model, cases):
+                    emit(record)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    summary = summarize(records)
+    records.append(summary)
+    print(json.dumps(summary), flush=True)
+    print(summary_text(summary), file=sys.stderr)
+    print(f"({time.perf_counter() - started:.0f} s, generator {generator})", file=sys.stderr)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
+    if args.plot:
+        plot(records, args.plot)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

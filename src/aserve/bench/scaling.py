@@ -12,6 +12,10 @@ hold only what that engine and model cost: PSS before the pool starts, with one
 interpreter and the model loaded, and with N. `speedup` is a run's requests/s over
 the same engine's 1-interpreter figure measured in the same invocation.
 
+A model that does not load on an engine (`mlp` and `cnn` need torch, which the Python
+3.13 environment lacks) is skipped, and the run goes on with the rest: a line on
+stderr and a `{"model", "engine", "skipped": reason}` record after the points.
+
     python -m aserve.bench.scaling --json scaling.json
 """
 
@@ -34,6 +38,7 @@ from typing import Any
 import msgspec
 
 from ..engine import ModelSpec, Pool, ensure_glibc_tunables
+from ..errors import AserveError
 from ..repository.config import load_config
 from ..runtime.datatypes import encode_bytes
 from ..tensor import Tensor
@@ -84,8 +89,9 @@ class Setup(msgspec.Struct, kw_only=True):
 
 
 class ChildResult(msgspec.Struct, kw_only=True):
-    setup: Setup
-    points: list[Point]
+    setup: Setup | None = None
+    points: list[Point] = []
+    skipped: str | None = None  # why the model could not be measured on this engine
 
 
 # ---- inputs --------------------------------------------------------------------
@@ -272,7 +278,13 @@ async def run_child(engine: str, model: str, args: argparse.Namespace) -> ChildR
     await pool.start()
     startup_first = time.perf_counter() - t0
     t0 = time.perf_counter()
-    await pool.load(spec)
+    try:
+        await pool.load(spec)
+    except AserveError as e:  # the model's import or load() failed (ModelLoadError): nothing to measure
+        await pool.close()
+        reason = str(e).strip().splitlines()
+        return ChildResult(skipped=f"{model} does not load on engine {engine}: "
+                                   f"{reason[-1] if reason else type(e).__name__}")
     load_s = time.perf_counter() - t0
     _, pss_one = memory_mb()
     per_interpreter = pss_per = 0.0
@@ -336,12 +348,12 @@ def child_command(engine: str, model: str, args: argparse.Namespace) -> list[str
 
 
 def run_in_child(engine: str, model: str, args: argparse.Namespace) -> ChildResult:
-    proc = subprocess.run(child_command(engine, model, args), stdout=subprocess.PIPE, text=True, check=False)
+    proc = subprocess.run(child_command(engine, model, args), capture_output=True, text=True, check=False)
+    sys.stderr.write(proc.stderr)
     lines = proc.stdout.strip().splitlines()
     if not lines:
-        raise RuntimeError(
-            f"engine {engine!r}, model {model!r}: benchmark process exited with {proc.returncode}"
-        )
+        last = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+        return ChildResult(skipped=f"benchmark process exited with {proc.returncode} before reporting: {last[0]}")
     if proc.returncode != 0:
         # the results were complete; the process failed while shutting down
         print(
@@ -355,6 +367,8 @@ def finish(results: list[tuple[ChildResult, str, str]]) -> list[Point]:
     """Flatten child results into records: setup figures and speedups filled in."""
     records: list[Point] = []
     for result, _, _ in results:
+        if result.setup is None:
+            continue
         base = next((p.requests_per_s for p in result.points if p.interpreters == 1), 0.0)
         for p in result.points:
             p.speedup = round(p.requests_per_s / base, 3) if base else 0.0
@@ -485,19 +499,27 @@ def main(argv: list[str] | None = None) -> int:
     for m in models:
         sample_inputs(m)  # fail early on an unknown model
     results: list[tuple[ChildResult, str, str]] = []
+    skipped: list[dict[str, str]] = []
     started = time.perf_counter()
     for model in models:
         for engine in engines_for(model, engines):
             print(f"scaling: {model} on {engine} ...", file=sys.stderr, flush=True)
-            results.append((run_in_child(engine, model, args), engine, model))
+            result = run_in_child(engine, model, args)
+            if result.skipped is not None:
+                print(f"scaling: skipping {model} on {engine}: {result.skipped}", file=sys.stderr, flush=True)
+                skipped.append({"model": model, "engine": engine, "skipped": result.skipped})
+                continue
+            results.append((result, engine, model))
     records = finish(results)
     print(table(records), file=sys.stderr)
+    for s in skipped:
+        print(f"skipped: {s['model']} on {s['engine']}: {s['skipped']}", file=sys.stderr)
     print(
         f"({time.perf_counter() - started:.0f} s, {os.cpu_count()} CPUs, Python {platform.python_version()})",
         file=sys.stderr,
     )
     if args.json:
-        text = json.dumps([msgspec.to_builtins(r) for r in records], indent=1)
+        text = json.dumps([msgspec.to_builtins(r) for r in records] + skipped, indent=1)
         if args.json == "-":
             sys.stdout.write(text + "\n")
         else:

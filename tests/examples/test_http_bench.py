@@ -1,0 +1,90 @@
+"""`aserve bench http`: a short real run (aserve and the ceiling on loopback), its records and plot,
+and the pieces that decide whether an answer counts: the peers' V2 codec and the answer check."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from array import array
+
+from aserve.bench import http
+from aserve.bench.peers import models, v2
+
+from ..conftest import EXAMPLES
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _run(tmp_path: pathlib.Path, *argv: str) -> list[dict]:
+    out = tmp_path / "http.json"
+    assert http.main([*argv, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_short_run_records_every_field_and_plots(tmp_path: pathlib.Path) -> None:
+    png = tmp_path / "http.png"
+    records = _run(tmp_path, "--duration", "1", "--warmup", "1", "--connections", "1,4", "--servers",
+                   "aserve,ceiling", "--models", "simple", "--bodies", "json,binary", "--plot", str(png))
+    problems = [r for r in records if "error" in r or "skipped" in r]
+    assert not problems, problems
+    points = [r for r in records if "requests_per_s" in r and not r.get("generator_check")]
+    assert sorted((r["server"], r["body"], r["connections"]) for r in points) == [
+        (server, body, c) for server in ("aserve", "ceiling") for body in ("binary", "json") for c in (1, 4)
+    ]
+    for r in points:
+        assert set(http.POINT_FIELDS) <= set(r), set(http.POINT_FIELDS) - set(r)
+        assert r["bench"] == "http" and r["model"] == "simple"
+        assert r["errors"] == r["non_2xx"] == r["socket_errors"] == 0
+        assert r["requests_per_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"]
+        assert r["pss_mb"] > 0 and r["loop_cpu_us_per_request"] > 0
+        assert r["server_cpu_cores"] > 0 and r["generator_cpu_cores"] > 0
+        assert r["generator"] in ("wrk", "aiohttp")
+    binary = {r["server"]: r["response"] for r in points if r["body"] == "binary"}
+    assert binary == {"aserve": "binary", "ceiling": "json"}  # aserve answered the binary extension in kind
+    summary = records[-1]["summary"]
+    assert summary["errors"] == 0
+    ratios = {(p["server"], p["body"]): p["vs_ceiling"] for p in summary["peaks"]}
+    assert ratios[("ceiling", "json")] == 1.0 and ratios[("aserve", "json")] > 0
+    assert set(summary["aserve"]["p50_ms_at_1_connection"]) == {"simple/json", "simple/binary"}
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_aiohttp_generator_when_asked(tmp_path: pathlib.Path) -> None:
+    records = _run(tmp_path, "--generator", "aiohttp", "--duration", "1", "--warmup", "0", "--connections", "2",
+                   "--servers", "ceiling", "--models", "simple", "--bodies", "json")
+    (point,) = [r for r in records if "requests_per_s" in r]
+    assert point["generator"] == "aiohttp" and point["errors"] == 0 and point["requests"] > 0
+
+
+def _case(kind: str) -> http.Case:
+    return http.make_cases("simple", [kind], EXAMPLES)[kind]
+
+
+def test_the_inline_peer_answers_what_the_check_expects() -> None:
+    for kind in ("json", "binary"):
+        case = _case(kind)
+        length = case.headers.get("Inference-Header-Content-Length")
+        request = v2.decode_request(case.body, int(length) if length else None)
+        assert request.binary_output == (kind == "binary")
+        body, head = v2.encode_response("simple", models.simple(request.inputs), binary=request.binary_output)
+        headers = {} if head is None else {"Inference-Header-Content-Length": str(head)}
+        assert http.check_answer("inline", case, 200, headers, body) == (None, kind)
+
+
+def test_binary_request_without_header_length_is_read_as_mosec_reads_it() -> None:
+    case = _case("binary")
+    with_length = v2.decode_request(case.body, int(case.headers["Inference-Header-Content-Length"]))
+    assert v2.decode_request(case.body) == with_length
+
+
+def test_a_wrong_answer_is_an_error() -> None:
+    case = _case("json")
+    outputs = models.simple(v2.decode_request(case.body).inputs)
+    values = outputs["OUTPUT0"].values()
+    values[3] += 1
+    outputs["OUTPUT0"] = outputs["OUTPUT0"]._replace(data=array("i", values).tobytes())
+    body, _ = v2.encode_response("simple", outputs, binary=False)
+    problem, _ = http.check_answer("inline", case, 200, {}, body)
+    assert problem is not None and "OUTPUT0 is wrong at element 3" in problem
+    problem, _ = http.check_answer("aserve", case, 503, {}, b"overloaded")
+    assert problem is not None and problem.startswith("status 503")
