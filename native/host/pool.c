@@ -154,13 +154,25 @@ struct as_result {
     Py_ssize_t refs;
 };
 
-/* ---- the pool lock's helpers (caller holds p->mu) ---- */
+/* ---- the pool lock's helpers (caller holds p->mu) ----
+ *
+ * Nothing that wakes another thread happens under the lock: a thread woken while the
+ * waker still holds p->mu would only block on it again. Callers note what to wake
+ * under the lock and wake it after unlocking (the eventfd: wake_loop; a worker:
+ * pthread_cond_signal). */
 
-static void notify(pool_t *p)
+/* Whether the event loop must be woken: nothing was pending since its last drain. */
+static int must_wake_loop(pool_t *p)
 {
     if (p->signalled)
-        return;
+        return 0;
     p->signalled = 1;
+    return 1;
+}
+
+/* Without p->mu: write the eventfd the event loop watches. */
+static void wake_loop(pool_t *p)
+{
     uint64_t one = 1;
     ssize_t rc;
     do
@@ -168,11 +180,12 @@ static void notify(pool_t *p)
     while (rc < 0 && errno == EINTR);
 }
 
-static void post_done(pool_t *p, hjob *j)
+/* Returns whether the loop must be woken (wake_loop after unlocking). */
+static int post_done(pool_t *p, hjob *j)
 {
     j->next = p->done;
     p->done = j;
-    notify(p);
+    return must_wake_loop(p);
 }
 
 static void append(hjob **head, hjob **tail, hjob *j)
@@ -228,8 +241,8 @@ static void give_back_owner(pool_t *p, worker_t *w, void *owner)
     rel->next = w->releases;
     w->releases = rel;
     w->waiting = 0;
-    pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&p->mu);
+    pthread_cond_signal(&w->cv);
 }
 
 /* ---- input buffers ---- */
@@ -247,13 +260,16 @@ static void inputs_released(void *ctx)
 {
     hinputs *in = ctx;
     pool_t *p = in->pool;
+    int wake = 0;
     pthread_mutex_lock(&p->mu);
     if (--in->refs == 0) { /* the host is done too: drain releases them under its GIL */
         in->next = p->released;
         p->released = in;
-        notify(p);
+        wake = must_wake_loop(p);
     }
     pthread_mutex_unlock(&p->mu);
+    if (wake)
+        wake_loop(p);
 }
 
 /* Host GIL held: drop the host's reference. */
@@ -336,6 +352,7 @@ static const as_tensor *join_poll(void *ctx, int done, size_t *n_inputs, void **
     hjob *j = ctx;
     pool_t *p = j->pool;
     const as_tensor *in = NULL;
+    int wake = 0;
     pthread_mutex_lock(&p->mu);
     j->stage = done;
     hjob *o;
@@ -348,16 +365,20 @@ static const as_tensor *join_poll(void *ctx, int done, size_t *n_inputs, void **
             *inputs_ctx = o->inputs;
             in = o->in;
         } else {
-            post_done(p, o); /* too late for this group: the host queues it again */
+            wake |= post_done(p, o); /* too late for this group: the host queues it again */
         }
     }
     pthread_mutex_unlock(&p->mu);
+    if (wake)
+        wake_loop(p);
     return in;
 }
 
-/* Caller holds p->mu: a staged job finished; complete its offers, then itself. */
-static void finish_staged(pool_t *p, hjob *j)
+/* Caller holds p->mu: a staged job finished; complete its offers (before itself).
+ * Returns whether the loop must be woken. */
+static int finish_staged(pool_t *p, hjob *j)
 {
+    int wake = 0;
     for (hjob **pp = &p->staged; *pp != NULL; pp = &(*pp)->snext) {
         if (*pp == j) {
             *pp = j->snext;
@@ -366,9 +387,10 @@ static void finish_staged(pool_t *p, hjob *j)
     }
     hjob *o;
     while ((o = pop(&j->offers, &j->offers_tail)) != NULL)
-        post_done(p, o);
+        wake |= post_done(p, o);
     while ((o = pop(&j->absorbed, &j->absorbed_tail)) != NULL)
-        post_done(p, o);
+        wake |= post_done(p, o);
+    return wake;
 }
 
 static void *worker_main(void *arg)
@@ -390,11 +412,13 @@ static void *worker_main(void *arg)
     w->start_job = NULL;
     w->ready = rc == 0;
     w->dead = rc != 0;
-    post_done(p, sj);
-    if (rc != 0) {
-        pthread_mutex_unlock(&p->mu);
+    int wake = post_done(p, sj);
+    pthread_mutex_unlock(&p->mu);
+    if (wake)
+        wake_loop(p);
+    if (rc != 0)
         return NULL;
-    }
+    pthread_mutex_lock(&p->mu);
     for (;;) {
         if (w->releases != NULL) {
             release_t *r = w->releases;
@@ -424,9 +448,13 @@ static void *worker_main(void *arg)
             w->engine.run(w->ip, &j->job);
             pthread_mutex_lock(&p->mu);
             w->busy = 0;
-            if (j->job.join != NULL)
-                finish_staged(p, j);
-            post_done(p, j);
+            wake = j->job.join != NULL ? finish_staged(p, j) : 0;
+            wake |= post_done(p, j);
+            if (wake) {
+                pthread_mutex_unlock(&p->mu);
+                wake_loop(p);
+                pthread_mutex_lock(&p->mu);
+            }
             continue;
         }
         if (w->stop)
@@ -446,32 +474,38 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* Caller holds p->mu: wake one idle worker that may take a job with this mask. */
-static void wake_idle(pool_t *p, uint64_t mask)
+/* Caller holds p->mu: the idle worker that may take a job with this mask, marked as
+ * no longer waiting (signal its cv after unlocking), or NULL. */
+static worker_t *idle_worker(pool_t *p, uint64_t mask)
 {
     for (int i = 0; i < p->n_workers; i++) {
         worker_t *w = p->workers[i];
         if (w->waiting && w->active && w->ready && (mask >> i & 1)) {
             w->waiting = 0;
-            pthread_cond_signal(&w->cv);
-            return;
+            return w;
         }
     }
+    return NULL;
 }
 
-/* Host GIL held: queue a job (targeted at a worker, or shared). */
+/* Host GIL held, p->mu not: queue a job (targeted at a worker, or shared) and wake the
+ * worker that will take it. */
 static void enqueue(pool_t *p, hjob *j, int target)
 {
+    worker_t *w;
+    pthread_mutex_lock(&p->mu);
     if (target >= 0) {
-        worker_t *w = p->workers[target];
+        w = p->workers[target];
         append(&w->head, &w->tail, j);
         w->waiting = 0;
-        pthread_cond_signal(&w->cv);
     } else {
         append(&p->head, &p->tail, j);
         p->queued++;
-        wake_idle(p, j->mask);
+        w = idle_worker(p, j->mask);
     }
+    pthread_mutex_unlock(&p->mu);
+    if (w != NULL)
+        pthread_cond_signal(&w->cv);
 }
 
 /* ---- results handed to the host ---- */
@@ -644,8 +678,10 @@ static PyObject *pool_add_interpreter(pool_t *p, PyObject *token)
         w->dead = 1;
         snprintf(sj->start_error, 1024, "pthread_create: %s", strerror(rc));
         sj->job.failed = 1;
-        post_done(p, sj);
+        int wake = post_done(p, sj);
         pthread_mutex_unlock(&p->mu);
+        if (wake)
+            wake_loop(p);
     }
     return PyLong_FromLong(w->index);
 }
@@ -802,9 +838,7 @@ static PyObject *pool_submit(pool_t *p, PyObject *args, PyObject *kw)
     }
     j->job.model = j->key;
     j->job.text = j->text;
-    pthread_mutex_lock(&p->mu);
     enqueue(p, j, target);
-    pthread_mutex_unlock(&p->mu);
     Py_RETURN_NONE;
 }
 
@@ -838,16 +872,16 @@ static PyObject *pool_infer(pool_t *p, PyObject *args, PyObject *kw)
             return NULL;
         }
     }
-    pthread_mutex_lock(&p->mu);
     if (staged) {
+        pthread_mutex_lock(&p->mu);
         j->id = ++p->next_id;
         j->join = (as_join){j, join_poll};
         j->job.join = &j->join;
         j->snext = p->staged;
         p->staged = j;
+        pthread_mutex_unlock(&p->mu);
     }
     enqueue(p, j, -1);
-    pthread_mutex_unlock(&p->mu);
     return id != NULL ? id : Py_NewRef(Py_None);
 }
 
@@ -1065,8 +1099,10 @@ static PyObject *pool_drain(pool_t *p, PyObject *Py_UNUSED(ignored))
             p->done = ordered;
             ordered = next;
         }
-        notify(p);
+        int wake = must_wake_loop(p);
         pthread_mutex_unlock(&p->mu);
+        if (wake)
+            wake_loop(p);
         return NULL;
     }
     Py_ssize_t i = 0;
@@ -1092,8 +1128,11 @@ static PyObject *pool_set_active(pool_t *p, PyObject *arg)
     pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->n_workers; i++)
         p->workers[i]->active = i < n;
-    for (hjob *j = p->head; j != NULL; j = j->next)
-        wake_idle(p, j->mask);
+    for (hjob *j = p->head; j != NULL; j = j->next) {
+        worker_t *w = idle_worker(p, j->mask);
+        if (w != NULL)
+            pthread_cond_signal(&w->cv); /* rare: under the lock is simpler */
+    }
     pthread_mutex_unlock(&p->mu);
     Py_RETURN_NONE;
 }

@@ -40,7 +40,7 @@ class ModelSchema:
     `max_latency_budget_ms`: the largest per-request latency budget accepted (the
     model's timeout)."""
 
-    __slots__ = ("by_name", "inputs", "max_batch_size", "max_latency_budget_ms", "name", "outputs",
+    __slots__ = ("by_name", "inputs", "max_batch_size", "max_latency_budget_ms", "name", "outputs", "plans",
                  "uniform", "version")
 
     def __init__(self, name: str, version: str, *, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
@@ -57,6 +57,7 @@ class ModelSchema:
         self.max_latency_budget_ms = max_latency_budget_ms
         skip = 1 if max_batch_size > 0 else 0
         self.uniform = all(-1 not in s.shape[skip:] for s in self.inputs)
+        self.plans: dict[bytes, Any] = {}  # a codec's checked decodings of repeated headers (aserve.protocol.v2)
 
     @property
     def input_names(self) -> list[str]:

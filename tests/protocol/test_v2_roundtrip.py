@@ -329,3 +329,44 @@ def test_msgpack_nested_bytes_elements() -> None:
     )
     with pytest.raises(InvalidInput, match=r"^inputs\[0\]\.data: nested data does not match shape \[2, 2\]"):
         decode(ragged, m, content_type=MSGPACK)
+
+
+def _binary_body(values: list[int], *, rows: int = 1, id: str | None = None) -> tuple[bytes, int]:
+    data = np.array(values, dtype=np.int32).tobytes()
+    head: dict[str, Any] = {
+        "inputs": [{"name": "X", "shape": [rows, 3], "datatype": "INT32", "parameters": {"binary_data_size": len(data)}}]
+    }
+    if id is not None:
+        head["id"] = id
+    header = json.dumps(head).encode()
+    return header + data, len(header)
+
+
+def test_a_repeated_binary_header_is_decoded_once() -> None:
+    s = schema(one_input("INT32"), 8)
+    first, length = _binary_body([1, 2, 3])
+    second, _ = _binary_body([4, 5, 6])
+    a = decode_infer(first, content_type=None, header_length=length, schema=s)
+    assert len(s.plans) == 1  # checked once, remembered
+    b = decode_infer(second, content_type=None, header_length=length, schema=s)
+    assert len(s.plans) == 1
+    assert np.frombuffer(a.inputs[0].data, np.int32).tolist() == [1, 2, 3]
+    assert np.frombuffer(b.inputs[0].data, np.int32).tolist() == [4, 5, 6]  # its own data, no copy
+    assert (b.samples, b.inputs[0].shape, b.inputs[0].datatype) == (1, (1, 3), "INT32")
+    # the same header over data of another length is decoded again and refused as it was
+    short = second[: len(second) - 4]
+    with pytest.raises(InvalidInput, match=r"12 bytes at offset 0 run past the binary data after the header \(8 bytes\)"):
+        decode_infer(short, content_type=None, header_length=length, schema=s)
+
+
+def test_headers_that_vary_are_not_remembered() -> None:
+    s = schema(one_input("INT32"), 8)
+    body, length = _binary_body([1, 2, 3], id="req-1")  # ids differ per request
+    assert decode_infer(body, content_type=None, header_length=length, schema=s).id == "req-1"
+    text = schema(one_input("BYTES", (-1,)), 8)  # BYTES element counts depend on the data
+    data = raw("BYTES", ["a", "b"])
+    header = json.dumps({"inputs": [
+        {"name": "X", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": len(data)}}
+    ]}).encode()
+    decode_infer(header + data, content_type=None, header_length=len(header), schema=text)
+    assert s.plans == {} and text.plans == {}

@@ -9,7 +9,7 @@ little-endian buffers in C (see `arrays`).
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NamedTuple, NoReturn
 
 import msgspec
 
@@ -77,6 +77,24 @@ _REQUEST_DECODERS: dict[str, _Decoder] = {
 # ---- the decoded request ----
 
 
+class _Plan(NamedTuple):
+    """What a binary request's JSON header decodes to, checked: every request whose header
+    has the same bytes gets the same inputs (over its own binary data) and parameters."""
+
+    inputs: tuple[tuple[str, tuple[int, ...], int, int], ...]  # (datatype, shape, start, end) in schema order
+    size: int  # bytes of binary data after the header
+    samples: int
+    outputs: list[RequestedOutput]
+    parameters: dict[str, Any]
+    timeout_ms: float | None
+    latency_budget_ms: float | None
+    form: Any
+
+
+MAX_PLANS = 64  # distinct binary headers remembered per model load (then forgotten all at once)
+MAX_PLAN_HEADER = 4096  # bytes: longer headers are decoded every time
+
+
 def decode_infer(
     body: bytes | bytearray | memoryview,
     /,
@@ -89,14 +107,48 @@ def decode_infer(
     as it is decoded; raises InvalidInput naming the field.
 
     The request's inputs come out in the schema's order and its sample count is the
-    inputs' common batch dimension (1 if the model does not batch)."""
+    inputs' common batch dimension (1 if the model does not batch). A binary request
+    (every tensor after the JSON header) whose header has the bytes of one decoded
+    before for this model is not decoded again: its checked plan is reused, and only
+    the binary data's length is checked (clients repeat their headers: same names,
+    shapes and sizes on every request)."""
     fmt = request_format(content_type)
     header, blobs = _split(body, header_length)
+    plans = schema.plans
+    reusable = header_length is not None and fmt == "json" and header.readonly  # a writable header may change
+    if reusable:
+        plan = plans.get(header)
+        if plan is not None and plan.size == len(blobs):
+            return InferRequest(
+                schema=schema,
+                inputs=[Tensor(datatype, shape, blobs[start:end]) for datatype, shape, start, end in plan.inputs],
+                samples=plan.samples, outputs=plan.outputs, parameters=plan.parameters,
+                timeout_ms=plan.timeout_ms, latency_budget_ms=plan.latency_budget_ms, form=plan.form,
+            )
+    request, spans = _decode(header, blobs, fmt, header_length, schema)
+    if reusable and spans is not None and request.id is None and len(header) <= MAX_PLAN_HEADER:
+        if len(plans) >= MAX_PLANS:
+            plans.clear()
+        plans[bytes(header)] = _Plan(
+            spans, len(blobs), request.samples, request.outputs, request.parameters, request.timeout_ms,
+            request.latency_budget_ms, request.form,
+        )
+    return request
+
+
+Span = tuple[str, tuple[int, ...], int, int]
+
+
+def _decode(header: memoryview, blobs: memoryview, fmt: Format, header_length: int | None,
+            schema: ModelSchema) -> tuple[InferRequest, tuple[Span, ...] | None]:
+    """The request, and where each input lies in the binary data when every input is there
+    (and none is BYTES, whose element counts depend on the data): a plan to reuse."""
     wire = _decode_header(header, fmt, header_length)
     specs = schema.inputs
     by_name = schema.by_name
     max_batch_size = schema.max_batch_size
     inputs: list[Any] = [None] * len(specs)
+    spans: list[Any] | None = [None] * len(specs) if header_length is not None and fmt == "json" else None
     samples = 0
     first = ""
     offset = 0
@@ -156,9 +208,12 @@ def decode_infer(
                 raise InvalidInput(f"inputs[{index}]: has both data and parameters.binary_data_size")
             size = params.binary_data_size
             data: Any = _binary_data(spec, shape, size, blobs, offset, index)
+            if spans is not None:
+                spans[spec.position] = (datatype, shape, offset, offset + size) if spec.itemsize else None
             offset += size
         elif item.data:
             data = _decode_data(item.data, datatype, shape, fmt, f"inputs[{index}].data")
+            spans = None
         else:
             raise InvalidInput(f"inputs[{index}].data: missing (give data or parameters.binary_data_size)")
         inputs[spec.position] = Tensor(datatype, shape, data)
@@ -174,14 +229,16 @@ def decode_infer(
             f"{schema.name!r} (expects {_names(specs)})"
         )
 
+    plan = None if spans is None or None in spans else tuple(spans)
     parameters = wire.parameters
     if parameters is None:
-        return InferRequest(schema=schema, inputs=inputs, samples=samples or 1, id=wire.id,
-                            outputs=_requested_outputs(wire.outputs, schema, False))
+        request = InferRequest(schema=schema, inputs=inputs, samples=samples or 1, id=wire.id,
+                               outputs=_requested_outputs(wire.outputs, schema, False))
+        return request, plan
     default_binary = parameters.get("binary_data_output", False)
     if not isinstance(default_binary, bool):
         raise InvalidInput(f"parameters.binary_data_output: expected true or false, got {default_binary!r}")
-    return InferRequest(
+    request = InferRequest(
         schema=schema,
         inputs=inputs,
         samples=samples or 1,
@@ -192,6 +249,7 @@ def decode_infer(
         latency_budget_ms=_latency_budget_ms(parameters.get("latency_budget_ms"), schema.max_latency_budget_ms),
         form=default_binary,
     )
+    return request, plan
 
 
 def _names(specs: tuple[InputSpec, ...]) -> str:
@@ -455,7 +513,9 @@ def encode_infer(
 
 
 def _output_view(model_name: str, name: str, tensor: Tensor) -> memoryview:
-    view = memoryview(tensor.data)
+    view = tensor.data
+    if type(view) is not memoryview:
+        view = memoryview(view)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     dt = DATATYPES.get(tensor.datatype)
