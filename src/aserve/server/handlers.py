@@ -8,13 +8,14 @@ aiohttp's router; everything else is routed here.
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import Any
 
 import msgspec
 from aiohttp import payload, web
 
 from .. import __version__
-from ..dataplane import READY, VERSIONS, DataPlane, ModelHandle
+from ..dataplane import READY, VERSIONS, DataPlane, ModelHandle, failure_reason
 from ..errors import InvalidInput
 from ..protocol import (
     HEADER_LENGTH,
@@ -136,7 +137,7 @@ class _Chunks(payload.Payload):
     from the interpreter's memory, never joined into a new buffer."""
 
     def __init__(self, chunks: list[Any], size: int, content_type: str) -> None:
-        super().__init__(chunks, content_type=content_type)
+        super().__init__([memoryview(c).cast("B") for c in chunks], content_type=content_type)
         self._size = size
 
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
@@ -151,44 +152,55 @@ class _Chunks(payload.Payload):
 
 
 def respond(chunks: list[Any], headers: dict[str, str]) -> web.Response:
-    """A response made of `chunks`: one buffer when small, written chunk by chunk when large."""
+    """A response made of `chunks` (bytes and flat byte views): one buffer when small,
+    written chunk by chunk when large."""
     if len(chunks) == 1:
         return web.Response(body=chunks[0], headers=headers)
-    size = sum(memoryview(c).nbytes for c in chunks)
+    size = sum(map(len, chunks))
     if size <= JOIN_LIMIT:
         return web.Response(body=b"".join(chunks), headers=headers)
-    body = _Chunks([memoryview(c).cast("B") for c in chunks], size, headers.pop("Content-Type"))
+    body = _Chunks(chunks, size, headers.pop("Content-Type"))
     return web.Response(body=body, headers=headers)
 
 
 async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version: str | None) -> web.Response:
     """POST /v2/models/{model}[/versions/{version}]/infer"""
     handle = plane.model(model, version)
-    with handle.stats.track() as tracked:
+    stats = handle.stats
+    start = perf_counter()
+    try:
         headers = request.headers
         length = header_length(headers.get(HEADER_LENGTH))
         body = await request.read()
         schema = handle.require_ready()
         content_type = headers.get("Content-Type")
         req = decode_infer(body, content_type=content_type, header_length=length, schema=schema)
-        tracked.samples = req.samples
         response = await plane.run(handle, req)
         chunks, out_headers = encode_infer(response, req, accept=headers.get("Accept"), content_type=content_type)
-        return respond(chunks, out_headers)
+    except BaseException as exc:
+        stats.failed(failure_reason(exc))
+        raise
+    stats.succeeded(perf_counter() - start, req.samples)
+    return respond(chunks, out_headers)
 
 
 async def predict(plane: DataPlane, request: web.BaseRequest, model: str, version: str | None) -> web.Response:
     """POST /v1/models/{model}[/versions/{version}]:predict (TF-Serving's predict has no
     per-request parameters: the model's timeout and budget apply)."""
     handle = plane.model(model, version)
-    with handle.stats.track() as tracked:
+    stats = handle.stats
+    start = perf_counter()
+    try:
         body = await request.read()
         schema = handle.require_ready()
         req = decode_predict(body, schema=schema)
-        tracked.samples = req.samples
         response = await plane.run(handle, req)
         answer = encode_predict(response.outputs, columnar=req.form is True, batched=schema.max_batch_size > 0)
-        return web.Response(body=answer, headers={"Content-Type": "application/json"})
+    except BaseException as exc:
+        stats.failed(failure_reason(exc))
+        raise
+    stats.succeeded(perf_counter() - start, req.samples)
+    return web.Response(body=answer, headers={"Content-Type": "application/json"})
 
 
 async def _infer_routed(request: web.Request) -> web.Response:
