@@ -70,8 +70,8 @@ class Front:
                 kind, model, version = route
                 try:
                     if kind == V2:
-                        return await infer(self.plane, request, model, version)
-                    return await predict(self.plane, request, model, version)
+                        return await infer(self.plane, request, model, version, max_body_bytes=self.max_body_bytes)
+                    return await predict(self.plane, request, model, version, max_body_bytes=self.max_body_bytes)
                 except Exception as exc:  # noqa: BLE001 - every failure gets an answer; the server goes on
                     return from_exception(request, exc, max_body_bytes=self.max_body_bytes)
         assert self.fallback is not None, "FrontRunner sets the fallback"

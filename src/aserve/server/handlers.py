@@ -16,7 +16,7 @@ from aiohttp import payload, web
 
 from .. import __version__
 from ..dataplane import READY, VERSIONS, DataPlane, ModelHandle, failure_reason
-from ..errors import InvalidInput
+from ..errors import InvalidInput, PayloadTooLarge
 from ..protocol import (
     HEADER_LENGTH,
     decode_infer,
@@ -27,6 +27,7 @@ from ..protocol import (
     negotiate,
 )
 from ..protocol.formats import CONTENT_TYPES
+from .errors import MAX_BODY_KEY
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import render
 
@@ -163,7 +164,20 @@ def respond(chunks: list[Any], headers: dict[str, str]) -> web.Response:
     return web.Response(body=body, headers=headers)
 
 
-async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version: str | None) -> web.Response:
+async def read_body(request: web.BaseRequest, limit: int) -> bytes:
+    """The request body. One that has fully arrived (most do, with their headers) is taken
+    from the buffer as it is; others are read as they come. Longer than `limit`: 413."""
+    content = request.content
+    if content.is_eof():
+        body = content.read_nowait()
+        if len(body) > limit:
+            raise PayloadTooLarge(f"request body exceeds the server's limit of {limit} bytes (--max-body-bytes)")
+        return body
+    return await request.read()  # aiohttp enforces client_max_size (413)
+
+
+async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version: str | None, *,
+                max_body_bytes: int) -> web.Response:
     """POST /v2/models/{model}[/versions/{version}]/infer"""
     handle = plane.model(model, version)
     stats = handle.stats
@@ -171,7 +185,7 @@ async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version:
     try:
         headers = request.headers
         length = header_length(headers.get(HEADER_LENGTH))
-        body = await request.read()
+        body = await read_body(request, max_body_bytes)
         schema = handle.require_ready()
         content_type = headers.get("Content-Type")
         req = decode_infer(body, content_type=content_type, header_length=length, schema=schema)
@@ -184,14 +198,15 @@ async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version:
     return respond(chunks, out_headers)
 
 
-async def predict(plane: DataPlane, request: web.BaseRequest, model: str, version: str | None) -> web.Response:
+async def predict(plane: DataPlane, request: web.BaseRequest, model: str, version: str | None, *,
+                  max_body_bytes: int) -> web.Response:
     """POST /v1/models/{model}[/versions/{version}]:predict (TF-Serving's predict has no
     per-request parameters: the model's timeout and budget apply)."""
     handle = plane.model(model, version)
     stats = handle.stats
     start = perf_counter()
     try:
-        body = await request.read()
+        body = await read_body(request, max_body_bytes)
         schema = handle.require_ready()
         req = decode_predict(body, schema=schema)
         response = await plane.run(handle, req)
@@ -205,12 +220,14 @@ async def predict(plane: DataPlane, request: web.BaseRequest, model: str, versio
 
 async def _infer_routed(request: web.Request) -> web.Response:
     info = request.match_info
-    return await infer(_plane(request), request, info["model"], info.get("version"))
+    return await infer(_plane(request), request, info["model"], info.get("version"),
+                       max_body_bytes=request.app[MAX_BODY_KEY])
 
 
 async def _predict_routed(request: web.Request) -> web.Response:
     info = request.match_info
-    return await predict(_plane(request), request, info["model"], info.get("version"))
+    return await predict(_plane(request), request, info["model"], info.get("version"),
+                         max_body_bytes=request.app[MAX_BODY_KEY])
 
 
 # ---- TensorFlow-Serving model status, Prometheus ----
