@@ -35,6 +35,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--shutdown-timeout", type=float, dest="shutdown_timeout_s",
                    help="on SIGTERM, longest wait for accepted requests (seconds, default 60)")
     p.add_argument("--access-log", action="store_true", default=None, help="log every request")
+    p.add_argument("--backlog", type=int, help="connections the kernel queues before they are accepted (default 1024)")
     p.add_argument("--config", help="TOML file with server settings (keys are the setting names)")
     p.add_argument("--log-level", choices=LOG_LEVELS, dest="log_level", help="default info (ASERVE_LOG_LEVEL)")
 
@@ -58,7 +59,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     overrides = {
         name: getattr(args, name, None)
         for name in ("repository", "host", "port", "engine", "interpreters", "max_body_bytes",
-                     "shutdown_timeout_s", "access_log", "log_level")
+                     "shutdown_timeout_s", "access_log", "log_level", "backlog")
     }
     return load_settings(file=args.config, overrides=overrides)
 

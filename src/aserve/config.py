@@ -47,6 +47,9 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         float, msgspec.Meta(ge=0, description="on SIGTERM, longest wait for accepted requests to finish")
     ] = 60.0
     access_log: Annotated[bool, _doc("log one line per request (costs throughput)")] = False
+    backlog: Annotated[
+        int, msgspec.Meta(ge=1, description="connections the kernel queues before the server accepts them")
+    ] = 1024
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_CHOICES:

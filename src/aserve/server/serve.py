@@ -42,7 +42,8 @@ class Server:
         )
         await runner.setup()
         self._runner = runner
-        site = web.TCPSite(runner, self.settings.host, self.settings.port, reuse_address=True)
+        site = web.TCPSite(runner, self.settings.host, self.settings.port, reuse_address=True,
+                           backlog=self.settings.backlog)
         await site.start()
         self._site = site
         self._loading = asyncio.get_running_loop().create_task(self.plane.start())
