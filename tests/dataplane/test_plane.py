@@ -125,3 +125,31 @@ async def test_a_caller_that_goes_away_frees_its_place(plane: DataPlane) -> None
     await until(lambda: batcher.queued == 0, what="the cancelled request to leave the queue")
     await running
     assert plane.metrics.stats("slow", "1").failures["cancelled"] == 1
+
+
+HEAVY = '''
+from aserve.runtime import Model, TensorSpec
+
+class Heavy(Model):
+    inputs = [TensorSpec("X", "UINT8", (1,))]
+    outputs = [TensorSpec("Y", "UINT8", (1,))]
+
+    def load(self):
+        self.weights = bytearray(b"\\x01" * (48 << 20))  # 48 MiB, every page touched
+
+    def __call__(self, inputs):
+        return {"Y": bytes([self.weights[inputs["X"][0]]])}
+'''
+
+
+async def test_each_model_reports_the_memory_its_load_added(tmp_path: pathlib.Path) -> None:
+    repo = write_repository(tmp_path / "repo", {"heavy": (HEAVY, "max_batch_size = 0\n"), "add": MODELS["add"]})
+    p = DataPlane(repo, ServerSettings(engine="private", interpreters=2))
+    await p.start()
+    try:
+        heavy, light = p.model("heavy"), p.model("add")
+        assert heavy.memory_bytes >= 2 * (40 << 20)  # 48 MiB in each of the two interpreters
+        assert light.memory_bytes < heavy.memory_bytes / 4
+        assert heavy.parameters()["memory_bytes"] == heavy.memory_bytes
+    finally:
+        await p.close(timeout=5)

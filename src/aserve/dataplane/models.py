@@ -26,6 +26,13 @@ from .stats import Metrics, RequestStats
 
 log = logging.getLogger("aserve.server")
 
+
+def process_pss() -> int:
+    """This process's proportional set size in bytes (its share of shared pages)."""
+    import psutil
+
+    return int(psutil.Process().memory_full_info().pss)
+
 VERSIONS = ("1",)  # only version 1 exists until versioned folders are served
 
 LOADING, READY, UNAVAILABLE = "LOADING", "READY", "UNAVAILABLE"
@@ -72,6 +79,7 @@ class ModelHandle:
         self.reason = entry.error or ""
         self.info: ModelInfo | None = None
         self.schema: ModelSchema | None = None  # set once loaded: what requests are decoded against
+        self.memory_bytes = 0  # the process PSS its load (every interpreter) and warm-up added
         self.batcher: Batcher | None = None
 
     @property
@@ -93,6 +101,7 @@ class ModelHandle:
         }
         if self.info is not None:
             out["interpreters"] = self.info.interpreters
+            out["memory_bytes"] = self.memory_bytes
             out["class"] = self.info.class_name
             out["tensor_format"] = self.info.tensor_format
         if self.reason:
@@ -209,7 +218,9 @@ class ModelRegistry:
                 for h in self.models.values():
                     if h.engine == engine:
                         h.state, h.reason = UNAVAILABLE, f"engine {engine!r} failed to start: {result}"
-        await asyncio.gather(*(self._load(h) for h in self.models.values() if h.state == LOADING))
+        # one model at a time, so that the memory each load adds is that model's
+        for handle in [h for h in self.models.values() if h.state == LOADING]:
+            await self._load(handle)
 
     async def _load(self, handle: ModelHandle) -> None:
         pool = self.pools[handle.engine]
@@ -224,10 +235,12 @@ class ModelRegistry:
                 name=handle.name, path=handle.entry.directory, class_name=config.class_name,
                 inputs=config.input_specs, outputs=config.output_specs, parameters=config.parameters,
             )
+            before = process_pss()
             info = await pool.load(spec, interpreters=config.interpreters)
             policy, joining = await make_policy(
                 config.batching, pool=pool, info=info, max_batch_size=config.max_batch_size
             )
+            handle.memory_bytes = max(0, process_pss() - before)
         except (AserveError, ValueError, TypeError) as e:
             handle.state, handle.reason = UNAVAILABLE, str(e)
             log.error("model %s failed to load: %s", handle.name, e)

@@ -234,6 +234,9 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
         out.add("aserve_model_ready", "gauge", "1 when the model answers requests.", int(handle.ready), labels)
         out.add("aserve_model_info", "gauge", "The model's engine and batching policy (labels).", 1,
                 {**labels, "engine": handle.engine, "batching_policy": handle.config.batching.policy})
+        out.add("aserve_model_memory_bytes", "gauge",
+                "Process PSS the model's load (in every interpreter) and warm-up added, bytes.", handle.memory_bytes,
+                labels)
         _requests(out, labels, metrics.stats(handle.name, handle.version))
         if handle.batcher is not None:
             _batcher(out, labels, handle.batcher.stats())
