@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define AS_ABI_VERSION 3
+#define AS_ABI_VERSION 4
 #define AS_MAX_DIMS 16
 #define AS_MAX_STAGES 64
 
@@ -57,11 +57,12 @@ typedef struct as_job {
      * model kept a view). Until then the host keeps the memory alive. */
     void *inputs_ctx;
     const as_join *join; /* INFER of a staged model that may absorb joiners; NULL: runs whole */
+    int trace;           /* INFER: record the spans model code opens (aserve.runtime.span) into result */
     /* set by the interpreter side, with as_host.alloc */
     int failed;
     char *error_type; /* exception class name */
     char *error;      /* message with traceback */
-    char *result;     /* text result */
+    char *result;     /* text result (a traced INFER: the model's spans as JSON, or NULL) */
     size_t n_outputs;
     as_tensor *outputs; /* names/datatypes allocated with as_host.alloc */
     void *owner;        /* keeps outputs alive; give back with as_interp_release */

@@ -122,6 +122,8 @@ static void sub_destroy(as_interp *ip)
     Py_CLEAR(ip->fn_infer);
     Py_CLEAR(ip->fn_exec);
     Py_CLEAR(ip->fn_format);
+    Py_CLEAR(ip->fn_trace_begin);
+    Py_CLEAR(ip->fn_trace_end);
     Py_CLEAR(ip->input_type);
     Py_EndInterpreter(ip->ts);
     PyMem_RawFree(ip);

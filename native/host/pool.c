@@ -93,6 +93,7 @@ typedef struct hjob {
     int stage;   /* stages done at the last join point */
     int running; /* a worker took it */
     struct timespec started;
+    int64_t ran_from, ran_to; /* traced jobs: CLOCK_MONOTONIC ns around the run in the interpreter */
     struct hjob *offers, *offers_tail;
     struct hjob *absorbed, *absorbed_tail;
     struct hjob *snext; /* the pool's list of staged jobs not yet complete */
@@ -345,6 +346,13 @@ static hjob *job_new(pool_t *p, PyObject *token, int kind)
 
 /* ---- worker thread (no host GIL, unless the engine is `main`) ---- */
 
+static int64_t monotonic_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
 /* as_join.poll: called by the interpreter side of a running staged job after
  * `done` stages; hands over the first offered group that may still join. */
 static const as_tensor *join_poll(void *ctx, int done, size_t *n_inputs, void **inputs_ctx)
@@ -445,7 +453,11 @@ static void *worker_main(void *arg)
             if (j->job.join != NULL)
                 clock_gettime(CLOCK_MONOTONIC, &j->started);
             pthread_mutex_unlock(&p->mu);
+            if (j->job.trace)
+                j->ran_from = monotonic_ns();
             w->engine.run(w->ip, &j->job);
+            if (j->job.trace)
+                j->ran_to = monotonic_ns();
             pthread_mutex_lock(&p->mu);
             w->busy = 0;
             wake = j->job.join != NULL ? finish_staged(p, j) : 0;
@@ -844,11 +856,12 @@ static PyObject *pool_submit(pool_t *p, PyObject *args, PyObject *kw)
 
 static PyObject *pool_infer(pool_t *p, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"model", "token", "inputs", "mask", "staged", NULL};
+    static char *kwlist[] = {"model", "token", "inputs", "mask", "staged", "trace", NULL};
     PyObject *capsule, *token, *inputs;
     unsigned long long mask = ~0ULL;
-    int staged = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|Kp:infer", kwlist, &capsule, &token, &inputs, &mask, &staged))
+    int staged = 0, trace = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|Kpp:infer", kwlist, &capsule, &token, &inputs, &mask, &staged,
+                                     &trace))
         return NULL;
     hmodel *m = model_of(capsule);
     if (m == NULL)
@@ -860,6 +873,7 @@ static PyObject *pool_infer(pool_t *p, PyObject *args, PyObject *kw)
     m->refs++;
     j->mask = mask;
     j->job.model = m->key;
+    j->job.trace = trace;
     if (fill_inputs(p, j, inputs) < 0) {
         job_free(j);
         return NULL;
@@ -1035,6 +1049,9 @@ static PyObject *completion(pool_t *p, hjob *j)
         payload = Py_NewRef(Py_None);
     if (payload == NULL)
         return NULL;
+    if (j->job.kind == AS_JOB_INFER && j->job.trace) /* traced: where and when it ran, the model's spans */
+        return Py_BuildValue("(OO(NiLLz))", j->token, Py_True, payload, j->worker, (long long)j->ran_from,
+                             (long long)j->ran_to, j->job.result);
     return Py_BuildValue("(OON)", j->token, Py_True, payload);
 }
 
@@ -1190,9 +1207,10 @@ static PyMethodDef pool_methods[] = {
      "submit(token, kind, model=None, text=None, target=-1): queue a load, unload or exec job for interpreter "
      "target (or the first idle one)"},
     {"infer", (PyCFunction)(void (*)(void))pool_infer, METH_VARARGS | METH_KEYWORDS,
-     "infer(model, token, inputs, mask=all, staged=False) -> job id | None: queue a batch (tensors with .shape "
-     "and .data, in the registered order) for the first idle interpreter whose bit is set in mask; a staged "
-     "job gets an id for offer/progress and completes with (outputs, stage_seconds)"},
+     "infer(model, token, inputs, mask=all, staged=False, trace=False) -> job id | None: queue a batch (tensors "
+     "with .shape and .data, in the registered order) for the first idle interpreter whose bit is set in mask; a "
+     "staged job gets an id for offer/progress and completes with (outputs, stage_seconds); a traced job completes "
+     "with (payload, interpreter, ran_from_ns, ran_to_ns, model_spans_json | None)"},
     {"offer", (PyCFunction)(void (*)(void))pool_offer, METH_VARARGS | METH_KEYWORDS,
      "offer(job, token, inputs, last_stage) -> bool: offer a group of requests to staged job `job`; it "
      "joins at the first stage boundary <= last_stage, else it is rejected. drain reports (token, True, joined): "

@@ -14,6 +14,37 @@
 
 static atomic_int namespaces_in_use;
 
+extern char **environ;
+
+/* The libc of a new namespace starts with the caller's environment array (rtld hands
+ * it the base libc's `environ`). When the host later sets a variable, the base libc may
+ * reallocate that array and free the old one, and the namespace would read freed
+ * memory (and crash in its own setenv). Give the namespace an array of its own: its
+ * setenv copies it before growing, and never frees it. */
+static int own_environment(void *h, char *err, size_t errlen)
+{
+    char ***ns_environ = dlsym(h, "__environ");
+    if (ns_environ == NULL) {
+        snprintf(err, errlen, "the interpreter library's namespace has no __environ: reinstall aserve");
+        return -1;
+    }
+    size_t n = 0;
+    while (environ[n] != NULL)
+        n++;
+    char **copy = calloc(n + 1, sizeof(char *));
+    if (copy == NULL) {
+        snprintf(err, errlen, "out of memory copying the environment");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        if ((copy[i] = strdup(environ[i])) == NULL) {
+            snprintf(err, errlen, "out of memory copying the environment");
+            return -1; /* the strings copied so far leak: the process is out of memory anyway */
+        }
+    *ns_environ = copy;
+    return 0;
+}
+
 int as_private_namespaces_in_use(void) { return atomic_load(&namespaces_in_use); }
 
 int as_private_open(const char *library, as_engine *out, char *err, size_t errlen)
@@ -29,6 +60,8 @@ int as_private_open(const char *library, as_engine *out, char *err, size_t errle
         return -1;
     }
     atomic_fetch_add(&namespaces_in_use, 1);
+    if (own_environment(h, err, errlen) < 0)
+        return -1;
     out->name = "private";
     out->handle = h;
     out->create = (as_create_fn)dlsym(h, "as_interp_create");

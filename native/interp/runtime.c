@@ -122,8 +122,11 @@ int as_runtime_bind(as_interp *ip, const as_init *cfg, char *err, size_t errlen)
     ip->fn_infer = PyObject_GetAttrString(mod, "infer");
     ip->fn_exec = PyObject_GetAttrString(mod, "execute");
     ip->fn_format = PyObject_GetAttrString(mod, "format_exception");
+    ip->fn_trace_begin = PyObject_GetAttrString(mod, "trace_begin");
+    ip->fn_trace_end = PyObject_GetAttrString(mod, "trace_end");
     Py_DECREF(mod);
-    if (!ip->fn_load || !ip->fn_unload || !ip->fn_infer || !ip->fn_exec || !ip->fn_format) {
+    if (!ip->fn_load || !ip->fn_unload || !ip->fn_infer || !ip->fn_exec || !ip->fn_format || !ip->fn_trace_begin ||
+        !ip->fn_trace_end) {
         as_runtime_error(err, errlen, "binding the aserve runtime");
         return -1;
     }
@@ -340,6 +343,12 @@ static void run_attached(as_interp *ip, as_job *job)
         PyObject *join = NULL;
         if (inputs != NULL && job->join != NULL && (join = as_join_new(ip, job->join)) == NULL)
             Py_CLEAR(inputs);
+        if (inputs != NULL && job->trace) {
+            PyObject *r = PyObject_CallNoArgs(ip->fn_trace_begin);
+            if (r == NULL)
+                Py_CLEAR(inputs);
+            Py_XDECREF(r);
+        }
         if (inputs != NULL) {
             if (join != NULL)
                 res = PyObject_CallFunction(ip->fn_infer, "sOO", job->model, inputs, join);
@@ -351,6 +360,18 @@ static void run_attached(as_interp *ip, as_job *job)
             Py_CLEAR(res);
         if (res != NULL && take_outputs(ip, job, res) < 0)
             Py_CLEAR(res);
+        if (job->trace) {
+            /* the spans the model opened, also when it failed */
+            PyObject *t, *v, *tb;
+            PyErr_Fetch(&t, &v, &tb);
+            PyObject *spans = PyObject_CallNoArgs(ip->fn_trace_end);
+            if (spans != NULL && PyUnicode_Check(spans) && set_text_result(ip, job, spans) < 0)
+                PyErr_Clear();
+            if (spans == NULL)
+                PyErr_Clear();
+            Py_XDECREF(spans);
+            PyErr_Restore(t, v, tb);
+        }
         if (join != NULL) {
             /* keep the pending exception across dropping the joiners' views */
             PyObject *t, *v, *tb;

@@ -10,7 +10,7 @@
 struct as_interp {
     PyThreadState *ts;     /* detached between jobs */
     const as_host *host;
-    PyObject *fn_load, *fn_unload, *fn_infer, *fn_exec, *fn_format;
+    PyObject *fn_load, *fn_unload, *fn_infer, *fn_exec, *fn_format, *fn_trace_begin, *fn_trace_end;
     PyTypeObject *input_type; /* read-only exporter of host input memory, one type per interpreter */
 };
 

@@ -1,7 +1,7 @@
 """Type stubs for the C extension aserve._native (native/host/)."""
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 JOB_LOAD: int
 JOB_UNLOAD: int
@@ -26,7 +26,7 @@ class _TensorLike(Protocol):
     def data(self) -> Any: ...
 
 # Called from drain() with (ok, payload): payload is the result, or (error type, text) when not ok.
-Token = Callable[[bool, Any], object]
+Token: TypeAlias = Callable[[bool, Any], object]
 
 class Pool:
     def __init__(
@@ -39,7 +39,7 @@ class Pool:
     def submit(self, token: Token, kind: int, model: str | None = None, text: str | None = None,
                target: int = -1) -> None: ...
     def infer(self, model: object, token: Token, inputs: Sequence[_TensorLike], mask: int = ...,
-              staged: bool = False) -> int | None: ...
+              staged: bool = False, trace: bool = False) -> int | None: ...
     def offer(self, job: int, token: Token, inputs: Sequence[_TensorLike], last_stage: int) -> bool: ...
     def progress(self, job: int, /) -> tuple[int, float] | None: ...
     def drain(self) -> list[tuple[Token, bool, Any] | Token]: ...

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import pathlib
 import sys
 from collections.abc import Sequence
 
-from .config import ENGINE_CHOICES, LOG_LEVELS, ServerSettings, SettingsError, load_settings
+from .config import ENGINE_CHOICES, LOG_FORMATS, LOG_LEVELS, ServerSettings, SettingsError, load_settings
 
 
 def bundled_examples() -> pathlib.Path | None:
@@ -34,7 +33,10 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="largest request body (default 64 MiB; larger gets 413)")
     p.add_argument("--shutdown-timeout", type=float, dest="shutdown_timeout_s",
                    help="on SIGTERM, longest wait for accepted requests (seconds, default 60)")
-    p.add_argument("--access-log", action="store_true", default=None, help="log every request")
+    p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
+                   help="log every request in the common log format (default off; ASERVE_ACCESS_LOG)")
+    p.add_argument("--log-format", choices=LOG_FORMATS, dest="log_format",
+                   help="text (default) or json: one object per line, with trace_id/span_id when tracing")
     p.add_argument("--backlog", type=int, help="connections the kernel queues before they are accepted (default 1024)")
     p.add_argument("--config", help="TOML file with server settings (keys are the setting names)")
     p.add_argument("--log-level", choices=LOG_LEVELS, dest="log_level", help="default info (ASERVE_LOG_LEVEL)")
@@ -59,7 +61,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     overrides = {
         name: getattr(args, name, None)
         for name in ("repository", "host", "port", "engine", "interpreters", "max_body_bytes",
-                     "shutdown_timeout_s", "access_log", "log_level", "backlog")
+                     "shutdown_timeout_s", "access_log", "log_level", "backlog", "log_format")
     }
     return load_settings(file=args.config, overrides=overrides)
 
@@ -87,7 +89,9 @@ def _serve(args: argparse.Namespace) -> int:
     except SettingsError as e:
         print(f"aserve: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .logs import configure
+
+    configure(settings.log_level, settings.log_format)
 
     import uvloop
 

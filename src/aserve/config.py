@@ -14,8 +14,11 @@ from typing import Annotated, Any
 
 import msgspec
 
+from .tracing.config import TracingSettings
+
 ENGINE_CHOICES = ("auto", "private", "subinterp", "main")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
 ENV_PREFIX = "ASERVE_"
 
 
@@ -46,7 +49,11 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     shutdown_timeout_s: Annotated[
         float, msgspec.Meta(ge=0, description="on SIGTERM, longest wait for accepted requests to finish")
     ] = 60.0
-    access_log: Annotated[bool, _doc("log one line per request (costs throughput)")] = False
+    access_log: Annotated[bool, _doc("log one line per request, in the common log format (costs throughput)")] = False
+    log_format: Annotated[str, _doc("text | json (one JSON object per line, with trace_id/span_id when tracing)")] = "text"
+    tracing: Annotated[TracingSettings, _doc("the [tracing] table: OpenTelemetry traces (see aserve.tracing)")] = (
+        TracingSettings()
+    )
     backlog: Annotated[
         int, msgspec.Meta(ge=1, description="connections the kernel queues before the server accepts them")
     ] = 1024
@@ -56,6 +63,8 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             raise SettingsError(f"engine: expected one of {', '.join(ENGINE_CHOICES)}, got {self.engine!r}")
         if self.log_level.lower() not in LOG_LEVELS:
             raise SettingsError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        if self.log_format not in LOG_FORMATS:
+            raise SettingsError(f"log_format: expected one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
 
     @property
     def pool_size(self) -> int:

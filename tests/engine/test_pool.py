@@ -411,3 +411,19 @@ class Double(Model):
         await asyncio.wait_for(every.wait(), 60)
     assert answers == {i: 2 * i for i in range(8)}
     assert [str(e) for e in reported] == ["a handler's own bug"]
+
+
+async def test_a_private_interpreter_keeps_an_environment_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host growing its environment (its libc reallocates the array) must not leave a
+    private namespace's libc reading the freed array, as its setenv did."""
+    monkeypatch.setenv("ASERVE_TEST_BEFORE", "1")  # the host's array is a heap array from here on
+    async with Pool(engine="private", interpreters=1) as pool:
+        for i in range(300):
+            monkeypatch.setenv(f"ASERVE_TEST_GROW_{i}", "x" * 64)
+        seen = await pool.execute(0, (
+            "import os\n"
+            "for i in range(100):\n"
+            "    os.environ[f'ASERVE_INNER_{i}'] = str(i)\n"
+            "result = (os.getenv('ASERVE_INNER_99'), 'ASERVE_TEST_GROW_1' in os.environ)"
+        ))
+    assert seen == "('99', False)"  # its own copy, taken when it started

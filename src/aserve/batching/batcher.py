@@ -36,7 +36,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import json
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from time import monotonic
 from typing import Any, NamedTuple, Protocol
@@ -81,10 +83,11 @@ _NEVER = math.inf
 class _Request:
     """A queued request; `arrival`, `samples`, `deadline` and `budget` are what the policy sees."""
 
-    __slots__ = ("arrival", "budget", "deadline", "future", "inputs", "samples", "state")
+    __slots__ = ("arrival", "budget", "deadline", "future", "inputs", "samples", "state", "trace")
 
     def __init__(self, arrival: float, samples: int, deadline: float | None, inputs: Sequence[Tensor],
-                 future: asyncio.Future[dict[str, Tensor]], budget: float | None) -> None:
+                 future: asyncio.Future[dict[str, Tensor]], budget: float | None, trace: Any = None) -> None:
+        self.trace = trace  # the request's RequestTrace when it is sampled (aserve.tracing)
         self.arrival = arrival
         self.samples = samples
         self.deadline = deadline
@@ -187,16 +190,75 @@ def split_outputs(outputs: Mapping[str, Tensor], samples: Sequence[int], model: 
 class _Batch:
     """A batch in flight: its requests and when it started; `done` is the engine's callback."""
 
-    __slots__ = ("batcher", "requests", "samples", "started")
+    __slots__ = ("batcher", "requests", "samples", "started", "traced")
 
-    def __init__(self, batcher: Batcher, requests: list[_Request], samples: int, started: float) -> None:
+    def __init__(self, batcher: Batcher, requests: list[_Request], samples: int, started: float,
+                 traced: bool = False) -> None:
         self.batcher = batcher
         self.requests = requests
         self.samples = samples
         self.started = started
+        self.traced = traced  # a request of it is sampled: the engine reports where and when it ran
 
-    def done(self, outputs: dict[str, Tensor] | None, error: BaseException | None) -> None:
-        self.batcher._batch_done(self, outputs, error)
+    def done(self, outputs: dict[str, Tensor] | None, error: BaseException | None, ran: Any = None) -> None:
+        self.batcher._batch_done(self, outputs, error, ran)
+
+
+def trace_batch(tracer: Any, model: str, requests: list[_Request], samples: int, started: float, ran: Any,
+                error: BaseException | None, *, stages: tuple[float, ...] = (), joined: int = 0) -> None:
+    """Record a batch's spans: its own (a trace of its own, linked to the request spans it
+    served), the run in the interpreter (the native worker's clock) with the spans the
+    model opened, each sampled request's queue span, and the batch's facts on the
+    requests' server spans. `stages`: a staged run's stage seconds (events)."""
+    from ..tracing import recorder as rec
+
+    now = time.time_ns()
+    start = tracer.to_epoch(int(started * 1e9))
+    trace_id = tracer.new_span_id() << 64 | tracer.new_span_id()
+    hi, lo = trace_id >> 64, trace_id & ((1 << 64) - 1)
+    batch_id = tracer.new_span_id()
+    links = []
+    interpreter = ran[0] if ran is not None else -1
+    for r in requests:
+        t = r.trace
+        if t is None:
+            continue
+        links.append([t.trace_id >> 64, t.trace_id & ((1 << 64) - 1), t.span_id, {}])
+        t.child("queue", tracer.to_epoch(int(r.arrival * 1e9)), start)
+        a = t.attributes
+        a["aserve.batch_size"] = len(requests)
+        a["aserve.batch_samples"] = samples
+        a["aserve.queue_us"] = round((start - tracer.to_epoch(int(r.arrival * 1e9))) / 1e3, 1)
+        a["aserve.compute_us"] = round((now - start) / 1e3, 1)
+        if interpreter >= 0:
+            a["aserve.interpreter"] = interpreter
+    attributes = {"aserve.model": model, "aserve.batch_size": len(requests), "aserve.batch_samples": samples}
+    if interpreter >= 0:
+        attributes["aserve.interpreter"] = interpreter
+    if joined:
+        attributes["aserve.joined_requests"] = joined
+    events = []
+    at = start
+    for k, seconds in enumerate(stages):
+        at += int(seconds * 1e9)
+        events.append([f"stage {k + 1} done", at, {"aserve.stage": k + 1, "aserve.stage_us": round(seconds * 1e6, 1)}])
+    status, message = rec.UNSET, ""
+    if error is not None:
+        status, message = rec.ERROR, f"{type(error).__name__}: {error}"
+        events.append(["exception", now, {"exception.type": type(error).__name__, "exception.message": str(error)}])
+    tracer.record([hi, lo, batch_id, 0, False, f"batch {model}", rec.INTERNAL, start, now, attributes, status,
+                   message, events, links])
+    if ran is None:
+        return
+    interpreter, ran_from, ran_to, model_spans = ran
+    run_id = tracer.new_span_id()
+    tracer.record([hi, lo, run_id, batch_id, False, "run in interpreter", rec.INTERNAL, tracer.to_epoch(ran_from),
+                   tracer.to_epoch(ran_to), {"aserve.interpreter": interpreter, "aserve.model": model}, rec.UNSET,
+                   "", [], []])
+    if model_spans:
+        for name, s_from, s_to, attrs, failed in json.loads(model_spans):
+            tracer.record([hi, lo, tracer.new_span_id(), run_id, False, name, rec.INTERNAL, tracer.to_epoch(s_from),
+                           tracer.to_epoch(s_to), attrs, rec.ERROR if failed else rec.UNSET, failed or "", [], []])
 
 
 class _Staged:
@@ -255,6 +317,7 @@ class Batcher:
         self._expiry_at = _NEVER
         self._closed = False
         self._drained: asyncio.Future[None] | None = None  # close() waits on it
+        self.tracer: Any = None  # aserve.tracing.Tracer while tracing is on: batches of sampled requests get spans
         self._loop: asyncio.AbstractEventLoop | None = None
         self.batches = 0  # batches dispatched
         self.requests = 0  # requests answered by a batch
@@ -306,14 +369,16 @@ class Batcher:
 
     def submit(
         self, inputs: Sequence[Tensor], samples: int, /, *, deadline: float | None = None,
-        budget: float | None = None,
+        budget: float | None = None, trace: Any = None,
     ) -> asyncio.Future[dict[str, Tensor]]:
         """Queue one request; the future resolves to its outputs (split from its batch's outputs).
 
         inputs: the model's inputs in declared order, each `samples` rows long when the
         model batches (the codec derived `samples` from them and checked it);
         deadline: the clock time after which the request fails with RequestTimeout;
-        budget: this request's latency budget in seconds (None: the policy's own).
+        budget: this request's latency budget in seconds (None: the policy's own);
+        trace: the request's RequestTrace when it is sampled (its queue span and its
+        batch's spans are recorded).
 
         Raises InvalidInput (over max_batch_size), Overloaded (queue full), RequestTimeout
         (deadline already passed) and EngineError (closing). The future fails with
@@ -353,7 +418,7 @@ class Batcher:
             if deadline < self._expiry_at:
                 self._arm_expiry(loop, deadline)
         future: asyncio.Future[dict[str, Tensor]] = loop.create_future()
-        queue.append(_Request(now, samples, deadline, inputs, future, budget))
+        queue.append(_Request(now, samples, deadline, inputs, future, budget, trace))
         self._queued_samples += samples
         self._schedule()
         return future
@@ -521,7 +586,11 @@ class Batcher:
         run = _Batch(self, batch, samples, now)
         self._batches.add(run)
         try:
-            self._run_batch(self.model, inputs, run.done)
+            if self.tracer is not None and any(r.trace is not None for r in batch):
+                run.traced = True
+                self._run_batch(self.model, inputs, run.done, trace=True)  # type: ignore[call-arg]
+            else:
+                self._run_batch(self.model, inputs, run.done)
         except Exception as e:  # noqa: BLE001 - the engine refused the batch: answer it from the loop
             loop.call_soon(run.done, None, e)
 
@@ -531,13 +600,16 @@ class Batcher:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _batch_done(self, run: _Batch, outputs: dict[str, Tensor] | None, error: BaseException | None) -> None:
+    def _batch_done(self, run: _Batch, outputs: dict[str, Tensor] | None, error: BaseException | None,
+                    ran: Any = None) -> None:
         """The engine's callback for a plain batch: answer its requests, free its slot."""
         self._batches.discard(run)
         loop = self._loop
         assert loop is not None
         requests = run.requests
         elapsed = self._clock() - run.started
+        if run.traced and self.tracer is not None:
+            trace_batch(self.tracer, self.model, run.requests, run.samples, run.started, ran, error)
         self.compute_seconds += elapsed * len(requests)
         isolating = False
         try:
@@ -659,6 +731,7 @@ class Batcher:
             return
         staged = _Staged(run, batch, total, min(self._limit(r, join) for r in batch))
         self._staged.append(staged)
+        traced = self.tracer is not None and any(r.trace is not None for r in batch)
         try:
             outputs, seconds = await run.result
         except Exception as e:  # noqa: BLE001 - every request of the batch gets an answer
@@ -676,6 +749,9 @@ class Batcher:
             self._staged.remove(staged)
         absorbed = self._absorbed(staged)
         requests = batch + [r for _, group in absorbed for r in group]
+        if self.tracer is not None and (traced or any(r.trace is not None for r in requests)):
+            trace_batch(self.tracer, self.model, requests, sum(r.samples for r in requests), started, None, None,
+                        stages=seconds, joined=len(requests) - len(batch))
         self.compute_seconds += (self._clock() - started) * len(requests)
         if absorbed:
             self.joins += len(absorbed)

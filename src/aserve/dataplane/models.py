@@ -158,6 +158,7 @@ class ModelRegistry:
         self.repository = pathlib.Path(repository)
         self.settings = settings
         self.metrics = metrics if metrics is not None else Metrics()
+        self.tracer: Any = None  # given to every batcher (aserve.tracing.Tracer, or None)
         self.models: dict[str, ModelHandle] = {}
         self.pools: dict[str, Pool] = {}
         self.schedulers: dict[str, FairScheduler] = {}  # per engine, beside its pool
@@ -256,6 +257,7 @@ class ModelRegistry:
             interpreters=info.interpreters, max_queue_size=config.batching.max_queue_size, join=joining,
             scheduler=self.schedulers[handle.engine], uniform=schema.uniform,
         )
+        handle.batcher.tracer = self.tracer
         handle.state, handle.reason = READY, ""
         log.info("model %s ready: engine %s (%s), %d interpreters", handle.name, handle.engine,
                  handle.engine_reason, info.interpreters)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import time
+from typing import Any
 
 from ..config import ServerSettings
 from ..errors import InvalidInput, ModelNotReady
@@ -38,6 +39,15 @@ class DataPlane:
         self.settings = settings
         self.metrics = Metrics()
         self.registry = ModelRegistry(repository, settings, self.metrics)
+        self.tracer: Any = None  # aserve.tracing.Tracer while tracing is on (set_tracer)
+
+    def set_tracer(self, tracer: Any) -> None:
+        """Trace sampled requests' batches from now on (None: stop)."""
+        self.tracer = tracer
+        self.registry.tracer = tracer
+        for handle in self.registry.models.values():
+            if handle.batcher is not None:
+                handle.batcher.tracer = tracer
 
     # ---- lifecycle ----
 
@@ -77,12 +87,13 @@ class DataPlane:
             tracked.samples = request.samples
             return await self.run(handle, request)
 
-    async def run(self, handle: ModelHandle, request: InferRequest) -> InferResponse:
+    async def run(self, handle: ModelHandle, request: InferRequest, *, trace: Any = None) -> InferResponse:
         """Queue one request on the model's batcher and wait for its outputs.
 
         The request's timeout may only shorten the model's; its latency budget must be
         in (0, the model's timeout]. Raises what the batcher raises: InvalidInput,
-        Overloaded (503), RequestTimeout (504), ModelError, ModelNotReady."""
+        Overloaded (503), RequestTimeout (504), ModelError, ModelNotReady. `trace`: the
+        request's RequestTrace when it is sampled (aserve.tracing)."""
         batcher = handle.batcher
         if batcher is None or handle.state != "READY":
             handle.require_ready()
@@ -103,7 +114,7 @@ class DataPlane:
             limit = timeout
         future = batcher.submit(
             request.inputs, request.samples, deadline=time.monotonic() + limit / 1000.0,
-            budget=None if budget is None else budget / 1000.0,
+            budget=None if budget is None else budget / 1000.0, trace=trace,
         )
         try:
             outputs = await future

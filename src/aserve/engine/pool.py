@@ -409,19 +409,25 @@ class Pool:
 
     # ---- batches ----
 
-    def run(self, model: str, inputs: Sequence[Tensor], done: Done, /) -> None:
+    def run(self, model: str, inputs: Sequence[Tensor], done: Done, /, *, trace: bool = False) -> None:
         """Queue one batch on the first idle interpreter of `model`.
 
         inputs: the model's declared inputs, in order. `done(outputs, None)` or
         `done(None, error)` is called from the loop's completion callback; outputs are
-        buffers the interpreter keeps alive until they are garbage."""
+        buffers the interpreter keeps alive until they are garbage. With `trace`, a
+        batch that ran calls `done(outputs, None, ran)`: ran is (interpreter, start_ns,
+        end_ns on the CLOCK_MONOTONIC of time.monotonic_ns, the model's spans as JSON or None)."""
         self._check_open()
         entry = self._models.get(model)
         if entry is None:
             raise ModelNotFound(f"model {model!r} is not loaded")
         self._in_flight += 1
         try:
-            self._native.infer(entry.ref, functools.partial(self._batch_done, done), inputs, entry.mask)
+            if trace:
+                self._native.infer(entry.ref, functools.partial(self._traced_done, done), inputs, entry.mask, False,
+                                   True)
+            else:
+                self._native.infer(entry.ref, functools.partial(self._batch_done, done), inputs, entry.mask)
         except BaseException:
             self._done_one()
             raise
@@ -430,6 +436,14 @@ class Pool:
         self._done_one()
         if ok:
             done(tensors(payload), None)
+        else:
+            done(None, _error(payload))
+
+    def _traced_done(self, done: Any, ok: bool, payload: Any) -> None:
+        self._done_one()
+        if ok:
+            outputs, interpreter, start_ns, end_ns, spans = payload
+            done(tensors(outputs), None, (interpreter, start_ns, end_ns, spans))
         else:
             done(None, _error(payload))
 

@@ -7,5 +7,6 @@ never import host-side packages (aiohttp, msgspec, the server).
 
 from .datatypes import DATATYPES, DataType
 from .model import Model, TensorSpec
+from .trace import span
 
-__all__ = ["DATATYPES", "DataType", "Model", "TensorSpec"]
+__all__ = ["DATATYPES", "DataType", "Model", "TensorSpec", "span"]

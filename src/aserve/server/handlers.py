@@ -8,7 +8,8 @@ aiohttp's router; everything else is routed here.
 
 from __future__ import annotations
 
-from time import perf_counter
+import asyncio
+from time import perf_counter, time_ns
 from typing import Any
 
 import msgspec
@@ -16,7 +17,8 @@ from aiohttp import payload, web
 
 from .. import __version__
 from ..dataplane import READY, VERSIONS, DataPlane, ModelHandle, failure_reason
-from ..errors import InvalidInput, PayloadTooLarge
+from ..errors import AserveError, InvalidInput, PayloadTooLarge
+from ..logs import current_trace
 from ..protocol import (
     HEADER_LENGTH,
     decode_infer,
@@ -26,14 +28,17 @@ from ..protocol import (
     encode_predict,
     negotiate,
 )
-from ..protocol.formats import CONTENT_TYPES
+from ..protocol.formats import CONTENT_TYPES, request_format
+from ..tracing import RequestTrace
 from .errors import MAX_BODY_KEY
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import render
 
 PLANE_KEY: web.AppKey[DataPlane] = web.AppKey("plane", DataPlane)
 
-EXTENSIONS = ["binary_tensor_data", "model_repository", "msgpack"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "msgpack", "trace"]
+V2_ROUTE = "/v2/models/{model}/infer"
+TF_ROUTE = "/v1/models/{model}:predict"
 JOIN_LIMIT = 1 << 16  # bodies up to this size are joined into one buffer; larger ones are written chunk by chunk
 
 
@@ -176,26 +181,80 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
     return await request.read()  # aiohttp enforces client_max_size (413)
 
 
+def _start_trace(plane: DataPlane, request: web.BaseRequest, route: str, model: str, version: str | None,
+                 protocol: str) -> RequestTrace | None:
+    """The request's trace, when tracing is on and it is sampled (OpenTelemetry HTTP server attributes)."""
+    tracer = plane.tracer
+    if tracer is None:
+        return None
+    host = request.host
+    address, _, port = host.rpartition(":") if ":" in host else (host, "", "")
+    attributes: dict[str, Any] = {
+        "http.request.method": request.method, "http.route": route, "url.path": request.raw_path.partition("?")[0],
+        "url.scheme": "http", "server.address": address or host, "network.protocol.version": f"{request.version.major}.{request.version.minor}",
+        "aserve.model": model, "aserve.version": version or "latest", "aserve.protocol": protocol,
+    }
+    if port.isdigit():
+        attributes["server.port"] = int(port)
+    if request.remote:
+        attributes["client.address"] = request.remote
+    trace = tracer.start(request.headers, attributes)
+    if trace is not None:
+        current_trace.set(trace)  # this request's task: its log records carry the ids
+    return trace
+
+
+def _end_trace(trace: RequestTrace, name: str, error: BaseException | None) -> None:
+    status = 200
+    if error is not None:
+        status = error.status if isinstance(error, AserveError) else getattr(error, "status", 500)
+        if isinstance(error, asyncio.CancelledError):
+            status = 499  # the client went away
+    trace.finish(name, status, error)
+
+
+def _protocol(content_type: str | None, binary: bool) -> str:
+    if request_format(content_type) == "msgpack":
+        return "v2-msgpack"
+    return "v2-binary" if binary else "v2-json"
+
+
 async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version: str | None, *,
                 max_body_bytes: int) -> web.Response:
     """POST /v2/models/{model}[/versions/{version}]/infer"""
     handle = plane.model(model, version)
     stats = handle.stats
     start = perf_counter()
+    trace = None
     try:
         headers = request.headers
         length = header_length(headers.get(HEADER_LENGTH))
+        content_type = headers.get("Content-Type")
+        if plane.tracer is not None:
+            trace = _start_trace(plane, request, V2_ROUTE, model, version, _protocol(content_type, length is not None))
         body = await read_body(request, max_body_bytes)
         schema = handle.require_ready()
-        content_type = headers.get("Content-Type")
+        if trace is not None:
+            t0 = time_ns()
         req = decode_infer(body, content_type=content_type, header_length=length, schema=schema)
-        response = await plane.run(handle, req)
+        if trace is not None:
+            trace.child("decode", t0, time_ns())
+        response = await plane.run(handle, req, trace=trace)
+        if trace is not None:
+            t0 = time_ns()
         chunks, out_headers = encode_infer(response, req, accept=headers.get("Accept"), content_type=content_type)
+        answer = respond(chunks, out_headers)
+        if trace is not None:
+            trace.child("encode", t0, time_ns())
     except BaseException as exc:
         stats.failed(failure_reason(exc))
+        if trace is not None:
+            _end_trace(trace, f"POST {V2_ROUTE}", exc)
         raise
     stats.succeeded(perf_counter() - start, req.samples)
-    return respond(chunks, out_headers)
+    if trace is not None:
+        _end_trace(trace, f"POST {V2_ROUTE}", None)
+    return answer
 
 
 async def predict(plane: DataPlane, request: web.BaseRequest, model: str, version: str | None, *,
@@ -205,16 +264,31 @@ async def predict(plane: DataPlane, request: web.BaseRequest, model: str, versio
     handle = plane.model(model, version)
     stats = handle.stats
     start = perf_counter()
+    trace = None
     try:
+        if plane.tracer is not None:
+            trace = _start_trace(plane, request, TF_ROUTE, model, version, "tfserving")
         body = await read_body(request, max_body_bytes)
         schema = handle.require_ready()
+        if trace is not None:
+            t0 = time_ns()
         req = decode_predict(body, schema=schema)
-        response = await plane.run(handle, req)
+        if trace is not None:
+            trace.child("decode", t0, time_ns())
+        response = await plane.run(handle, req, trace=trace)
+        if trace is not None:
+            t0 = time_ns()
         answer = encode_predict(response.outputs, columnar=req.form is True, batched=schema.max_batch_size > 0)
+        if trace is not None:
+            trace.child("encode", t0, time_ns())
     except BaseException as exc:
         stats.failed(failure_reason(exc))
+        if trace is not None:
+            _end_trace(trace, f"POST {TF_ROUTE}", exc)
         raise
     stats.succeeded(perf_counter() - start, req.samples)
+    if trace is not None:
+        _end_trace(trace, f"POST {TF_ROUTE}", None)
     return web.Response(body=answer, headers={"Content-Type": "application/json"})
 
 
@@ -228,6 +302,73 @@ async def _predict_routed(request: web.Request) -> web.Response:
     info = request.match_info
     return await predict(_plane(request), request, info["model"], info.get("version"),
                          max_body_bytes=request.app[MAX_BODY_KEY])
+
+
+# ---- trace settings (Triton's trace extension, driving OpenTelemetry sampling) ----
+
+async def trace_setting(request: web.Request) -> web.Response:
+    """GET/POST /v2[/models/{model}]/trace/setting: trace_level (OFF | TIMESTAMPS) and
+    trace_rate (sample one request in N), as Triton names them. Settings are server-wide:
+    the per-model route reads and writes the same ones."""
+    tracer = _plane(request).tracer
+    if "model" in request.match_info:
+        _handle(request)  # 404 for an unknown model
+    if request.method == "POST":
+        body = await request.read()
+        try:
+            wanted = msgspec.json.decode(body) if body.strip() else {}
+        except msgspec.DecodeError as e:
+            raise InvalidInput(f"trace setting request: malformed JSON: {e}") from None
+        if not isinstance(wanted, dict):
+            raise InvalidInput(f"trace setting request: expected an object, got {type(wanted).__name__}")
+        unknown = sorted(set(wanted) - {"trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file",
+                                        "trace_mode"})
+        if unknown:
+            raise InvalidInput(f"trace setting request: unknown setting {unknown[0]!r}; expected trace_level, "
+                               f"trace_rate (trace_count, log_frequency and trace_file are accepted and ignored)")
+        if tracer is None:
+            raise InvalidInput("trace setting: tracing is off in this server; start it with "
+                               "OTEL_EXPORTER_OTLP_ENDPOINT set or [tracing] enabled = true")
+        _apply_trace_setting(tracer, wanted)
+    return _message(request, _trace_setting(tracer))
+
+
+def _apply_trace_setting(tracer: Any, wanted: dict[str, Any]) -> None:
+    level = wanted.get("trace_level")
+    if level is not None:
+        levels = [level] if isinstance(level, str) else level
+        if not isinstance(levels, list) or not all(isinstance(x, str) for x in levels) or not levels:
+            raise InvalidInput(f"trace_level: expected a list of OFF | TIMESTAMPS | TENSORS, got {level!r}")
+        bad = [x for x in levels if x.upper() not in ("OFF", "TIMESTAMPS", "TENSORS")]
+        if bad:
+            raise InvalidInput(f"trace_level: expected OFF, TIMESTAMPS or TENSORS, got {bad[0]!r}")
+        tracer.enabled = [x.upper() for x in levels] != ["OFF"]
+    rate = wanted.get("trace_rate")
+    if rate is not None:
+        try:
+            n = int(rate)
+        except (TypeError, ValueError):
+            n = 0
+        if n < 1:
+            raise InvalidInput(f"trace_rate: expected a whole number >= 1 (sample one request in N), got {rate!r}")
+        if not tracer.sampler.endswith("traceidratio"):
+            tracer.sampler = "parentbased_traceidratio" if tracer.sampler.startswith("parentbased") else "traceidratio"
+        tracer.set_ratio(1.0 / n)
+
+
+def _trace_setting(tracer: Any) -> dict[str, Any]:
+    if tracer is None or not tracer.enabled:
+        level = ["OFF"]
+    else:
+        level = ["TIMESTAMPS"]
+    rate = "1"
+    if tracer is not None:
+        if tracer.sampler.endswith("always_off"):
+            level = ["OFF"]
+        elif tracer.sampler.endswith("traceidratio"):
+            rate = str(round(1.0 / tracer.ratio)) if tracer.ratio > 0 else "0"
+    return {"trace_level": level, "trace_rate": rate, "trace_count": "-1", "log_frequency": "0",
+            "trace_file": "", "trace_mode": "opentelemetry"}
 
 
 # ---- TensorFlow-Serving model status, Prometheus ----
@@ -268,3 +409,6 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/v2/health/live", live)
     r.add_get("/v2/health/ready", ready)
     r.add_post("/v2/repository/index", repository_index)
+    for path in ("/v2/trace/setting", "/v2/models/{model}/trace/setting"):
+        r.add_get(path, trace_setting)
+        r.add_post(path, trace_setting)

@@ -12,6 +12,8 @@ from aiohttp import web
 
 from ..config import ServerSettings
 from ..dataplane import DataPlane
+from ..logs import AccessLogger
+from ..tracing import Tracing
 from .app import build_app
 from .front import Front, FrontRunner
 
@@ -30,6 +32,7 @@ class Server:
         self.plane = DataPlane(repository, settings)
         self.app = build_app(self.plane, settings)
         self._front = Front(self.plane, max_body_bytes=settings.max_body_bytes)
+        self.tracing = Tracing(settings.tracing)
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._loading: asyncio.Task[None] | None = None
@@ -39,6 +42,7 @@ class Server:
         runner = FrontRunner(
             self.app, self._front, handle_signals=False, shutdown_timeout=self.settings.shutdown_timeout_s,
             access_log=logging.getLogger("aiohttp.access") if self.settings.access_log else None,
+            access_log_class=AccessLogger,
         )
         await runner.setup()
         self._runner = runner
@@ -46,7 +50,15 @@ class Server:
                            backlog=self.settings.backlog)
         await site.start()
         self._site = site
-        self._loading = asyncio.get_running_loop().create_task(self.plane.start())
+        self._loading = asyncio.get_running_loop().create_task(self._load())
+
+    async def _load(self) -> None:
+        """Start tracing (its exporter's interpreter), then load the models."""
+        try:
+            self.plane.set_tracer(await self.tracing.start())
+        except Exception as e:  # noqa: BLE001 - a server without traces still serves
+            log.error("tracing is off: %s", e)
+        await self.plane.start()
 
     async def loaded(self) -> None:
         """Wait until every model has loaded (or failed to)."""
@@ -74,6 +86,7 @@ class Server:
                 except Exception as e:  # noqa: BLE001 - close must go on to the pools
                     log.error("model loading failed: %s", e)
             await self.plane.close(timeout=self.settings.shutdown_timeout_s)
+            await self.tracing.close()
 
 
 async def serve(settings: ServerSettings, *, repository: str | pathlib.Path) -> None:

@@ -1,0 +1,227 @@
+"""Spans recorded on the event loop, exported by the OpenTelemetry SDK in an interpreter of their own.
+
+The SDK spends about 20 us of Python on every span it starts and ends, and as much
+again encoding it for OTLP, on the thread and GIL that call it: five spans a request
+would cost more than the request. So the loop only records: a span is a list of
+numbers and strings appended to a buffer (trace and span ids drawn from `random`, times
+from `time.time_ns()` or converted from the clock of the native worker that ran the
+batch). Every `FLUSH_SECONDS`, or sooner when `MAX_BATCH` spans wait, the buffer is
+encoded once with msgpack and handed to the exporter: a small model
+(`aserve.tracing.exporter`) loaded in a private interpreter, with its own GIL, where
+the SDK's `BatchSpanProcessor` and OTLP/HTTP exporter (configured by the standard
+OTEL_* variables) turn the records into spans and send them. Export therefore never
+blocks the loop, and the loop pays about a microsecond per span.
+
+Sampling happens here, at the start of a request, as the SDK's samplers decide:
+`parentbased_*` follow a `traceparent` header's sampled flag, `traceidratio` keeps the
+traces whose low 64 bits of trace id fall under the ratio. Triton's trace setting
+(`/v2/trace/setting`) changes the ratio at run time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from .config import Resolved
+
+log = logging.getLogger("aserve.tracing")
+
+INTERNAL, SERVER = 0, 1  # OpenTelemetry SpanKind values
+UNSET, OK, ERROR = 0, 1, 2  # OpenTelemetry StatusCode values
+FLUSH_SECONDS = 0.2
+MAX_BATCH = 512
+_MASK64 = (1 << 64) - 1
+
+# A span as the exporter reads it (msgpack): [trace_hi, trace_lo, span_id, parent_id, remote_parent, name,
+# kind, start_ns, end_ns, attributes, status, status_message, events [[name, ns, attrs]], links
+# [[trace_hi, trace_lo, span_id, attrs]]]
+Span = list[Any]
+
+
+def parse_traceparent(value: str | None) -> tuple[int, int, bool] | None:
+    """(trace id, parent span id, sampled) of a W3C `traceparent` header, or None if absent or invalid."""
+    if not value:
+        return None
+    parts = value.strip().split("-")
+    if len(parts) < 4 or len(parts[0]) != 2 or len(parts[1]) != 32 or len(parts[2]) != 16 or len(parts[3]) != 2:
+        return None
+    if parts[0] == "ff" or (parts[0] == "00" and len(parts) != 4):
+        return None
+    try:
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    return trace_id, span_id, bool(flags & 1)
+
+
+def traceparent(trace_id: int, span_id: int, sampled: bool = True) -> str:
+    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+
+
+class RequestTrace:
+    """One sampled request: its server span (kept open until `finish`) and its children."""
+
+    __slots__ = ("attributes", "parent_id", "remote", "span_id", "start", "trace_id", "tracer")
+
+    def __init__(self, tracer: Tracer, trace_id: int, span_id: int, parent_id: int, remote: bool,
+                 start: int, attributes: dict[str, Any]) -> None:
+        self.tracer = tracer
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent_id = parent_id
+        self.remote = remote
+        self.start = start
+        self.attributes = attributes
+
+    @property
+    def trace_id_hex(self) -> str:
+        return f"{self.trace_id:032x}"
+
+    @property
+    def span_id_hex(self) -> str:
+        return f"{self.span_id:016x}"
+
+    def child(self, name: str, start: int, end: int, attributes: dict[str, Any] | None = None,
+              events: list[Any] | None = None) -> int:
+        """Record a finished child span of the request; returns its span id."""
+        tracer = self.tracer
+        span_id = tracer.new_span_id()
+        tracer.record([self.trace_id >> 64, self.trace_id & _MASK64, span_id, self.span_id, False, name, INTERNAL,
+                       start, end, attributes or {}, UNSET, "", events or [], []])
+        return span_id
+
+    def finish(self, name: str, status: int, error: BaseException | None = None) -> None:
+        """End the server span: OK below 500, ERROR (with the exception as an event) otherwise."""
+        end = time.time_ns()
+        attributes = self.attributes
+        attributes["http.response.status_code"] = status
+        events: list[Any] = []
+        code, message = UNSET, ""
+        if status >= 500:
+            code = ERROR
+            if error is not None:
+                message = f"{type(error).__name__}: {error}"
+                events.append(["exception", end, {"exception.type": type(error).__name__,
+                                                  "exception.message": str(error)}])
+        elif error is not None:
+            attributes["error.type"] = type(error).__name__
+        self.tracer.record([self.trace_id >> 64, self.trace_id & _MASK64, self.span_id, self.parent_id, self.remote,
+                            name, SERVER, self.start, end, attributes, code, message, events, []])
+
+
+class Tracer:
+    """Samples requests and records their spans; `export(payload, flush)` hands encoded
+    batches to the exporter (None: they are only counted, for tests of the recorder)."""
+
+    def __init__(self, resolved: Resolved, *, export: Any = None, max_queue: int | None = None) -> None:
+        self.sampler = resolved.sampler
+        self.set_ratio(resolved.ratio)
+        self.enabled = True  # Triton's trace_level OFF turns sampling off without losing the exporter
+        self.offset = time.time_ns() - time.monotonic_ns()  # the native workers' clock to the epoch
+        self._rng = random.Random()
+        self._buffer: list[Span] = []
+        self._export = export
+        self._encoder = msgspec.msgpack.Encoder()
+        env = resolved.exporter_env
+        self.max_queue = max_queue if max_queue is not None else int(env.get("OTEL_BSP_MAX_QUEUE_SIZE", "2048"))
+        self._timer: asyncio.TimerHandle | None = None
+        self._exporting = 0
+        self.recorded = 0
+        self.dropped = 0
+        self.exported = 0
+
+    # ---- sampling ----
+
+    def set_ratio(self, ratio: float) -> None:
+        self.ratio = ratio
+        self._bound = round(ratio * (1 << 64))
+
+    def _samples_root(self, trace_id: int) -> bool:
+        sampler = self.sampler
+        if sampler.endswith("always_on"):
+            return True
+        if sampler.endswith("always_off"):
+            return False
+        return (trace_id & _MASK64) < self._bound
+
+    def new_span_id(self) -> int:
+        return self._rng.getrandbits(64) or 1
+
+    def start(self, headers: Mapping[str, str], attributes: dict[str, Any]) -> RequestTrace | None:
+        """The trace of a request that starts now, or None if it is not sampled."""
+        if not self.enabled:
+            return None
+        parent = parse_traceparent(headers.get("traceparent"))
+        if parent is not None and self.sampler.startswith("parentbased"):
+            trace_id, parent_id, sampled = parent
+            if not sampled:
+                return None
+            return RequestTrace(self, trace_id, self.new_span_id(), parent_id, True, time.time_ns(), attributes)
+        trace_id = parent[0] if parent is not None else (self._rng.getrandbits(128) or 1)
+        if not self._samples_root(trace_id):
+            return None
+        parent_id = parent[1] if parent is not None else 0
+        return RequestTrace(self, trace_id, self.new_span_id(), parent_id, parent is not None, time.time_ns(),
+                            attributes)
+
+    def to_epoch(self, monotonic_ns: int) -> int:
+        return monotonic_ns + self.offset
+
+    # ---- recording and export ----
+
+    def record(self, span: Span) -> None:
+        buffer = self._buffer
+        if len(buffer) >= self.max_queue:
+            self.dropped += 1
+            return
+        buffer.append(span)
+        self.recorded += 1
+        if len(buffer) >= MAX_BATCH and not self._exporting:
+            self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(FLUSH_SECONDS, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self._buffer:
+            self.flush()
+
+    def flush(self, *, final: bool = False) -> asyncio.Future[Any] | None:
+        """Hand what is buffered to the exporter (with `final`: and have it send everything)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        spans, self._buffer = self._buffer, []
+        if self._export is None:
+            self.exported += len(spans)
+            return None
+        if not spans and not final:
+            return None
+        self._exporting += 1
+        future: asyncio.Future[Any] = self._export(self._encoder.encode(spans), final)
+        future.add_done_callback(self._exported)
+        return future
+
+    def _exported(self, future: asyncio.Future[Any]) -> None:
+        self._exporting -= 1
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is not None:
+            log.warning("trace export failed: %s", error)
+        else:
+            self.exported += int(future.result())
+        if self._buffer and len(self._buffer) >= MAX_BATCH:
+            self.flush()
+
+    def stats(self) -> dict[str, int]:
+        return {"recorded": self.recorded, "exported": self.exported, "dropped": self.dropped}

@@ -1,0 +1,185 @@
+"""OpenTelemetry traces from a real server to a real OTLP/HTTP receiver on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from ..conftest import until
+from ..server.conftest import ADD_CONFIG, ADD_MODEL, write_repository
+
+# ADD_MODEL that takes 20 ms per batch and opens a span of its own around the sum.
+TRACED_ADD = ADD_MODEL.replace("from aserve.runtime import Model, TensorSpec",
+                               "import time\nfrom aserve.runtime import Model, TensorSpec, span").replace(
+    "        a = inputs", "        time.sleep(0.02)\n        a = inputs", 1).replace(
+    '        return {"SUM"', '        with span("add rows", rows=len(a) // 4):\n            pass\n        return {"SUM"', 1)
+ONE_AT_A_TIME = ADD_CONFIG.replace("max_batch_size = 8", "max_batch_size = 8\ninterpreters = 1").replace(
+    "max_queue_delay_ms = 2.0", "max_queue_delay_ms = 50.0")
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver: every span it is sent, by name."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+        self.resources: list[dict[str, Any]] = []
+
+    async def traces(self, request: web.Request) -> web.Response:
+        message = trace_service_pb2.ExportTraceServiceRequest()
+        message.ParseFromString(await request.read())
+        for rs in message.resource_spans:
+            self.resources.append({a.key: a.value.string_value for a in rs.resource.attributes})
+            for ss in rs.scope_spans:
+                self.spans.extend(ss.spans)
+        answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+        return web.Response(body=answer, content_type="application/x-protobuf")
+
+    def named(self, name: str) -> list[Any]:
+        return [s for s in self.spans if s.name == name]
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[tuple[Receiver, str]]:
+    r = Receiver()
+    app = web.Application()
+    app.router.add_post("/v1/traces", r.traces)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield r, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def attrs(span: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for a in span.attributes:
+        v = a.value
+        out[a.key] = getattr(v, v.WhichOneof("value"))
+    return out
+
+
+def body(values: list[int]) -> dict[str, Any]:
+    return {"inputs": [{"name": "A", "datatype": "INT32", "shape": [1, 4], "data": values},
+                       {"name": "B", "datatype": "INT32", "shape": [1, 4], "data": [1, 1, 1, 1]}]}
+
+
+async def test_spans_of_requests_and_batches_reach_the_collector(
+    start_server, tmp_path: pathlib.Path, receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    collector, endpoint = receiver
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "aserve-under-test")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    repo = write_repository(tmp_path / "repo", {"add": (TRACED_ADD, ONE_AT_A_TIME)})
+    server, url = await start_server(repo)
+    assert server.plane.tracer is not None
+    parent_trace, parent_span = random.getrandbits(128), random.getrandbits(64)
+    async with aiohttp.ClientSession() as http:
+        headers = {"traceparent": f"00-{parent_trace:032x}-{parent_span:016x}-01"}
+        async with http.post(f"{url}/v2/models/add/infer", json=body([1, 2, 3, 4]), headers=headers) as r:
+            assert r.status == 200
+        # one runs, four arrive while it runs and share the next batch
+        first = asyncio.ensure_future(http.post(f"{url}/v2/models/add/infer", json=body([10, 0, 0, 0])))
+        batcher = server.plane.model("add").batcher
+        assert batcher is not None
+        await until(lambda: batcher.running == 1, what="the first batch to run")
+        rest = [asyncio.ensure_future(http.post(f"{url}/v2/models/add/infer", json=body([20 + i, 0, 0, 0])))
+                for i in range(4)]
+        for r in [await first, *await asyncio.gather(*rest)]:
+            assert r.status == 200
+            r.release()
+        async with http.post(f"{url}/v2/models/add/infer", json=body([-999, 0, 0, 0])) as r:
+            assert r.status == 500  # the model raises on a row starting with -999
+    await server.close()  # sends what is left
+    await until(lambda: len(collector.named("POST /v2/models/{model}/infer")) == 7, timeout=60,
+                what="seven request spans")
+
+    assert collector.resources[0]["service.name"] == "aserve-under-test"
+    requests = collector.named("POST /v2/models/{model}/infer")
+    by_id = {s.span_id: s for s in collector.spans}
+    # the caller's trace goes on
+    continued = [s for s in requests if int.from_bytes(s.trace_id, "big") == parent_trace]
+    assert len(continued) == 1 and int.from_bytes(continued[0].parent_span_id, "big") == parent_span
+    for s in requests:
+        assert s.kind == s.SPAN_KIND_SERVER
+        a = attrs(s)
+        assert a["http.request.method"] == "POST" and a["http.route"] == "/v2/models/{model}/infer"
+        assert a["url.path"] == "/v2/models/add/infer" and a["server.address"] == "127.0.0.1"
+        assert a["aserve.model"] == "add" and a["aserve.protocol"] == "v2-json"
+        children = {c.name for c in collector.spans if c.parent_span_id == s.span_id and c.trace_id == s.trace_id}
+        assert {"queue"} <= children
+        if a["http.response.status_code"] == 200:
+            assert children == {"decode", "queue", "encode"}
+            assert a["aserve.batch_size"] >= 1 and a["aserve.interpreter"] == 0
+            assert a["aserve.queue_us"] >= 0 and a["aserve.compute_us"] > 0
+    # batches: a span each, linked to the requests they served, with the run in the interpreter inside
+    batches = collector.named("batch add")
+    assert max(attrs(b)["aserve.batch_size"] for b in batches) == 4  # the four that arrived together
+    served = {(link.trace_id, link.span_id) for b in batches for link in b.links}
+    assert served == {(s.trace_id, s.span_id) for s in requests}
+    for b in batches:
+        assert all(by_id[link.span_id].trace_id != b.trace_id for link in b.links)  # a trace of its own
+        runs = [c for c in collector.named("run in interpreter") if c.parent_span_id == b.span_id]
+        if b.status.code == b.status.STATUS_CODE_ERROR:
+            assert not runs and b.events[0].name == "exception"
+            continue
+        (run,) = runs
+        assert b.start_time_unix_nano <= run.start_time_unix_nano <= run.end_time_unix_nano <= b.end_time_unix_nano
+        (model_span,) = [c for c in collector.named("add rows") if c.parent_span_id == run.span_id]
+        assert attrs(model_span)["rows"] == attrs(b)["aserve.batch_samples"]
+        assert run.start_time_unix_nano <= model_span.start_time_unix_nano <= model_span.end_time_unix_nano
+    # the raising model: the request's span says so, with the exception
+    (failed,) = [s for s in requests if attrs(s)["http.response.status_code"] == 500]
+    assert failed.status.code == failed.status.STATUS_CODE_ERROR
+    assert "A starts with -999" in failed.status.message
+    assert failed.events[0].name == "exception"
+
+
+async def test_off_unless_asked_and_sdk_disabled_wins(
+    start_server, repository: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    server, url = await start_server(repository)
+    assert server.plane.tracer is None
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/v2/trace/setting") as r:
+        assert (await r.json())["trace_level"] == ["OFF"]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    server, _ = await start_server(repository)
+    assert server.plane.tracer is None
+
+
+async def test_trace_setting_drives_the_sampling_rate(
+    start_server, repository: pathlib.Path, receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, endpoint = receiver
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    server, url = await start_server(repository)
+    tracer = server.plane.tracer
+    assert tracer is not None
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/v2/trace/setting") as r:
+            assert (await r.json())["trace_level"] == ["TIMESTAMPS"]
+        async with http.post(f"{url}/v2/trace/setting", json={"trace_rate": "100"}) as r:
+            assert r.status == 200 and (await r.json())["trace_rate"] == "100"
+        assert tracer.ratio == pytest.approx(0.01)
+        sampled = sum(tracer.start({}, {}) is not None for _ in range(20000))
+        assert 100 <= sampled <= 320  # one in a hundred
+        async with http.post(f"{url}/v2/models/add/trace/setting", json={"trace_level": ["OFF"]}) as r:
+            assert (await r.json())["trace_level"] == ["OFF"]
+        assert tracer.start({}, {}) is None
+        async with http.post(f"{url}/v2/trace/setting", json={"trace_rate": "zero"}) as r:
+            assert r.status == 400 and "trace_rate: expected a whole number >= 1" in (await r.json())["error"]
