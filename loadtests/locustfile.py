@@ -1,76 +1,85 @@
-"""Locust scenario: V2 infer on the bundled `simple` model, JSON and binary tensor bodies.
+"""Locust scenario: the bundled models through every V2 encoding, each answer checked.
 
-Headless against a local server:
+Each request goes to `/v2/models/MODEL/infer` as one (model, encoding) pair:
 
-    aserve serve &                      # examples/ on 127.0.0.1:8000
-    locust -f loadtests/locustfile.py --headless -u 50 -r 10 -t 30s --host http://127.0.0.1:8000
+- models: `simple` (INT32 sum and difference), `mlp` (FP32 [n, 16]), `textclass`
+  (BYTES texts -> labels and scores) and, optional, `cnn` (FP32 [n, 3, 64, 64]);
+- encodings: `json` (V2 JSON), `binary` (V2 binary tensor extension,
+  `Inference-Header-Content-Length`, outputs asked for as binary too) and `msgpack`
+  (`Content-Type: application/msgpack`, tensors as raw little-endian bytes).
 
-Every answer is checked against the sums and differences computed here, so a
-response carrying another request's tensors counts as a failure. MODEL (default
-`simple`) picks another model with the same INPUT0/INPUT1 INT32 [-1, 16] contract.
+Every answer is checked against what the user computes (`scenario.py`): its status,
+output names, datatypes and shapes; `simple`'s sums and differences element by element
+(an answer carrying another request's tensors fails); `mlp`'s and `cnn`'s values finite;
+`textclass`'s labels among the known classes, its scores summing to one per text with
+their argmax the label. A failed check is a Locust failure of that pair.
+
+Environment:
+
+    ASERVE_LOCUST_WEIGHTS   relative weights of the pairs, "model:encoding=weight,..."; pairs
+                            not named get 0. Default:
+                            simple:json=3,simple:binary=3,simple:msgpack=2,
+                            mlp:json=1,mlp:binary=2,mlp:msgpack=1,
+                            textclass:json=1,textclass:binary=1,textclass:msgpack=1
+                            (cnn is heavy: add e.g. cnn:binary=1 to include it)
+    ASERVE_LOCUST_MAX_ROWS  samples per request, drawn from 1..N (default 1)
+
+Each user walks its own shuffled cycle of the weighted pairs (a pair of weight w comes
+w times a cycle), so the mix is exact over every cycle and every weighted pair is sent
+within sum(weights) requests of each user. Requests are named `model:encoding` in
+Locust's statistics and CSV files.
+
+Headless against a local server, statistics as CSV, then a plot of them:
+
+    .venv/bin/aserve serve &                  # examples/ on 127.0.0.1:8000
+    .venv/bin/locust -f loadtests/locustfile.py --headless -u 20 -r 10 -t 30s \\
+        --host http://127.0.0.1:8000 --csv results/aserve
+    .venv/bin/python loadtests/plot.py results/aserve_stats_history.csv   # -> results/aserve.png
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import struct
 
 from locust import FastHttpUser, between, task
 
-MODEL = os.environ.get("MODEL", "simple")
-WIDTH = 16
+# beside this file: Locust puts the locustfile's folder on sys.path
+from scenario import (
+    DEFAULT_WEIGHTS,
+    MODELS,
+    REQUESTS,
+    Mismatch,
+    cycle,
+    decode_answer,
+    parse_max_rows,
+    parse_weights,
+)
 
-
-def _pair() -> tuple[list[int], list[int]]:
-    a = [random.randint(-1000, 1000) for _ in range(WIDTH)]
-    b = [random.randint(-1000, 1000) for _ in range(WIDTH)]
-    return a, b
+WEIGHTS = parse_weights(os.environ.get("ASERVE_LOCUST_WEIGHTS") or DEFAULT_WEIGHTS)
+MAX_ROWS = parse_max_rows(os.environ.get("ASERVE_LOCUST_MAX_ROWS"))
 
 
 class InferUser(FastHttpUser):
     wait_time = between(0, 0.01)
 
-    @task(1)
-    def infer_json(self) -> None:
-        a, b = _pair()
-        body = {"inputs": [
-            {"name": "INPUT0", "datatype": "INT32", "shape": [1, WIDTH], "data": a},
-            {"name": "INPUT1", "datatype": "INT32", "shape": [1, WIDTH], "data": b},
-        ]}
-        with self.client.post(f"/v2/models/{MODEL}/infer", json=body, name="infer json",
-                              catch_response=True) as r:
-            if r.status_code != 200:
-                r.failure(f"status {r.status_code}: {r.text[:200]}")
-                return
-            outputs = {o["name"]: o["data"] for o in r.json()["outputs"]}
-            if outputs["OUTPUT0"] != [x + y for x, y in zip(a, b)] or outputs["OUTPUT1"] != [x - y for x, y in zip(a, b)]:
-                r.failure("wrong result")
+    def on_start(self) -> None:
+        self.pairs = cycle(WEIGHTS)
+        self.next = 0
 
-    @task(1)
-    def infer_binary(self) -> None:
-        a, b = _pair()
-        raw = struct.pack(f"<{WIDTH}i", *a) + struct.pack(f"<{WIDTH}i", *b)
-        header = json.dumps({
-            "inputs": [
-                {"name": "INPUT0", "datatype": "INT32", "shape": [1, WIDTH], "parameters": {"binary_data_size": 4 * WIDTH}},
-                {"name": "INPUT1", "datatype": "INT32", "shape": [1, WIDTH], "parameters": {"binary_data_size": 4 * WIDTH}},
-            ],
-            "parameters": {"binary_data_output": True},
-        }).encode()
-        headers = {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
-        with self.client.post(f"/v2/models/{MODEL}/infer", data=header + raw, headers=headers, name="infer binary",
-                              catch_response=True) as r:
+    @task
+    def infer(self) -> None:
+        model, encoding = self.pairs[self.next]
+        self.next = (self.next + 1) % len(self.pairs)
+        inputs, check = MODELS[model].inputs(random.randint(1, MAX_ROWS))
+        body, headers = REQUESTS[encoding](inputs)
+        with self.client.post(f"/v2/models/{model}/infer", data=body, headers=headers,
+                              name=f"{model}:{encoding}", catch_response=True) as r:
             if r.status_code != 200:
-                r.failure(f"status {r.status_code}: {r.text[:200]}")
+                r.failure(f"status {r.status_code}: {(r.text or '')[:200]}")
                 return
-            n = int(r.headers["Inference-Header-Content-Length"])
-            meta = json.loads(r.content[:n])
-            blobs, offset = {}, n
-            for o in meta["outputs"]:
-                size = o["parameters"]["binary_data_size"]
-                blobs[o["name"]] = list(struct.unpack(f"<{WIDTH}i", r.content[offset:offset + size]))
-                offset += size
-            if blobs["OUTPUT0"] != [x + y for x, y in zip(a, b)] or blobs["OUTPUT1"] != [x - y for x, y in zip(a, b)]:
-                r.failure("wrong result")
+            try:
+                check(decode_answer(encoding, r.content or b"", r.headers))
+            except (Mismatch, ValueError, KeyError, TypeError, struct.error) as e:
+                r.failure(f"{type(e).__name__}: {e}")

@@ -1,16 +1,21 @@
-"""GET /metrics as Prometheus scrapes it: the exposition format, and counters that follow the traffic."""
+"""GET /metrics as Prometheus scrapes it: the exposition format (checked by prometheus_client's parser),
+and counters that follow the traffic."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import pathlib
-import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import numpy as np
 import pytest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from .conftest import MODELS, write_repository
 from .test_errors import slow_body
@@ -28,82 +33,101 @@ def adaptive_repository(root: pathlib.Path) -> pathlib.Path:
     return write_repository(root, {**MODELS, "fast": (MODELS["add"][0], ADAPTIVE_CONFIG)})
 
 
-# ---- a small parser of the text exposition format 0.0.4 ----
-
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")
-_LABEL = re.compile(r'\s*(?P<key>[a-zA-Z_][a-zA-Z0-9_]*)="(?P<value>(?:[^"\\]|\\.)*)"\s*(?:,|$)')
-_SUFFIXES = {"histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count")}
+# ---- the exposition, as Prometheus' own Python client parses it ----
 
 
 @dataclass
-class Family:
-    kind: str
-    help: str
-    samples: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
+class Scrape:
+    """Families by name as `text_string_to_metric_families` names them (a counter without its
+    `_total`), and the family of every sample name (`..._total`, `..._bucket`, ...)."""
+
+    families: dict[str, Metric]
+    by_sample: dict[str, Metric] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for family in self.families.values():
+            for sample in family.samples:
+                self.by_sample.setdefault(sample.name, family)
+
+    def family(self, sample_name: str) -> Metric:
+        """The family a sample name belongs to (KeyError if no sample has that name)."""
+        return self.by_sample[sample_name]
+
+    def samples(self, sample_name: str, **labels: str) -> list[Sample]:
+        """Samples named `sample_name` whose labels include `labels`."""
+        family = self.by_sample.get(sample_name)
+        return [s for s in (family.samples if family else ()) if s.name == sample_name
+                and labels.items() <= s.labels.items()]
 
 
-def _labels(text: str | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    pos = 0
-    text = text or ""
-    while pos < len(text):
-        m = _LABEL.match(text, pos)
-        assert m, f"bad labels {text!r} at {pos}"
-        key = m["key"]
-        assert key not in out, f"label {key} repeated in {text!r}"
-        out[key] = re.sub(r"\\(.)", lambda e: "\n" if e[1] == "n" else e[1], m["value"])
-        pos = m.end()
-    return out
+_TYPES = {"counter", "gauge", "histogram", "unknown"}  # what aserve exports ("untyped" parses as "unknown")
 
 
-def parse(text: str) -> dict[str, Family]:
-    """Families by name; asserts what Prometheus' parser would reject."""
+def parse(text: str) -> Scrape:
+    """The whole exposition through prometheus_client's parser, plus what that lax parser lets
+    through and Prometheus' Go parser rejects: a sample outside any declared family (it becomes
+    an untyped family without HELP), a family split or repeated (twice by name, or one series
+    twice), and counters or histograms that break their own rules."""
     assert text.endswith("\n")
-    families: dict[str, Family] = {}
-    helps: dict[str, str] = {}
-    current: str | None = None
-    for line in text.splitlines():
-        if line.startswith("# HELP "):
-            name, _, doc = line[7:].partition(" ")
-            assert name not in helps, f"HELP {name} twice"
-            helps[name] = doc
-        elif line.startswith("# TYPE "):
-            name, kind = line[7:].split(" ")
-            assert kind in ("counter", "gauge", "histogram", "summary", "untyped"), line
-            assert name not in families, f"family {name} declared twice (its samples must be together)"
-            families[name] = Family(kind, helps.get(name, ""))
-            current = name
-        elif line.startswith("#") or not line.strip():
-            continue
+    families: dict[str, Metric] = {}
+    for family in text_string_to_metric_families(text):
+        assert family.name not in families, f"family {family.name} twice (its samples must be together)"
+        assert family.documentation, f"{family.name} has no HELP (a sample outside its family?)"
+        assert family.type in _TYPES, f"{family.name}: unexpected type {family.type}"
+        assert family.samples, f"{family.name} has no samples"
+        series = [(s.name, tuple(sorted(s.labels.items()))) for s in family.samples]
+        assert len(series) == len(set(series)), f"{family.name}: a series appears twice"
+        families[family.name] = family
+        if family.type == "counter":
+            assert all(s.name == family.name + "_total" and s.value >= 0 for s in family.samples), family
+        if family.type == "histogram":
+            _check_histogram(family)
+    return Scrape(families)
+
+
+def _check_histogram(family: Metric) -> None:
+    """Per series: cumulative buckets, sorted bounds ending at +Inf, whose count is _count."""
+    series: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+    for s in family.samples:
+        key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+        entry = series.setdefault(key, {"buckets": []})
+        if s.name.endswith("_bucket"):
+            entry["buckets"].append((float(s.labels["le"]), s.value))
         else:
-            m = _SAMPLE.match(line)
-            assert m, f"bad sample line {line!r}"
-            assert current is not None, f"sample before any TYPE: {line!r}"
-            fam = families[current]
-            name = m["name"]
-            allowed = {current} | {current + s for s in _SUFFIXES.get(fam.kind, ())}
-            assert name in allowed, f"{name} is outside its family {current}"
-            value = float(m["value"])  # Go's ParseFloat accepts what float() does here (+Inf, NaN, 1e-05)
-            fam.samples.append((name, _labels(m["labels"]), value))
-    for name, fam in families.items():
-        assert fam.help, f"{name} has no HELP"
-        assert fam.samples, f"{name} has no samples"
-    return families
+            entry[s.name.removeprefix(family.name)] = s.value
+    for key, entry in series.items():
+        bounds = [b for b, _ in entry["buckets"]]
+        counts = [c for _, c in entry["buckets"]]
+        assert bounds == sorted(bounds) and math.isinf(bounds[-1]), (family.name, key, bounds)
+        assert counts == sorted(counts), (family.name, key, counts)
+        assert entry["_count"] == counts[-1] and entry["_sum"] >= 0, (family.name, key, entry)
 
 
-def value(families: dict[str, Family], name: str, **labels: str) -> float:
+def value(m: Scrape, name: str, **labels: str) -> float:
     """The one sample named `name` whose labels include `labels`."""
-    family = families.get(name) or families[re.sub(r"_(bucket|sum|count)$", "", name)]
-    found = [v for n, ls, v in family.samples if n == name and labels.items() <= ls.items()]
+    found = m.samples(name, **labels)
     assert len(found) == 1, f"{name}{labels}: {len(found)} samples"
-    return found[0]
+    return found[0].value
 
 
-async def scrape(http: aiohttp.ClientSession, url: str) -> dict[str, Family]:
+async def scrape(http: aiohttp.ClientSession, url: str) -> Scrape:
     async with http.get(f"{url}/metrics") as r:
         assert r.status == 200
         assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
         return parse(await r.text())
+
+
+async def scrape_until(http: aiohttp.ClientSession, url: str, predicate: Callable[[Scrape], bool], *,
+                       what: str, timeout: float = 30.0) -> Scrape:
+    """Scrape until `predicate` holds of the exposition (polling the state /metrics shows, as
+    `tests.conftest.until` polls a predicate); the scrape it held of."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not predicate(m := await scrape(http, url)):
+        if loop.time() > end:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.002)
+    return m
 
 
 async def infer_add(http: aiohttp.ClientSession, url: str, model: str, rows: int, first: int = 1) -> int:
@@ -133,11 +157,14 @@ async def test_counters_follow_requests(url: str, http: aiohttp.ClientSession) -
     assert value(before, "aserve_model_ready", **add) == 1
     assert value(before, "aserve_model_ready", model="badcode") == 0
     assert value(before, "aserve_model_info", **add, engine="main", batching_policy="window") == 1
-    assert before["aserve_inference_request_success_total"].kind == "counter"
-    assert before["aserve_queue_samples"].kind == "gauge"
-    assert before["aserve_inference_request_duration_us"].kind == "histogram"
-    models = {ls["model"] for _, ls, _ in before["aserve_inference_request_success_total"].samples}
+    assert before.family("aserve_inference_request_success_total").type == "counter"
+    assert before.family("aserve_inference_request_success_total").name == "aserve_inference_request_success"
+    assert before.family("aserve_queue_samples").type == "gauge"
+    assert before.family("aserve_inference_request_duration_us_bucket").type == "histogram"
+    assert before.family("aserve_inference_request_duration_us_sum").name == "aserve_inference_request_duration_us"
+    models = {s.labels["model"] for s in before.samples("aserve_inference_request_success_total")}
     assert models == {"add", "badcode", "fast", "slow", "upper"}
+    assert all(set(s.labels) == {"model", "version"} for s in before.samples("aserve_inference_request_success_total"))
 
     rows = [1, 3, 1, 2, 1, 1, 4, 1]
     statuses = await asyncio.gather(*(infer_add(http, url, "add", n) for n in rows))
@@ -170,14 +197,11 @@ async def test_counters_follow_requests(url: str, http: aiohttp.ClientSession) -
     assert compute > 0 and queue >= 0
     assert queue + compute <= value(after, "aserve_inference_request_duration_us_sum", **add) * 2
 
-    # the histogram: cumulative buckets ending at +Inf == count == successes; a positive sum
-    buckets = [(ls["le"], v) for n, ls, v in after["aserve_inference_request_duration_us"].samples
-               if n.endswith("_bucket") and ls["model"] == "add"]
-    assert buckets[-1][0] == "+Inf" and buckets[-1][1] == ok
-    counts = [v for _, v in buckets]
-    assert counts == sorted(counts)
-    bounds = [float(le) for le, _ in buckets]
-    assert bounds == sorted(bounds) and math.isinf(bounds[-1])
+    # the histogram: cumulative buckets ending at +Inf == count == successes (parse() checked
+    # that every series' buckets are cumulative over sorted bounds); a positive sum
+    buckets = [(s.labels["le"], s.value) for s in after.samples("aserve_inference_request_duration_us_bucket", **add)]
+    assert len(buckets) > 1
+    assert buckets[-1] == ("+Inf", ok)
     assert value(after, "aserve_inference_request_duration_us_count", **add) == ok
     assert value(after, "aserve_inference_request_duration_us_sum", **add) > 0
     # other models' counters did not move
@@ -186,7 +210,8 @@ async def test_counters_follow_requests(url: str, http: aiohttp.ClientSession) -
     # pool gauges per engine
     assert value(after, "aserve_pool_interpreters", engine="main") == 2
     assert value(after, "aserve_pool_busy", engine="main") == 0
-    assert after["aserve_pool_queued"].kind == "gauge"
+    assert after.family("aserve_pool_queued").type == "gauge"
+    assert {s.labels["engine"] for s in after.samples("aserve_pool_interpreters")} == {"main"}
     assert value(after, "aserve_pool_batch_slots", engine="main") == 2
     assert value(after, "aserve_pool_batch_slots_in_use", engine="main") == 0
 
@@ -207,12 +232,13 @@ async def test_adaptive_model_exports_its_cost_model(url: str, http: aiohttp.Cli
     assert 1 <= value(m, "aserve_cost_model_throughput_optimal_batch", **fast) <= 8
     assert value(m, "aserve_cost_model_throughput_optimal_samples_per_second", **fast) > 0
     assert value(m, "aserve_cost_model_observations_total", **fast) >= 1  # the requests above refined it
-    points = {ls["batch_size"]: v for _, ls, v in m["aserve_cost_model_latency_us"].samples if ls["model"] == "fast"}
+    points = {s.labels["batch_size"]: s.value for s in m.samples("aserve_cost_model_latency_us", **fast)}
     assert set(points) == {"1", "2", "4", "8"}  # the warm-up ladder up to max_batch_size 8
     assert all(v > 0 for v in points.values())
-    assert {ls["param"] for _, ls, _ in m["aserve_cost_model_parameter"].samples if ls["model"] == "fast"} == {"a", "c"}
+    assert {s.labels["param"] for s in m.samples("aserve_cost_model_parameter", **fast)} == {"a", "c"}
+    assert m.family("aserve_cost_model_observations_total").type == "counter"
     # a window-policy model has none of it
-    assert not [ls for _, ls, _ in m["aserve_latency_budget_us"].samples if ls["model"] == "add"]
+    assert not m.samples("aserve_latency_budget_us", model="add")
 
 
 async def test_refusals_timeouts_and_queue_depth(url: str, http: aiohttp.ClientSession) -> None:
@@ -223,20 +249,28 @@ async def test_refusals_timeouts_and_queue_depth(url: str, http: aiohttp.ClientS
             await r.read()
             return r.status
 
-    running = asyncio.ensure_future(call(400))
-    await asyncio.sleep(0.1)
+    # one request runs on the model's only interpreter, two wait: the queue is full. The
+    # running one sleeps long enough (1 s) for the scrapes and the refused call to happen
+    # while it runs; each step waits for the state /metrics shows, not for a time.
+    running = asyncio.ensure_future(call(1000))
+    await scrape_until(http, url, lambda m: value(m, "aserve_batches_in_flight", **slow) == 1,
+                       what="the 1 s request to run")
     waiting = [asyncio.ensure_future(call(1)) for _ in range(2)]
-    await asyncio.sleep(0.05)
-    during = await scrape(http, url)
+    during = await scrape_until(http, url, lambda m: value(m, "aserve_queue_requests", **slow) == 2,
+                                what="two requests queued behind it")
     assert value(during, "aserve_batches_in_flight", **slow) == 1
-    assert value(during, "aserve_queue_requests", **slow) == 2
     assert value(during, "aserve_queue_samples", **slow) == 2
-    assert await call(1) == 503  # max_queue_size 2
+    refused = await call(1)
+    assert not running.done(), "the running request ended before the queue could be seen full"
+    assert refused == 503  # max_queue_size 2
     assert await running == 200 and [await w for w in waiting] == [200, 200]
 
-    blocker = asyncio.ensure_future(call(300))
-    await asyncio.sleep(0.05)
-    assert await call(1, timeout=20_000) == 504  # 20 ms, behind a 300 ms request
+    blocker = asyncio.ensure_future(call(1000))
+    await scrape_until(http, url, lambda m: value(m, "aserve_batches_in_flight", **slow) == 1,
+                       what="the blocking request to run")
+    late = await call(1, timeout=20_000)  # 20 ms, behind a 1 s request
+    assert not blocker.done(), "the blocking request ended before the deadline passed"
+    assert late == 504
     assert await blocker == 200
 
     m = await scrape(http, url)
@@ -248,14 +282,21 @@ async def test_refusals_timeouts_and_queue_depth(url: str, http: aiohttp.ClientS
     assert value(m, "aserve_queue_requests", **slow) == 0
 
 
-def test_parser_rejects_malformed_text() -> None:
-    good = '# HELP x_total A.\n# TYPE x_total counter\nx_total{model="a\\"b"} 3\n'
-    assert value(parse(good), "x_total", model='a"b') == 3
+def test_parse_rejects_malformed_text() -> None:
+    good = ('# HELP x_total A.\n# TYPE x_total counter\nx_total{model="a\\"b"} 3\n'
+            '# HELP h H.\n# TYPE h histogram\nh_bucket{le="1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 3\nh_count 2\n')
+    m = parse(good)
+    assert value(m, "x_total", model='a"b') == 3
+    assert m.family("x_total").name == "x" and m.family("h_count").name == "h"
     for bad in (
         "x_total 3\n",  # no TYPE
         '# HELP x A.\n# TYPE x gauge\nx{model="a} 1\n',  # unterminated label
-        "# HELP x A.\n# TYPE x gauge\nx 1\n# HELP x A.\n# TYPE x gauge\nx 2\n",  # family split
+        "# HELP x A.\n# TYPE x gauge\nx 1\n# HELP x A.\n# TYPE x gauge\nx 2\n",  # family repeated
+        "# HELP x A.\n# TYPE x gauge\nx 1\n# HELP y A.\n# TYPE y gauge\ny 1\n# HELP x A.\n# TYPE x gauge\nx 2\n",
         "# HELP x A.\n# TYPE x gauge\ny 1\n",  # sample outside its family
+        "# HELP x_total A.\n# TYPE x_total counter\nx_total -1\n",  # a counter below zero
+        '# HELP h H.\n# TYPE h histogram\nh_bucket{le="1"} 2\nh_bucket{le="+Inf"} 1\nh_sum 3\nh_count 1\n',
+        '# HELP h H.\n# TYPE h histogram\nh_bucket{le="1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 3\nh_count 3\n',
     ):
-        with pytest.raises(AssertionError):
+        with pytest.raises((AssertionError, ValueError)):
             parse(bad)
