@@ -25,6 +25,7 @@ extensions = [
             "native/host/private.c",
             "native/host/engines.c",
             "native/host/errors.c",
+            "native/host/otlp.c",
             *interp_runtime,
         ],
         depends=["native/abi.h", "native/host/common.h", "native/interp/runtime.h"],

@@ -45,6 +45,9 @@ extern PyType_Spec as_pool_spec;
 struct as_result;
 void as_result_decref(struct as_result *r);
 
+/* otlp.c: recorded spans to an OTLP ExportTraceServiceRequest. */
+PyObject *as_otlp_encode(PyObject *module, PyObject *args);
+
 /* buffer.c: a host object exporting an interpreter's output memory. */
 extern PyType_Spec as_buffer_spec;
 PyObject *as_buffer_new(PyTypeObject *tp, struct as_result *r, PyObject *keep, void *data, size_t nbytes,

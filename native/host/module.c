@@ -69,6 +69,9 @@ static PyMethodDef native_methods[] = {
      "tunables_at_start() -> str | None: GLIBC_TUNABLES in the environment the process started with"},
     {"namespaces_in_use", namespaces_in_use, METH_NOARGS,
      "namespaces_in_use() -> int: link-map namespaces opened for private interpreters"},
+    {"otlp_encode", as_otlp_encode, METH_VARARGS,
+     "otlp_encode(resource_attributes, scope_name, scope_version, spans) -> bytes: an OTLP "
+     "ExportTraceServiceRequest of spans recorded by aserve.tracing.recorder"},
     {"buffer_from_address", as_buffer_from_address, METH_VARARGS,
      "buffer_from_address(address, nbytes, keep, readonly=False) -> OutputBuffer over memory keep owns"},
     {NULL, NULL, 0, NULL},

@@ -18,8 +18,10 @@ from typing import Any
 
 from aiohttp.abc import AbstractAccessLogger
 
-# The trace of the request being answered (set by the infer handlers while tracing is on).
+# The trace of the request being answered, set by the infer handlers while tracing is on and
+# the log format writes trace ids (setting a context variable per request is not free).
 current_trace: contextvars.ContextVar[Any] = contextvars.ContextVar("aserve_trace", default=None)
+trace_ids_logged = False
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
@@ -53,6 +55,8 @@ class JsonFormatter(logging.Formatter):
 
 def configure(level: str, fmt: str) -> None:
     """Set up the root logger (replacing its handlers) for `level` and `fmt` (text | json)."""
+    global trace_ids_logged
+    trace_ids_logged = fmt == "json"
     handler = logging.StreamHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())

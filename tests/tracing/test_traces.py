@@ -176,10 +176,45 @@ async def test_trace_setting_drives_the_sampling_rate(
         async with http.post(f"{url}/v2/trace/setting", json={"trace_rate": "100"}) as r:
             assert r.status == 200 and (await r.json())["trace_rate"] == "100"
         assert tracer.ratio == pytest.approx(0.01)
-        sampled = sum(tracer.start({}, {}) is not None for _ in range(20000))
+        sampled = sum(tracer.start({}) is not None for _ in range(20000))
         assert 100 <= sampled <= 320  # one in a hundred
         async with http.post(f"{url}/v2/models/add/trace/setting", json={"trace_level": ["OFF"]}) as r:
             assert (await r.json())["trace_level"] == ["OFF"]
-        assert tracer.start({}, {}) is None
+        assert tracer.start({}) is None
         async with http.post(f"{url}/v2/trace/setting", json={"trace_rate": "zero"}) as r:
             assert r.status == 400 and "trace_rate: expected a whole number >= 1" in (await r.json())["error"]
+
+
+async def test_json_logs_carry_the_trace_of_the_request(
+    start_server, repository: pathlib.Path, receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    import json
+    import logging
+
+    from aserve import logs
+
+    collector, endpoint = receiver
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    logs.configure("info", "json")
+    try:
+        server, url = await start_server(repository, access_log=True)
+        async with aiohttp.ClientSession() as http, \
+                http.post(f"{url}/v2/models/add/infer", json=body([-999, 0, 0, 0])) as r:
+            assert r.status == 500
+        await server.close()
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        logs.trace_ids_logged = False
+    await until(lambda: bool(collector.named("POST /v2/models/{model}/infer")), what="the request span")
+    (span,) = collector.named("POST /v2/models/{model}/infer")
+    records = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")]
+    (failure,) = [r for r in records if r["logger"] == "aserve.server" and "model error" in r["message"]]
+    assert failure["trace_id"] == span.trace_id.hex() and failure["span_id"] == span.span_id.hex()
+    assert failure["level"] == "info" and failure["time"].endswith("+00:00")
+    (access,) = [r for r in records if r["logger"] == "aiohttp.access"]
+    assert access["status"] == 500 and access["request"] == "POST /v2/models/add/infer HTTP/1.1"
+    assert '"POST /v2/models/add/infer HTTP/1.1" 500' in access["message"]  # the common log format

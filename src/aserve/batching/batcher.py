@@ -213,25 +213,25 @@ def trace_batch(tracer: Any, model: str, requests: list[_Request], samples: int,
     from ..tracing import recorder as rec
 
     now = time.time_ns()
-    start = tracer.to_epoch(int(started * 1e9))
-    trace_id = tracer.new_span_id() << 64 | tracer.new_span_id()
-    hi, lo = trace_id >> 64, trace_id & ((1 << 64) - 1)
+    offset = tracer.offset
+    start = int(started * 1e9) + offset
+    hi, lo = tracer.new_span_id(), tracer.new_span_id()
     batch_id = tracer.new_span_id()
     links = []
     interpreter = ran[0] if ran is not None else -1
+    shared = {"aserve.batch_size": len(requests), "aserve.batch_samples": samples,  # on each request's span
+              "aserve.compute_us": round((now - start) / 1e3, 1)}
+    if interpreter >= 0:
+        shared["aserve.interpreter"] = interpreter
     for r in requests:
         t = r.trace
         if t is None:
             continue
-        links.append([t.trace_id >> 64, t.trace_id & ((1 << 64) - 1), t.span_id, {}])
-        t.child("queue", tracer.to_epoch(int(r.arrival * 1e9)), start)
-        a = t.attributes
-        a["aserve.batch_size"] = len(requests)
-        a["aserve.batch_samples"] = samples
-        a["aserve.queue_us"] = round((start - tracer.to_epoch(int(r.arrival * 1e9))) / 1e3, 1)
-        a["aserve.compute_us"] = round((now - start) / 1e3, 1)
-        if interpreter >= 0:
-            a["aserve.interpreter"] = interpreter
+        links.append((t.trace_id >> 64, t.trace_id & 0xFFFFFFFFFFFFFFFF, t.span_id, None))
+        arrival = int(r.arrival * 1e9) + offset
+        t.queue = (arrival, start)
+        t.batch = shared
+        t.attributes["aserve.queue_us"] = round((start - arrival) / 1e3, 1)
     attributes = {"aserve.model": model, "aserve.batch_size": len(requests), "aserve.batch_samples": samples}
     if interpreter >= 0:
         attributes["aserve.interpreter"] = interpreter

@@ -23,6 +23,9 @@ import psutil
 
 SRC = pathlib.Path(__file__).resolve().parents[2]  # src/, for peers run outside this environment
 SERVERS = ("aserve", "aserve-main", "ceiling", "inline", "mosec")
+# aserve with OpenTelemetry tracing on, sampling every request or one in a hundred, sending to a
+# local OTLP sink (not in the default run: `--servers aserve,aserve-trace,aserve-trace1`)
+TRACED = {"aserve-trace": 1.0, "aserve-trace1": 0.01}
 MOSEC_VERSION = "0.9.8"
 TORCH_PIN = "torch==2.13.0"  # the CPU wheel; an unpinned torch pulls gigabytes of CUDA packages
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -201,12 +204,28 @@ class ServerProcess:
 
 # ---- command lines ---------------------------------------------------------------
 
-def aserve_server(name: str, model: str, repository: pathlib.Path, *, interpreters: int) -> ServerProcess:
+def aserve_server(name: str, model: str, repository: pathlib.Path, *, interpreters: int,
+                  otlp: str | None = None) -> ServerProcess:
     argv = [sys.executable, "-m", "aserve.cli", "serve", str(repository), "--interpreters", str(interpreters),
             "--port", str(free_port()), "--log-level", "warning"]
     if name == "aserve-main":
         argv += ["--engine", "main"]
-    return ServerProcess(name, model, argv, ready="aserve")
+    env = None
+    if name in TRACED:
+        if otlp is None:
+            raise ValueError(f"{name} needs an OTLP endpoint")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=otlp, OTEL_TRACES_SAMPLER="parentbased_traceidratio",
+                   OTEL_TRACES_SAMPLER_ARG=str(TRACED[name]))
+    return ServerProcess(name, model, argv, env=env, ready="aserve")
+
+
+def otlp_sink() -> tuple[subprocess.Popen[bytes], str]:
+    """An OTLP/HTTP receiver that drops what it gets, and its endpoint."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "aserve.bench.peers.otlp_sink", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def aiohttp_peer(name: str, model: str, examples: pathlib.Path) -> ServerProcess:

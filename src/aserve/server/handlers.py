@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 from aiohttp import payload, web
 
-from .. import __version__
+from .. import __version__, logs
 from ..dataplane import READY, VERSIONS, DataPlane, ModelHandle, failure_reason
 from ..errors import AserveError, InvalidInput, PayloadTooLarge
 from ..logs import current_trace
@@ -181,25 +181,40 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
     return await request.read()  # aiohttp enforces client_max_size (413)
 
 
+_common_attributes: dict[tuple[str, str, str | None, str, str], dict[str, Any]] = {}
+
+
 def _start_trace(plane: DataPlane, request: web.BaseRequest, route: str, model: str, version: str | None,
-                 protocol: str) -> RequestTrace | None:
-    """The request's trace, when tracing is on and it is sampled (OpenTelemetry HTTP server attributes)."""
+                 protocol: str | None) -> RequestTrace | None:
+    """The request's trace, when tracing is on and it is sampled (OpenTelemetry HTTP server
+    attributes, the same for every request to a model, route and address, made once)."""
     tracer = plane.tracer
     if tracer is None:
         return None
-    host = request.host
-    address, _, port = host.rpartition(":") if ":" in host else (host, "", "")
-    attributes: dict[str, Any] = {
-        "http.request.method": request.method, "http.route": route, "url.path": request.raw_path.partition("?")[0],
-        "url.scheme": "http", "server.address": address or host, "network.protocol.version": f"{request.version.major}.{request.version.minor}",
-        "aserve.model": model, "aserve.version": version or "latest", "aserve.protocol": protocol,
-    }
-    if port.isdigit():
-        attributes["server.port"] = int(port)
-    if request.remote:
-        attributes["client.address"] = request.remote
-    trace = tracer.start(request.headers, attributes)
-    if trace is not None:
+    trace = tracer.start(request.headers)
+    if trace is None:
+        return None
+    headers = request.headers
+    host = headers.get("Host", "")
+    if protocol is None:
+        protocol = _protocol(headers.get("Content-Type"), HEADER_LENGTH in headers)
+    key = (route, model, version, protocol, host)
+    common = _common_attributes.get(key)
+    if common is None:
+        address, _, port = host.rpartition(":") if ":" in host else (host, "", "")
+        common = {
+            "http.request.method": "POST", "http.route": route, "url.scheme": "http",
+            "url.path": route.replace("{model}", model if version is None else f"{model}/versions/{version}"),
+            "server.address": address or host, "network.protocol.version": "1.1", "aserve.model": model,
+            "aserve.version": version or "latest", "aserve.protocol": protocol,
+        }
+        if port.isdigit():
+            common["server.port"] = int(port)
+        if len(_common_attributes) > 1024:
+            _common_attributes.clear()
+        _common_attributes[key] = common
+    trace.common = common
+    if logs.trace_ids_logged:
         current_trace.set(trace)  # this request's task: its log records carry the ids
     return trace
 
@@ -231,21 +246,21 @@ async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version:
         length = header_length(headers.get(HEADER_LENGTH))
         content_type = headers.get("Content-Type")
         if plane.tracer is not None:
-            trace = _start_trace(plane, request, V2_ROUTE, model, version, _protocol(content_type, length is not None))
+            trace = _start_trace(plane, request, V2_ROUTE, model, version, None)
         body = await read_body(request, max_body_bytes)
         schema = handle.require_ready()
         if trace is not None:
             t0 = time_ns()
         req = decode_infer(body, content_type=content_type, header_length=length, schema=schema)
         if trace is not None:
-            trace.child("decode", t0, time_ns())
+            trace.decode = (t0, time_ns())
         response = await plane.run(handle, req, trace=trace)
         if trace is not None:
             t0 = time_ns()
         chunks, out_headers = encode_infer(response, req, accept=headers.get("Accept"), content_type=content_type)
         answer = respond(chunks, out_headers)
         if trace is not None:
-            trace.child("encode", t0, time_ns())
+            trace.encode = (t0, time_ns())
     except BaseException as exc:
         stats.failed(failure_reason(exc))
         if trace is not None:
@@ -274,13 +289,13 @@ async def predict(plane: DataPlane, request: web.BaseRequest, model: str, versio
             t0 = time_ns()
         req = decode_predict(body, schema=schema)
         if trace is not None:
-            trace.child("decode", t0, time_ns())
+            trace.decode = (t0, time_ns())
         response = await plane.run(handle, req, trace=trace)
         if trace is not None:
             t0 = time_ns()
         answer = encode_predict(response.outputs, columnar=req.form is True, batched=schema.max_batch_size > 0)
         if trace is not None:
-            trace.child("encode", t0, time_ns())
+            trace.encode = (t0, time_ns())
     except BaseException as exc:
         stats.failed(failure_reason(exc))
         if trace is not None:

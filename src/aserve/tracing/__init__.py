@@ -1,4 +1,4 @@
-"""OpenTelemetry traces of every request: recorded on the loop, exported by the SDK in an interpreter of their own.
+"""OpenTelemetry traces of every request: recorded on the loop, sent from an interpreter of their own.
 
 Spans per sampled request (a W3C `traceparent` header continues the caller's trace):
 the server span of the HTTP request, with children `decode`, `queue` (from arrival to
@@ -11,7 +11,6 @@ is on.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import logging
 import pathlib
@@ -64,7 +63,7 @@ class Tracing:
             return None
         loop = asyncio.get_running_loop()
 
-        def export(payload: bytes, final: bool) -> asyncio.Future[Any]:
+        def export(payload: bytes) -> asyncio.Future[Any]:
             future: asyncio.Future[Any] = loop.create_future()
 
             def done(outputs: Any, error: BaseException | None, *_: Any) -> None:
@@ -75,8 +74,7 @@ class Tracing:
                 else:
                     future.set_result(memoryview(outputs["EXPORTED"].data).cast("q")[0])
 
-            inputs = [Tensor("UINT8", (len(payload),), payload), Tensor("INT32", (1,), array.array("i", [final]))]
-            self._pool.run(EXPORTER, inputs, done)
+            self._pool.run(EXPORTER, [Tensor("UINT8", (len(payload),), payload)], done)
             return future
 
         self.tracer = Tracer(resolved, export=export)
@@ -90,9 +88,7 @@ class Tracing:
             return
         try:
             if self.tracer is not None:
-                future = self.tracer.flush(final=True)
-                if future is not None:
-                    await asyncio.wait_for(future, 30)
+                await asyncio.wait_for(self.tracer.drain(), 30)
         except Exception as e:  # noqa: BLE001 - closing goes on
             log.warning("tracing: the last spans could not be sent: %s", e)
         finally:

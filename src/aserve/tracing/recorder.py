@@ -1,16 +1,18 @@
-"""Spans recorded on the event loop, exported by the OpenTelemetry SDK in an interpreter of their own.
+"""Spans recorded on the event loop, exported in batches from an interpreter of their own.
 
-The SDK spends about 20 us of Python on every span it starts and ends, and as much
-again encoding it for OTLP, on the thread and GIL that call it: five spans a request
-would cost more than the request. So the loop only records: a span is a list of
+The OpenTelemetry SDK spends about 20 us of Python on every span it starts and ends, and
+twice that encoding it for OTLP, on the thread and GIL that call it: five spans a
+request would cost more than the request. So the loop only records: a span is a list of
 numbers and strings appended to a buffer (trace and span ids drawn from `random`, times
 from `time.time_ns()` or converted from the clock of the native worker that ran the
-batch). Every `FLUSH_SECONDS`, or sooner when `MAX_BATCH` spans wait, the buffer is
-encoded once with msgpack and handed to the exporter: a small model
-(`aserve.tracing.exporter`) loaded in a private interpreter, with its own GIL, where
-the SDK's `BatchSpanProcessor` and OTLP/HTTP exporter (configured by the standard
-OTEL_* variables) turn the records into spans and send them. Export therefore never
-blocks the loop, and the loop pays about a microsecond per span.
+batch). Every `OTEL_BSP_SCHEDULE_DELAY` milliseconds (at most 200 here), or as soon as
+`OTEL_BSP_MAX_EXPORT_BATCH_SIZE` spans wait, the buffer is encoded once with msgpack and
+handed to the exporter: a small model (`aserve.tracing.exporter`) loaded in a private
+interpreter, with its own GIL, which encodes the OTLP request in C and sends it with
+the SDK's OTLP/HTTP exporter. This is the batch span processor of the OpenTelemetry
+specification, split across two interpreters: export never blocks the loop, the loop
+pays about a microsecond per span, and spans beyond `OTEL_BSP_MAX_QUEUE_SIZE` waiting
+are dropped (counted) rather than slowing requests down.
 
 Sampling happens here, at the start of a request, as the SDK's samplers decide:
 `parentbased_*` follow a `traceparent` header's sampled flag, `traceidratio` keeps the
@@ -35,14 +37,17 @@ log = logging.getLogger("aserve.tracing")
 
 INTERNAL, SERVER = 0, 1  # OpenTelemetry SpanKind values
 UNSET, OK, ERROR = 0, 1, 2  # OpenTelemetry StatusCode values
-FLUSH_SECONDS = 0.2
-MAX_BATCH = 512
+MAX_FLUSH_SECONDS = 0.2
 _MASK64 = (1 << 64) - 1
 
-# A span as the exporter reads it (msgpack): [trace_hi, trace_lo, span_id, parent_id, remote_parent, name,
-# kind, start_ns, end_ns, attributes, status, status_message, events [[name, ns, attrs]], links
-# [[trace_hi, trace_lo, span_id, attrs]]]
-Span = list[Any]
+# A span as the exporter reads it (msgpack): (trace_hi, trace_lo, span_id, parent_id, remote_parent, name,
+# kind, start_ns, end_ns, attributes, status, status_message, events ((name, ns, attrs), ...), links
+# ((trace_hi, trace_lo, span_id, attrs), ...)). attributes: a dict, None, or a tuple of dicts (one shared
+# by many spans, then the span's own). A request is one record of 20 fields: its server span's 14, then
+# (start, end) of its decode, queue and encode children, which the encoder (aserve._native.otlp_encode)
+# writes as spans of their own with ids derived from the request's: one record per request on the loop.
+Span = tuple[Any, ...]
+NO_EVENTS: tuple[Any, ...] = ()
 
 
 def parse_traceparent(value: str | None) -> tuple[int, int, bool] | None:
@@ -68,19 +73,27 @@ def traceparent(trace_id: int, span_id: int, sampled: bool = True) -> str:
 
 
 class RequestTrace:
-    """One sampled request: its server span (kept open until `finish`) and its children."""
+    """One sampled request: its server span (kept open until `finish`) and its children.
 
-    __slots__ = ("attributes", "parent_id", "remote", "span_id", "start", "trace_id", "tracer")
+    `common`: attributes shared by many requests (route, server, model), never changed;
+    `batch`: those of the batch that answered it (size, interpreter), shared by its
+    requests; `attributes`: this request's own."""
+
+    __slots__ = ("attributes", "batch", "common", "decode", "encode", "parent_id", "queue", "remote", "span_id",
+                 "start", "trace_id", "tracer")
 
     def __init__(self, tracer: Tracer, trace_id: int, span_id: int, parent_id: int, remote: bool,
-                 start: int, attributes: dict[str, Any]) -> None:
+                 start: int) -> None:
         self.tracer = tracer
         self.trace_id = trace_id
         self.span_id = span_id
         self.parent_id = parent_id
         self.remote = remote
         self.start = start
-        self.attributes = attributes
+        self.common: dict[str, Any] | None = None
+        self.batch: dict[str, Any] | None = None
+        self.attributes: dict[str, Any] = {}
+        self.decode = self.queue = self.encode = (0, 0)  # (start_ns, end_ns) of its phases; 0: not reached
 
     @property
     def trace_id_hex(self) -> str:
@@ -95,8 +108,9 @@ class RequestTrace:
         """Record a finished child span of the request; returns its span id."""
         tracer = self.tracer
         span_id = tracer.new_span_id()
-        tracer.record([self.trace_id >> 64, self.trace_id & _MASK64, span_id, self.span_id, False, name, INTERNAL,
-                       start, end, attributes or {}, UNSET, "", events or [], []])
+        trace_id = self.trace_id
+        tracer.record((trace_id >> 64, trace_id & _MASK64, span_id, self.span_id, False, name, INTERNAL,
+                       start, end, attributes, UNSET, "", events or NO_EVENTS, NO_EVENTS))
         return span_id
 
     def finish(self, name: str, status: int, error: BaseException | None = None) -> None:
@@ -104,23 +118,27 @@ class RequestTrace:
         end = time.time_ns()
         attributes = self.attributes
         attributes["http.response.status_code"] = status
-        events: list[Any] = []
+        events: Any = NO_EVENTS
         code, message = UNSET, ""
         if status >= 500:
             code = ERROR
             if error is not None:
                 message = f"{type(error).__name__}: {error}"
-                events.append(["exception", end, {"exception.type": type(error).__name__,
-                                                  "exception.message": str(error)}])
+                events = (("exception", end, {"exception.type": type(error).__name__,
+                                              "exception.message": str(error)}),)
         elif error is not None:
             attributes["error.type"] = type(error).__name__
-        self.tracer.record([self.trace_id >> 64, self.trace_id & _MASK64, self.span_id, self.parent_id, self.remote,
-                            name, SERVER, self.start, end, attributes, code, message, events, []])
+        trace_id = self.trace_id
+        self.tracer.record((trace_id >> 64, trace_id & _MASK64, self.span_id, self.parent_id, self.remote, name,
+                            SERVER, self.start, end, (self.common, self.batch, attributes), code, message, events,
+                            NO_EVENTS,
+                            *self.decode, *self.queue, *self.encode))
 
 
 class Tracer:
-    """Samples requests and records their spans; `export(payload, flush)` hands encoded
-    batches to the exporter (None: they are only counted, for tests of the recorder)."""
+    """Samples requests and records their spans; `export(payload)` hands a msgpack-encoded
+    batch to the exporter and returns a future of how many it sent (None: spans are only
+    counted, for tests of the recorder)."""
 
     def __init__(self, resolved: Resolved, *, export: Any = None, max_queue: int | None = None) -> None:
         self.sampler = resolved.sampler
@@ -133,6 +151,8 @@ class Tracer:
         self._encoder = msgspec.msgpack.Encoder()
         env = resolved.exporter_env
         self.max_queue = max_queue if max_queue is not None else int(env.get("OTEL_BSP_MAX_QUEUE_SIZE", "2048"))
+        self.max_batch = int(env.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "512"))
+        self.delay = min(MAX_FLUSH_SECONDS, int(env.get("OTEL_BSP_SCHEDULE_DELAY", "5000")) / 1000.0)
         self._timer: asyncio.TimerHandle | None = None
         self._exporting = 0
         self.recorded = 0
@@ -156,7 +176,7 @@ class Tracer:
     def new_span_id(self) -> int:
         return self._rng.getrandbits(64) or 1
 
-    def start(self, headers: Mapping[str, str], attributes: dict[str, Any]) -> RequestTrace | None:
+    def start(self, headers: Mapping[str, str]) -> RequestTrace | None:
         """The trace of a request that starts now, or None if it is not sampled."""
         if not self.enabled:
             return None
@@ -165,13 +185,12 @@ class Tracer:
             trace_id, parent_id, sampled = parent
             if not sampled:
                 return None
-            return RequestTrace(self, trace_id, self.new_span_id(), parent_id, True, time.time_ns(), attributes)
+            return RequestTrace(self, trace_id, self.new_span_id(), parent_id, True, time.time_ns())
         trace_id = parent[0] if parent is not None else (self._rng.getrandbits(128) or 1)
         if not self._samples_root(trace_id):
             return None
         parent_id = parent[1] if parent is not None else 0
-        return RequestTrace(self, trace_id, self.new_span_id(), parent_id, parent is not None, time.time_ns(),
-                            attributes)
+        return RequestTrace(self, trace_id, self.new_span_id(), parent_id, parent is not None, time.time_ns())
 
     def to_epoch(self, monotonic_ns: int) -> int:
         return monotonic_ns + self.offset
@@ -185,31 +204,42 @@ class Tracer:
             return
         buffer.append(span)
         self.recorded += 1
-        if len(buffer) >= MAX_BATCH and not self._exporting:
+        if len(buffer) >= self.max_batch and not self._exporting:
             self.flush()
         elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(FLUSH_SECONDS, self._tick)
+            self._timer = asyncio.get_running_loop().call_later(self.delay, self._tick)
 
     def _tick(self) -> None:
         self._timer = None
         if self._buffer:
             self.flush()
 
-    def flush(self, *, final: bool = False) -> asyncio.Future[Any] | None:
-        """Hand what is buffered to the exporter (with `final`: and have it send everything)."""
+    def flush(self) -> asyncio.Future[Any] | None:
+        """Hand what is buffered to the exporter (at most max_batch spans per export)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        spans, self._buffer = self._buffer, []
+        spans, self._buffer = self._buffer[: self.max_batch], self._buffer[self.max_batch:]
+        if self._buffer and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.delay, self._tick)
+        if not spans:
+            return None
         if self._export is None:
             self.exported += len(spans)
             return None
-        if not spans and not final:
-            return None
         self._exporting += 1
-        future: asyncio.Future[Any] = self._export(self._encoder.encode(spans), final)
+        future: asyncio.Future[Any] = self._export(self._encoder.encode(spans))
         future.add_done_callback(self._exported)
         return future
+
+    async def drain(self) -> None:
+        """Export everything recorded so far and wait until the exporter has sent it."""
+        pending = []
+        while self._buffer:
+            future = self.flush()
+            if future is not None:
+                pending.append(future)
+        await asyncio.gather(*pending, return_exceptions=True)
 
     def _exported(self, future: asyncio.Future[Any]) -> None:
         self._exporting -= 1
@@ -220,7 +250,7 @@ class Tracer:
             log.warning("trace export failed: %s", error)
         else:
             self.exported += int(future.result())
-        if self._buffer and len(self._buffer) >= MAX_BATCH:
+        if len(self._buffer) >= self.max_batch:
             self.flush()
 
     def stats(self) -> dict[str, int]:
