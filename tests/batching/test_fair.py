@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import array
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 
 import pytest
 
-from aserve.batching import Batcher, Decision, FairScheduler, Pending, WindowPolicy
+from aserve.batching import Batcher, Decision, FairScheduler, Pending, WindowPolicy, virtualtime
 from aserve.batching.fair import Seat
 from aserve.tensor import Tensor
-
-from ..conftest import until
 
 # ---- the scheduler alone, with contenders that start a "batch" per offer ----
 
@@ -231,10 +230,12 @@ def x(value: int) -> list[Tensor]:
 
 
 def batcher(name: str, run: HandRunner, scheduler: FairScheduler | None, *, interpreters: int = 2,
-            policy: object | None = None, max_batch_size: int = 2) -> Batcher:
+            policy: object | None = None, max_batch_size: int = 2, clock: Callable[[], float] = time.monotonic
+            ) -> Batcher:
     return Batcher(
         model=name, run=run, policy=policy or WindowPolicy(max_queue_delay=0.0),  # type: ignore[arg-type]
         max_batch_size=max_batch_size, interpreters=interpreters, max_queue_size=1000, scheduler=scheduler,
+        clock=clock,
     )
 
 
@@ -303,27 +304,33 @@ class Holding:
         pass
 
 
-async def test_a_model_whose_policy_waits_passes_its_turn_then_takes_a_free_slot() -> None:
-    run = HandRunner()
-    s = FairScheduler(1)
-    hot = batcher("hot", run, s)
-    policy = Holding(wait=0.02)
-    shy = batcher("shy", run, s, policy=policy)
-    flood = [asyncio.ensure_future(hot.submit(x(i), 1)) for i in range(3)]
-    await settle()
-    req = asyncio.ensure_future(shy.submit(x(7), 1))
-    await settle()
-    assert policy.asked == 0  # no slot: the policy is not even asked
-    await run.finish("hot")
-    assert policy.asked == 1 and run.running == ["hot"]  # shy passed: hot got the slot
-    await run.finish("hot")  # the batch of the two others queued
-    assert policy.asked == 2 and run.running == [] and s.free == 1  # shy passed again: the slot stays free
-    policy.hold = False
-    await until(lambda: run.running == ["shy"], what="shy's timer")  # it fires and takes the free slot
-    assert s.free == 0
-    await run.finish("shy")
-    assert array.array("i", bytes((await req)["Y"].view())).tolist() == [7]
-    await asyncio.gather(*flood)
+def test_a_model_whose_policy_waits_passes_its_turn_then_takes_a_free_slot() -> None:
+    # on a virtual-time loop: shy's timer fires exactly when it asked, no real waiting
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        run = HandRunner()
+        s = FairScheduler(1)
+        hot = batcher("hot", run, s, clock=loop.time)
+        policy = Holding(wait=0.02)
+        shy = batcher("shy", run, s, policy=policy, clock=loop.time)
+        flood = [asyncio.ensure_future(hot.submit(x(i), 1)) for i in range(3)]
+        await settle()
+        req = asyncio.ensure_future(shy.submit(x(7), 1))
+        await settle()
+        assert policy.asked == 0  # no slot: the policy is not even asked
+        await run.finish("hot")
+        assert policy.asked == 1 and run.running == ["hot"]  # shy passed: hot got the slot
+        await run.finish("hot")  # the batch of the two others queued
+        assert policy.asked == 2 and run.running == [] and s.free == 1  # shy passed again: the slot stays free
+        policy.hold = False
+        asked = loop.time()
+        await asyncio.sleep(0.02)  # virtual seconds: its timer fires and takes the free slot
+        assert run.running == ["shy"] and s.free == 0 and loop.time() == pytest.approx(asked + 0.02)
+        await run.finish("shy")
+        assert array.array("i", bytes((await req)["Y"].view())).tolist() == [7]
+        await asyncio.gather(*flood)
+
+    virtualtime.run(main())
 
 
 async def test_models_on_one_interpreter_share_it_and_another_model_uses_the_rest() -> None:

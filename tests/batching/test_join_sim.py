@@ -19,7 +19,7 @@ from aserve.batching.adaptive import AdaptivePolicy
 from aserve.batching.costmodel import CostModel, ladder
 from aserve.batching.join import JoinPlanner, StageProfile
 from aserve.batching.policy import Decision, Pending, WindowPolicy
-from aserve.batching.simulate import Arrival, SimBatch, SimJoin, SimResult, poisson, simulate
+from aserve.batching.simulation import Arrival, SimBatch, SimJoin, SimResult, poisson, simulate
 
 SHARES = [0.4, 0.3, 0.2, 0.1]
 
@@ -350,11 +350,12 @@ def test_the_profile_learns_the_true_shares_from_batches_without_joiners() -> No
 @pytest.mark.parametrize("requests", ["single", "multi"])
 def test_joining_at_low_load_keeps_budgets_and_throughput(requests: str) -> None:
     # Below 75% load joining by the budget rule serves every request the adaptive policy
-    # serves and keeps over-budget requests within the 1%. It does not lower
-    # latency on this curve (see test_the_budget_rule_costs_latency_on_the_cnn_curve).
+    # serves (admission refuses a few more without it) and keeps over-budget requests
+    # within the 1%. It does not lower latency on this curve (see
+    # test_the_budget_rule_costs_latency_on_the_cnn_curve).
     for load in (0.25, 0.5):
         alone, joined = summary(requests, load, None), summary(requests, load, "budget")
-        assert joined.served == alone.served
+        assert joined.served >= alone.served
         assert joined.over <= 0.01
 
 
@@ -391,12 +392,12 @@ def test_the_benefit_rule_lowers_latency_where_the_batch_overhead_dominates(load
     # L(b) = 20 ms + 0.5 ms x b: a request joining after stage 1 (F_1 = 0.25) gains
     # 0.75 x 20 = 15 ms of overhead, less how much earlier another interpreter frees than
     # the batch ends, and delays each of the batch's requests by 0.25 x 20 + 0.5 = 5.5 ms.
-    # (At 50% load the arrivals exceed what the policy's budget-sized batches of 10 serve,
-    # 2 x 10 / L(10) = 800 samples/s: most requests miss the 50 ms budget with or without
-    # joining.)
+    # (A request that arrives just after both interpreters started a batch waits up to
+    # L(b) for one, then runs at least 20.5 ms: past the 50 ms budget. Without joining
+    # admission refuses those, a few percent at 50% load; joining takes many of them.)
     alone, joined = summary("single", load, None, curve="overhead"), summary("single", load, "benefit",
                                                                              curve="overhead")
     assert joined.joined > 0
     assert joined.mean < alone.mean
     assert joined.over <= alone.over
-    assert joined.served == alone.served
+    assert joined.served >= alone.served

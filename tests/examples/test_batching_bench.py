@@ -1,31 +1,60 @@
-"""`aserve bench batching` end to end, shortened: the records LBCI's Figure 5 needs, for every policy."""
+"""`aserve bench batching` end to end, shortened: the records LBCI's Figure 5 needs, for every
+policy, measured on the bundled CNN or simulated in virtual time; and its plot."""
 
 from __future__ import annotations
 
 import json
 import pathlib
+import sys
+
+import pytest
 
 from aserve.bench import batching
 
 from ..conftest import needs_torch
 
-pytestmark = needs_torch
+POINTS = sorted((p, k, 0.5) for p in ("serial", "fixed10", "adaptive", "adaptive_join") for k in ("single", "multi"))
 
 
+@needs_torch
 def test_writes_a_record_per_policy_kind_and_load(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "batching.json"
     argv = ["--seconds", "0.4", "--capacity-seconds", "0.4", "--loads", "0.5", "--json", str(out), "--plot", ""]
     assert batching.main(argv) == 0
     result = json.loads(out.read_text())
     records = result["records"]
-    assert sorted((r["policy"], r["requests"], r["load"]) for r in records) == sorted(
-        (p, k, 0.5) for p in ("serial", "fixed10", "adaptive", "adaptive_join") for k in ("single", "multi")
-    )
+    assert sorted((r["policy"], r["requests"], r["load"]) for r in records) == POINTS
     for r in records:
         assert r["mean_ms"] > 0 and r["p99_ms"] >= r["mean_ms"] * 0.5
         assert r["throughput_rps"] > 0
-        assert 0.0 <= r["over_budget"] <= 1.0
+        assert 0.0 <= r["over_budget"] <= 1.0 and 0.0 <= r["admitted_over_budget"] <= 1.0
+        assert r["refused"] >= 0
     joined = [r for r in records if r["policy"] == "adaptive_join"]
     assert all({"joins", "joined_requests", "offers_turned_away"} <= r.keys() for r in joined)
     assert result["stage_profile"]["stages"] == 4
     assert set(result["summary"]) == {"single@0.5", "multi@0.5"}
+
+
+def test_simulated_run_on_a_given_curve(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("matplotlib")
+    out, png = tmp_path / "sim.json", tmp_path / "sim.png"
+    argv = ["--simulate", "2.7,3.1", "--seconds", "3", "--loads", "0.25,0.5", "--json", str(out), "--plot", str(png)]
+    assert batching.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["mode"] == "simulated"
+    assert sorted((r["policy"], r["requests"], r["load"]) for r in result["records"] if r["load"] == 0.5) == POINTS
+    single = result["summary"]["single@0.25"]["adaptive"]
+    assert single["mean_vs_serial"] <= 1.0 and single["mean_cut_vs_fixed10"] >= 0.25
+    assert png.stat().st_size > 10_000
+    assert batching.main(argv) == 0 and json.loads(out.read_text()) == result  # deterministic
+
+
+def test_a_plot_without_matplotlib_fails_before_measuring(tmp_path: pathlib.Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    out = tmp_path / "never.json"
+    with pytest.raises(SystemExit, match=r"matplotlib.*aserve\[bench\].*--plot ''"):
+        batching.main(["--simulate", "2.7,3.1", "--json", str(out), "--plot", str(tmp_path / "p.png")])
+    assert not out.exists()
+    assert batching.main(["--simulate", "2.7,3.1", "--seconds", "0.5", "--loads", "0.25", "--json", str(out),
+                          "--plot", ""]) == 0

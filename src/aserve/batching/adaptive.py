@@ -1,77 +1,114 @@
 """Batch sizes chosen from a model's latency curve under a latency budget (LBCI).
 
-`AdaptivePolicy` answers the batcher's `decide` from three quantities:
+`AdaptivePolicy` answers the batcher's `decide` and `admit` from five quantities:
   - the cost model: predicted seconds L(b) of a batch of b samples (`CostModel`);
-  - the arrival rate: an exponentially weighted mean of the gaps between the
-    arrivals it sees in the queue, and of their sample counts;
+  - the slowdown s: how much longer than L the batches really hold an interpreter,
+    from dispatch until the event loop sees them end (an exponentially weighted mean
+    of each batch's seconds over its prediction). The policy plans with s * L(b), and
+    where a budget is at stake (the backlog size, admission) with a cautious s' = s +
+    3 x the mean absolute deviation of those ratios, since batch times jitter;
+  - the running batches: when each should end (dispatch time + s * L(b)), so it
+    knows when each interpreter frees;
+  - the arrival rate: an exponentially weighted mean of the gaps between arrivals,
+    refused ones included, and of their sample counts;
   - the budget: every request should finish within its budget of arriving (its own
     `budget` when it has one, else `latency_budget_s`), and before its deadline.
 
-Two batch sizes follow from them (n is the number of interpreters):
-  - the budget size B: the largest b with L(b) <= budget / 2. A request that arrives
-    just after a batch of B started waits at most about one batch for an
-    interpreter, then runs in one: 2 L(B) fits the budget. Batches of the
-    throughput-optimal size would not: on an affine curve that is max_batch_size,
-    on the bundled CNN 32 samples, 135 ms, against a 50 ms budget.
+Batching and latency. Running k queued samples as one batch finishes them all at
+L(k); one by one they finish at L(1), 2 L(1), ..., a mean of L(1) (k + 1) / 2. On an
+affine curve a + c b the batch wins only when a > c (a dominant per-batch overhead);
+with requests of s samples, only when a > c s. Otherwise (the bundled CNN: a =
+2.7 ms < c = 3.1 ms) batching the work already queued only raises its latency:
+batches pay only to keep up with the arrivals or to drain a backlog in time, and a
+second interpreter that frees soon serves the next request sooner than a bigger batch.
+
+Batch sizes (n is the number of interpreters):
   - the keep-up size K: the smallest batch at which the interpreters serve the
-    arriving samples with `headroom` to spare (1 at low load).
+    arriving samples with `headroom` to spare (1 at low load; none when arrivals
+    outpace every size);
+  - the backlog size C: the largest batch that, started within one interpreter's turn
+    of a backlog (s' L(b) / n), still ends within the head request's budget,
+    (1 + 1/n) s' L(C) <= budget; where batching does not pay, at most the efficient
+    size (the smallest within `tolerance` of the best throughput): beyond it larger
+    batches buy no throughput, only latency. Under overload every batch has this size.
 
 The rules, in order (the queue is never empty; "budget" is the head request's):
   1. no free interpreter: wait for a completion; a model that does not batch
      (max_batch_size 0): dispatch the head request alone.
-  2. overload: the arrivals exceed what batches of B serve (n * B / L(B) samples/s)
-     and the queue holds more than one head budget of work at that rate (a noisy
-     rate estimate alone, or a burst alone, does not count). The budget cannot be
-     met, so the policy degrades predictably: batches of max(B, efficient size),
-     oldest first, where the efficient size is the smallest within `tolerance` of
-     the best throughput (on the CNN 12 samples, 53 ms, instead of 32, 135 ms, for
-     5% less throughput). Admission control (below) bounds the queue.
-  3. wait for a batch: fewer than K samples are queued, requests are smaller than K
-     on average, another batch of the model is running (so more requests are on
-     their way; with every interpreter idle a request runs at once), the predicted
-     arrivals fill K before the head must start (its budget or deadline minus
-     L(K)) and within `max_queue_delay_s` of its arrival, and waiting pays: it
-     delays each of the q queued requests by the fill time f, and saves the free
-     interpreter one batch overhead, L(s) + L(K - s) - L(K) for s queued samples,
-     so it waits only when q * f is at most that saving. When batching is nearly
-     free (a dominant overhead) it waits; when per-sample work dominates (the CNN)
-     it does not, since the queue fills batches by itself while interpreters are
-     busy and a free interpreter left idle only adds latency.
-  4. otherwise dispatch at once the largest FIFO prefix of whole requests (a
-     request is never split; one that does not fit waits for the next batch) of at
-     most B samples, and at most the queued samples spread over the free
-     interpreters (rounded up), and at least the head request. This is joining at
-     dispatch: a free interpreter serves everything queued, up to B. On an affine
-     curve L(a + b) < L(a) + L(b), so running what is already queued as two
-     batches on one interpreter only pays the overhead twice, and a request left
-     behind waits for the next free interpreter; with several interpreters free,
-     spreading the queue runs it in parallel instead.
+  2. where batching pays (L(2m) < 1.5 L(m) for the mean request of m samples), wait
+     for a batch when that pays: fewer than K samples are queued, another batch of
+     the model is running (so more requests are on their way), the predicted arrivals
+     fill K before the head must start (its budget or deadline minus L(K)) and within
+     `max_queue_delay_s` of its arrival, and the wait costs the q queued requests
+     (q * fill time) no more than the overhead it saves, L(s) + L(K - s) - L(K) for s
+     queued samples: wait until the head's latest start.
+  3. otherwise dispatch now a FIFO prefix of whole requests (a request is never
+     split) of at most C samples and at least min(K, C) samples' worth of requests
+     (all of them with arrivals beyond every size). Among those prefixes it takes the
+     one whose plan is best for the requests queued now: the batch on the free
+     interpreter, then the rest of the queue in batches as large (at least K) on
+     the interpreters as they free (the busy ones when their batches end). Best is
+     fewest requests predicted past their limit, then the smallest sum of predicted
+     finishes (the mean latency). At low load on the CNN this is one request per
+     batch, spread over the free interpreters: never slower than dispatching every
+     request alone; batches grow only as the arrivals or a backlog require. Where
+     batching pays it is everything queued, up to C.
 
-The rules were tuned in the deterministic simulator (`simulate`, tests in
-tests/batching/test_adaptive.py) on the bundled CNN's measured curve
-(L(b) = 4.2 ms + 4.1 ms * b, 2 interpreters) and on a flat one (10 ms + 0.5 ms * b):
-never waiting on the CNN lowered mean latency against the old keep-up wait, and a
-cap of B = L^-1(budget / 2) met the budget more often than caps of 2/3 or 3/4 of
-the budget, or the throughput-optimal size.
+Admission control: the batcher calls `admit(now, queued_samples, samples, budget)`
+before queueing a request that must wait (others are queued or every interpreter is
+busy). The request's finish is predicted from the queue ahead of it, drained in
+batches of one size b on the interpreters as they free: its batch is the
+(position / samples per batch)-th, where whole requests of m samples on average fill
+a batch of b to about b - 0.75 (m - 1), and every batch holds an interpreter for
+s' L(b) (the running ones from their dispatch). b is tried from K to C (only C when
+arrivals outpace every size). If no b finishes it within `admit_factor` times its own
+budget (default: exactly its budget), it is refused with a Retry-After of how much
+later it would finish (at least one interpreter's turn). So what it admits meets its
+budget as long as the batches take at most s' L(b), and since batches under overload
+have the backlog size and a batch's worth waits when an interpreter frees, refusing
+costs little throughput. (The bound: a batch that ends within the budget holds at
+most L^-1(budget) samples; on the CNN with a 50 ms budget, batches of C = 9 serve 94%
+of what batches of 32 do.)
 
-Admission control: the batcher calls `admit(now, queued_samples)` before queueing a
-request. It predicts the queueing delay of a new arrival as the queued samples over
-what the interpreters serve in the batches the policy uses once a backlog builds
-(max(B, efficient size), rule 2); when that exceeds `admit_factor` times the budget
-it returns a Retry-After in seconds (the time until the backlog would have drained
-to within one budget), else None (admit). The queue therefore never holds more than
-about admit_factor budgets of work.
+The drain rate. Under a backlog the batcher starts the next batch inside the callback
+that sees one end, so an interpreter drains the queue at b samples per s L(b): the
+slowdown, measured per batch from its dispatch to its completion as the event loop saw
+it, is the drain rate measured from completions (`as_dict` reports n C / (s L(C))),
+and it includes what the warm-up curve misses when the loop and the interpreters share
+cores. (Counting served samples over backlogged wall time instead, window by window,
+was biased in simulation: a window opens only when requests are left queued, which
+happens more often just before the other interpreter frees; it read 0.89 for an
+engine exactly as predicted.)
+
+The rules were tuned by running the real `Batcher` in virtual time
+(`aserve.batching.simulation`, tests in tests/batching/test_adaptive.py) on the
+bundled CNN's measured curve, the slower one of a busier machine, and flat ones (a
+large per-batch overhead).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from .costmodel import CostModel
 from .policy import Decision, Pending
 
 WAIT = Decision(0, None)
+# One batch's run time over its prediction counts within these bounds (a stalled batch
+# moves the slowdown by a bounded step).
+SLOWDOWN_RANGE = (0.5, 4.0)
+# Admission and the backlog size plan with batches this many mean deviations slower than
+# the slowdown: batch times jitter (by 10% and more on a shared 2-core machine), and a
+# request admitted on the mean would miss its budget whenever its batch runs long. (In
+# simulation, with batch times uniform within +-10% (+-20%) of the curve, 3 keeps 99.5%
+# (99%) of the admitted requests within budget at 3x overload; 2 keeps 98%.)
+CAUTION = 3.0
+# Whole requests of s samples on average leave about this many times (s - 1) samples of
+# a batch unused (the next request does not fit), so a queue needs more batches than
+# its samples over the batch size.
+PACKING = 0.75
 
 
 def _prefix(sizes: Sequence[int], limit: int) -> int:
@@ -95,10 +132,11 @@ class AdaptivePolicy:
       interpreter is free (the budget may stop the wait earlier).
     headroom: the keep-up size serves `headroom` times the arrival rate.
     rate_alpha: weight of one inter-arrival gap in the rate estimate.
-    admit_factor: admission refuses requests once the predicted queueing delay exceeds
-      this many budgets.
-    tolerance: under overload batches have the efficient size, the smallest within
-      `tolerance` of the best throughput.
+    admit_factor: admission refuses a request whose predicted finish is beyond this
+      many of its budgets.
+    tolerance: the efficient size is the smallest within `tolerance` of the best
+      throughput.
+    slowdown_alpha: weight of one batch in the slowdown.
     """
 
     def __init__(
@@ -110,8 +148,9 @@ class AdaptivePolicy:
         max_queue_delay_s: float,
         headroom: float = 1.25,
         rate_alpha: float = 0.05,
-        admit_factor: float = 2.0,
+        admit_factor: float = 1.0,
         tolerance: float = 0.05,
+        slowdown_alpha: float = 0.2,
     ) -> None:
         if not latency_budget_s > 0:
             raise ValueError(f"latency_budget_s must be > 0, got {latency_budget_s}")
@@ -123,10 +162,12 @@ class AdaptivePolicy:
             raise ValueError(f"headroom must be >= 1, got {headroom}")
         if not 0.0 < rate_alpha <= 1.0:
             raise ValueError(f"rate_alpha must be in (0, 1], got {rate_alpha}")
-        if admit_factor < 1.0:
-            raise ValueError(f"admit_factor must be >= 1, got {admit_factor}")
+        if not admit_factor > 0.0:
+            raise ValueError(f"admit_factor must be > 0, got {admit_factor}")
         if not 0.0 <= tolerance < 1.0:
             raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+        if not 0.0 <= slowdown_alpha <= 1.0:
+            raise ValueError(f"slowdown_alpha must be in [0, 1], got {slowdown_alpha}")
         self.cost = cost
         self.latency_budget_s = latency_budget_s
         self.interpreters = interpreters
@@ -135,35 +176,58 @@ class AdaptivePolicy:
         self.rate_alpha = rate_alpha
         self.admit_factor = admit_factor
         self.tolerance = tolerance
+        self.slowdown_alpha = slowdown_alpha
         self._gap: float | None = None  # mean seconds between arrivals
         self._samples = 1.0  # mean samples per request
+        self._arrivals = 0  # arrivals counted
         self._last_arrival: float | None = None
         self._tail: object | None = None  # the newest request already counted
-        self._sizes_key: tuple[float, int, int] | None = None
+        self._refused: list[tuple[float, int]] = []  # (arrival, samples) refused, not yet counted
+        self._keep_up: int | None = None  # the keep-up size at the last decision
+        self._flight: list[tuple[float, float]] = []  # batches in flight: (dispatched, predicted L(b))
+        self._observed = 0
+        self._spread = 0.0  # mean absolute deviation of a batch's ratio from the slowdown
+        self._cautious = 1.0  # the slowdown of a slow spell: slowdown + CAUTION x spread
+        self._slowdown = 1.0  # batches' seconds over the cost model's prediction, averaged
+        self._sizes_key: tuple[float, int, int, float] | None = None
         self._sizes_cached = (1, 1)
+        self._pays_key: tuple[int, int] | None = None
+        self._pays = False
 
     # ---- arrival rate ----
 
     def _see(self, queue: Sequence[Pending]) -> None:
-        """Fold the arrivals not yet seen (at the queue's tail) into the rate estimate."""
-        new: list[Pending] = []
+        """Fold the arrivals not yet seen (at the queue's tail, and those refused since the
+        last call) into the rate estimate, in order of arrival."""
+        new: list[tuple[float, int]] = []
         last = self._last_arrival
+        tail = None
         for p in reversed(queue):
             if p is self._tail or (last is not None and p.arrival < last):
                 break
-            new.append(p)
-        if not new:
-            return
-        a = self.rate_alpha
-        for p in reversed(new):
+            if tail is None:
+                tail = p
+            new.append((p.arrival, p.samples))
+        if tail is not None:
+            self._tail = tail
+        refused = self._refused
+        if refused:
+            new.extend(refused)
+            refused.clear()
+            new.sort(key=lambda e: -e[0])
+        self._fold(reversed(new))
+
+    def _fold(self, arrivals: Iterable[tuple[float, int]]) -> None:
+        """Fold (arrival, samples) pairs, in time order, into the rate estimate."""
+        for arrival, samples in arrivals:
+            self._arrivals += 1
+            a = max(self.rate_alpha, 1.0 / self._arrivals)  # plain means until there is history
             if self._last_arrival is not None:
-                gap = max(0.0, p.arrival - self._last_arrival)
-                self._gap = gap if self._gap is None else self._gap + a * (gap - self._gap)
-                self._samples += a * (p.samples - self._samples)
-            else:
-                self._samples = float(p.samples)
-            self._last_arrival = p.arrival
-        self._tail = new[0]
+                gap = max(0.0, arrival - self._last_arrival)
+                weight = max(self.rate_alpha, 1.0 / (self._arrivals - 1))  # the gaps are one fewer
+                self._gap = gap if self._gap is None else self._gap + weight * (gap - self._gap)
+            self._samples += a * (samples - self._samples)
+            self._last_arrival = arrival
 
     def arrival_rate(self, now: float) -> float:
         """Estimated arriving samples per second (0 before two arrivals were seen).
@@ -179,6 +243,18 @@ class AdaptivePolicy:
             return math.inf
         return self._samples / gap
 
+    # ---- the measured slowdown ----
+
+    @property
+    def slowdown(self) -> float:
+        """How much longer than the cost model predicts batches hold an interpreter (1: as predicted)."""
+        return self._slowdown
+
+    def effective(self, samples: int, *, cautious: bool = False) -> float:
+        """Seconds a batch of `samples` is expected to hold an interpreter: s * L(b)
+        (`cautious`: in a slow spell, (s + CAUTION x the ratios' mean deviation) L(b))."""
+        return (self._cautious if cautious else self._slowdown) * self.cost.predict(samples)
+
     # ---- batch sizes ----
 
     def budget_of(self, request: Pending) -> float:
@@ -190,29 +266,50 @@ class AdaptivePolicy:
         limit = request.arrival + self.budget_of(request)
         return limit if request.deadline is None else min(limit, request.deadline)
 
-    def budget_batch(self, budget: float, max_batch_size: int) -> int:
-        """The budget size B: the largest batch with L(B) <= budget / 2 (at least 1, at
-        most max_batch_size)."""
+    def batching_pays(self) -> bool:
+        """Whether one batch of two queued requests beats running them one after the other:
+        L(2m) < 1.5 L(m) for the mean request of m samples (on an affine curve a + c b:
+        the per-batch overhead a exceeds c m)."""
+        m = max(1, round(self._samples))
+        key = (self.cost.observations, m)
+        if key != self._pays_key:
+            predict = self.cost.predict
+            self._pays = predict(2 * m) < 1.5 * predict(m)
+            self._pays_key = key
+        return self._pays
+
+    def largest_batch(self, budget: float, max_batch_size: int) -> int:
+        """G: the largest batch that, started within one interpreter's turn of a backlog,
+        ends within `budget`: (1 + 1/n) s L(G) <= budget (at least 1)."""
         return self._sizes(budget, max_batch_size)[0]
 
-    def overload_batch(self, budget: float, max_batch_size: int) -> int:
-        """Batch size under overload: max(B, the efficient size), at most max_batch_size."""
+    def backlog_batch(self, budget: float, max_batch_size: int) -> int:
+        """C: the batch size that drains a backlog (G, or at most the efficient size
+        where batching does not pay)."""
         return self._sizes(budget, max_batch_size)[1]
 
     def _sizes(self, budget: float, max_batch_size: int) -> tuple[int, int]:
-        """(B, overload size), recomputed only when the budget or the curve changed."""
-        key = (budget, max_batch_size, self.cost.observations)
+        """(G, C), recomputed only when the budget, the curve or the slowdown changed."""
+        key = (budget, max_batch_size, self.cost.observations, self._cautious)
         if self._sizes_key != key:
             top = max(1, max_batch_size)
-            b = min(self.cost.largest_batch_within(budget / 2), top)
-            self._sizes_cached = (b, min(max(b, self.cost.efficient_batch(self.tolerance)), top))
+            turn = 1.0 + 1.0 / self.interpreters
+            if turn * self.effective(1, cautious=True) > budget:  # not even one sample fits: serve efficiently
+                g = c = min(self.cost.efficient_batch(self.tolerance), top)
+            else:
+                g = min(self.cost.largest_batch_within(budget / (turn * self._cautious)), top)
+                c = g if self.batching_pays() else max(1, min(g, self.cost.efficient_batch(self.tolerance)))
+            self._sizes_cached = (g, c)
             self._sizes_key = key
         return self._sizes_cached
 
     def keep_up_batch(self, now: float, max_batch_size: int) -> int | None:
         """Smallest batch size that keeps up with the arrivals, with `headroom` where the
-        curve allows it, or None when even the throughput-optimal size cannot."""
-        rate = self.arrival_rate(now) / self.interpreters
+        curve allows it, or None when even the throughput-optimal size cannot; 1 until
+        1 / rate_alpha arrivals were seen (the rate of a handful is noise)."""
+        if self._arrivals * self.rate_alpha < 1.0:
+            return 1
+        rate = self.arrival_rate(now) * self._slowdown / self.interpreters
         b = self.cost.smallest_batch_for(rate * self.headroom)
         if b is None:
             b = self.cost.smallest_batch_for(rate)
@@ -220,24 +317,18 @@ class AdaptivePolicy:
             return None
         return min(b, max(1, max_batch_size))
 
-    def overloaded(self, now: float, queued_samples: int, budget: float, max_batch_size: int) -> bool:
-        """Rule 2: arrivals beyond what batches of the budget size serve, and a backlog
-        that batches of that size no longer drain within one budget (a noisy rate
-        estimate alone, or a burst alone, does not count)."""
-        b = self.budget_batch(budget, max_batch_size)
-        serves = self.interpreters * self.cost.throughput(b)
-        return self.arrival_rate(now) > serves and queued_samples > budget * serves
-
     # ---- the policy ----
 
     def decide(
         self, now: float, queue: Sequence[Pending], *, idle: int, running: int, max_batch_size: int
     ) -> Decision:
         self._see(queue)
+        while len(self._flight) > running:  # batches that ended without being observed (failed, joined)
+            self._land()
         if idle <= 0 or not queue:
             return WAIT
         if max_batch_size <= 0:
-            return Decision(1, None)
+            return self._dispatch(now, 1, queue[0].samples)
         head = queue[0]
         budget = self.budget_of(head)
         queued = sum(p.samples for p in queue)
@@ -248,21 +339,100 @@ class AdaptivePolicy:
                 break
             total += p.samples
             sizes.append(total)
-
-        if self.overloaded(now, queued, budget, max_batch_size):  # rule 2
-            return Decision(_prefix(sizes, self.overload_batch(budget, max_batch_size)), None)
-
-        keep_up = self.keep_up_batch(now, max_batch_size)
-        if running > 0 and keep_up is not None and queued < keep_up and self._samples < keep_up:
-            wake = self._fill_by(now, queue, queued, keep_up)  # rule 3
+        backlog = self.backlog_batch(budget, max_batch_size)
+        keep_up = self._keep_up = self.keep_up_batch(now, max_batch_size)
+        if self.batching_pays() and running > 0 and keep_up is not None and queued < keep_up \
+                and self._samples < keep_up:
+            wake = self._fill_by(now, queue, queued, keep_up)  # rule 2
             if wake is not None:
                 return Decision(0, wake)
+        top = _prefix(sizes, backlog)  # rule 3
+        if keep_up is None:
+            low = top
+        else:
+            low = min(top, _prefix(sizes, min(keep_up, backlog)))
+        floor = backlog if keep_up is None else max(1, min(keep_up, backlog))
+        take = self._best_take(queue, sizes, self._frees(now, idle), low, top, floor)
+        return self._dispatch(now, take, sizes[take - 1])
 
-        spread = -(-queued // idle)  # rule 4
-        return Decision(_prefix(sizes, min(self.budget_batch(budget, max_batch_size), spread)), None)
+    def _dispatch(self, now: float, take: int, samples: int) -> Decision:
+        """Dispatch `take` requests (`samples` samples), remembering the batch."""
+        self._flight.append((now, self.cost.predict(samples)))
+        return Decision(take, None)
+
+    def _land(self) -> None:
+        """A batch in flight ended: forget the one predicted to end first."""
+        flight = self._flight
+        if flight:
+            flight.remove(min(flight, key=lambda f: f[0] + f[1]))
+
+    def _frees(self, now: float, idle: int | None = None, *, cautious: bool = False) -> list[float]:
+        """When each interpreter can start a batch, soonest first: `idle` of them now (by
+        default those no batch of this model holds), the others when their batch ends
+        (`cautious`: as late as batches of a slow spell end)."""
+        scale = self._cautious if cautious else self._slowdown
+        ends = sorted(max(now, start + scale * seconds) for start, seconds in self._flight)
+        free = self.interpreters - len(ends) if idle is None else idle
+        return [now] * max(0, free) + ends
+
+    def _best_take(self, queue: Sequence[Pending], sizes: Sequence[int], frees: list[float], low: int,
+                   high: int, floor: int) -> int:
+        """How many requests the next batch takes (`low` to `high`): the plan whose queued
+        requests are predicted to miss their limits least often, then to finish soonest in
+        sum; the batch after it holds `floor` samples or as many as it (FIFO, whole requests)."""
+        if low >= high:
+            return high
+        best, best_key = low, (math.inf, math.inf)
+        horizon = 2 * len(frees) * sizes[high - 1]  # samples whose finish the choice affects
+        effective = self.effective
+        limit_of = self.limit_of
+        for take in range(low, high + 1):
+            first = sizes[take - 1]
+            target = max(first, floor)
+            avail = list(frees)
+            start = avail[0]
+            end = start + effective(first)
+            avail[0] = end
+            late = 0
+            total = 0.0
+            for p in itertools.islice(queue, take):
+                total += end
+                if end > limit_of(p):
+                    late += 1
+            batch: list[Pending] = []
+            filled = 0
+            seen = first
+            for p in itertools.islice(queue, take, None):
+                if batch and filled + p.samples > target:
+                    late, total = self._close(batch, filled, avail, late, total)
+                    batch, filled = [], 0
+                    if seen >= horizon:
+                        break
+                batch.append(p)
+                filled += p.samples
+                seen += p.samples
+            else:
+                if batch:
+                    late, total = self._close(batch, filled, avail, late, total)
+            key = (late, total)
+            if key < best_key:
+                best, best_key = take, key
+        return best
+
+    def _close(self, batch: Sequence[Pending], samples: int, avail: list[float], late: int,
+               total: float) -> tuple[int, float]:
+        """Plan `batch` on the interpreter that frees first; count its requests' finishes."""
+        i = avail.index(min(avail))
+        end = avail[i] + self.effective(samples)
+        avail[i] = end
+        for p in batch:
+            total += end
+            if end > self.limit_of(p):
+                late += 1
+        return late, total
 
     def _fill_by(self, now: float, queue: Sequence[Pending], queued: int, target: int) -> float | None:
-        """When to dispatch if waiting for a batch of `target` samples pays (rule 3): the
+        """When to dispatch if waiting for a batch of `target` samples pays (rule 2): the
         head's latest start, or None (dispatch now) when the batch would not fill before
         it, or when the queued requests would lose more to the wait than the batch
         overhead it saves."""
@@ -271,7 +441,7 @@ class AdaptivePolicy:
             return None
         limit = min(self.limit_of(p) for p in queue)
         predict = self.cost.predict
-        latest = min(queue[0].arrival + self.max_queue_delay_s, limit - predict(target))
+        latest = min(queue[0].arrival + self.max_queue_delay_s, limit - self.effective(target))
         fill = (target - queued) / rate
         saving = predict(queued) + predict(target - queued) - predict(target)
         if now >= latest or now + fill > latest or fill * len(queue) > saving:
@@ -279,36 +449,77 @@ class AdaptivePolicy:
         return latest
 
     def observe(self, samples: int, seconds: float) -> None:
-        """A batch of `samples` took `seconds`: refine the cost model."""
+        """A batch of `samples` held an interpreter for `seconds` (from its dispatch to the
+        moment the loop saw it end): update the slowdown, refine the cost model."""
+        self._land()
+        if samples >= 1 and seconds > 0.0 and math.isfinite(seconds):
+            low, high = SLOWDOWN_RANGE
+            ratio = min(high, max(low, seconds / self.cost.predict(samples)))
+            self._observed += 1
+            weight = max(self.slowdown_alpha, 1.0 / self._observed)  # plain means until it has history
+            # the deviation averages over four times as many batches: it sets the margin
+            self._spread += max(weight / 4, 1.0 / self._observed) * (abs(ratio - self._slowdown) - self._spread)
+            self._slowdown += weight * (ratio - self._slowdown)
+            self._cautious = self._slowdown + CAUTION * self._spread
         self.cost.observe(samples, seconds)
 
     # ---- admission ----
 
-    def queueing_delay(self, queued_samples: int) -> float:
-        """Predicted seconds before a request arriving behind `queued_samples` starts,
-        with the queue drained in the batches used under a backlog (rule 2)."""
-        b = self.overload_batch(self.latency_budget_s, self.cost.max_batch_size)
-        return queued_samples / (self.interpreters * self.cost.throughput(b))
+    def predicted_finish(self, now: float, queued_samples: int, samples: int = 1, *,
+                         within: float = math.inf) -> float:
+        """When a request of `samples` arriving at `now` behind `queued_samples` is predicted
+        to finish: the queue drained in batches of one size b, each on the interpreter that
+        frees first, b from the keep-up size at the last decision (the backlog size when
+        arrivals outpace it) up to the backlog size; the first b that finishes by `within`,
+        else the backlog size."""
+        c = self.backlog_batch(self.latency_budget_s, self.cost.max_batch_size)
+        low = c if self._keep_up is None else min(self._keep_up, c)
+        frees = self._frees(now, cautious=True)
+        n = len(frees)
+        position = queued_samples + samples
+        finish = math.inf
+        mean = max(1.0, self._samples)
+        for b in range(low, c + 1):
+            per = max(mean, b - PACKING * (mean - 1.0))
+            m = int((position - 1) // per)  # the batch the request ends up in, filled by those after it
+            finish = frees[m % n] + (m // n + 1) * self.effective(max(b, round(mean)), cautious=True)
+            if finish <= within:
+                break
+        return finish
 
-    def admit(self, now: float, queued_samples: int) -> float | None:
+    def admit(self, now: float, queued_samples: int, samples: int = 1, budget: float | None = None
+              ) -> float | None:
         """None to admit a new request, or a Retry-After in seconds to refuse it (503).
 
-        Refuses when the predicted queueing delay exceeds admit_factor x budget; the
-        Retry-After is how long the backlog needs to shrink to within one budget."""
-        delay = self.queueing_delay(queued_samples)
-        if delay <= self.admit_factor * self.latency_budget_s:
+        Refuses when the request's predicted finish is beyond admit_factor x its own
+        budget (`budget`, else the policy's); the Retry-After is how much later it would
+        be predicted to finish (at least one interpreter's turn)."""
+        limit = now + self.admit_factor * (self.latency_budget_s if budget is None else budget)
+        finish = self.predicted_finish(now, queued_samples, samples, within=limit)
+        if finish <= limit:
             return None
-        return delay - self.latency_budget_s
+        refused = self._refused
+        refused.append((now, samples))  # arrivals all the same, for the rate estimate
+        if len(refused) >= 256:  # no decision for a long while (a stuck model): fold them now
+            self._fold(refused)
+            refused.clear()
+        c = self.backlog_batch(self.latency_budget_s, self.cost.max_batch_size)
+        return max(finish - limit, self.effective(c) / self.interpreters)
 
     def as_dict(self, now: float) -> dict[str, object]:
-        """JSON-ready state for metrics: budget, arrival rate, batch sizes, cost model."""
+        """JSON-ready state for metrics: budget, arrival rate, batch sizes, slowdown, cost model."""
         top = self.cost.max_batch_size
+        backlog = self.backlog_batch(self.latency_budget_s, top)
         return {
             "policy": "adaptive",
             "latency_budget_s": self.latency_budget_s,
             "interpreters": self.interpreters,
             "arrival_rate_samples_per_s": self.arrival_rate(now),
-            "budget_batch": self.budget_batch(self.latency_budget_s, top),
-            "overload_batch": self.overload_batch(self.latency_budget_s, top),
+            "batching_pays": self.batching_pays(),
+            "largest_batch": self.largest_batch(self.latency_budget_s, top),
+            "backlog_batch": backlog,
+            "slowdown": self._slowdown,
+            "slowdown_cautious": self._cautious,
+            "drain_rate_samples_per_s": self.interpreters * backlog / self.effective(backlog),
             "cost": self.cost.as_dict(),
         }

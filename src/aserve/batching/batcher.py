@@ -304,8 +304,9 @@ class Batcher:
         self._clock = clock
         self._join = join if max_batch_size > 0 else None
         self._staged: list[_Staged] = []
-        # optional admission control: a policy with admit(now, queued_samples) -> Retry-After seconds | None
-        self._admit: Callable[[float, int], float | None] | None = getattr(policy, "admit", None)
+        # optional admission control: a policy with admit(now, queued_samples, samples, budget)
+        # -> Retry-After seconds | None
+        self._admit: Callable[[float, int, int, float | None], float | None] | None = getattr(policy, "admit", None)
         self._queue: collections.deque[_Request] = collections.deque()
         self._queued_samples = 0
         self._running = 0
@@ -395,23 +396,23 @@ class Batcher:
             loop = self._loop = asyncio.get_running_loop()
         now = self._clock()
         queue = self._queue
-        if queue:
-            if self._admit is not None:
-                wait = self._admit(now, self._queued_samples)
-                if wait is not None:
-                    self.refused += 1
-                    raise Overloaded(
-                        f"model {self.model!r}: {self._queued_samples} samples are queued, more than it can "
-                        f"answer within its latency budget; retry in {wait:.2f} s",
-                        retry_after=wait,
-                    )
-            if self._queued_samples + samples > self.max_queue_size:
+        # admission: only a request that must wait (others queued, or every interpreter busy)
+        if self._admit is not None and (queue or self._running >= self.interpreters):
+            wait = self._admit(now, self._queued_samples, samples, budget)
+            if wait is not None:
                 self.refused += 1
                 raise Overloaded(
-                    f"model {self.model!r}: {self._queued_samples} samples are queued (max_queue_size "
-                    f"{self.max_queue_size}); retry later",
-                    retry_after=1.0,
+                    f"model {self.model!r} cannot answer the request within its latency budget "
+                    f"({self._queued_samples} samples queued, every interpreter busy); retry in {wait:.2f} s",
+                    retry_after=wait,
                 )
+        if queue and self._queued_samples + samples > self.max_queue_size:
+            self.refused += 1
+            raise Overloaded(
+                f"model {self.model!r}: {self._queued_samples} samples are queued (max_queue_size "
+                f"{self.max_queue_size}); retry later",
+                retry_after=1.0,
+            )
         if deadline is not None:
             if deadline <= now:
                 raise RequestTimeout(f"model {self.model!r}: the request's deadline passed before it was queued")

@@ -54,6 +54,11 @@ FORMS = ("interp", "affine", "logistic")
 # Smallest residual scale, relative to the prediction: timings on a shared machine
 # jitter by a few percent, and a zero scale would freeze the curve.
 MIN_SCALE = 0.05
+# An observed batch moves the points next to its size by the update's full step, and
+# every other point by this share of it: a lasting change of speed (a busier machine)
+# scales the whole curve even when only a few batch sizes run, while a curve whose shape
+# was mismeasured is still corrected where batches run.
+GLOBAL_SHARE = 0.5
 # A logistic refit is a grid search: redo it after this many observations, not each.
 LOGISTIC_REFIT_EVERY = 32
 
@@ -357,10 +362,13 @@ class CostModel:
         else:
             w_hi = (samples - xs[i - 1]) / (xs[i] - xs[i - 1])
             weights = [(i - 1, 1.0 - w_hi), (i, w_hi)]
-        for j, w in weights:
-            b, t = knots[j]
-            # move the point by its share; relative to its own size so both ends scale
-            knots[j] = (b, max(t + self.alpha * w * r * t / predicted, 1e-9))
+        # every point moves by the same relative step, the neighbours by their share of it
+        # and the others by GLOBAL_SHARE: relative to its own size, so both ends scale
+        share = dict(weights)
+        step = self.alpha * r / predicted
+        for j, (b, t) in enumerate(knots):
+            w = share.get(j, 0.0)
+            knots[j] = (b, max(t * (1.0 + step * (w + GLOBAL_SHARE * (1.0 - w))), 1e-9))
         self._knots = monotone(knots)
         self._since_refit += 1
         if self.form != "logistic" or self._since_refit >= LOGISTIC_REFIT_EVERY:

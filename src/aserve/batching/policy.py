@@ -6,9 +6,11 @@ and dispatches `take` requests from the head of the queue as one batch, or waits
 until `wake_at` (or the next arrival/completion when `wake_at` is None). After each
 batch it reports `observe(samples, seconds)`.
 
-A policy may also define `admit(now, queued_samples) -> float | None`: the batcher
-calls it before queueing a request (when others wait) and refuses the request with
-503 and that Retry-After (seconds) unless it returns None.
+A policy may also define `admit(now, queued_samples, samples, budget) -> float | None`:
+the batcher calls it before queueing a request that must wait (others are queued, or
+every interpreter of the model is busy), with the samples queued ahead of it, its own
+samples and its latency budget in seconds (None: the policy's own), and refuses the
+request with 503 and that Retry-After (seconds) unless it returns None.
 
 `idle` is how many more batches of this model may start now (the model's
 interpreters minus `running`, its batches in flight); the batcher never calls

@@ -11,10 +11,16 @@ capacity (requests/s with the queue never empty), then sends Poisson arrivals at
   adaptive_join  the same, and waiting requests join running batches at stage
                  boundaries (layer-level joining, aserve.batching.join).
 Each record: policy, requests (single|multi), load, mean_ms, p99_ms,
-throughput_rps, over_budget (fraction of requests over the budget).
+throughput_rps, over_budget (fraction of requests over the budget, refusals
+included), refused (503s), admitted_over_budget (fraction of the admitted requests
+over the budget).
 
-`--fit-only` instead compares the cost-model fits (interp, affine, logistic) on the
-bundled simple, mlp and cnn models: fitted on the ladder, scored on held-out sizes.
+`--simulate A_MS,C_MS` runs the same table in virtual time instead: the real Batcher
+and policies on a `VirtualLoop` with a simulated engine whose batches of b take
+A + C * b ms (aserve.batching.simulation); deterministic, seconds to run, no
+interpreters or torch needed. `--fit-only` compares the cost-model fits (interp,
+affine, logistic) on the bundled simple, mlp and cnn models: fitted on the ladder,
+scored on held-out sizes.
 
     aserve bench batching --json FILE      or      python -m aserve.bench.batching
 """
@@ -36,9 +42,9 @@ import tomllib
 from collections.abc import Sequence
 from typing import Any
 
-from ..batching.simulate import Arrival, poisson
+from ..batching.simulation import Arrival, poisson
 from ..engine import ensure_glibc_tunables
-from ..errors import AserveError
+from ..errors import AserveError, Overloaded
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -53,6 +59,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", default=str(ROOT / "examples" / "cnn"), help="model folder")
     ap.add_argument("--interpreters", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=8.0, help="arrivals per point")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="each point's arrivals in this many consecutive windows, the policies taking turns "
+                         "on each (so a burst of other load on the machine falls on all of them)")
     ap.add_argument("--capacity-seconds", type=float, default=4.0, help="closed-loop capacity measurement")
     ap.add_argument("--budget-ms", type=float, default=50.0, help="latency budget, single-sample requests")
     ap.add_argument("--multi-budget-ms", type=float, default=100.0, help="latency budget, multi-sample")
@@ -62,6 +71,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--join-rule", choices=("budget", "benefit"), default="budget",
                     help="adaptive_join: join whenever budgets hold (LBCI), or only if total latency falls")
     ap.add_argument("--fit-only", action="store_true", help="compare cost-model fits and exit")
+    ap.add_argument("--simulate", metavar="A_MS,C_MS",
+                    help="run in virtual time on the curve A + C * b ms instead of the real model")
+    ap.add_argument("--stage-shares", default="0.45,0.33,0.20,0.02",
+                    help="--simulate: the stage shares of adaptive_join's simulated staged model")
     return ap.parse_args(argv)
 
 
@@ -127,9 +140,9 @@ class Point:
 
     def __init__(self) -> None:
         self.latencies: list[float] = []
-        self.errors = 0
-        self.first = math.inf
-        self.last = 0.0
+        self.errors = 0  # requests not answered (refusals included)
+        self.refused = 0  # refused by admission control (503)
+        self.span = 0.0  # seconds from each round's start to its last answer, summed
 
 
 def _ten(rng: random.Random) -> int:
@@ -137,34 +150,42 @@ def _ten(rng: random.Random) -> int:
     return rng.randint(1, 10)
 
 
-async def drive(batcher: Any, inputs: dict[int, Any], arrivals: list[Arrival]) -> Point:
-    """Submit each request at its arrival time (relative seconds); wait for all answers."""
+async def drive(batcher: Any, inputs: dict[int, Any], arrivals: list[Arrival], point: Point | None = None
+                ) -> Point:
+    """Submit each request at its arrival time (relative seconds); wait for all answers.
+    With `point`, add this round's answers to it."""
     loop = asyncio.get_running_loop()
-    point = Point()
+    point = Point() if point is None else point
     start = loop.time() + 0.05
+    last = start
     tasks = []
 
     async def one(at: float, k: int) -> None:
         try:
             await batcher.submit(inputs[k], k)
-        except AserveError:  # a refused or failed request counts against the policy
+        except Overloaded:  # a refused request counts against the policy
+            point.errors += 1
+            point.refused += 1
+            return
+        except AserveError:  # so does a failed one
             point.errors += 1
             return
+        nonlocal last
         done = loop.time()
         point.latencies.append(done - at)
-        point.last = max(point.last, done)
+        last = max(last, done)
 
     def fire(at: float, k: int) -> None:
         tasks.append(loop.create_task(one(at, k)))
 
     for a in arrivals:
         loop.call_at(start + a.time, fire, start + a.time, a.samples)
-    point.first = start
     end = start + (arrivals[-1][0] if arrivals else 0.0)
     await asyncio.sleep(max(0.0, end - loop.time()) + 0.01)
     while len(tasks) < len(arrivals):
         await asyncio.sleep(0.005)
     await asyncio.gather(*tasks)
+    point.span += last - start
     return point
 
 
@@ -271,32 +292,28 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "window": args.window_ms / 1e3,
                 "max_batch_size": max_batch_size,
             }
-            cap = await capacity(make_batcher("greedy", **common), inputs, multi, args.capacity_seconds, args.seed)
+            # the best of three short runs: other load on the machine only ever lowers it
+            greedy = make_batcher("greedy", **common)
+            cap = max([await capacity(greedy, inputs, multi, args.capacity_seconds / 3, args.seed + i)
+                       for i in range(3)])
             caps[kind] = cap
             print(f"# {kind}: capacity {cap:.1f} requests/s", file=sys.stderr, flush=True)
             for load in loads:
                 arrivals = poisson(load * cap, args.seconds, args.seed, _ten if multi else None)
+                rounds = max(1, args.rounds)
+                window = args.seconds / rounds
+                batchers = {policy: make_batcher(policy, **common) for policy in POLICIES}
+                points = {policy: Point() for policy in POLICIES}
+                for r in range(rounds):  # the same arrivals for every policy, in turns that rotate
+                    part = [Arrival(a.time - r * window, a.samples) for a in arrivals
+                            if r * window <= a.time < (r + 1) * window]
+                    for policy in POLICIES[r % len(POLICIES):] + POLICIES[:r % len(POLICIES)]:
+                        await drive(batchers[policy], inputs, part, points[policy])
                 for policy in POLICIES:
-                    batcher = make_batcher(policy, **common)
-                    point = await drive(batcher, inputs, arrivals)
+                    batcher, point = batchers[policy], points[policy]
                     lat = sorted(point.latencies)
-                    n = len(lat)
-                    span = point.last - point.first
-                    rec = {
-                        "policy": policy,
-                        "requests": kind,
-                        "load": load,
-                        "offered_rps": round(len(arrivals) / args.seconds, 1),
-                        "mean_ms": round(1e3 * statistics.fmean(lat), 2) if n else None,
-                        "p99_ms": round(1e3 * lat[max(0, math.ceil(0.99 * n) - 1)], 2) if n else None,
-                        "throughput_rps": round(n / span, 1) if span > 0 else None,
-                        "over_budget": round(
-                            (sum(1 for x in lat if x > budget) + point.errors) / max(1, len(arrivals)), 4
-                        ),
-                        "mean_batch_requests": round(batcher.requests / max(1, batcher.batches), 2),
-                        "budget_ms": budget * 1e3,
-                        "errors": point.errors,
-                    }
+                    rec = record(policy, kind, load, arrivals, args.seconds, lat, point.errors, point.span,
+                                 batcher.requests / max(1, batcher.batches), budget, point.refused)
                     if policy == "adaptive_join":
                         stats = batcher.stats()
                         rec["joins"] = stats["joins"]
@@ -339,7 +356,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ),
             (
                 "capacity: closed loop (64 clients single, 16 multi), queue never empty, batches of what is "
-                "queued up to max_batch_size, no admission control"
+                "queued up to max_batch_size, no admission control; the best of three short runs"
+            ),
+            (
+                f"each point: {args.seconds} s of arrivals in {args.rounds} consecutive windows, the policies "
+                "taking turns on each (rotating), each policy keeping its batcher across its turns"
             ),
             (
                 "adaptive_join: AdaptivePolicy plus joining at stage boundaries; mean_batch_requests counts "
@@ -350,9 +371,111 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def record(policy: str, kind: str, load: float, arrivals: Sequence[Arrival], seconds: float, lat: list[float],
+           errors: int, span: float, batch_requests: float, budget: float, refused: int) -> dict[str, Any]:
+    """One point's record; `lat`: the sorted latencies of the answered requests."""
+    n = len(lat)
+    late = sum(1 for x in lat if x > budget)
+    admitted = len(arrivals) - refused
+    return {
+        "policy": policy,
+        "requests": kind,
+        "load": load,
+        "offered_rps": round(len(arrivals) / seconds, 1),
+        "mean_ms": round(1e3 * statistics.fmean(lat), 2) if n else None,
+        "p99_ms": round(1e3 * lat[max(0, math.ceil(0.99 * n) - 1)], 2) if n else None,
+        "throughput_rps": round(n / span, 1) if span > 0 else None,
+        "over_budget": round((late + errors) / max(1, len(arrivals)), 4),
+        "refused": refused,
+        "admitted_over_budget": round((late + errors - refused) / max(1, admitted), 4),
+        "mean_batch_requests": round(batch_requests, 2),
+        "budget_ms": budget * 1e3,
+        "errors": errors,
+    }
+
+
+def simulate_run(args: argparse.Namespace) -> dict[str, Any]:
+    """The same points in virtual time: the real Batcher and policies, a simulated engine
+    on the affine curve of `--simulate`, capacity computed from that curve."""
+    from ..batching.adaptive import AdaptivePolicy
+    from ..batching.costmodel import CostModel, ladder
+    from ..batching.join import JoinPlanner, StageProfile
+    from ..batching.policy import WindowPolicy
+    from ..batching.simulation import simulate
+
+    try:
+        a_ms, c_ms = (float(x) for x in args.simulate.split(","))
+        shares = [float(x) for x in args.stage_shares.split(",") if x]
+    except ValueError:
+        raise SystemExit(f"--simulate: expected A_MS,C_MS (e.g. 2.7,3.1), got {args.simulate!r}") from None
+    folder = pathlib.Path(args.model)
+    max_batch_size = int(tomllib.loads((folder / "config.toml").read_text()).get("max_batch_size", 32)) \
+        if (folder / "config.toml").exists() else 32
+
+    def cost(b: int) -> float:
+        return (a_ms + c_ms * b) / 1e3
+
+    loads = [float(x) for x in args.loads.split(",") if x]
+    records: list[dict[str, Any]] = []
+    caps: dict[str, float] = {}
+    for kind in ("single", "multi"):
+        multi = kind == "multi"
+        budget = (args.multi_budget_ms if multi else args.budget_ms) / 1e3
+        cap = args.interpreters * max_batch_size / cost(max_batch_size) / (5.5 if multi else 1.0)
+        caps[kind] = cap
+        for load in loads:
+            arrivals = poisson(load * cap, args.seconds, args.seed, _ten if multi else None)
+            for policy in POLICIES:
+                model = CostModel([(b, cost(b)) for b in ladder(max_batch_size)], max_batch_size=max_batch_size)
+                join = None
+                mb = max_batch_size
+                if policy == "serial":
+                    p: Any = WindowPolicy(max_queue_delay=0.0)
+                    mb = 0
+                elif policy == "fixed10":
+                    p, mb = WindowPolicy(max_queue_delay=args.window_ms / 1e3), 10
+                else:
+                    p = AdaptivePolicy(model, latency_budget_s=budget, interpreters=args.interpreters,
+                                       max_queue_delay_s=budget / 2)
+                    if policy == "adaptive_join":
+                        join = JoinPlanner(model, StageProfile(len(shares), shares))
+                result = simulate(p, arrivals, cost, interpreters=args.interpreters, max_batch_size=mb, join=join,
+                                  stages=shares if join else None, budget=budget,
+                                  benefit=args.join_rule == "benefit")
+                lat = sorted(result.served())
+                span = result.end - min(result.arrivals, default=0.0)
+                batches = len(result.batches)
+                per_batch = sum(len(b.requests) for b in result.batches) / max(1, batches)
+                rec = record(policy, kind, load, arrivals, args.seconds, lat, len(result.latencies) - len(lat), span,
+                             per_batch, budget, len(result.refused))
+                if policy == "adaptive_join":
+                    rec["joins"] = len(result.joins)
+                    rec["joined_requests"] = sum(len(j.requests) for j in result.joins)
+                records.append(rec)
+    return {
+        "benchmark": "batching",
+        "mode": "simulated",
+        "model": f"affine {a_ms} ms + {c_ms} ms/sample",
+        "engine": "simulated (aserve.batching.simulation)",
+        "interpreters": args.interpreters,
+        "seconds_per_point": args.seconds,
+        "join_rule": args.join_rule,
+        "capacity_rps": {k: round(v, 1) for k, v in caps.items()},
+        "records": records,
+        "summary": summarize(records),
+        "notes": [
+            (
+                "virtual time: the real Batcher and policies on a VirtualLoop, a simulated engine whose batch "
+                f"of b samples takes {a_ms} + {c_ms} * b ms; deterministic (seed {args.seed})"
+            ),
+            "capacity: interpreters x max_batch_size / L(max_batch_size) (multi: / 5.5 for requests)",
+        ],
+    }
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Adaptive and adaptive_join against fixed10 per request kind and load: mean-latency
-    cut, throughput ratio, over-budget share."""
+    """Adaptive and adaptive_join against fixed10 and serial per request kind and load:
+    mean-latency cut against fixed10, mean over serial's, throughput ratio, over-budget share."""
     out: dict[str, Any] = {}
     by = {(r["policy"], r["requests"], r["load"]): r for r in records}
     for (policy, kind, load), r in by.items():
@@ -360,22 +483,35 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         f = by[("fixed10", kind, load)]
         if r["mean_ms"] and f["mean_ms"] and r["throughput_rps"] and f["throughput_rps"]:
-            out.setdefault(f"{kind}@{load}", {})[policy] = {
+            entry = {
                 "mean_cut_vs_fixed10": round(1 - r["mean_ms"] / f["mean_ms"], 3),
                 "throughput_ratio_vs_fixed10": round(r["throughput_rps"] / f["throughput_rps"], 3),
                 "over_budget": r["over_budget"],
             }
+            s = by.get(("serial", kind, load))
+            if s is not None and s["mean_ms"]:
+                entry["mean_vs_serial"] = round(r["mean_ms"] / s["mean_ms"], 3)
+            out.setdefault(f"{kind}@{load}", {})[policy] = entry
     return out
 
 
-def plot(result: dict[str, Any], path: str) -> str | None:
+def require_matplotlib() -> None:
+    """Fail before measuring anything when a plot is asked for and cannot be drawn."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError:
-        return "matplotlib is not installed: no plot"
+        raise SystemExit(
+            "aserve bench batching: --plot needs matplotlib, which is not installed: install the "
+            "bench extra (pip install 'aserve[bench]'), or pass --plot '' for no plot"
+        ) from None
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, kind in zip(axes, ("single", "multi")):
         for policy in POLICIES:
@@ -396,26 +532,27 @@ def plot(result: dict[str, Any], path: str) -> str | None:
         ax.set_yscale("log")
         ax.set_xlabel("load (% of capacity)")
         ax.set_ylabel("latency (ms)")
-        ax.set_title(f"{result['model']}, {kind}-sample requests, {result['interpreters']} interpreters")
+        ax.set_title(f"{kind}-sample requests, {result['interpreters']} interpreters", fontsize=10)
         ax.legend(fontsize=7)
+    fig.suptitle(f"{result['model']} ({result.get('mode', 'measured')})", fontsize=10)
     fig.tight_layout()
     pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ensure_glibc_tunables()
     args = parse(argv)
+    if not args.simulate:
+        ensure_glibc_tunables()
     if args.fit_only:
         print(json.dumps(asyncio.run(compare_fits()), indent=2))
         return 0
-    result = asyncio.run(run(args))
     if args.plot:
-        note = plot(result, args.plot)
-        if note:
-            result["notes"].append(note)
+        require_matplotlib()
+    result = simulate_run(args) if args.simulate else asyncio.run(run(args))
+    if args.plot:
+        plot(result, args.plot)
     text = json.dumps(result, indent=2)
     if args.json:
         pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,347 @@
+"""Overload over HTTP: does admission hold the budget of what it admits, and keep throughput?
+
+Starts `aserve serve` twice, one after the other, each on a temporary repository
+holding a copy of the bundled `cnn` (2 private interpreters), its config overridden
+to the window policy (the server's default: batches of up to max_batch_size, a 1 ms
+window) and then to the adaptive policy (latency budget `--budget-ms`). Against the
+window server it first measures the capacity (OK/s with `--connections` clients in
+a closed loop), then drives each server for `--duration` seconds with Poisson
+arrivals at `--factor` times that capacity from an aiohttp client (V2 binary tensor
+requests of one image, at most `--connections` in flight: arrivals beyond wait in
+the client, and their latency counts from the scheduled arrival).
+
+Prints JSON: per policy, the requests sent, answered 200 (OK/s over the drive), their
+p50/p99 latency against the budget and the share within it (as the client saw it,
+and by the server's own duration histogram), 503s and how many carried Retry-After,
+other 5xx (must be 0), other failures; and adaptive's OK/s over the window's.
+
+    .venv/bin/python loadtests/overload.py                 # about a minute and a half
+    .venv/bin/python loadtests/overload.py --duration 5 --factor 3 --json out.json
+
+Both servers, the client and the interpreters share the machine's cores: on 2 cores
+the figures move with whatever else runs, so compare the two policies within a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import asyncio
+import json
+import math
+import os
+import pathlib
+import random
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import aiohttp
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MODEL = "cnn"
+SHAPE = (1, 3, 64, 64)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds of open-loop load per policy")
+    ap.add_argument("--factor", type=float, default=3.0, help="offered rate as a multiple of the capacity")
+    ap.add_argument("--capacity-seconds", type=float, default=4.0, help="closed-loop capacity measurement")
+    ap.add_argument("--connections", type=int, default=256, help="most requests in flight (and capacity clients)")
+    ap.add_argument("--budget-ms", type=float, default=50.0, help="the adaptive policy's latency budget")
+    ap.add_argument("--interpreters", type=int, default=2)
+    ap.add_argument("--policies", default="window,adaptive")
+    ap.add_argument("--capacity", type=float, help="requests/s to take as the capacity instead of measuring it")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", help="also write the result here")
+    return ap.parse_args(argv)
+
+
+# ---- the servers ----
+
+
+def repository(base: pathlib.Path, policy: str, budget_ms: float) -> pathlib.Path:
+    """A repository holding the bundled cnn with its [batching] table replaced."""
+    repo = base / policy
+    shutil.copytree(ROOT / "examples" / MODEL, repo / MODEL, ignore=shutil.ignore_patterns("__pycache__"))
+    config = repo / MODEL / "config.toml"
+    head = config.read_text().split("[batching]")[0].rstrip()
+    if policy == "adaptive":
+        table = f'[batching]\npolicy = "adaptive"\nlatency_budget_ms = {budget_ms}\n'
+    else:
+        table = '[batching]\npolicy = "window"\n'
+    config.write_text(f"{head}\n\n{table}")
+    return repo
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Server:
+    """`aserve serve` in a child process, ready when the model is."""
+
+    def __init__(self, repo: pathlib.Path, interpreters: int) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's output, closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "aserve.cli", "serve", str(repo), "--port", str(self.port),
+             "--interpreters", str(interpreters), "--log-level", "warning"],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    async def ready(self, session: aiohttp.ClientSession, timeout: float = 180.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"aserve serve exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                async with session.get(f"{self.url}/v2/models/{MODEL}/ready") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.25)
+        raise RuntimeError(f"{MODEL} not ready after {timeout} s:\n{self.output()}")
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+async def within_budget_by_server(session: aiohttp.ClientSession, url: str, budget_us: float) -> tuple[int, int]:
+    """(successful requests, of them at most `budget_us`) from the server's duration histogram."""
+    async with session.get(f"{url}/metrics") as r:
+        text = await r.text()
+    count = within = 0
+    for line in text.splitlines():
+        if not line.startswith("aserve_inference_request_duration_us") or f'model="{MODEL}"' not in line:
+            continue
+        value = float(line.rsplit(" ", 1)[1])
+        if line.startswith("aserve_inference_request_duration_us_count"):
+            count = int(value)
+        m = re.search(r'le="([^"]+)"', line)
+        if m and m.group(1) != "+Inf" and float(m.group(1)) <= budget_us:
+            within = max(within, int(value))
+    return count, within
+
+
+async def batcher_state(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """What /metrics says of the model's batcher (cumulative): mean queueing and batch
+    time per request, requests per batch, refusals, and the adaptive policy's state."""
+    async with session.get(f"{url}/metrics") as r:
+        text = await r.text()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or f'model="{MODEL}"' not in line or "{" not in line:
+            continue
+        name = line.split("{", 1)[0]
+        if name.startswith(("aserve_batcher_", "aserve_batching_", "aserve_inference_exec_count",
+                            "aserve_inference_queue_duration", "aserve_inference_compute_duration")):
+            values[name] = float(line.rsplit(" ", 1)[1])
+    out: dict[str, float] = {}
+    requests = values.get("aserve_batcher_requests_total", 0.0)
+    if requests:
+        out["queue_ms_mean"] = round(values.get("aserve_inference_queue_duration_us_total", 0.0) / requests / 1e3, 2)
+        out["batch_ms_mean"] = round(values.get("aserve_inference_compute_duration_us_total", 0.0) / requests / 1e3, 2)
+        out["requests_per_batch"] = round(requests / max(1.0, values.get("aserve_inference_exec_count_total", 1.0)), 2)
+    for name, value in values.items():
+        if name.startswith("aserve_batching_") and name != "aserve_batching_interpreters":
+            out[name.removeprefix("aserve_batching_")] = round(value, 4)
+    return out
+
+
+# ---- the client ----
+
+
+def request() -> tuple[bytes, dict[str, str]]:
+    """A V2 binary-tensor request of one image."""
+    raw = array.array("f", ((i % 251) / 251.0 for i in range(math.prod(SHAPE)))).tobytes()
+    header = json.dumps({"inputs": [{"name": "IMAGE", "datatype": "FP32", "shape": list(SHAPE),
+                                     "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    return header + raw, {"Content-Type": "application/octet-stream",
+                          "Inference-Header-Content-Length": str(len(header))}
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.ok: list[float] = []  # latency of each 200, from its scheduled arrival
+        self.ok_at: list[float] = []  # when each 200 came back
+        self.refused = 0
+        self.retry_after = 0
+        self.other_5xx: dict[int, int] = {}
+        self.other: dict[str, int] = {}
+
+
+async def one(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
+              gate: asyncio.Semaphore, tally: Tally, at: float) -> None:
+    loop = asyncio.get_running_loop()
+    async with gate:
+        try:
+            async with session.post(url, data=body, headers=headers) as r:
+                await r.read()
+                status = r.status
+                has_retry = "Retry-After" in r.headers
+        except (TimeoutError, aiohttp.ClientError) as e:
+            tally.other[type(e).__name__] = tally.other.get(type(e).__name__, 0) + 1
+            return
+    done = loop.time()
+    if status == 200:
+        tally.ok.append(done - at)
+        tally.ok_at.append(done)
+    elif status == 503:
+        tally.refused += 1
+        tally.retry_after += has_retry
+    elif status >= 500:
+        tally.other_5xx[status] = tally.other_5xx.get(status, 0) + 1
+    else:
+        tally.other[str(status)] = tally.other.get(str(status), 0) + 1
+
+
+async def capacity(session: aiohttp.ClientSession, url: str, connections: int, seconds: float) -> float:
+    """OK/s with `connections` clients in a closed loop."""
+    body, headers = request()
+    loop = asyncio.get_running_loop()
+    stop = loop.time() + seconds
+    done = 0
+
+    async def client() -> None:
+        nonlocal done
+        while loop.time() < stop:
+            async with session.post(url, data=body, headers=headers) as r:
+                await r.read()
+                done += r.status == 200
+
+    start = loop.time()
+    await asyncio.gather(*(client() for _ in range(connections)))
+    return done / (loop.time() - start)
+
+
+async def drive(session: aiohttp.ClientSession, url: str, rate: float, seconds: float, connections: int,
+                seed: int) -> tuple[Tally, int, float]:
+    """Poisson arrivals at `rate` for `seconds`; waits for every answer. (tally, sent, span)"""
+    body, headers = request()
+    loop = asyncio.get_running_loop()
+    rng = random.Random(seed)
+    gate = asyncio.Semaphore(connections)
+    tally = Tally()
+    tasks = []
+    start = loop.time()
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= seconds:
+            break
+        delay = start + t - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one(session, url, body, headers, gate, tally, start + t)))
+    await asyncio.gather(*tasks)
+    return tally, len(tasks), seconds
+
+
+def summary(tally: Tally, sent: int, seconds: float, budget_ms: float, server: tuple[int, int] | None,
+            start: float) -> dict[str, Any]:
+    lat = sorted(tally.ok)
+    n = len(lat)
+    in_window = sum(1 for t in tally.ok_at if t <= start + seconds)
+
+    def pct(q: float) -> float | None:
+        return round(1e3 * lat[max(0, math.ceil(q / 100 * n) - 1)], 1) if n else None
+
+    out: dict[str, Any] = {
+        "sent": sent,
+        "offered_rps": round(sent / seconds, 1),
+        "ok": n,
+        "ok_per_s": round(in_window / seconds, 1),
+        "admitted_p50_ms": pct(50),
+        "admitted_p99_ms": pct(99),
+        "admitted_mean_ms": round(1e3 * statistics.fmean(lat), 1) if n else None,
+        "budget_ms": budget_ms,
+        "within_budget": round(sum(1 for x in lat if x <= budget_ms / 1e3) / n, 4) if n else None,
+        "refused_503": tally.refused,
+        "refused_503_with_retry_after": tally.retry_after,
+        "other_5xx": sum(tally.other_5xx.values()),
+        "other_5xx_by_status": tally.other_5xx,
+        "other_failures": tally.other,
+    }
+    if server is not None:
+        count, within = server
+        out["server_ok"] = count
+        out["server_within_budget"] = round(within / count, 4) if count else None
+    return out
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    policies = [p for p in args.policies.split(",") if p]
+    results: dict[str, Any] = {"model": MODEL, "interpreters": args.interpreters, "factor": args.factor,
+                               "duration_s": args.duration, "connections": args.connections,
+                               "loadavg_1m_start": os.getloadavg()[0], "policies": {}}
+    rate = None
+    timeout = aiohttp.ClientTimeout(total=120)
+    with tempfile.TemporaryDirectory(prefix="aserve-overload-") as tmp:
+        for policy in policies:
+            server = Server(repository(pathlib.Path(tmp), policy, args.budget_ms), args.interpreters)
+            try:
+                connector = aiohttp.TCPConnector(limit=args.connections, force_close=False)
+                async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+                    await server.ready(session)
+                    url = f"{server.url}/v2/models/{MODEL}/infer"
+                    if rate is None:
+                        cap = args.capacity or await capacity(session, url, min(args.connections, 64),
+                                                              args.capacity_seconds)
+                        results["capacity_rps"] = round(cap, 1)
+                        results["capacity_measured_on"] = policy if args.capacity is None else "given"
+                        rate = args.factor * cap
+                    loop = asyncio.get_running_loop()
+                    start = loop.time()
+                    tally, sent, seconds = await drive(session, url, rate, args.duration, args.connections,
+                                                       args.seed)
+                    counts = await within_budget_by_server(session, server.url, args.budget_ms * 1e3)
+                    results["policies"][policy] = summary(tally, sent, seconds, args.budget_ms, counts, start)
+                    results["policies"][policy]["batcher"] = await batcher_state(session, server.url)
+                    print(f"# {policy}: {json.dumps(results['policies'][policy])}", file=sys.stderr, flush=True)
+            finally:
+                server.stop()
+    results["loadavg_1m_end"] = os.getloadavg()[0]
+    got = results["policies"]
+    if "window" in got and "adaptive" in got and got["window"]["ok_per_s"]:
+        results["adaptive_ok_per_s_over_window"] = round(got["adaptive"]["ok_per_s"] / got["window"]["ok_per_s"], 3)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    result = asyncio.run(run(args))
+    text = json.dumps(result, indent=2)
+    if args.json:
+        pathlib.Path(args.json).write_text(text + "\n")
+    print(text)
+    bad = [p for p, r in result["policies"].items() if r["other_5xx"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
