@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
+import aiohttp
 import pytest
 import uvloop
 
@@ -74,7 +76,9 @@ BOTH_LOOPS = ("tests/server/", "tests/batching/", "tests/dataplane/")
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item
                                   ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     path = item.nodeid.replace("\\", "/")
-    if path.startswith(BOTH_LOOPS):
+    marker = item.get_closest_marker("asyncio")
+    asked = marker.kwargs.get("loop_factories", ()) if marker is not None else ()
+    if path.startswith(BOTH_LOOPS) or "asyncio" in asked:
         return {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
     return {"uvloop": uvloop.new_event_loop}
 
@@ -107,6 +111,37 @@ def model_dir(tmp_path: pathlib.Path):
         return d
 
     return make
+
+
+@pytest.fixture
+async def start_server() -> AsyncIterator[Callable[..., Any]]:
+    """start(repository, **settings) -> (Server, base URL): a real server on 127.0.0.1
+    (ephemeral port, engine main and 2 interpreters unless told otherwise), its models
+    loaded; every server is closed at teardown."""
+    from aserve.config import ServerSettings
+    from aserve.server import Server
+
+    servers: list[Server] = []
+
+    async def start(repository: pathlib.Path, **settings: object) -> tuple[Server, str]:
+        values: dict[str, object] = {"host": "127.0.0.1", "port": 0, "engine": "main", "interpreters": 2,
+                                     "log_level": "warning"}
+        values.update(settings)
+        server = Server(ServerSettings(**values), repository=repository)  # type: ignore[arg-type]
+        servers.append(server)
+        await server.start()
+        await server.loaded()
+        return server, f"http://127.0.0.1:{server.port}"
+
+    yield start
+    for s in servers:
+        await s.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
 
 
 os.environ.setdefault("ASERVE_LOG_LEVEL", "warning")

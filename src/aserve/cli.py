@@ -38,6 +38,9 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--log-format", choices=LOG_FORMATS, dest="log_format",
                    help="text (default) or json: one object per line, with trace_id/span_id when tracing")
     p.add_argument("--backlog", type=int, help="connections the kernel queues before they are accepted (default 1024)")
+    p.add_argument("--repository-poll-seconds", type=float, dest="repository_poll_s",
+                   help="rescan the repository every N seconds: new versions load, changed ones reload, removed "
+                        "ones unload (default 0: only on SIGHUP and load requests)")
     p.add_argument("--config", help="TOML file with server settings (keys are the setting names)")
     p.add_argument("--log-level", choices=LOG_LEVELS, dest="log_level", help="default info (ASERVE_LOG_LEVEL)")
 
@@ -61,7 +64,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     overrides = {
         name: getattr(args, name, None)
         for name in ("repository", "host", "port", "engine", "interpreters", "max_body_bytes",
-                     "shutdown_timeout_s", "access_log", "log_level", "backlog", "log_format")
+                     "shutdown_timeout_s", "access_log", "log_level", "backlog", "log_format",
+                     "repository_poll_s")
     }
     return load_settings(file=args.config, overrides=overrides)
 

@@ -57,6 +57,10 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     backlog: Annotated[
         int, msgspec.Meta(ge=1, description="connections the kernel queues before the server accepts them")
     ] = 1024
+    repository_poll_s: Annotated[
+        float, msgspec.Meta(ge=0, description="rescan the repository every this many seconds (0 = only on SIGHUP "
+                                              "and load requests)")
+    ] = 0.0
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_CHOICES:

@@ -63,6 +63,15 @@ class ModelSchema:
     def input_names(self) -> list[str]:
         return [s.name for s in self.inputs]
 
+    def accepts(self, other: ModelSchema) -> bool:
+        """True when a request decoded against `other` is valid for this schema too (a
+        reload that kept the inputs, outputs and batching)."""
+        return other is self or (
+            other.inputs == self.inputs and other.outputs == self.outputs
+            and other.max_batch_size == self.max_batch_size
+            and other.max_latency_budget_ms == self.max_latency_budget_ms
+        )
+
 
 class RequestedOutput(msgspec.Struct, frozen=True, gc=False):
     """An output the client asked for; `binary`: send its data as raw bytes (V2's binary

@@ -16,7 +16,6 @@ import pytest
 import yaml
 
 # the real-server fixtures of the server tests (a server on 127.0.0.1, an HTTP session)
-from ..server.conftest import http, start_server  # noqa: F401
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pathlib
 import textwrap
-from collections.abc import AsyncIterator, Callable
 
-import aiohttp
 import pytest
-
-from aserve.config import ServerSettings
-from aserve.server import Server
 
 # OUTPUT SUM = A + B, DIFF = A - B (INT32, 32-bit wrap-around); a row starting with -999 raises.
 ADD_MODEL = '''
@@ -137,31 +132,6 @@ def repository(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 @pytest.fixture
-async def start_server() -> AsyncIterator[Callable[..., object]]:
-    """start(repository, **settings) -> (Server, base URL); every server is closed at teardown."""
-    servers: list[Server] = []
-
-    async def start(repository: pathlib.Path, **settings: object) -> tuple[Server, str]:
-        values = {"host": "127.0.0.1", "port": 0, "engine": "main", "interpreters": 2, "log_level": "warning"}
-        values.update(settings)
-        server = Server(ServerSettings(**values), repository=repository)  # type: ignore[arg-type]
-        servers.append(server)
-        await server.start()
-        await server.loaded()
-        return server, f"http://127.0.0.1:{server.port}"
-
-    yield start
-    for s in servers:
-        await s.close()
-
-
-@pytest.fixture
 async def base_url(start_server, repository: pathlib.Path) -> str:
     _, url = await start_server(repository)
     return url
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session

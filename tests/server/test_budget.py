@@ -102,7 +102,7 @@ class _Seeing(WindowPolicy):
 
 async def test_budget_reaches_the_batcher_in_seconds(server_url, http: aiohttp.ClientSession) -> None:
     server, url = server_url
-    batcher = server.plane.registry.models["add"].batcher
+    batcher = server.plane.registry.get("add").batcher
     seeing = _Seeing()
     batcher.policy = seeing
     async with http.post(f"{url}/v2/models/add/infer", json=body(latency_budget_ms=7.5)) as r:

@@ -165,4 +165,4 @@ async def test_models_on_a_subset_of_the_interpreters_all_get_served(
     assert {m: starts.count(m) > 0 for m in models} == dict.fromkeys(models, True)
     scheduler = server.plane.registry.schedulers["main"]
     assert scheduler.slots == 2 and scheduler.in_flight == 0
-    assert all(h.batcher is not None and h.batcher.requests == 90 for h in server.plane.registry.models.values())
+    assert all(h.batcher is not None and h.batcher.requests == 90 for h in server.plane.registry.handles())

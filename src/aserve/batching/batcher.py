@@ -290,11 +290,12 @@ class Batcher:
     def __init__(
         self, *, model: str, run: Runner, policy: BatchPolicy, max_batch_size: int, interpreters: int,
         max_queue_size: int, join: Joining | None = None, scheduler: FairScheduler | None = None,
-        uniform: bool = False, clock: Callable[[], float] = monotonic,
+        uniform: bool = False, clock: Callable[[], float] = monotonic, key: str | None = None,
     ) -> None:
         if interpreters < 1:
             raise ValueError(f"interpreters must be >= 1, got {interpreters}")
         self.model = model
+        self.key = key or model  # the loaded instance in the engine (one version's one load)
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.interpreters = interpreters
@@ -329,6 +330,8 @@ class Batcher:
         self.joins = 0  # groups absorbed into running batches
         self.joined_requests = 0
         self.offers_turned_away = 0
+        self.batch_sizes: dict[int, list[float]] = {}  # samples -> [batches that ran, their seconds summed]
+        self.last_dispatch: float | None = None  # clock time of the last batch dispatched
         self._seat: Seat | None = None if scheduler is None else scheduler.join(self, interpreters=interpreters)
 
     # ---- state ----
@@ -571,6 +574,7 @@ class Batcher:
             self._seat.take()
         self._running += 1
         self.batches += 1
+        self.last_dispatch = now
         if not self._queue and self._wake is not None:
             self._wake.cancel()
             self._wake = None
@@ -589,11 +593,19 @@ class Batcher:
         try:
             if self.tracer is not None and any(r.trace is not None for r in batch):
                 run.traced = True
-                self._run_batch(self.model, inputs, run.done, trace=True)  # type: ignore[call-arg]
+                self._run_batch(self.key, inputs, run.done, trace=True)  # type: ignore[call-arg]
             else:
-                self._run_batch(self.model, inputs, run.done)
+                self._run_batch(self.key, inputs, run.done)
         except Exception as e:  # noqa: BLE001 - the engine refused the batch: answer it from the loop
             loop.call_soon(run.done, None, e)
+
+    def _count_batch(self, samples: int, seconds: float) -> None:
+        counted = self.batch_sizes.get(samples)
+        if counted is None:
+            self.batch_sizes[samples] = [1, seconds]
+        else:
+            counted[0] += 1
+            counted[1] += seconds
 
     def _spawn(self, coro: Any) -> None:
         assert self._loop is not None
@@ -612,6 +624,7 @@ class Batcher:
         if run.traced and self.tracer is not None:
             trace_batch(self.tracer, self.model, run.requests, run.samples, run.started, ran, error)
         self.compute_seconds += elapsed * len(requests)
+        self._count_batch(run.samples, elapsed)
         isolating = False
         try:
             if outputs is not None:
@@ -656,7 +669,7 @@ class Batcher:
                 fut.set_result(outputs)  # type: ignore[arg-type]
 
         try:
-            self._run_batch(self.model, inputs, done)
+            self._run_batch(self.key, inputs, done)
         except Exception as e:  # noqa: BLE001 - answered through the future
             fut.set_exception(e)
         return fut
@@ -725,7 +738,7 @@ class Batcher:
         inputs = batch[0].inputs if len(batch) == 1 else concat_inputs([r.inputs for r in batch], total)
         started = self._clock()
         try:
-            run = join.pool.infer_staged(self.model, inputs)
+            run = join.pool.infer_staged(self.key, inputs)
         except Exception as e:  # noqa: BLE001 - the engine refused the batch
             for r in batch:
                 r.finish(error=e)
@@ -753,7 +766,9 @@ class Batcher:
         if self.tracer is not None and (traced or any(r.trace is not None for r in requests)):
             trace_batch(self.tracer, self.model, requests, sum(r.samples for r in requests), started, None, None,
                         stages=seconds, joined=len(requests) - len(batch))
-        self.compute_seconds += (self._clock() - started) * len(requests)
+        elapsed = self._clock() - started
+        self.compute_seconds += elapsed * len(requests)
+        self._count_batch(sum(r.samples for r in requests), elapsed)
         if absorbed:
             self.joins += len(absorbed)
             self.joined_requests += len(requests) - len(batch)

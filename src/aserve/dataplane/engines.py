@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..config import ServerSettings
 from ..engine import Choice, choose_engine
+from ..errors import EngineError
 from ..repository import ModelConfig
 
 
@@ -24,5 +25,12 @@ async def resolve_engine(
 ) -> tuple[str, str]:
     """(engine, reason) for one model; EngineError if the engine asked for cannot serve it."""
     requested, where = requested_engine(model_config, server_settings)
+    if model_config.package is not None:
+        # an archive is opened with torch.package, and torch does not load in isolated subinterpreters
+        if requested == "subinterp":
+            raise EngineError(f"engine 'subinterp' cannot serve {model_file}: a torch.package archive needs "
+                              "torch, which refuses isolated subinterpreters; use engine 'private' or 'auto'")
+        if requested == "auto":
+            return "private", f"{where} says auto: a torch.package archive needs torch (private interpreters)"
     choice: Choice = await choose_engine(requested, model_file)
     return choice.engine, f"{where} says {requested}: {choice.reason}"

@@ -1,30 +1,25 @@
-"""The served models: pools per engine, one handle (config, schema, batcher) per model.
+"""One served model version (`ModelHandle`) and the routes to a model's versions (`ModelRoutes`).
 
 Domain code: no web framework here. The data plane looks models up with
-`ModelRegistry.get(name, version)`; a handle that is ready has a schema to decode
-requests against and a batcher to submit them to.
+`ModelRegistry.get(name, version)` (aserve.dataplane.registry), which reads one
+`ModelRoutes` snapshot; a handle that is ready has a schema to decode requests against
+and a batcher to submit them to.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import pathlib
 import time
 from typing import Any
 
-from ..batching import Batcher, BatchPolicy, FairScheduler, WindowPolicy
-from ..batching.batcher import Joining
-from ..config import ServerSettings
-from ..engine import ModelInfo, ModelSpec, Pool
-from ..engine.choose import close_probe
-from ..errors import AserveError, EngineError, ModelNotFound, ModelNotReady
-from ..inference import ModelSchema
-from ..repository import BatchingConfig, ModelConfig, ModelEntry, scan_repository
-from .engines import resolve_engine
-from .stats import Metrics, RequestStats
+import msgspec
 
-log = logging.getLogger("aserve.server")
+from ..batching import Batcher, BatchPolicy, WindowPolicy
+from ..batching.batcher import Joining
+from ..engine import ModelInfo, Pool
+from ..errors import ModelNotReady
+from ..inference import ModelSchema
+from ..repository import BatchingConfig, ModelConfig, VersionSource
+from .stats import RequestStats
 
 
 def process_pss() -> int:
@@ -33,9 +28,8 @@ def process_pss() -> int:
 
     return int(psutil.Process().memory_full_info().pss)
 
-VERSIONS = ("1",)  # only version 1 exists until versioned folders are served
-
-LOADING, READY, UNAVAILABLE = "LOADING", "READY", "UNAVAILABLE"
+# a version's states, as Triton's repository index names them
+LOADING, READY, UNLOADING, UNAVAILABLE = "LOADING", "READY", "UNLOADING", "UNAVAILABLE"
 
 
 async def make_policy(
@@ -65,18 +59,29 @@ async def make_policy(
 
 
 class ModelHandle:
-    """One served model version: its config, engine choice, load state and batcher."""
+    """One load of one model version: its config, engine choice, state and batcher.
 
-    def __init__(self, entry: ModelEntry, *, version: str = "1", stats: RequestStats | None = None) -> None:
-        self.name = entry.name
-        self.version = version
+    A reload makes a new handle (with a new `key`, the instance's name in the pool);
+    the old one is `retired`: taken out of the routes, its accepted requests answered,
+    then unloaded."""
+
+    def __init__(self, name: str, source: VersionSource, *, key: str | None = None,
+                 stats: RequestStats | None = None) -> None:
+        self.name = name
+        self.number = source.version
+        self.version = str(source.version)
+        self.key = key or f"{name}/{self.version}"
         self.stats = stats if stats is not None else RequestStats()
-        self.entry = entry
-        self.config: ModelConfig = entry.config or ModelConfig()
+        self.source = source
+        self.fingerprint = source.fingerprint
+        self.config: ModelConfig = source.config or ModelConfig()
         self.engine = ""
         self.engine_reason = ""
-        self.state = UNAVAILABLE if entry.config is None else LOADING
-        self.reason = entry.error or ""
+        self.state = UNAVAILABLE if source.config is None or source.error else LOADING
+        self.reason = source.error or ""
+        self.retired = False  # out of the routes: a request holding it looks the model up again
+        self.loaded_at: float | None = None  # time.time() when it became ready
+        self.load_seconds = 0.0  # how long its load and warm-up took
         self.info: ModelInfo | None = None
         self.schema: ModelSchema | None = None  # set once loaded: what requests are decoded against
         self.memory_bytes = 0  # the process PSS its load (every interpreter) and warm-up added
@@ -106,6 +111,10 @@ class ModelHandle:
             out["tensor_format"] = self.info.tensor_format
         if self.reason:
             out["reason"] = self.reason
+        out["version"] = self.version
+        out["directory"] = self.source.directory
+        if self.config.package is not None:
+            out["package"] = msgspec.to_builtins(self.config.package)
         batching = self.config.batching
         summary: dict[str, Any] = {
             "policy": batching.policy,
@@ -146,128 +155,43 @@ class ModelHandle:
         return self.schema
 
 
-class ModelRegistry:
-    """Every model of a repository, loaded into one pool per engine in use.
+class ModelRoutes:
+    """What a model's name leads to, as one immutable snapshot: its serving versions, its
+    labels, and the handles to report when a version does not serve (loading, failed).
 
-    The models of a pool share its interpreters through one FairScheduler: their
-    batches take the pool's slots round-robin by model, so a busy model cannot
-    starve the others."""
+    The registry builds a new one on every change and swaps it in with one assignment,
+    so a request's lookup takes no lock and never waits for a load."""
 
-    def __init__(self, repository: str | pathlib.Path, settings: ServerSettings,
-                 metrics: Metrics | None = None) -> None:
-        self.repository = pathlib.Path(repository)
-        self.settings = settings
-        self.metrics = metrics if metrics is not None else Metrics()
-        self.tracer: Any = None  # given to every batcher (aserve.tracing.Tracer, or None)
-        self.models: dict[str, ModelHandle] = {}
-        self.pools: dict[str, Pool] = {}
-        self.schedulers: dict[str, FairScheduler] = {}  # per engine, beside its pool
-        self._closed = False
+    __slots__ = ("labels", "latest", "name", "others", "versions")
 
-    def scan(self) -> None:
-        """Read the repository (configs only; nothing is loaded). Raises RepositoryError."""
-        for entry in scan_repository(self.repository):
-            self.models[entry.name] = ModelHandle(entry, stats=self.metrics.stats(entry.name, "1"))
+    def __init__(self, name: str, versions: dict[int, ModelHandle], labels: dict[str, int],
+                 others: dict[int, ModelHandle]) -> None:
+        self.name = name
+        self.versions = {str(v): h for v, h in sorted(versions.items())}
+        self.labels = {label: str(v) for label, v in labels.items()}
+        self.others = {str(v): h for v, h in sorted(others.items())}  # not serving: why
+        self.latest = versions[max(versions)] if versions else None
 
-    async def _choose_engine(self, handle: ModelHandle) -> None:
-        try:
-            handle.engine, handle.engine_reason = await resolve_engine(
-                handle.config, self.settings, model_file=handle.entry.model_file
-            )
-        except AserveError as e:
-            handle.state, handle.reason = UNAVAILABLE, str(e)
-            log.error("model %s cannot be served: %s", handle.name, e)
+    def status(self) -> ModelHandle | None:
+        """The handle that says why the model does not answer (its newest version's attempt)."""
+        if not self.others:
+            return None
+        return self.others[max(self.others, key=int)]
 
-    @property
-    def engines(self) -> set[str]:
-        return {h.engine for h in self.models.values() if h.engine and h.state == LOADING}
+    def find(self, version: str) -> ModelHandle | None:
+        """The handle for a version number or label: serving, or one that says why not."""
+        found = self.versions.get(version)
+        if found is not None:
+            return found
+        target = self.labels.get(version)
+        if target is not None:
+            return self.versions.get(target) or self.others.get(target)
+        return self.others.get(version)
 
-    @property
-    def ready(self) -> bool:
-        """True once every model of the repository is loaded."""
-        return bool(self.models) and all(h.ready for h in self.models.values()) and not self._closed
-
-    def get(self, name: str, version: str | None = None) -> ModelHandle:
-        """The handle of a model (version None = the latest); ModelNotFound names what is missing."""
-        handle = self.models.get(name)
-        if handle is None:
-            raise ModelNotFound(f"unknown model {name!r}; this server has: {', '.join(sorted(self.models)) or 'none'}")
-        if version is not None and version not in VERSIONS:
-            raise ModelNotFound(f"model {name!r} has no version {version!r}; versions: {', '.join(VERSIONS)}")
-        return handle
-
-    async def start(self) -> None:
-        """Start the pools the models need, then load every model, in parallel."""
-        if not self.models:
-            self.scan()
-        try:
-            for handle in self.models.values():  # one probe interpreter, one model at a time
-                if handle.state == LOADING:
-                    await self._choose_engine(handle)
-        finally:
-            await close_probe()
-        size = self.settings.pool_size
-        for engine in sorted(self.engines):
-            self.pools[engine] = Pool(engine=engine, interpreters=size)
-            self.schedulers[engine] = FairScheduler(size)
-        results = await asyncio.gather(*(p.start() for p in self.pools.values()), return_exceptions=True)
-        for (engine, pool), result in zip(list(self.pools.items()), results):
-            if isinstance(result, BaseException):
-                log.error("engine %s failed to start: %s", engine, result)
-                del self.pools[engine]
-                del self.schedulers[engine]
-                for h in self.models.values():
-                    if h.engine == engine:
-                        h.state, h.reason = UNAVAILABLE, f"engine {engine!r} failed to start: {result}"
-        # one model at a time, so that the memory each load adds is that model's
-        for handle in [h for h in self.models.values() if h.state == LOADING]:
-            await self._load(handle)
-
-    async def _load(self, handle: ModelHandle) -> None:
-        pool = self.pools[handle.engine]
-        config = handle.config
-        try:
-            if config.interpreters is not None and config.interpreters > pool.interpreters:
-                raise EngineError(
-                    f"model {handle.name!r}: config.toml asks for interpreters = {config.interpreters}, the "
-                    f"{handle.engine} pool has {pool.interpreters} (--interpreters)"
-                )
-            spec = ModelSpec(
-                name=handle.name, path=handle.entry.directory, class_name=config.class_name,
-                inputs=config.input_specs, outputs=config.output_specs, parameters=config.parameters,
-            )
-            before = process_pss()
-            info = await pool.load(spec, interpreters=config.interpreters)
-            policy, joining = await make_policy(
-                config.batching, pool=pool, info=info, max_batch_size=config.max_batch_size
-            )
-            handle.memory_bytes = max(0, process_pss() - before)
-        except (AserveError, ValueError, TypeError) as e:
-            handle.state, handle.reason = UNAVAILABLE, str(e)
-            log.error("model %s failed to load: %s", handle.name, e)
-            return
-        schema = ModelSchema(
-            handle.name, handle.version, inputs=info.inputs, outputs=info.outputs,
-            max_batch_size=config.max_batch_size, max_latency_budget_ms=handle.timeout_ms,
-        )
-        handle.info = info
-        handle.schema = schema
-        handle.batcher = Batcher(
-            model=handle.name, run=pool.run, policy=policy, max_batch_size=config.max_batch_size,
-            interpreters=info.interpreters, max_queue_size=config.batching.max_queue_size, join=joining,
-            scheduler=self.schedulers[handle.engine], uniform=schema.uniform,
-        )
-        handle.batcher.tracer = self.tracer
-        handle.state, handle.reason = READY, ""
-        log.info("model %s ready: engine %s (%s), %d interpreters", handle.name, handle.engine,
-                 handle.engine_reason, info.interpreters)
-
-    async def close(self, *, timeout: float | None = None) -> None:
-        """Answer what is queued, then close every pool (tolerating failures of each)."""
-        self._closed = True
-        batchers = [h.batcher for h in self.models.values() if h.batcher is not None]
-        await asyncio.gather(*(b.close(timeout=timeout) for b in batchers), return_exceptions=True)
-        results = await asyncio.gather(*(p.close() for p in self.pools.values()), return_exceptions=True)
-        for engine, result in zip(list(self.pools), results):
-            if isinstance(result, BaseException):
-                log.error("closing the %s pool failed: %s", engine, result)
+    def describe(self) -> str:
+        """The versions and labels that exist, for a 404."""
+        names = sorted({*self.versions, *self.others}, key=int)
+        text = f"versions: {', '.join(names) or 'none'}"
+        if self.labels:
+            text += "; labels: " + ", ".join(f"{k} (version {v})" for k, v in sorted(self.labels.items()))
+        return text

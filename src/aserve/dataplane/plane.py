@@ -24,7 +24,8 @@ from typing import Any
 from ..config import ServerSettings
 from ..errors import InvalidInput, ModelNotReady
 from ..inference import InferRequest, InferResponse, ModelSchema
-from .models import ModelHandle, ModelRegistry
+from .models import ModelHandle
+from .registry import ModelRegistry
 from .stats import Metrics
 
 
@@ -45,7 +46,7 @@ class DataPlane:
         """Trace sampled requests' batches from now on (None: stop)."""
         self.tracer = tracer
         self.registry.tracer = tracer
-        for handle in self.registry.models.values():
+        for handle in self.registry.handles():
             if handle.batcher is not None:
                 handle.batcher.tracer = tracer
 
@@ -65,8 +66,20 @@ class DataPlane:
 
     @property
     def ready(self) -> bool:
-        """True once every model of the repository answers requests."""
+        """True once every model version the repository aspires to answers requests."""
         return self.registry.ready
+
+    async def rescan(self) -> None:
+        """Read the repository again: load new versions, reload changed ones, unload removed ones."""
+        await self.registry.rescan()
+
+    async def load(self, name: str, override: dict[str, Any] | None = None) -> None:
+        """Load or reload one model (config fields in `override` laid over its config.toml)."""
+        await self.registry.load(name, override)
+
+    async def unload(self, name: str) -> None:
+        """Stop serving a model once the requests it accepted are answered."""
+        await self.registry.unload(name)
 
     # ---- models ----
 
@@ -98,9 +111,10 @@ class DataPlane:
         if batcher is None or handle.state != "READY":
             handle.require_ready()
         assert batcher is not None
-        if request.schema is not handle.schema:
+        if request.schema is not handle.schema and (handle.schema is None or not handle.schema.accepts(request.schema)):
             raise ModelNotReady(
-                f"model {handle.name!r} was reloaded while the request was decoded; retry"
+                f"model {handle.name!r} version {handle.version} was reloaded with other inputs or outputs while "
+                "the request was decoded; retry"
             )
         limit = handle.timeout_ms
         budget = request.latency_budget_ms

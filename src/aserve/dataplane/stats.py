@@ -10,7 +10,7 @@ import asyncio
 import bisect
 import time
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from ..errors import InvalidInput, ModelError, ModelNotReady, Overloaded, PayloadTooLarge, RequestTimeout
 
@@ -51,11 +51,12 @@ class RequestStats:
     """One model version's request outcomes; durations of successful requests only,
     so that duration sum / success count is their mean latency."""
 
-    __slots__ = ("buckets", "duration_us", "failures", "samples", "success")
+    __slots__ = ("buckets", "duration_us", "fail_us", "failures", "samples", "success")
 
     def __init__(self) -> None:
         self.success = 0
         self.failures = dict.fromkeys(REASONS, 0)
+        self.fail_us = 0.0  # summed durations of failed requests
         self.samples = 0  # samples of successful requests (Triton's inference count)
         self.duration_us = 0.0
         self.buckets = [0] * (len(DURATION_BUCKETS_US) + 1)  # the last one: above every bound
@@ -67,8 +68,9 @@ class RequestStats:
         self.duration_us += us
         self.buckets[bisect.bisect_left(DURATION_BUCKETS_US, us)] += 1
 
-    def failed(self, reason: str) -> None:
+    def failed(self, reason: str, seconds: float = 0.0) -> None:
         self.failures[reason] = self.failures.get(reason, 0) + 1
+        self.fail_us += seconds * 1e6
 
     def track(self) -> Tracker:
         """`with stats.track() as t: ...; t.samples = n`: time one request, count its outcome."""
@@ -97,7 +99,7 @@ class Tracker:
         if exc is None:
             self._stats.succeeded(time.perf_counter() - self._start, self.samples)
         else:
-            self._stats.failed(failure_reason(exc))
+            self._stats.failed(failure_reason(exc), time.perf_counter() - self._start)
 
 
 class Metrics:
@@ -116,3 +118,45 @@ class Metrics:
     def track(self, model: str, version: str) -> Tracker:
         """`with metrics.track(name, version) as t: ...; t.samples = n`"""
         return Tracker(self.stats(model, version))
+
+
+def _duration(count: int, seconds: float) -> dict[str, int]:
+    return {"count": count, "ns": int(seconds * 1e9)}
+
+
+def triton_statistics(name: str, version: str, requests: RequestStats, batches: Any) -> dict[str, Any]:
+    """One model version's statistics in the format of Triton's statistics extension.
+
+    `batches`: the version's batcher counters (batches, requests, queue_seconds,
+    compute_seconds, batch_sizes, last_inference). Queue and compute durations are
+    counted per request, as Triton counts them (a batch's run time once for each of its
+    requests). Input and output conversion happen inside the batch's run and in the
+    codec: their durations are part of compute_infer and success, and reported as 0."""
+    answered = batches.requests
+    return {
+        "name": name,
+        "version": version,
+        "last_inference": int(batches.last_inference * 1000),
+        "inference_count": requests.samples,
+        "execution_count": batches.batches,
+        "inference_stats": {
+            "success": _duration(requests.success, requests.duration_us / 1e6),
+            "fail": _duration(sum(requests.failures.values()), requests.fail_us / 1e6),
+            "queue": _duration(answered, batches.queue_seconds),
+            "compute_input": _duration(answered, 0.0),
+            "compute_infer": _duration(answered, batches.compute_seconds),
+            "compute_output": _duration(answered, 0.0),
+            "cache_hit": _duration(0, 0.0),
+            "cache_miss": _duration(0, 0.0),
+        },
+        "batch_stats": [
+            {
+                "batch_size": size,
+                "compute_input": _duration(int(count), 0.0),
+                "compute_infer": _duration(int(count), seconds),
+                "compute_output": _duration(int(count), 0.0),
+            }
+            for size, (count, seconds) in sorted(batches.batch_sizes.items())
+        ],
+        "memory_usage": [],
+    }

@@ -39,7 +39,12 @@ BOOTSTRAP = "aserve.runtime._worker"
 
 
 class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """What to load: a model file (or its folder) and what the config declares."""
+    """What to load: a model file (or its folder) and what the config declares.
+
+    `key` names the loaded instance in the pool (default: `name`): two versions of a
+    model, or an old and a new load of one version, are loaded side by side under
+    different keys. `package`: a torch.package archive's [package] table (archive,
+    object or pickle), loaded instead of a model.py."""
 
     name: str
     path: str
@@ -47,6 +52,13 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     inputs: list[TensorSpec] = []
     outputs: list[TensorSpec] = []
     parameters: dict[str, Any] = {}
+    version: str = "1"
+    key: str | None = None
+    package: dict[str, Any] | None = None
+
+    @property
+    def pool_key(self) -> str:
+        return self.key or self.name
 
 
 class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -356,33 +368,36 @@ class Pool:
 
         ModelLoadError names the file and the cause."""
         self._check_open()
-        if spec.name in self._models:
-            await self.unload(spec.name)
+        key = spec.pool_key
+        if key in self._models:
+            await self.unload(key)
         n = self.interpreters if interpreters is None else interpreters
         if not 1 <= n <= self.interpreters:
-            raise EngineError(f"model {spec.name!r}: interpreters={n} outside 1..{self.interpreters}")
+            raise EngineError(f"model {key!r}: interpreters={n} outside 1..{self.interpreters}")
         targets = range(1) if self.engine == "main" else range(n)
         text = json.dumps(
             {
                 "name": spec.name,
+                "version": spec.version,
                 "path": os.path.abspath(spec.path),
                 "class": spec.class_name,
                 "inputs": [list(s) for s in spec.inputs],
                 "outputs": [list(s) for s in spec.outputs],
                 "parameters": spec.parameters,
+                "package": spec.package,
             }
         )
-        futures = [self._submit(_native.JOB_LOAD, model=spec.name, text=text, target=i) for i in targets]
+        futures = [self._submit(_native.JOB_LOAD, model=key, text=text, target=i) for i in targets]
         results = await asyncio.gather(*futures, return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             for i, r in zip(targets, results):
                 if not isinstance(r, BaseException):
-                    await self._submit(_native.JOB_UNLOAD, model=spec.name, target=i)
+                    await self._submit(_native.JOB_UNLOAD, model=key, target=i)
             raise failed[0]
         meta = json.loads(str(results[0]))
         info = ModelInfo(
-            name=spec.name,
+            name=key,
             engine=self.engine,
             interpreters=n,
             class_name=meta["class"],
@@ -393,7 +408,7 @@ class Pool:
             stages=int(meta.get("stages", 0)),
             example=_example(meta.get("example")),
         )
-        self._models[spec.name] = _Model(info, (1 << n) - 1, self._native)
+        self._models[key] = _Model(info, (1 << n) - 1, self._native)
         return info
 
     async def _unload(self, name: str) -> None:

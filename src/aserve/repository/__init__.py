@@ -1,9 +1,29 @@
-"""The model repository: `<repo>/<name>/model.py` + `config.toml`, scanned and parsed."""
+"""The model repository: `<repo>/<name>/[<version>/]model.py` + `config.toml`, scanned and parsed."""
 
-from .config import BatchingConfig, ConfigError, ModelConfig, TensorConfig, load_config, parse_config
-from .scan import ModelEntry, RepositoryError, scan_repository
+from .config import (
+    BatchingConfig,
+    ConfigError,
+    ModelConfig,
+    PackageConfig,
+    TensorConfig,
+    VersionPolicy,
+    load_config,
+    merge_tables,
+    parse_config,
+    to_config,
+)
+from .scan import (
+    ModelSource,
+    RepositoryError,
+    RepositoryScan,
+    Skipped,
+    VersionSource,
+    scan_model,
+    scan_repository,
+)
 
 __all__ = [
-    "BatchingConfig", "ConfigError", "ModelConfig", "ModelEntry", "RepositoryError", "TensorConfig",
-    "load_config", "parse_config", "scan_repository",
+    "BatchingConfig", "ConfigError", "ModelConfig", "ModelSource", "PackageConfig", "RepositoryError",
+    "RepositoryScan", "Skipped", "TensorConfig", "VersionPolicy", "VersionSource", "load_config", "merge_tables",
+    "parse_config", "scan_model", "scan_repository", "to_config",
 ]

@@ -2,6 +2,13 @@
 
 Every error is a `ConfigError` whose message names the file and the field, what was
 expected and what was found.
+
+A versioned model has one `config.toml` for the model (`<repo>/<name>/config.toml`) and
+may have one per version (`<repo>/<name>/<n>/config.toml`). A version's effective config
+is the model's with the version's tables laid over it (`merge_tables`): its top-level
+fields replace the model's, and its `[batching]`, `[parameters]` and `[package]` tables
+replace the model's field by field. `version_policy`, `labels` and `transition` are about
+the model as a whole and belong in the model's file only.
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -62,6 +70,40 @@ class BatchingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     ] = "benefit"
 
 
+class VersionPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The `[version_policy]` table: which of the versions on disk are served (TF-Serving's
+    and Triton's policies). At most one of the three; none = `latest = 1`."""
+
+    latest: Annotated[int, _doc("serve the n highest-numbered versions", ge=1)] | None = None
+    specific: Annotated[list[Annotated[int, msgspec.Meta(ge=1)]], _doc("serve these versions")] | None = None
+    all: Annotated[bool, _doc("serve every version")] = False
+
+    def describe(self) -> str:
+        if self.all:
+            return "all"
+        if self.specific is not None:
+            return f"specific {sorted(self.specific)}"
+        return f"latest {self.latest or 1}"
+
+    def select(self, versions: Iterable[int]) -> list[int]:
+        """The versions this policy serves out of those present, in ascending order."""
+        present = sorted(set(versions))
+        if self.all:
+            return present
+        if self.specific is not None:
+            wanted = set(self.specific)
+            return [v for v in present if v in wanted]
+        return present[-(self.latest or 1):]
+
+
+class PackageConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The `[package]` table: the version is a torch.package archive."""
+
+    archive: Annotated[str, _doc("the archive, relative to the version folder", min_length=1)] = "model.pt"
+    object: Annotated[str | None, _doc('"some.module:Name": a Model subclass among the archive\'s modules')] = None
+    pickle: Annotated[str | None, _doc('"package.name/resource.pkl": a pickled torch.nn.Module')] = None
+
+
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
                   rename={"class_name": "class"}):
     """A model's `config.toml`."""
@@ -76,6 +118,13 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     outputs: list[TensorConfig] = []
     batching: BatchingConfig = BatchingConfig()
     parameters: dict[str, Any] = {}
+    package: PackageConfig | None = None
+    version_policy: VersionPolicy = VersionPolicy()
+    labels: Annotated[dict[str, int], _doc("label name -> version")] = {}
+    transition: Annotated[
+        Literal["availability", "resource"],
+        _doc("availability: a new version is ready before the old one stops; resource: the old one goes first"),
+    ] = "availability"
 
     @property
     def input_specs(self) -> list[TensorSpec]:
@@ -100,6 +149,10 @@ def _known_fields(path: str) -> list[str]:
         return list(TensorConfig.__struct_encode_fields__)
     if path.startswith(".batching"):
         return list(BatchingConfig.__struct_encode_fields__)
+    if path.startswith(".package"):
+        return list(PackageConfig.__struct_encode_fields__)
+    if path.startswith(".version_policy"):
+        return list(VersionPolicy.__struct_encode_fields__)
     return list(ModelConfig.__struct_encode_fields__)
 
 
@@ -123,30 +176,99 @@ def _check_tensors(file: str, kind: str, tensors: list[TensorConfig], max_batch_
             )
 
 
-def parse_config(text: bytes | str, *, file: str = CONFIG_FILE) -> ModelConfig:
-    """Parse and check a config.toml's text; ConfigError names `file` and the field."""
+# the fields about the model as a whole: only in the model's own config.toml
+MODEL_FIELDS = ("version_policy", "labels", "transition")
+# tables a version's config.toml (or a load request's override) replaces field by field
+MERGED_TABLES = ("batching", "parameters", "package")
+
+
+def read_table(text: bytes | str, *, file: str = CONFIG_FILE) -> dict[str, Any]:
+    """A config.toml's text as a table (not yet checked against ModelConfig)."""
     try:
-        config = msgspec.toml.decode(text, type=ModelConfig)
+        table = msgspec.toml.decode(text)
+    except msgspec.DecodeError as e:
+        raise ConfigError(f"{file}: invalid TOML: {e}") from None
+    assert isinstance(table, dict)
+    return table
+
+
+def merge_tables(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid over `base`: its fields replace base's, its MERGED_TABLES field by field."""
+    out = dict(base)
+    for key, value in over.items():
+        if key in MERGED_TABLES and isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+def to_config(table: dict[str, Any], *, file: str = CONFIG_FILE) -> ModelConfig:
+    """Check a table against ModelConfig; ConfigError names `file` and the field."""
+    try:
+        config = msgspec.convert(table, type=ModelConfig)
     except msgspec.ValidationError as e:
         m = _AT.match(str(e))
         path, msg = (m["path"], m["msg"]) if m else ("", str(e))
         if msg.startswith("Object contains unknown field"):
             msg += f"; expected one of {', '.join(_known_fields(path))}"
         raise ConfigError(f"{file}: {_field_path(path)}: {msg}") from None
-    except msgspec.DecodeError as e:
-        raise ConfigError(f"{file}: invalid TOML: {e}") from None
     _check_tensors(file, "inputs", config.inputs, config.max_batch_size)
     _check_tensors(file, "outputs", config.outputs, config.max_batch_size)
+    _check_model_fields(file, config)
     return config
 
 
-def load_config(path: str | os.PathLike[str]) -> ModelConfig:
-    """Read and parse one config.toml; a missing file is an empty config (all defaults)."""
+def _check_model_fields(file: str, config: ModelConfig) -> None:
+    policy = config.version_policy
+    chosen = [k for k, on in (("latest", policy.latest is not None), ("specific", policy.specific is not None),
+                              ("all", policy.all)) if on]
+    if len(chosen) > 1:
+        raise ConfigError(f"{file}: version_policy: expected one of latest = n, specific = [...] or all = true, "
+                          f"got {' and '.join(chosen)}")
+    if policy.specific is not None and not policy.specific:
+        raise ConfigError(f"{file}: version_policy.specific: expected at least one version, got []")
+    for label, version in config.labels.items():
+        if not label or label.isdigit() or "/" in label:
+            raise ConfigError(f"{file}: labels: a label is a name that is not a number and holds no '/', "
+                              f"got {label!r}")
+        if version < 1:
+            raise ConfigError(f"{file}: labels.{label}: expected a version number >= 1, got {version}")
+    package = config.package
+    if package is not None and (package.object is None) == (package.pickle is None):
+        raise ConfigError(f"{file}: package: expected exactly one of object = \"module:Name\" (a Model subclass "
+                          f"in the archive) or pickle = \"package.name/resource.pkl\" (a pickled torch.nn.Module)")
+    if package is not None and package.object is not None:
+        module, _, name = package.object.partition(":")
+        if not module or not name:
+            raise ConfigError(f"{file}: package.object: expected \"some.module:Name\", got {package.object!r}")
+
+
+def check_version_table(table: dict[str, Any], *, file: str) -> None:
+    """A version's config.toml (or a load override's version part) may not hold MODEL_FIELDS."""
+    misplaced = [k for k in MODEL_FIELDS if k in table]
+    if misplaced:
+        raise ConfigError(f"{file}: {misplaced[0]}: belongs in the model's config.toml (one folder up), "
+                          "not in a version's")
+
+
+def parse_config(text: bytes | str, *, file: str = CONFIG_FILE) -> ModelConfig:
+    """Parse and check a config.toml's text; ConfigError names `file` and the field."""
+    return to_config(read_table(text, file=file), file=file)
+
+
+def load_table(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read one config.toml as a table; a missing file is an empty table (all defaults)."""
     p = pathlib.Path(path)
     try:
         text = p.read_bytes()
     except FileNotFoundError:
-        return ModelConfig()
+        return {}
     except OSError as e:
         raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
-    return parse_config(text, file=str(p))
+    return read_table(text, file=str(p))
+
+
+def load_config(path: str | os.PathLike[str]) -> ModelConfig:
+    """Read and parse one config.toml; a missing file is an empty config (all defaults)."""
+    return to_config(load_table(path), file=str(path))

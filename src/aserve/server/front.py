@@ -50,8 +50,8 @@ def hot_route(target: str) -> tuple[int, str, str | None] | None:
             return None
         if n == 4:
             return TF, last, None
-        if n == 6 and parts[4] == "versions" and parts[3]:
-            return TF, parts[3], last
+        if n == 6 and parts[4] in ("versions", "labels") and parts[3]:
+            return TF, parts[3], last  # a version number or a label: the registry tells them apart
     return None
 
 

@@ -16,7 +16,7 @@ import msgspec
 from aiohttp import payload, web
 
 from .. import __version__, logs
-from ..dataplane import READY, VERSIONS, DataPlane, ModelHandle, failure_reason
+from ..dataplane import READY, DataPlane, ModelHandle, failure_reason
 from ..errors import AserveError, InvalidInput, PayloadTooLarge
 from ..logs import current_trace
 from ..protocol import (
@@ -36,7 +36,8 @@ from .metrics import render
 
 PLANE_KEY: web.AppKey[DataPlane] = web.AppKey("plane", DataPlane)
 
-EXTENSIONS = ["binary_tensor_data", "model_repository", "msgpack", "trace"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload_dependents)", "msgpack",
+              "statistics", "trace"]
 V2_ROUTE = "/v2/models/{model}/infer"
 TF_ROUTE = "/v1/models/{model}:predict"
 JOIN_LIMIT = 1 << 16  # bodies up to this size are joined into one buffer; larger ones are written chunk by chunk
@@ -81,13 +82,16 @@ async def model_metadata(request: web.Request) -> web.Response:
     handle = _handle(request)
     inputs = handle.info.inputs if handle.info else handle.config.input_specs
     outputs = handle.info.outputs if handle.info else handle.config.output_specs
+    routes = _plane(request).registry.routes[handle.name]
+    parameters = handle.parameters()
+    parameters["labels"] = dict(routes.labels)
     return _message(request, {
         "name": handle.name,
-        "versions": list(VERSIONS),
+        "versions": list(routes.versions),  # the versions serving now
         "platform": "aserve",
         "inputs": _tensor_metadata(inputs),
         "outputs": _tensor_metadata(outputs),
-        "parameters": handle.parameters(),
+        "parameters": parameters,
     })
 
 
@@ -103,24 +107,76 @@ async def model_config(request: web.Request) -> web.Response:
     return _message(request, config)
 
 
-async def repository_index(request: web.Request) -> web.Response:
+async def _json_body(request: web.Request, what: str) -> dict[str, Any]:
     body = await request.read()
-    only_ready = False
-    if body.strip():
+    if not body.strip():
+        return {}
+    try:
+        wanted = msgspec.json.decode(body)
+    except msgspec.DecodeError as e:
+        raise InvalidInput(f"{what}: malformed JSON: {e}") from None
+    if not isinstance(wanted, dict):
+        raise InvalidInput(f"{what}: expected a JSON object, got {type(wanted).__name__}")
+    return wanted
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    """POST /v2/repository/index: every model version with its state (`{"ready": true}`: ready ones only)."""
+    wanted = await _json_body(request, "repository index request")
+    ready_only = wanted.get("ready", False)
+    if not isinstance(ready_only, bool):
+        raise InvalidInput(f"ready: expected true or false, got {ready_only!r}")
+    return _message(request, _plane(request).registry.index(ready_only=ready_only))
+
+
+def _parameters(wanted: dict[str, Any], what: str) -> dict[str, Any]:
+    parameters = wanted.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidInput(f"{what}: parameters: expected an object, got {type(parameters).__name__}")
+    return parameters
+
+
+async def repository_load(request: web.Request) -> web.Response:
+    """POST /v2/repository/models/{model}/load: load or reload a model from its folder;
+    `parameters.config` (a JSON string or object of config.toml fields) is laid over
+    its config.toml until the next load."""
+    name = request.match_info["model"]
+    parameters = _parameters(await _json_body(request, "load request"), "load request")
+    files = sorted(k for k in parameters if k.startswith("file:"))
+    if files:
+        raise InvalidInput(f"parameters.{files[0]}: model files in the request are not taken; put them in the "
+                           f"repository folder {name}/ and load it")
+    unknown = sorted(set(parameters) - {"config"})
+    if unknown:
+        raise InvalidInput(f"parameters.{unknown[0]}: unknown load parameter; expected config")
+    override = parameters.get("config")
+    if isinstance(override, str):
         try:
-            wanted = msgspec.json.decode(body)
+            override = msgspec.json.decode(override) if override.strip() else None
         except msgspec.DecodeError as e:
-            raise InvalidInput(f"repository index request: malformed JSON: {e}") from None
-        only_ready = isinstance(wanted, dict) and wanted.get("ready") is True
-    index = []
-    for handle in _plane(request).registry.models.values():
-        if only_ready and not handle.ready:
-            continue
-        row = {"name": handle.name, "version": VERSIONS[-1], "state": handle.state}
-        if handle.reason:
-            row["reason"] = handle.reason
-        index.append(row)
-    return _message(request, index)
+            raise InvalidInput(f"parameters.config: malformed JSON: {e}") from None
+    if override is not None and not isinstance(override, dict):
+        raise InvalidInput(f"parameters.config: expected a JSON object of config.toml fields, got {override!r}")
+    await _plane(request).load(name, override)
+    return _message(request, {})
+
+
+async def repository_unload(request: web.Request) -> web.Response:
+    """POST /v2/repository/models/{model}/unload: stop serving every version of a model
+    once the requests it accepted are answered; it stays unloaded until loaded again."""
+    parameters = _parameters(await _json_body(request, "unload request"), "unload request")
+    unknown = sorted(set(parameters) - {"unload_dependents"})
+    if unknown:
+        raise InvalidInput(f"parameters.{unknown[0]}: unknown unload parameter; expected unload_dependents")
+    await _plane(request).unload(request.match_info["model"])
+    return _message(request, {})
+
+
+async def model_statistics(request: web.Request) -> web.Response:
+    """GET /v2/models[/{model}[/versions/{version}]]/stats, in Triton's statistics format."""
+    info = request.match_info
+    stats = _plane(request).registry.statistics(info.get("model"), info.get("version"))
+    return _message(request, {"model_stats": stats})
 
 
 # ---- inference ----
@@ -248,6 +304,8 @@ async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version:
         if plane.tracer is not None:
             trace = _start_trace(plane, request, V2_ROUTE, model, version, None)
         body = await read_body(request, max_body_bytes)
+        if handle.retired:  # a reload or unload took it out of the routes while the body arrived
+            handle = plane.model(model, version)
         schema = handle.require_ready()
         if trace is not None:
             t0 = time_ns()
@@ -262,7 +320,7 @@ async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version:
         if trace is not None:
             trace.encode = (t0, time_ns())
     except BaseException as exc:
-        stats.failed(failure_reason(exc))
+        stats.failed(failure_reason(exc), perf_counter() - start)
         if trace is not None:
             _end_trace(trace, f"POST {V2_ROUTE}", exc)
         raise
@@ -284,6 +342,8 @@ async def predict(plane: DataPlane, request: web.BaseRequest, model: str, versio
         if plane.tracer is not None:
             trace = _start_trace(plane, request, TF_ROUTE, model, version, "tfserving")
         body = await read_body(request, max_body_bytes)
+        if handle.retired:  # a reload or unload took it out of the routes while the body arrived
+            handle = plane.model(model, version)
         schema = handle.require_ready()
         if trace is not None:
             t0 = time_ns()
@@ -297,7 +357,7 @@ async def predict(plane: DataPlane, request: web.BaseRequest, model: str, versio
         if trace is not None:
             trace.encode = (t0, time_ns())
     except BaseException as exc:
-        stats.failed(failure_reason(exc))
+        stats.failed(failure_reason(exc), perf_counter() - start)
         if trace is not None:
             _end_trace(trace, f"POST {TF_ROUTE}", exc)
         raise
@@ -315,7 +375,7 @@ async def _infer_routed(request: web.Request) -> web.Response:
 
 async def _predict_routed(request: web.Request) -> web.Response:
     info = request.match_info
-    return await predict(_plane(request), request, info["model"], info.get("version"),
+    return await predict(_plane(request), request, info["model"], info.get("version") or info.get("label"),
                          max_body_bytes=request.app[MAX_BODY_KEY])
 
 
@@ -391,17 +451,35 @@ def _trace_setting(tracer: Any) -> dict[str, Any]:
 async def metrics(request: web.Request) -> web.Response:
     plane = _plane(request)
     registry = plane.registry
-    text = render(registry.models.values(), registry.pools, plane.metrics, registry.schedulers)
+    text = render(registry.handles(), registry.pools, plane.metrics, registry.schedulers)
     return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
-async def tf_status(request: web.Request) -> web.Response:
-    handle = _handle(request)
-    state = {"READY": "AVAILABLE", "LOADING": "LOADING"}.get(handle.state, "END")
+_TF_STATES = {"READY": "AVAILABLE", "LOADING": "LOADING", "UNLOADING": "UNLOADING"}
+
+
+def _tf_version_status(handle: ModelHandle) -> dict[str, Any]:
+    state = _TF_STATES.get(handle.state, "END")
     status = {"error_code": "OK", "error_message": ""}
-    if handle.state != READY:
-        status = {"error_code": "UNAVAILABLE" if handle.state != "LOADING" else "OK", "error_message": handle.reason}
-    body = {"model_version_status": [{"version": v, "state": state, "status": status} for v in VERSIONS]}
+    if handle.state not in (READY, "LOADING", "UNLOADING"):
+        status = {"error_code": "UNAVAILABLE", "error_message": handle.reason}
+    return {"version": handle.version, "state": state, "status": status}
+
+
+async def tf_status(request: web.Request) -> web.Response:
+    """GET /v1/models/{model}[/versions/{v} | /labels/{l}]: TF-Serving's model status,
+    every version of the model unless one is named."""
+    info = request.match_info
+    plane = _plane(request)
+    wanted = info.get("version") or info.get("label")
+    if wanted is not None:
+        handles = [plane.model(info["model"], wanted)]
+    else:
+        plane.model(info["model"])  # 404 for an unknown model
+        routes = plane.registry.routes[info["model"]]
+        found = {**routes.others, **routes.versions}
+        handles = [found[v] for v in sorted(found, key=int) if v != "0"] or [plane.model(info["model"])]
+    body = {"model_version_status": [_tf_version_status(h) for h in handles]}
     response = web.Response(body=msgspec.json.encode(body))
     response.content_type = "application/json"
     return response
@@ -411,14 +489,18 @@ def add_routes(app: web.Application) -> None:
     """Every route. The infer routes are here too, for requests the front hands over
     (paths with percent-escapes, which only the router decodes)."""
     r = app.router
+    r.add_get("/v2/models/stats", model_statistics)  # before /v2/models/{model}
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         r.add_post(base + "/infer", _infer_routed)
         r.add_get(base, model_metadata)
         r.add_get(base + "/ready", model_ready)
         r.add_get(base + "/config", model_config)
-    for base in ("/v1/models/{model}", "/v1/models/{model}/versions/{version}"):
+        r.add_get(base + "/stats", model_statistics)
+    for base in ("/v1/models/{model}", "/v1/models/{model}/versions/{version}", "/v1/models/{model}/labels/{label}"):
         r.add_post(base + ":predict", _predict_routed)
         r.add_get(base, tf_status)
+    r.add_post("/v2/repository/models/{model}/load", repository_load)
+    r.add_post("/v2/repository/models/{model}/unload", repository_unload)
     r.add_get("/v2", server_metadata)
     r.add_get("/metrics", metrics)
     r.add_get("/v2/health/live", live)

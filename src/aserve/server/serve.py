@@ -36,6 +36,8 @@ class Server:
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._loading: asyncio.Task[None] | None = None
+        self._polling: asyncio.Task[None] | None = None
+        self._rescans: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self.plane.scan()
@@ -59,6 +61,35 @@ class Server:
         except Exception as e:  # noqa: BLE001 - a server without traces still serves
             log.error("tracing is off: %s", e)
         await self.plane.start()
+        if self.settings.repository_poll_s > 0:
+            self._polling = asyncio.get_running_loop().create_task(self._poll(self.settings.repository_poll_s))
+
+    async def _poll(self, seconds: float) -> None:
+        """TF-Serving's file-system source: rescan the repository every `seconds`."""
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await self.plane.rescan()
+            except Exception:  # a failed rescan is logged; polling goes on
+                log.exception("repository rescan failed")
+
+    def rescan_soon(self) -> None:
+        """Rescan the repository in the background (SIGHUP); rescans run one after another."""
+        log.info("rescanning the repository %s", self.plane.registry.repository)
+
+        async def rescan() -> None:
+            if self._loading is not None:
+                await asyncio.shield(self._loading)  # the first load finishes first
+            await self.plane.rescan()
+
+        task = asyncio.get_running_loop().create_task(rescan())
+        self._rescans.add(task)
+        task.add_done_callback(self._rescan_done)
+
+    def _rescan_done(self, task: asyncio.Task[None]) -> None:
+        self._rescans.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("repository rescan failed: %s", task.exception())
 
     async def loaded(self) -> None:
         """Wait until every model has loaded (or failed to)."""
@@ -76,6 +107,8 @@ class Server:
 
     async def close(self) -> None:
         """Stop listening, finish the requests in flight, close the models' pools."""
+        if self._polling is not None:
+            self._polling.cancel()
         try:
             if self._runner is not None:
                 await self._runner.cleanup()
@@ -96,6 +129,7 @@ async def serve(settings: ServerSettings, *, repository: str | pathlib.Path) -> 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     server = Server(settings, repository=repository)
+    loop.add_signal_handler(signal.SIGHUP, server.rescan_soon)
     try:
         await server.start()
         log.info("aserve listening on http://%s:%d (repository %s)", settings.host, server.port, repository)
@@ -103,5 +137,5 @@ async def serve(settings: ServerSettings, *, repository: str | pathlib.Path) -> 
         log.info("shutting down: finishing accepted requests")
     finally:
         await server.close()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)
