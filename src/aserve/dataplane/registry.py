@@ -134,6 +134,7 @@ class ModelRegistry:
         self._loads = 0  # loads so far: each gets its own key in the pool
         self._keys: set[str] = set()
         self._closed = False
+        self._started = False  # after the first loads, loads are staggered over the interpreters
 
     # ---- the request path ----
 
@@ -239,6 +240,7 @@ class ModelRegistry:
             try:
                 await self._apply(self._scan, retry=True)
             finally:
+                self._started = True
                 await close_probe()
 
     async def rescan(self) -> None:
@@ -463,7 +465,8 @@ class ModelRegistry:
             )
             before = process_pss()
             started = time.perf_counter()
-            info = await pool.load(spec, interpreters=config.interpreters)
+            # once serving, one interpreter at a time: the others answer requests meanwhile
+            info = await pool.load(spec, interpreters=config.interpreters, staggered=self._started)
             try:
                 policy, joining = await make_policy(
                     config.batching, pool=pool, info=info, max_batch_size=config.max_batch_size
@@ -518,7 +521,7 @@ class ModelRegistry:
                 self.totals.setdefault((handle.name, handle.version), BatchTotals()).add(handle.batcher)
             pool = self.pools.get(handle.engine)
             if pool is not None and handle.info is not None:
-                await pool.unload(handle.key)
+                await pool.unload(handle.key, staggered=True)
             log.info("model %s version %s unloaded (load %s)", handle.name, handle.version, handle.key)
         except Exception as e:  # noqa: BLE001 - one failed unload must not stop the manager
             log.error("model %s version %s: unloading failed: %s", handle.name, handle.version, e)

@@ -363,8 +363,9 @@ class Pool:
 
     # ---- models ----
 
-    async def load(self, spec: ModelSpec, *, interpreters: int | None = None) -> ModelInfo:
-        """Load a model in its interpreters (all, or the first `interpreters`), concurrently.
+    async def load(self, spec: ModelSpec, *, interpreters: int | None = None, staggered: bool = False) -> ModelInfo:
+        """Load a model in its interpreters (all, or the first `interpreters`), concurrently,
+        or (`staggered`) one after another, so that the others go on serving meanwhile.
 
         ModelLoadError names the file and the cause."""
         self._check_open()
@@ -387,8 +388,18 @@ class Pool:
                 "package": spec.package,
             }
         )
-        futures = [self._submit(_native.JOB_LOAD, model=key, text=text, target=i) for i in targets]
-        results = await asyncio.gather(*futures, return_exceptions=True)
+        if staggered:  # one interpreter at a time: the others keep serving the pool's other models
+            results: list[Any] = []
+            for i in targets:
+                try:
+                    results.append(await self._submit(_native.JOB_LOAD, model=key, text=text, target=i))
+                except Exception as e:  # noqa: BLE001 - the first failure ends the load (below)
+                    results.append(e)
+                    break
+            targets = targets[:len(results)]
+        else:
+            futures = [self._submit(_native.JOB_LOAD, model=key, text=text, target=i) for i in targets]
+            results = await asyncio.gather(*futures, return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             for i, r in zip(targets, results):
@@ -411,16 +422,23 @@ class Pool:
         self._models[key] = _Model(info, (1 << n) - 1, self._native)
         return info
 
-    async def _unload(self, name: str) -> None:
+    async def _unload(self, name: str, *, staggered: bool = False) -> None:
         targets = self._targets(name)
         self._models.pop(name, None)
+        if staggered:
+            for i in targets:
+                await self._submit(_native.JOB_UNLOAD, model=name, target=i)
+            return
         await asyncio.gather(*(self._submit(_native.JOB_UNLOAD, model=name, target=i) for i in targets))
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, *, staggered: bool = False) -> None:
+        """Drop a model from its interpreters: all at once, or (`staggered`) one interpreter
+        after another, so that while one collects the model's garbage (a full collection,
+        ~100 ms with torch imported) the others go on serving the pool's other models."""
         self._check_open()
         if name not in self._models:
             raise ModelNotFound(f"model {name!r} is not loaded")
-        await self._unload(name)
+        await self._unload(name, staggered=staggered)
 
     # ---- batches ----
 
