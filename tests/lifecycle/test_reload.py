@@ -105,6 +105,57 @@ async def test_failed_reload_keeps_the_old_version(start_server, repo: pathlib.P
     assert f"{repo}/vm/config.toml: max_batch_size: Expected `int`, got `str`" in caplog.text
 
 
+FLAT = '''
+from array import array
+from aserve.runtime import Model, TensorSpec
+
+
+class Flat(Model):
+    inputs = [TensorSpec("X", "INT32", (-1, 1))]
+    outputs = [TensorSpec("Y", "INT32", (-1, 1))]
+
+    def __call__(self, inputs):
+        x = inputs["X"].cast("B").cast("i")
+        if x[0] < 0:
+            raise ValueError("negative input")  # MARK
+        return {"Y": array("i", [v + OFFSET for v in x])}
+'''
+
+
+async def test_edited_model_reloads_and_tracebacks_match_the_code(
+        start_server, repo: pathlib.Path, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture) -> None:
+    (repo / "flat").mkdir()
+    model = repo / "flat" / "model.py"
+    model.write_text("OFFSET = 1\n" + FLAT)
+    server, url = await start_server(repo)
+    caplog.set_level(logging.INFO, logger="aserve.server")
+
+    def raising_line() -> int:
+        return next(i for i, line in enumerate(model.read_text().splitlines(), 1) if "# MARK" in line)
+
+    first_line = raising_line()
+    # edited, not yet rescanned: the old code runs, and its traceback shows the old code's line
+    model.write_text("OFFSET = 100\n\n\n# three lines more\n" + FLAT)
+    async with http.post(url + "/v2/models/flat/infer",
+                         json={"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 1], "data": [1]}]}) as r:
+        assert (await r.json())["outputs"][0]["data"] == [2]
+    caplog.clear()
+    async with http.post(url + "/v2/models/flat/infer",
+                         json={"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 1], "data": [-1]}]}) as r:
+        assert r.status == 500 and "negative input" in (await r.json())["error"]
+    assert f'model.py", line {first_line}' in caplog.text and 'raise ValueError("negative input")' in caplog.text
+
+    await server.plane.rescan()
+    async with http.post(url + "/v2/models/flat/infer",
+                         json={"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 1], "data": [1]}]}) as r:
+        assert (await r.json())["outputs"][0]["data"] == [101]
+    caplog.clear()
+    async with http.post(url + "/v2/models/flat/infer",
+                         json={"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 1], "data": [-1]}]}) as r:
+        assert r.status == 500
+    assert f'model.py", line {raising_line()}' in caplog.text and raising_line() == first_line + 3
+
+
 async def test_resource_transition_unloads_first(start_server, repo: pathlib.Path,
                                                  http: aiohttp.ClientSession) -> None:
     gate = repo.parent / "gate"

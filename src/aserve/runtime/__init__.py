@@ -8,5 +8,6 @@ never import host-side packages (aiohttp, msgspec, the server).
 from .datatypes import DATATYPES, DataType
 from .model import Model, TensorSpec
 from .trace import span
+from .weights import load_weights
 
-__all__ = ["DATATYPES", "DataType", "Model", "TensorSpec", "span"]
+__all__ = ["DATATYPES", "DataType", "Model", "TensorSpec", "load_weights", "span"]

@@ -8,9 +8,11 @@ nothing but buffers and metadata ever crosses between interpreters.
 from __future__ import annotations
 
 import base64
+import contextlib
 import gc
 import importlib.util
 import json
+import linecache
 import os
 import sys
 import time
@@ -18,8 +20,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import trace
+from . import memory, trace, weights
+from . import package as _package
 from .model import TENSOR_FORMATS, Model, TensorSpec
+from .package import PackageLoadError, PickledModule, close_archive, model_class, open_archive, settings
 from .tensors import from_model, to_model
 
 trace_begin = trace.begin  # the engine brackets a traced job with these
@@ -31,7 +35,7 @@ class LoadError(Exception):
 
 
 class _Loaded:
-    __slots__ = ("fmt", "inputs", "model", "outputs", "stages")
+    __slots__ = ("fmt", "importer", "inputs", "model", "module_name", "outputs", "source", "stages")
 
     def __init__(self, model: Model, fmt: str, inputs: list[TensorSpec], outputs: list[TensorSpec]):
         self.model = model
@@ -39,6 +43,9 @@ class _Loaded:
         self.inputs = {s.name: s for s in inputs}
         self.outputs = {s.name: s for s in outputs}
         self.stages = tuple(model.stages)
+        self.importer: Any = None  # a packaged model's PackageImporter
+        self.module_name: str | None = None  # a model.py's entry in sys.modules
+        self.source: str | None = None  # a model.py's path (its lines are in linecache)
 
 
 MAX_STAGES = 64  # AS_MAX_STAGES in native/abi.h
@@ -61,13 +68,21 @@ def _specs(declared: Any, where: str) -> list[TensorSpec]:
 
 
 def _import_file(path: str, module_name: str) -> Any:
+    """Import a model file from the bytes read once, and keep those lines in linecache:
+    tracebacks show the code that runs, even after the file is edited on disk (until
+    the model is loaded again)."""
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise LoadError(f"{path}: not a Python source file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        with open(path, "rb") as f:
+            source = f.read()
+        text = importlib.util.decode_source(source)
+        # mtime None: linecache.checkcache keeps the entry whatever happens to the file
+        linecache.cache[path] = (len(text), None, text.splitlines(True), path)
+        exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - the model's code
     except BaseException as e:
         sys.modules.pop(module_name, None)
         raise LoadError(f"{path}: import failed: {type(e).__name__}: {e}") from e
@@ -94,17 +109,79 @@ def _find_class(module: Any, path: str, class_name: str | None) -> type[Model]:
     return found[0]
 
 
-def load(key: str, spec_json: str) -> str:
-    """Import, construct and load a model; return its metadata as JSON."""
-    spec = json.loads(spec_json)
+def _module_name(key: str) -> str:
+    return "aserve_model_" + "".join(c if c.isalnum() else "_" for c in key)
+
+
+def _from_file(key: str, spec: dict[str, Any]) -> tuple[type[Model], str, str]:
+    """A model.py's class: (class, file, its sys.modules name)."""
     path = spec["path"]
     if os.path.isdir(path):
         path = os.path.join(path, "model.py")
     if not os.path.isfile(path):
         raise LoadError(f"{path}: model file not found (a model is a model.py file or a folder holding one)")
-    module_name = "aserve_model_" + "".join(c if c.isalnum() else "_" for c in key)
+    module_name = _module_name(key)
     module = _import_file(path, module_name)
-    cls = _find_class(module, path, spec.get("class"))
+    try:
+        return _find_class(module, path, spec.get("class")), path, module_name
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+
+
+def _from_package(spec: dict[str, Any]) -> tuple[type[Model], str, Any]:
+    """A torch.package archive's model class: (class, archive, importer); see package.py."""
+    path = spec["path"]
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    try:
+        archive, obj, pickled = settings(spec["package"], folder)
+        importer = open_archive(archive)
+    except PackageLoadError as e:
+        raise LoadError(str(e)) from e.__cause__
+    try:
+        if obj is not None:
+            with _package.quiet():
+                return model_class(importer, archive, obj), archive, importer
+        assert pickled is not None
+        inputs = _specs(spec.get("inputs"), f"{archive}: inputs")
+        outputs = _specs(spec.get("outputs"), f"{archive}: outputs")
+        return PickledModule.bind(archive, pickled, inputs, outputs), archive, importer
+    except BaseException as e:
+        close_archive(importer)
+        if isinstance(e, PackageLoadError):
+            raise LoadError(str(e)) from e.__cause__
+        raise
+
+
+def _forget(importer: Any, module_name: str | None) -> None:
+    if module_name is not None:
+        sys.modules.pop(module_name, None)
+    if importer is not None:
+        close_archive(importer)
+
+
+def load(key: str, spec_json: str) -> str:
+    """Import, construct and load a model; return its metadata as JSON.
+
+    `spec["package"]` (a config's [package] table) loads a torch.package archive
+    instead of a model.py (see package.py)."""
+    spec = json.loads(spec_json)
+    weights.install_when_imported()  # torch.load / load_state_dict share mapped weights by default
+    importer: Any = None
+    module_name: str | None = None
+    if spec.get("package") is not None:
+        cls, path, importer = _from_package(spec)
+    else:
+        cls, path, module_name = _from_file(key, spec)
+    try:
+        return _load(key, spec, cls, path, importer, module_name)
+    except BaseException:
+        _forget(importer, module_name)
+        raise
+
+
+def _load(key: str, spec: dict[str, Any], cls: type[Model], path: str, importer: Any,
+          module_name: str | None) -> str:
     inputs = _specs(spec.get("inputs") or getattr(cls, "inputs", ()), f"{path}: inputs")
     outputs = _specs(spec.get("outputs") or getattr(cls, "outputs", ()), f"{path}: outputs")
     fmt = getattr(cls, "tensor_format", "memoryview")
@@ -119,14 +196,25 @@ def load(key: str, spec_json: str) -> str:
             if fmt == "torch":
                 raise LoadError(f"{path}: tensor_format 'torch' but torch is not installed") from None
     try:
-        model = cls()
-        model.name = spec.get("name", key)
-        model.directory = os.path.dirname(os.path.abspath(path))
-        model.parameters = dict(spec.get("parameters") or {})
-        model.load()
+        with memory.loading(), weights.policy(bool(getattr(cls, "share_weights", True))), \
+                _package.quiet() if importer is not None else contextlib.nullcontext():
+            model = cls()
+            model.name = spec.get("name", key)
+            model.version = str(spec.get("version", "1"))
+            model.directory = os.path.dirname(os.path.abspath(path))
+            model.parameters = dict(spec.get("parameters") or {})
+            model.package = importer
+            model.load()
+    except PackageLoadError as e:
+        raise LoadError(str(e)) from e.__cause__
     except BaseException as e:
         raise LoadError(f"{path}: {cls.__name__} failed to load: {type(e).__name__}: {e}") from e
+    if "torch" in sys.modules:
+        weights.install()
+        memory.trim()  # give back what load() allocated and freed (weights it replaced by mapped ones)
     loaded = _Loaded(model, fmt, inputs, outputs)
+    loaded.importer, loaded.module_name = importer, module_name
+    loaded.source = path if module_name is not None else None
     bad = [i for i, stage in enumerate(loaded.stages) if not callable(stage)]
     if bad:
         raise LoadError(f"{path}: {cls.__name__}.stages[{bad[0]}] is not callable")
@@ -140,7 +228,7 @@ def load(key: str, spec_json: str) -> str:
     _models[key] = loaded
     return json.dumps(
         {
-            "class": cls.__name__,
+            "class": model.label if isinstance(model, PickledModule) else cls.__name__,
             "file": path,
             "tensor_format": fmt,
             "inputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in inputs],
@@ -180,9 +268,17 @@ def _encode_example(example: Any, declared: dict[str, TensorSpec]) -> list[dict[
 
 
 def unload(key: str) -> None:
-    if _models.pop(key, None) is not None:
-        sys.modules.pop("aserve_model_" + "".join(c if c.isalnum() else "_" for c in key), None)
-        gc.collect()
+    """Drop a model: its instance, its module (or its package's importer), then collect
+    the cycles they leave and give the freed memory back to the system (memory.trim)."""
+    loaded = _models.pop(key, None)
+    if loaded is None:
+        return
+    _forget(loaded.importer, loaded.module_name)
+    if loaded.source is not None and all(m.source != loaded.source for m in _models.values()):
+        linecache.cache.pop(loaded.source, None)
+    del loaded
+    gc.collect()
+    memory.trim()
 
 
 Wire = list[tuple[str, str, tuple[int, ...], memoryview]]

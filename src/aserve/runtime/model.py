@@ -47,6 +47,13 @@ class Model:
         always flat lists of `bytes`.
       torch_threads: intra-op threads for torch in this interpreter (default 1:
         parallelism comes from interpreters).
+      share_weights: (default True) weights read from files are shared by every
+        interpreter that runs the model, rather than copied into each: while the
+        model is constructed and loaded, `torch.load(path)` maps zip checkpoints
+        (`mmap=True` unless the call says otherwise) and `load_state_dict` keeps the
+        parameters it loaded from a mapped file backed by that file (the values are
+        bitwise the same; see `aserve.runtime.weights` for what else changes). False
+        gives stock torch behaviour.
       stages: optional callables whose composition is the model (e.g. the children
         of an `nn.Sequential`). A model with stages lets the batcher join requests
         that arrive while a batch runs at a stage boundary (layer-level joining):
@@ -56,8 +63,23 @@ class Model:
         `stage_context()`, and must answer exactly what `__call__` answers. It may
         also be set in `load()`.
 
-    Instance attributes set before `load()`: `name`, `directory` (the model's
-    folder) and `parameters` (the `parameters` table of its config).
+    Instance attributes set before `load()`: `name`, `version` (a string: "1" for a
+    model without version folders), `directory` (the model's
+    folder), `parameters` (the `parameters` table of its config) and `package` (for
+    a model packaged with torch.package, the archive's `PackageImporter`: its
+    `load_pickle` maps the archive's tensors too; None otherwise).
+
+    Weights: read them with `aserve.runtime.load_weights(path)` (a `torch.save`
+    zip checkpoint or a `.safetensors` file), which returns the tensors as views of
+    one shared mapping of the file, so that they occupy one copy in memory however
+    many interpreters run the model; `load_weights(path, into=net)` also loads them
+    into `net` with `assign=True` (build `net` under `torch.device("meta")` to skip
+    initialising weights that are replaced anyway):
+
+        def load(self):
+            with torch.device("meta"):
+                net = Net()
+            self.net = load_weights(os.path.join(self.directory, "weights.pt"), into=net).eval()
 
     Inputs are borrowed: they are valid only during the call; copy what you keep.
     Return a dict of output name -> tensor (torch tensor, numpy array, any object with
@@ -68,11 +90,14 @@ class Model:
     outputs: ClassVar[Sequence[TensorSpec]] = ()
     tensor_format: ClassVar[str] = "memoryview"
     torch_threads: ClassVar[int] = 1
+    share_weights: ClassVar[bool] = True
     stages: Sequence[Callable[[Any], Any]] = ()
 
     name: str
+    version: str = "1"
     directory: str
     parameters: dict[str, Any]
+    package: Any = None
 
     def load(self) -> None:
         """Prepare the model (read weights, warm up). Runs once per interpreter."""
