@@ -174,8 +174,28 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def memory_summary(memory: dict[str, Any]) -> dict[str, Any]:
+    """Per variant: MB one more interpreter adds (k = 2 and 4), and the load/unload growth."""
+    added: dict[str, dict[str, float]] = {}
+    for r in memory["records"]:
+        if "per_added_interpreter_mb" in r:
+            added.setdefault(r["variant"], {})[f"k{r['interpreters']}"] = r["per_added_interpreter_mb"]
+    default = [g for g in memory["load_unload"] if g["malloc_trim"] and g["mmap_while_loading"]]
+    return {
+        "weights_mb": memory["weights_mb"],
+        "interpreter_mb": memory["interpreter_mb"],
+        "per_added_interpreter_mb": added,
+        "load_unload_growth_mb": {g["variant"]: g["growth_mb"] + g["left_after_first_unload_mb"] for g in default},
+        "load_unload_cycles": default[0]["cycles"] if default else 0,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.memory:
+        from ..engine import ensure_glibc_tunables
+
+        ensure_glibc_tunables()  # four private interpreters: re-executes with glibc's tunables
     result: dict[str, Any] = {"bench": "lifecycle", "python": platform.python_version(),
                               "reload": reload_bench(args)}
     if args.memory:
@@ -185,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
 
         result["memory"] = asyncio.run(weights.run(argparse.Namespace(
             megabytes=args.megabytes, interpreters="1,2,4", cycles=args.cycles, cycle_megabytes=32.0)))
+        result["memory_summary"] = memory_summary(result["memory"])
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:
