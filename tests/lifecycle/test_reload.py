@@ -182,7 +182,8 @@ async def test_resource_transition_unloads_first(start_server, repo: pathlib.Pat
 async def test_availability_transition_serves_throughout(start_server, repo: pathlib.Path,
                                                          http: aiohttp.ClientSession) -> None:
     gate = repo.parent / "gate"
-    write_config(repo, "vm", f'[parameters]\nload_gate = "{gate}"\ndelay_ms = 20\n')
+    # one request per batch, 50 ms each, on 2 interpreters: of 20 requests, 18 wait in the queue
+    write_config(repo, "vm", f'[parameters]\nload_gate = "{gate}"\ndelay_ms = 50\n', max_batch_size=1)
     gate.touch()
     write_version(repo, "vm", 1)
     server, url = await start_server(repo)
@@ -193,7 +194,7 @@ async def test_availability_transition_serves_throughout(start_server, repo: pat
     await until(lambda: 2 in registry.records["vm"].others, what="version 2 to start loading")
     # version 2 is loading: version 1 answers, and keeps the requests it accepted
     in_flight = [asyncio.ensure_future(answer(http, url, "/v2/models/vm/infer", i)) for i in range(20)]
-    await until(lambda: registry.get("vm").batcher.stats()["queued_requests"] > 0, what="requests to queue")
+    await until(lambda: registry.get("vm").batcher.stats()["queued_requests"] == 18, what="the requests to queue")
     gate.touch()
     await rescan
     assert registry.get("vm").version == "2"
