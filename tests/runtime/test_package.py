@@ -1,9 +1,8 @@
 """torch.package archives: hermetic model code, per-importer modules, clear load errors.
 
 Archives are built here with PackageExporter in a temp folder. The tests go through
-Pool.load where the host's ModelSpec carries `package` (engine private and main), and
-through the runtime's own `_worker.load` inside a private interpreter otherwise, so the
-runtime side is proven whatever state the host side is in.
+Pool.load (engine private and main) and through the runtime's own `_worker.load` inside
+a private interpreter.
 """
 
 from __future__ import annotations
@@ -26,10 +25,6 @@ from aserve.tensor import Tensor
 from ..conftest import HAVE_TORCH, needs_torch
 
 IO = {"inputs": [TensorSpec("X", "FP32", (-1, 4))], "outputs": [TensorSpec("Y", "FP32", (-1, 4))]}
-HOST_HAS_PACKAGE = "package" in ModelSpec.__struct_fields__
-needs_host_package = pytest.mark.skipif(
-    not HOST_HAS_PACKAGE, reason="the host's ModelSpec has no `package` field yet (the [package] table's host side)"
-)
 
 # A Model subclass packaged in the archive: Y = Linear(X) + K, the Linear pickled next to it.
 SOURCE = """
@@ -124,7 +119,6 @@ result = [float(v) for v in out[0][3][2].flatten()]
 
 
 @needs_torch
-@needs_host_package
 @pytest.mark.parametrize("engine", ["private", "main"])
 async def test_a_packaged_model_whose_module_exists_nowhere_else(engine: str, tmp_path: pathlib.Path) -> None:
     module = f"only_in_archive_{uuid.uuid4().hex}"
@@ -141,7 +135,6 @@ async def test_a_packaged_model_whose_module_exists_nowhere_else(engine: str, tm
 
 
 @needs_torch
-@needs_host_package
 @pytest.mark.parametrize("engine", ["private", "main"])
 async def test_two_versions_with_the_same_module_name_run_their_own_code(engine: str, tmp_path: pathlib.Path) -> None:
     for k in (1, 2):
@@ -161,7 +154,6 @@ async def test_two_versions_with_the_same_module_name_run_their_own_code(engine:
 
 
 @needs_torch
-@needs_host_package
 @pytest.mark.parametrize("engine", ["private", "main"])
 async def test_a_pickled_module_is_served_with_the_declared_inputs_and_outputs(
         engine: str, tmp_path: pathlib.Path) -> None:
@@ -176,7 +168,6 @@ async def test_a_pickled_module_is_served_with_the_declared_inputs_and_outputs(
 
 
 @needs_torch
-@needs_host_package
 async def test_unloading_drops_the_importer(tmp_path: pathlib.Path) -> None:
     addk(tmp_path / "v", "addmod", 3)
     async with Pool(engine="private", interpreters=1) as pool:
@@ -188,7 +179,6 @@ async def test_unloading_drops_the_importer(tmp_path: pathlib.Path) -> None:
 
 
 @needs_torch
-@needs_host_package
 async def test_package_load_errors_name_the_archive_and_the_problem(tmp_path: pathlib.Path) -> None:
     cases = error_cases(tmp_path)
     async with Pool(engine="private", interpreters=1) as pool:
