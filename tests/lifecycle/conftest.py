@@ -7,9 +7,11 @@ shows which version computed it. Parameters: `delay_ms` (each call sleeps that l
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import aiohttp
@@ -96,3 +98,22 @@ def repo(tmp_path: pathlib.Path) -> pathlib.Path:
     root = tmp_path / "repo"
     root.mkdir()
     return root
+
+
+class Triton:
+    """A tritonclient.http client made, used and closed on one thread of its own: its
+    gevent hub belongs to that thread, and the test's event loop thread never runs one."""
+
+    def __init__(self, url: str) -> None:
+        import tritonclient.http as triton
+
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="tritonclient")
+        self._client = self._thread.submit(triton.InferenceServerClient, url.removeprefix("http://")).result()
+
+    async def __call__(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """`await client("load_model", "m")`: the client's method, run on its thread."""
+        return await asyncio.wrap_future(self._thread.submit(getattr(self._client, method), *args, **kwargs))
+
+    def close(self) -> None:
+        self._thread.submit(self._client.close).result()
+        self._thread.shutdown()

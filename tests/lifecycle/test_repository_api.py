@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import pathlib
 
 import aiohttp
 import numpy as np
 import pytest
-import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from .conftest import answer, index, version_of, write_config, write_version
+from .conftest import Triton, answer, index, version_of, write_config, write_version
 
 
 @pytest.fixture
@@ -22,58 +20,54 @@ async def served(start_server, repo: pathlib.Path):
     write_config(repo, "other", "")
     write_version(repo, "other", 1)
     server, url = await start_server(repo)
-    client = triton.InferenceServerClient(url.removeprefix("http://"))
+    client = Triton(url)
     yield server, url, client
     client.close()
 
 
-async def call(fn, *args, **kwargs):
-    return await asyncio.to_thread(fn, *args, **kwargs)
-
-
 async def test_index_load_unload(served, http: aiohttp.ClientSession, repo: pathlib.Path) -> None:
     server, url, client = served
-    rows = await call(client.get_model_repository_index)
+    rows = await client("get_model_repository_index")
     assert sorted((r["name"], r["version"], r["state"]) for r in rows) == [
         ("other", "1", "READY"), ("vm", "1", "READY"), ("vm", "2", "READY")]
-    assert await call(client.is_model_ready, "vm", "1") and await call(client.is_server_ready)
+    assert await client("is_model_ready", "vm", "1") and await client("is_server_ready")
 
-    await call(client.unload_model, "other")
-    assert not await call(client.is_model_ready, "other")
-    rows = {(r["name"], r["version"]): r for r in await call(client.get_model_repository_index)}
+    await client("unload_model", "other")
+    assert not await client("is_model_ready", "other")
+    rows = {(r["name"], r["version"]): r for r in await client("get_model_repository_index")}
     assert rows[("other", "1")] == {"name": "other", "version": "1", "state": "UNAVAILABLE",
                                     "reason": "unloaded by request"}
     status, body = await answer(http, url, "/v2/models/other/infer", 1)
     assert status == 503 and body["error"] == "model 'other' is unavailable: unloaded by request"
-    assert await call(client.is_server_ready)  # a model unloaded by request is not a missing one
+    assert await client("is_server_ready")  # a model unloaded by request is not a missing one
     ready = await index(http, url, ready=True)
     assert sorted(ready) == [("vm", "1"), ("vm", "2")]
     # an unload holds across rescans, until a load request
     await server.plane.rescan()
-    assert not await call(client.is_model_ready, "other")
-    await call(client.load_model, "other")
-    assert await call(client.is_model_ready, "other")
+    assert not await client("is_model_ready", "other")
+    await client("load_model", "other")
+    assert await client("is_model_ready", "other")
     status, body = await answer(http, url, "/v2/models/other/infer", 3)
     assert status == 200 and version_of(body) == ("1", 1)
 
     # a load with a config override: its fields replace config.toml's until the next load
-    await call(client.load_model, "vm", config='{"version_policy": {"specific": [1]}}')
-    assert await call(client.is_model_ready, "vm", "1") and not await call(client.is_model_ready, "vm", "2")
+    await client("load_model", "vm", config='{"version_policy": {"specific": [1]}}')
+    assert await client("is_model_ready", "vm", "1") and not await client("is_model_ready", "vm", "2")
     await server.plane.rescan()  # the override holds across rescans
-    assert not await call(client.is_model_ready, "vm", "2")
-    await call(client.load_model, "vm")
-    assert await call(client.is_model_ready, "vm", "2")
+    assert not await client("is_model_ready", "vm", "2")
+    await client("load_model", "vm")
+    assert await client("is_model_ready", "vm", "2")
 
     # failures are 400s naming the cause
     with pytest.raises(InferenceServerException, match=r"failed to load 'nope': .*/nope: not a folder"):
-        await call(client.load_model, "nope")
+        await client("load_model", "nope")
     with pytest.raises(InferenceServerException, match="parameters.config: malformed JSON"):
-        await call(client.load_model, "vm", config="{labels")
+        await client("load_model", "vm", config="{labels")
     with pytest.raises(InferenceServerException, match=r"version_policy: Object contains unknown field `newest`"):
-        await call(client.load_model, "vm", config='{"version_policy": {"newest": 1}}')
-    assert await call(client.is_model_ready, "vm", "2")  # a failed load changed nothing
+        await client("load_model", "vm", config='{"version_policy": {"newest": 1}}')
+    assert await client("is_model_ready", "vm", "2")  # a failed load changed nothing
     with pytest.raises(InferenceServerException, match=r"parameters.file:1/model.py: model files in the request"):
-        await call(client.load_model, "vm", config="{}", files={"file:1/model.py": b"x = 1\n"})
+        await client("load_model", "vm", config="{}", files={"file:1/model.py": b"x = 1\n"})
     async with http.post(url + "/v2/repository/models/nope/unload") as r:
         assert r.status == 404 and "unknown model 'nope'" in (await r.json())["error"]
     async with http.post(url + "/v2/repository/index", json={"ready": "yes"}) as r:
@@ -85,8 +79,8 @@ async def test_load_reads_new_models(served, http: aiohttp.ClientSession, repo: 
     write_config(repo, "late", "")
     write_version(repo, "late", 4)
     with pytest.raises(InferenceServerException, match="unknown model 'late'"):
-        await call(client.get_model_metadata, "late")
-    await call(client.load_model, "late")
+        await client("get_model_metadata", "late")
+    await client("load_model", "late")
     status, body = await answer(http, url, "/v2/models/late/infer", 2)
     assert status == 200 and version_of(body) == ("4", 4) and body["outputs"][0]["data"] == [8]
 
@@ -101,7 +95,7 @@ async def test_statistics(served, http: aiohttp.ClientSession) -> None:
     async with http.post(url + "/v2/models/vm/versions/2/infer", json=bad) as r:
         assert r.status == 400
 
-    stats = await call(client.get_inference_statistics, "vm")
+    stats = await client("get_inference_statistics", "vm")
     by_version = {s["version"]: s for s in stats["model_stats"]}
     assert sorted(by_version) == ["1", "2"]
     for v, n in (("1", 3), ("2", 5)):
@@ -116,12 +110,12 @@ async def test_statistics(served, http: aiohttp.ClientSession) -> None:
         assert all(b["batch_size"] % 2 == 0 for b in s["batch_stats"])  # requests of 2 samples each
         assert s["last_inference"] > 1_700_000_000_000  # milliseconds since the epoch
     assert by_version["2"]["inference_stats"]["fail"]["count"] == 1
-    one = await call(client.get_inference_statistics, "vm", "1")
+    one = await client("get_inference_statistics", "vm", "1")
     assert [s["version"] for s in one["model_stats"]] == ["1"]
-    everything = await call(client.get_inference_statistics)
+    everything = await client("get_inference_statistics")
     assert {s["name"] for s in everything["model_stats"]} == {"vm", "other"}
     with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
-        await call(client.get_inference_statistics, "nope")
-    assert "statistics" in (await call(client.get_server_metadata))["extensions"]
+        await client("get_inference_statistics", "nope")
+    assert "statistics" in (await client("get_server_metadata"))["extensions"]
     # tritonclient's numpy-free path agrees with what the server counts
     assert np.sum([s["inference_stats"]["success"]["count"] for s in everything["model_stats"]]) == 8

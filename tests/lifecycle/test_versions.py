@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from aserve.dataplane import LoadFailed
 
-from .conftest import answer, index, version_of, write_config, write_version
+from .conftest import Triton, answer, index, version_of, write_config, write_version
 
 
 def triton_infer(url: str, model: str, version: str, x: list[int]) -> tuple[np.ndarray, np.ndarray, str]:
@@ -110,13 +110,13 @@ async def test_labels(start_server, repo: pathlib.Path, http: aiohttp.ClientSess
 
     # promote the canary with a load request's config override; no version reloads
     keys = {h.key for h in server.plane.registry.handles()}
-    client = triton.InferenceServerClient(url.removeprefix("http://"))
+    client = Triton(url)
     try:
-        await asyncio.to_thread(client.load_model, "vm", config='{"labels": {"stable": 2, "canary": 2}}')
+        await client("load_model", "vm", config='{"labels": {"stable": 2, "canary": 2}}')
         assert await via("stable") == ("2", 2)
         assert {h.key for h in server.plane.registry.handles()} == keys
         # roll back
-        await asyncio.to_thread(client.load_model, "vm", config='{"labels": {"stable": 1, "canary": 2}}')
+        await client("load_model", "vm", config='{"labels": {"stable": 1, "canary": 2}}')
         assert await via("stable") == ("1", 1) and await via("canary") == ("2", 2)
     finally:
         client.close()
