@@ -115,8 +115,11 @@ def read_csv(path: str) -> list[dict[str, str]]:
 
 
 async def test_headless_locust_run_and_its_plot(start_server, tmp_path: pathlib.Path) -> None:
-    pytest.importorskip("locust")
-    pytest.importorskip("matplotlib")  # plot.py: the `bench` extra
+    # only looked up, never imported here: importing locust monkey-patches this process with gevent
+    if importlib.util.find_spec("locust") is None:
+        pytest.skip("locust is not installed (the `test` extra)")
+    if importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("matplotlib is not installed (the `bench` extra: plot.py)")
     _, url = await start_server(repository(tmp_path / "repo"))
     prefix = tmp_path / "run"
     env = {**os.environ, "ASERVE_LOCUST_WEIGHTS": ",".join(f"{m}:{e}=1" for m, e in PAIRS),
