@@ -114,6 +114,7 @@ def read_csv(path: str) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.asyncio(loop_factories=["asyncio"])  # spawns Locust (MagicStack/uvloop#650)
 async def test_headless_locust_run_and_its_plot(start_server, tmp_path: pathlib.Path) -> None:
     # only looked up, never imported here: importing locust monkey-patches this process with gevent
     if importlib.util.find_spec("locust") is None:
