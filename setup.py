@@ -25,6 +25,7 @@ extensions = [
             "native/host/private.c",
             "native/host/engines.c",
             "native/host/errors.c",
+            "native/host/fault.c",
             "native/host/otlp.c",
             *interp_runtime,
         ],

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define AS_ABI_VERSION 4
+#define AS_ABI_VERSION 5
 #define AS_MAX_DIMS 16
 #define AS_MAX_STAGES 64
 
@@ -68,6 +68,7 @@ typedef struct as_job {
     void *owner;        /* keeps outputs alive; give back with as_interp_release */
     int n_stages;       /* staged runs: stages run and their seconds (of the first group) */
     double stage_seconds[AS_MAX_STAGES];
+    uint64_t id; /* set by the host: the job's number in its pool, what a cancellation names */
 } as_job;
 
 typedef struct as_host {
@@ -85,6 +86,7 @@ typedef struct as_init {
     size_t n_path;
     const char *bootstrap;       /* module with load/infer/unload/execute */
     const as_host *host;
+    const char *engine;          /* private, subinterp or main: how far fault containment reaches */
 } as_init;
 
 typedef struct as_interp as_interp;
@@ -96,5 +98,11 @@ typedef int (*as_create_fn)(const as_init *cfg, as_interp **out, char *err, size
 typedef void (*as_run_fn)(as_interp *ip, as_job *job);
 typedef void (*as_release_fn)(as_interp *ip, void *owner);
 typedef void (*as_destroy_fn)(as_interp *ip);
+/* Cancel job `id` if it is still running in the interpreter: raise the bootstrap's
+ * Cancelled in its worker thread at the next bytecode boundary
+ * (PyThreadState_SetAsyncExc of the interpreter's own libpython). Runs on a thread of
+ * its own, which it attaches to the interpreter (waiting for its GIL) and leaves
+ * detached; returns 1 if the exception was set, 0 if the job had already ended. */
+typedef int (*as_cancel_fn)(as_interp *ip, uint64_t id);
 
 #endif

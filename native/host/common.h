@@ -17,6 +17,7 @@ typedef struct as_engine {
     as_run_fn run;
     as_release_fn release;
     as_destroy_fn destroy;     /* end the interpreter on its worker thread, or NULL */
+    as_cancel_fn cancel;       /* raise Cancelled in a running job (any thread) */
     void (*thread_init)(void); /* per-thread set-up in the interpreter's libc, or NULL */
     void *handle;              /* dlmopen handle of a private namespace */
 } as_engine;
@@ -39,6 +40,15 @@ int as_private_namespaces_in_use(void);
 /* subinterp.c / mainthreads.c: engines in the host's own libpython. */
 int as_subinterp_engine(as_engine *out, char *err, size_t errlen);
 void as_main_engine(as_engine *out);
+
+/* fault.c: reports of fatal signals (SIGSEGV, SIGABRT, ...) in model code. Worker
+ * threads register a slot; the report names the interpreter, its engine, the model
+ * and job it was running and, where it can, that interpreter's Python stack. */
+void as_fault_install(void);
+int as_fault_register(int index, const char *engine);
+void as_fault_bind(int slot, as_interp *ip);
+void as_fault_job(int slot, const char *key, int kind);
+void as_fault_unregister(int slot);
 
 /* pool.c */
 extern PyType_Spec as_pool_spec;

@@ -36,6 +36,7 @@ void as_main_engine(as_engine *out)
     out->create = main_create;
     out->run = as_interp_run;
     out->release = as_interp_release;
+    out->cancel = as_interp_cancel;
 }
 
 /* ---- PEP 684 subinterpreters ---- */
@@ -125,6 +126,7 @@ static void sub_destroy(as_interp *ip)
     Py_CLEAR(ip->fn_trace_begin);
     Py_CLEAR(ip->fn_trace_end);
     Py_CLEAR(ip->input_type);
+    Py_CLEAR(ip->exc_cancel);
     Py_EndInterpreter(ip->ts);
     PyMem_RawFree(ip);
 }
@@ -138,6 +140,7 @@ int as_subinterp_engine(as_engine *out, char *err, size_t errlen)
     out->create = sub_create;
     out->run = as_interp_run;
     out->release = as_interp_release;
+    out->cancel = as_interp_cancel;
     out->destroy = sub_destroy;
     return 0;
 }

@@ -41,6 +41,15 @@
  * down and recreated in the same namespace, so a pool that is closed keeps its
  * interpreters parked and a later pool of the same engine reuses them. Worker
  * threads block every asynchronous signal: signals belong to the host's loop.
+ *
+ * Faults. Every job has an id. `cancel` fails a queued job at once and raises the
+ * interpreter's Cancelled in a running one (engine.cancel, on a thread of its own,
+ * since it waits for that interpreter's GIL). A running job that does not come back
+ * (blocked in native code) is given up with `lose`: its worker is marked lost and takes
+ * no more jobs, the job's token completes at once (failed), and the job itself becomes
+ * an orphan whose eventual completion goes to the token `lose` was given instead; the
+ * worker that returns from it is no longer lost. A fatal signal in a worker is
+ * reported by fault.c before the process ends.
  */
 #include "common.h"
 
@@ -101,6 +110,9 @@ typedef struct hjob {
     int is_offer;
     int last_stage; /* the latest boundary at which the group may join */
     int joined;
+    /* faults (p->mu) */
+    int cancel_sent; /* a cancellation of it was started */
+    int orphan;      /* given up (lose): its token is the one lose was given */
 } hjob;
 
 typedef struct release {
@@ -123,6 +135,10 @@ typedef struct worker {
     int busy;            /* running a job */
     int stop, exited;
     hjob *start_job;
+    hjob *current;       /* the job it runs now */
+    int64_t since;       /* CLOCK_MONOTONIC ns: when it took `current` */
+    int lost;            /* stuck in a job it was asked to give up: takes no jobs until it returns */
+    int fault_slot;      /* fault.c's slot, -1 if none */
 } worker_t;
 
 typedef struct pool {
@@ -412,8 +428,11 @@ static void *worker_main(void *arg)
         rc = as_private_open(p->library, &w->engine, sj->start_error, errlen);
     if (rc == 0 && w->engine.thread_init != NULL)
         w->engine.thread_init();
+    w->fault_slot = rc == 0 ? as_fault_register(w->index, w->engine.name) : -1;
     if (rc == 0)
         rc = w->engine.create(&p->init, &w->ip, sj->start_error, errlen);
+    if (rc == 0)
+        as_fault_bind(w->fault_slot, w->ip);
 
     pthread_mutex_lock(&p->mu);
     sj->job.failed = rc != 0;
@@ -424,8 +443,10 @@ static void *worker_main(void *arg)
     pthread_mutex_unlock(&p->mu);
     if (wake)
         wake_loop(p);
-    if (rc != 0)
+    if (rc != 0) {
+        as_fault_unregister(w->fault_slot);
         return NULL;
+    }
     pthread_mutex_lock(&p->mu);
     for (;;) {
         if (w->releases != NULL) {
@@ -446,6 +467,8 @@ static void *worker_main(void *arg)
             j = pop_shared(p, w->index);
         if (j != NULL) {
             w->busy = 1;
+            w->current = j;
+            w->since = monotonic_ns();
             j->running = 1;
             j->worker = w->index;
             if (j->inputs != NULL)
@@ -455,11 +478,15 @@ static void *worker_main(void *arg)
             pthread_mutex_unlock(&p->mu);
             if (j->job.trace)
                 j->ran_from = monotonic_ns();
+            as_fault_job(w->fault_slot, j->job.model, j->job.kind);
             w->engine.run(w->ip, &j->job);
+            as_fault_job(w->fault_slot, NULL, 0);
             if (j->job.trace)
                 j->ran_to = monotonic_ns();
             pthread_mutex_lock(&p->mu);
             w->busy = 0;
+            w->current = NULL;
+            w->lost = 0; /* back from a job it was given up in: it takes jobs again */
             wake = j->job.join != NULL ? finish_staged(p, j) : 0;
             wake |= post_done(p, j);
             if (wake) {
@@ -479,6 +506,7 @@ static void *worker_main(void *arg)
     pthread_mutex_unlock(&p->mu);
     if (w->engine.destroy != NULL)
         w->engine.destroy(w->ip);
+    as_fault_unregister(w->fault_slot);
     pthread_mutex_lock(&p->mu);
     w->exited = 1;
     pthread_cond_broadcast(&p->exit_cv);
@@ -492,7 +520,7 @@ static worker_t *idle_worker(pool_t *p, uint64_t mask)
 {
     for (int i = 0; i < p->n_workers; i++) {
         worker_t *w = p->workers[i];
-        if (w->waiting && w->active && w->ready && (mask >> i & 1)) {
+        if (w->waiting && w->active && w->ready && !w->lost && (mask >> i & 1)) {
             w->waiting = 0;
             return w;
         }
@@ -505,6 +533,9 @@ static worker_t *idle_worker(pool_t *p, uint64_t mask)
 static void enqueue(pool_t *p, hjob *j, int target)
 {
     worker_t *w;
+    if (j->id == 0) /* host GIL: next_id is the host's */
+        j->id = ++p->next_id;
+    j->job.id = j->id;
     pthread_mutex_lock(&p->mu);
     if (target >= 0) {
         w = p->workers[target];
@@ -595,7 +626,7 @@ static PyObject *pool_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
     p->executable = strdup(executable);
     p->bootstrap = strdup(bootstrap);
     p->init = (as_init){AS_ABI_VERSION, p->executable, (const char *const *)p->path, (size_t)n, p->bootstrap,
-                        &host_calls};
+                        &host_calls, p->engine_name};
     p->str_shape = PyUnicode_InternFromString("shape");
     p->str_data = PyUnicode_InternFromString("data");
     if (p->str_shape == NULL || p->str_data == NULL) {
@@ -635,7 +666,7 @@ static void pool_dealloc(pool_t *p)
  * handles SIGINT, SIGTERM, SIGHUP ...); faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
  * SIGABRT, SIGTRAP, SIGSYS) stay deliverable so that they are reported where they
  * happen. */
-static int start_thread(worker_t *w)
+static int spawn(pthread_t *thread, size_t stack, void *(*fn)(void *), void *arg)
 {
     static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS};
     sigset_t blocked, old;
@@ -644,13 +675,18 @@ static int start_thread(worker_t *w)
         sigdelset(&blocked, faults[i]);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 16 * 1024 * 1024); /* model code recurses like the main thread */
+    pthread_attr_setstacksize(&attr, stack);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_sigmask(SIG_BLOCK, &blocked, &old);
-    int rc = pthread_create(&w->thread, &attr, worker_main, w);
+    int rc = pthread_create(thread, &attr, fn, arg);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&attr);
     return rc;
+}
+
+static int start_thread(worker_t *w)
+{
+    return spawn(&w->thread, 16 * 1024 * 1024, worker_main, w); /* model code recurses like the main thread */
 }
 
 static PyObject *pool_add_interpreter(pool_t *p, PyObject *token)
@@ -674,7 +710,9 @@ static PyObject *pool_add_interpreter(pool_t *p, PyObject *token)
     }
     sj->host_kind = AS_JOB_START;
     sj->start_error = start_error;
+    as_fault_install();
     w->pool = p;
+    w->fault_slot = -1;
     w->index = p->n_workers;
     w->engine = p->engine;
     w->active = 1;
@@ -840,6 +878,10 @@ static PyObject *pool_submit(pool_t *p, PyObject *args, PyObject *kw)
     }
     if (target >= p->n_workers || (target >= 0 && p->workers[target]->dead))
         return as_engine_error(Py_TYPE(p), "Pool.submit: no live interpreter %d", target);
+    if (target >= 0 && p->workers[target]->lost)
+        return as_engine_error(Py_TYPE(p),
+                               "Pool.submit: interpreter %d is lost (stuck in a job it was asked to give up) and "
+                               "takes no jobs until that job returns", target);
     hjob *j = job_new(p, token, kind);
     if (j == NULL)
         return NULL;
@@ -878,17 +920,15 @@ static PyObject *pool_infer(pool_t *p, PyObject *args, PyObject *kw)
         job_free(j);
         return NULL;
     }
-    PyObject *id = NULL;
-    if (staged) {
-        id = PyLong_FromUnsignedLongLong(p->next_id + 1);
-        if (id == NULL) {
-            job_free(j);
-            return NULL;
-        }
+    j->id = p->next_id + 1; /* host GIL: next_id is the host's */
+    PyObject *id = PyLong_FromUnsignedLongLong(j->id);
+    if (id == NULL) {
+        job_free(j);
+        return NULL;
     }
+    p->next_id = j->id;
     if (staged) {
         pthread_mutex_lock(&p->mu);
-        j->id = ++p->next_id;
         j->join = (as_join){j, join_poll};
         j->job.join = &j->join;
         j->snext = p->staged;
@@ -896,7 +936,7 @@ static PyObject *pool_infer(pool_t *p, PyObject *args, PyObject *kw)
         pthread_mutex_unlock(&p->mu);
     }
     enqueue(p, j, -1);
-    return id != NULL ? id : Py_NewRef(Py_None);
+    return id;
 }
 
 /* Caller holds p->mu. */
@@ -1156,18 +1196,19 @@ static PyObject *pool_set_active(pool_t *p, PyObject *arg)
 
 static PyObject *pool_stats(pool_t *p, PyObject *Py_UNUSED(ignored))
 {
-    int ready = 0, busy = 0, active = 0;
+    int ready = 0, busy = 0, active = 0, lost = 0;
     pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->n_workers; i++) {
         worker_t *w = p->workers[i];
         ready += w->ready;
-        busy += w->busy;
-        active += w->active && w->ready;
+        busy += w->busy && !w->lost;
+        active += w->active && w->ready && !w->lost;
+        lost += w->lost;
     }
     size_t queued = p->queued;
     pthread_mutex_unlock(&p->mu);
-    return Py_BuildValue("{sisisisisn}", "interpreters", p->n_workers, "ready", ready, "active", active, "busy",
-                         busy, "queued", (Py_ssize_t)queued);
+    return Py_BuildValue("{sisisisisnsi}", "interpreters", p->n_workers, "ready", ready, "active", active, "busy",
+                         busy, "queued", (Py_ssize_t)queued, "lost", lost);
 }
 
 /* End the interpreters that can end (subinterpreters) once their queues are empty.
@@ -1178,7 +1219,7 @@ static PyObject *pool_shutdown(pool_t *p, PyObject *Py_UNUSED(ignored))
     pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->n_workers; i++) {
         worker_t *w = p->workers[i];
-        if (w->engine.destroy == NULL || w->dead)
+        if (w->engine.destroy == NULL || w->dead || w->lost) /* a lost one may never return: not waited for */
             continue;
         w->active = 0;
         w->stop = 1;
@@ -1194,6 +1235,235 @@ static PyObject *pool_shutdown(pool_t *p, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* ---- faults: cancelling jobs, giving up on interpreters ---- */
+
+typedef struct {
+    worker_t *worker;
+    uint64_t id;
+} cancel_t;
+
+/* A thread of its own, one per cancelled job: it may wait for the interpreter's GIL for
+ * as long as the job holds it (forever, if the job spins in C without giving it up; the
+ * worker never takes another job then, so such threads do not pile up). */
+static void *cancel_main(void *arg)
+{
+    cancel_t c = *(cancel_t *)arg;
+    free(arg);
+    worker_t *w = c.worker;
+    if (w->engine.thread_init != NULL)
+        w->engine.thread_init(); /* a private namespace's libc, for this thread */
+    w->engine.cancel(w->ip, c.id);
+    return NULL;
+}
+
+/* Caller holds p->mu: the worker running job `id`, or NULL. */
+static worker_t *running_worker(pool_t *p, uint64_t id)
+{
+    for (int i = 0; i < p->n_workers; i++) {
+        worker_t *w = p->workers[i];
+        if (w->current != NULL && w->current->id == id)
+            return w;
+    }
+    return NULL;
+}
+
+/* Caller holds p->mu; j is unlinked from the shared queue: it never runs and completes
+ * now, failed. Returns whether the loop must be woken. */
+static int fail_queued(pool_t *p, hjob *j)
+{
+    p->queued--;
+    j->job.failed = 1;
+    j->job.error_type = strdup("Cancelled"); /* NULL without memory: a generic failure */
+    j->job.error = strdup("cancelled before it ran");
+    int wake = j->job.join != NULL ? finish_staged(p, j) : 0;
+    return wake | post_done(p, j);
+}
+
+/* Caller holds p->mu: what a cancellation thread for w's running job needs, or NULL if
+ * its cancellation is under way already (or the worker is lost). */
+static cancel_t *begin_cancel(worker_t *w)
+{
+    hjob *j = w->current;
+    if (j == NULL || j->cancel_sent || w->lost || w->engine.cancel == NULL)
+        return NULL;
+    cancel_t *c = malloc(sizeof *c);
+    if (c == NULL)
+        return NULL; /* not cancelled: given up after the grace period all the same */
+    j->cancel_sent = 1;
+    *c = (cancel_t){w, j->id};
+    return c;
+}
+
+/* Without p->mu: start the thread begin_cancel prepared (if it cannot start, the job is
+ * given up after the grace period all the same). */
+static void launch_cancel(cancel_t *c)
+{
+    pthread_t t;
+    if (spawn(&t, 1024 * 1024, cancel_main, c) != 0)
+        free(c);
+}
+
+static PyObject *pool_cancel(pool_t *p, PyObject *arg)
+{
+    unsigned long long id = PyLong_AsUnsignedLongLong(arg);
+    if (id == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    const char *state = NULL;
+    cancel_t *start = NULL;
+    int wake = 0;
+    pthread_mutex_lock(&p->mu);
+    hjob *prev = NULL;
+    for (hjob *j = p->head; j != NULL; prev = j, j = j->next) {
+        if (j->id != id)
+            continue;
+        if (prev != NULL)
+            prev->next = j->next;
+        else
+            p->head = j->next;
+        if (p->tail == j)
+            p->tail = prev;
+        j->next = NULL;
+        wake = fail_queued(p, j);
+        state = "queued";
+        break;
+    }
+    worker_t *w = state == NULL ? running_worker(p, id) : NULL;
+    if (w != NULL && !w->current->orphan) { /* an orphan's token has completed: nothing to cancel */
+        state = "running";
+        start = begin_cancel(w);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (wake)
+        wake_loop(p);
+    if (start != NULL)
+        launch_cancel(start);
+    if (state == NULL)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(state);
+}
+
+/* Shutting down: every queued job fails, every running one is cancelled. */
+static PyObject *pool_cancel_all(pool_t *p, PyObject *Py_UNUSED(ignored))
+{
+    cancel_t *starts[MAX_WORKERS];
+    unsigned long long ids[MAX_WORKERS];
+    int n_starts = 0, n_ids = 0, wake = 0;
+    pthread_mutex_lock(&p->mu);
+    hjob *j;
+    while ((j = pop(&p->head, &p->tail)) != NULL)
+        wake |= fail_queued(p, j);
+    for (int i = 0; i < p->n_workers; i++) {
+        worker_t *w = p->workers[i];
+        if (w->current == NULL || w->lost)
+            continue;
+        ids[n_ids++] = w->current->id;
+        cancel_t *c = begin_cancel(w);
+        if (c != NULL)
+            starts[n_starts++] = c;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (wake)
+        wake_loop(p);
+    for (int i = 0; i < n_starts; i++)
+        launch_cancel(starts[i]);
+    PyObject *out = PyList_New(n_ids);
+    for (int i = 0; out != NULL && i < n_ids; i++) {
+        PyObject *id = PyLong_FromUnsignedLongLong(ids[i]);
+        if (id == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, id);
+    }
+    return out;
+}
+
+static PyObject *pool_lose(pool_t *p, PyObject *args)
+{
+    unsigned long long id;
+    PyObject *on_return;
+    if (!PyArg_ParseTuple(args, "KO:lose", &id, &on_return))
+        return NULL;
+    hjob *proxy = job_new(p, Py_None, 0);
+    if (proxy == NULL)
+        return NULL;
+    int index = -1, wake = 0;
+    double seconds = 0.0;
+    char key[256] = "";
+    pthread_mutex_lock(&p->mu);
+    worker_t *w = running_worker(p, id);
+    if (w != NULL && !w->lost) {
+        hjob *j = w->current;
+        index = w->index;
+        seconds = (double)(monotonic_ns() - w->since) / 1e9;
+        w->lost = 1;
+        j->orphan = 1;
+        /* the job's token completes now, through the proxy; the orphan's completion, if it
+         * ever comes, goes to on_return (references only: no Python runs under the lock) */
+        PyObject *token = proxy->token;
+        proxy->token = j->token;
+        j->token = Py_NewRef(on_return);
+        Py_DECREF(token); /* None: immortal or referenced elsewhere, never freed here */
+        proxy->job.kind = j->job.kind;
+        proxy->job.failed = 1;
+        proxy->job.error_type = strdup("InterpreterLost");
+        char text[256];
+        snprintf(text, sizeof text,
+                 "interpreter %d (engine %s) was given up: its job did not return %.1f s after it was cancelled",
+                 w->index, p->engine_name, seconds);
+        proxy->job.error = strdup(text);
+        wake = j->job.join != NULL ? finish_staged(p, j) : 0;
+        wake |= post_done(p, proxy);
+        proxy = NULL;
+        snprintf(key, sizeof key, "%s", j->job.model != NULL ? j->job.model : "");
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (wake)
+        wake_loop(p);
+    if (proxy != NULL) {
+        job_free(proxy);
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(isd)", index, key, seconds);
+}
+
+static PyObject *pool_jobs(pool_t *p, PyObject *Py_UNUSED(ignored))
+{
+    /* copied under the lock, built after it: allocating Python objects may collect garbage,
+     * and a collected output buffer takes the lock */
+    struct {
+        int index, lost;
+        unsigned long long id;
+        double seconds;
+        char key[256];
+    } running[MAX_WORKERS];
+    int n = 0;
+    int64_t now = monotonic_ns();
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < p->n_workers; i++) {
+        worker_t *w = p->workers[i];
+        hjob *j = w->current;
+        if (j == NULL)
+            continue;
+        running[n].index = w->index;
+        running[n].lost = w->lost;
+        running[n].id = j->id;
+        running[n].seconds = (double)(now - w->since) / 1e9;
+        snprintf(running[n].key, sizeof running[n].key, "%s", j->job.model != NULL ? j->job.model : "");
+        n++;
+    }
+    pthread_mutex_unlock(&p->mu);
+    PyObject *out = PyList_New(n);
+    for (int i = 0; out != NULL && i < n; i++) {
+        PyObject *item = Py_BuildValue("(iKsdO)", running[i].index, running[i].id, running[i].key, running[i].seconds,
+                                       running[i].lost ? Py_True : Py_False);
+        if (item == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, item);
+    }
+    return out;
+}
+
 static PyObject *pool_get_engine(pool_t *p, void *Py_UNUSED(closure)) { return PyUnicode_FromString(p->engine_name); }
 
 static PyMethodDef pool_methods[] = {
@@ -1207,7 +1477,7 @@ static PyMethodDef pool_methods[] = {
      "submit(token, kind, model=None, text=None, target=-1): queue a load, unload or exec job for interpreter "
      "target (or the first idle one)"},
     {"infer", (PyCFunction)(void (*)(void))pool_infer, METH_VARARGS | METH_KEYWORDS,
-     "infer(model, token, inputs, mask=all, staged=False, trace=False) -> job id | None: queue a batch (tensors "
+     "infer(model, token, inputs, mask=all, staged=False, trace=False) -> job id: queue a batch (tensors "
      "with .shape and .data, in the registered order) for the first idle interpreter whose bit is set in mask; a "
      "staged job gets an id for offer/progress and completes with (outputs, stage_seconds); a traced job completes "
      "with (payload, interpreter, ran_from_ns, ran_to_ns, model_spans_json | None)"},
@@ -1227,6 +1497,20 @@ static PyMethodDef pool_methods[] = {
     {"shutdown", (PyCFunction)pool_shutdown, METH_NOARGS,
      "shutdown(): end subinterpreters once their queues are empty (at host exit)"},
     {"stats", (PyCFunction)pool_stats, METH_NOARGS, "stats() -> dict of interpreter and queue counts"},
+    {"cancel", (PyCFunction)pool_cancel, METH_O,
+     "cancel(job) -> 'queued' | 'running' | None: a queued job completes at once, failed (Cancelled); a running "
+     "one gets Cancelled raised in its interpreter at the next bytecode boundary (from a thread of its own); "
+     "None: the job already completed"},
+    {"cancel_all", (PyCFunction)pool_cancel_all, METH_NOARGS,
+     "cancel_all() -> [job]: every queued job completes at once, failed (Cancelled); every running one is "
+     "cancelled as cancel does; returns the ids of those running"},
+    {"lose", (PyCFunction)pool_lose, METH_VARARGS,
+     "lose(job, on_return) -> (interpreter, model key, seconds running) | None: give up on running job `job`: "
+     "its interpreter is marked lost and takes no jobs, the job's token completes now (failed, "
+     "InterpreterLost), and if the job ever returns, on_return(ok, payload) is called instead and the "
+     "interpreter takes jobs again. None: the job is not running (any more)"},
+    {"jobs", (PyCFunction)pool_jobs, METH_NOARGS,
+     "jobs() -> [(interpreter, job, model key, seconds running, lost)]: the jobs running now"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -67,10 +67,11 @@ int as_private_open(const char *library, as_engine *out, char *err, size_t errle
     out->create = (as_create_fn)dlsym(h, "as_interp_create");
     out->run = (as_run_fn)dlsym(h, "as_interp_run_private");
     out->release = (as_release_fn)dlsym(h, "as_interp_release_private");
+    out->cancel = (as_cancel_fn)dlsym(h, "as_interp_cancel_private");
     /* glibc-private, but the only way to set up this libc's ctype tables for a thread
      * it did not create; without it the tokenizer crashes on the first isalpha(). */
     out->thread_init = (void (*)(void))dlsym(h, "__ctype_init");
-    if (out->create == NULL || out->run == NULL || out->release == NULL) {
+    if (out->create == NULL || out->run == NULL || out->release == NULL || out->cancel == NULL) {
         snprintf(err, errlen, "%s lacks the aserve interpreter entry points: reinstall aserve", library);
         return -1;
     }

@@ -71,3 +71,5 @@ EXPORT int as_interp_create(const as_init *cfg, as_interp **out, char *err, size
 EXPORT void as_interp_run_private(as_interp *ip, as_job *job) { as_interp_run(ip, job); }
 
 EXPORT void as_interp_release_private(as_interp *ip, void *owner) { as_interp_release(ip, owner); }
+
+EXPORT int as_interp_cancel_private(as_interp *ip, uint64_t id) { return as_interp_cancel(ip, id); }

@@ -117,6 +117,18 @@ int as_runtime_bind(as_interp *ip, const as_init *cfg, char *err, size_t errlen)
         return -1;
     }
     ip->host = cfg->host;
+    ip->interp = PyThreadState_GetInterpreter(PyThreadState_Get());
+    ip->thread_id = PyThread_get_thread_ident();
+    /* guards against model code ending the process (os._exit, os.abort, sys.exit) and an
+     * interruptible time.sleep; on the host's own interpreter only for its worker threads */
+    PyObject *r = PyObject_CallMethod(mod, "configure", "s", cfg->engine != NULL ? cfg->engine : "");
+    if (r == NULL) {
+        Py_DECREF(mod);
+        as_runtime_error(err, errlen, "configuring the aserve runtime");
+        return -1;
+    }
+    Py_DECREF(r);
+    ip->exc_cancel = PyObject_GetAttrString(mod, "Cancelled");
     ip->fn_load = PyObject_GetAttrString(mod, "load");
     ip->fn_unload = PyObject_GetAttrString(mod, "unload");
     ip->fn_infer = PyObject_GetAttrString(mod, "infer");
@@ -126,7 +138,7 @@ int as_runtime_bind(as_interp *ip, const as_init *cfg, char *err, size_t errlen)
     ip->fn_trace_end = PyObject_GetAttrString(mod, "trace_end");
     Py_DECREF(mod);
     if (!ip->fn_load || !ip->fn_unload || !ip->fn_infer || !ip->fn_exec || !ip->fn_format || !ip->fn_trace_begin ||
-        !ip->fn_trace_end) {
+        !ip->fn_trace_end || !ip->exc_cancel) {
         as_runtime_error(err, errlen, "binding the aserve runtime");
         return -1;
     }
@@ -393,8 +405,43 @@ static void run_attached(as_interp *ip, as_job *job)
 void as_interp_run(as_interp *ip, as_job *job)
 {
     PyEval_RestoreThread(ip->ts);
+    ip->running = job->id;
     run_attached(ip, job);
+    ip->running = 0;
+    if (ip->cancel_set) {
+        /* a cancellation that landed after the job's last bytecode must not hit the next job */
+        PyThreadState_SetAsyncExc(ip->thread_id, NULL);
+        ip->cancel_set = 0;
+    }
     ip->ts = PyEval_SaveThread();
+}
+
+/* ---- cancellation ----
+ *
+ * The host calls this on a thread of its own when every request of a running batch
+ * has timed out. Attaching a fresh thread state of the worker's interpreter takes that
+ * interpreter's GIL (its own libpython's, for a private copy), which the worker gives
+ * up at the next eval-breaker check or while it blocks with the GIL released; holding
+ * it, `running` says whether the job is still in its Python part. The exception is
+ * raised in the worker at its next bytecode boundary: a pure-Python loop ends at once,
+ * time.sleep when its current slice ends (the runtime slices it, see faults.py), but
+ * a call blocked in C (a lock, I/O, ctypes, an extension) only when it returns. A
+ * worker that holds its GIL in C without end keeps this thread waiting: the host
+ * then marks the interpreter lost. */
+int as_interp_cancel(as_interp *ip, uint64_t id)
+{
+    PyThreadState *ts = PyThreadState_New(ip->interp);
+    if (ts == NULL)
+        return 0;
+    PyEval_RestoreThread(ts);
+    int set = 0;
+    if (id != 0 && ip->running == id) {
+        set = PyThreadState_SetAsyncExc(ip->thread_id, ip->exc_cancel) == 1;
+        ip->cancel_set |= set;
+    }
+    PyThreadState_Clear(ts);
+    PyThreadState_DeleteCurrent();
+    return set;
 }
 
 void as_interp_release(as_interp *ip, void *owner)

@@ -12,6 +12,12 @@ struct as_interp {
     const as_host *host;
     PyObject *fn_load, *fn_unload, *fn_infer, *fn_exec, *fn_format, *fn_trace_begin, *fn_trace_end;
     PyTypeObject *input_type; /* read-only exporter of host input memory, one type per interpreter */
+    /* cancellation: read and written under this interpreter's GIL */
+    PyObject *exc_cancel;        /* the bootstrap's Cancelled class */
+    PyInterpreterState *interp;  /* the interpreter the worker's thread state belongs to */
+    unsigned long thread_id;     /* the worker thread, as PyThreadState_SetAsyncExc names it */
+    uint64_t running;            /* id of the job running Python now, 0 between jobs */
+    int cancel_set;              /* an asynchronous Cancelled was set during this job */
 };
 
 /* Import the bootstrap module and keep its entry points. Needs an attached thread
@@ -35,5 +41,8 @@ void as_join_end(PyObject *join);
 /* Run one job / give back one result's owner; attach and detach ip->ts. */
 void as_interp_run(as_interp *ip, as_job *job);
 void as_interp_release(as_interp *ip, void *owner);
+
+/* as_cancel_fn: called on a thread of the host that holds no thread state. */
+int as_interp_cancel(as_interp *ip, uint64_t id);
 
 #endif

@@ -52,8 +52,10 @@ from .policy import BatchPolicy
 
 Done = Callable[[dict[str, Tensor] | None, BaseException | None], None]
 # Runs one batch: run(model, inputs in declared order, done); the engine calls done(outputs, None)
-# or done(None, error) later, from the event loop (aserve.engine.Pool.run).
-Runner = Callable[[str, Sequence[Tensor], Done], None]
+# or done(None, error) later, from the event loop (aserve.engine.Pool.run). It may return the
+# batch's job id, which a Canceller (aserve.engine.Pool.cancel) takes.
+Runner = Callable[[str, Sequence[Tensor], Done], Any]
+Canceller = Callable[[Any], bool]
 
 
 class StagedPool(Protocol):
@@ -190,10 +192,11 @@ def split_outputs(outputs: Mapping[str, Tensor], samples: Sequence[int], model: 
 class _Batch:
     """A batch in flight: its requests and when it started; `done` is the engine's callback."""
 
-    __slots__ = ("batcher", "requests", "samples", "started", "traced")
+    __slots__ = ("batcher", "job", "requests", "samples", "started", "traced")
 
     def __init__(self, batcher: Batcher, requests: list[_Request], samples: int, started: float,
                  traced: bool = False) -> None:
+        self.job: Any = None  # the engine's job id, until it is cancelled
         self.batcher = batcher
         self.requests = requests
         self.samples = samples
@@ -264,9 +267,10 @@ def trace_batch(tracer: Any, model: str, requests: list[_Request], samples: int,
 class _Staged:
     """A staged batch in flight: its requests, then the groups offered to it, in order."""
 
-    __slots__ = ("groups", "limit", "requests", "run", "samples")
+    __slots__ = ("cancelled", "groups", "limit", "requests", "run", "samples")
 
     def __init__(self, run: Any, requests: list[_Request], samples: int, limit: float) -> None:
+        self.cancelled = False
         self.run = run
         self.requests = requests
         self.samples = samples  # with the groups offered and not turned away
@@ -291,6 +295,7 @@ class Batcher:
         self, *, model: str, run: Runner, policy: BatchPolicy, max_batch_size: int, interpreters: int,
         max_queue_size: int, join: Joining | None = None, scheduler: FairScheduler | None = None,
         uniform: bool = False, clock: Callable[[], float] = monotonic, key: str | None = None,
+        cancel: Canceller | None = None,
     ) -> None:
         if interpreters < 1:
             raise ValueError(f"interpreters must be >= 1, got {interpreters}")
@@ -331,6 +336,8 @@ class Batcher:
         self.joined_requests = 0
         self.offers_turned_away = 0
         self.batch_sizes: dict[int, list[float]] = {}  # samples -> [batches that ran, their seconds summed]
+        self._cancel = cancel  # cancels a running batch whose requests all timed out (Pool.cancel)
+        self.cancelled = 0  # batches cancelled (their requests had all timed out)
         self.last_dispatch: float | None = None  # clock time of the last batch dispatched
         self._seat: Seat | None = None if scheduler is None else scheduler.join(self, interpreters=interpreters)
 
@@ -358,6 +365,7 @@ class Batcher:
             "timed_out": self.timed_out,
             "queue_seconds": self.queue_seconds,
             "compute_seconds": self.compute_seconds,
+            "cancelled": self.cancelled,
         }
         if self._join is not None:
             out["joins"] = self.joins
@@ -490,8 +498,24 @@ class Batcher:
                 nearest = r.deadline
         if nearest < _NEVER:
             self._arm_expiry(loop, nearest)
+        if self._cancel is not None:
+            self._cancel_abandoned()
         self._check_drained()
         self._schedule()
+
+    def _cancel_abandoned(self) -> None:
+        """Cancel the running batches nobody waits for any more (every request timed out or
+        went away): the interpreter stops the model and comes back for the next batch."""
+        assert self._cancel is not None
+        for b in self._batches:
+            if b.job is not None and all(r.future.done() for r in b.requests):
+                job, b.job = b.job, None
+                self.cancelled += self._cancel(job)
+        for s in self._staged:
+            if not s.cancelled and all(r.future.done() for r in s.requests) and \
+                    all(r.future.done() for _, g in s.groups for r in g):
+                s.cancelled = True
+                self.cancelled += self._cancel(s.run.id)
 
     # ---- scheduling ----
 
@@ -593,9 +617,9 @@ class Batcher:
         try:
             if self.tracer is not None and any(r.trace is not None for r in batch):
                 run.traced = True
-                self._run_batch(self.key, inputs, run.done, trace=True)  # type: ignore[call-arg]
+                run.job = self._run_batch(self.key, inputs, run.done, trace=True)  # type: ignore[call-arg]
             else:
-                self._run_batch(self.key, inputs, run.done)
+                run.job = self._run_batch(self.key, inputs, run.done)
         except Exception as e:  # noqa: BLE001 - the engine refused the batch: answer it from the loop
             loop.call_soon(run.done, None, e)
 

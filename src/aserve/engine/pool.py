@@ -10,6 +10,15 @@ convenience `infer` await futures.
 A model's input names and datatypes are interned natively once per load
 (`_native.Pool.register`); a batch is handed over as its input tensors in the
 model's declared order, and the engine never copies a name or a buffer.
+
+Faults. Model code that calls os._exit, os.abort or sys.exit fails its job
+(ModelError "model M version V called os._exit(1)"; aserve.runtime.faults). A batch
+nobody waits for any more is cancelled (`cancel`): the interpreter raises Cancelled in
+it at the next bytecode boundary and comes back for the next batch. One that has not
+returned `cancel_grace_s` later (blocked in native code) is given up: its interpreter
+is marked lost and gets no more jobs (`lost`, `serves`, stats()["lost"]), until the job
+returns, if it ever does. `close(timeout=...)` gives up what is still running at the
+deadline rather than wait for it.
 """
 
 from __future__ import annotations
@@ -19,23 +28,34 @@ import atexit
 import base64
 import functools
 import json
+import logging
 import os
 import platform
 import sys
 import sysconfig
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 import msgspec
 
 from .. import _native
-from ..errors import EngineError, InvalidInput, ModelError, ModelLoadError, ModelNotFound
+from ..errors import EngineError, InvalidInput, ModelError, ModelLoadError, ModelNotFound, RequestTimeout
 from ..runtime.model import TensorSpec
 from ..tensor import Tensor
 from . import tunables
 
 ENGINES = ("private", "subinterp", "main")
 BOOTSTRAP = "aserve.runtime._worker"
+log = logging.getLogger("aserve.engine")
+
+
+class BatchCancelled(RequestTimeout):
+    """A batch was cancelled because nobody waits for its answers (every request timed out)."""
+
+
+class InterpreterLost(EngineError):
+    """The interpreter running a job was given up: the job did not return after it was cancelled."""
 
 
 class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -99,7 +119,7 @@ def _check_platform() -> None:
 
 # Native pools outlive Pool objects: interpreters cannot be recreated in a namespace
 # that once held torch, so a closed Pool parks its native pool here for the next one.
-_parked: dict[str, list[Any]] = {}
+_parked: dict[str, list[_native.Pool]] = {}
 _subinterp_pools: list[Any] = []
 
 
@@ -116,8 +136,20 @@ def _error(payload: tuple[str, str]) -> Exception:
         return ModelLoadError(text.strip())
     if error_type == "EngineError":
         return EngineError(text)
+    if error_type == "Cancelled":
+        return BatchCancelled("the batch was cancelled: every request of it timed out")
+    if error_type == "InterpreterLost":
+        return InterpreterLost(text)
     last = text.strip().splitlines()[-1] if text.strip() else error_type
     return ModelError(last, traceback=text, error_type=error_type)
+
+
+def describe_key(key: str) -> str:
+    """A pool key (`name/version`, `name/version#load`, or a bare name) as logs name it."""
+    name, slash, version = key.rpartition("/")
+    if not slash:
+        return f"model {key}"
+    return f"model {name} version {version.partition('#')[0]}"
 
 
 def _example(encoded: list[dict[str, Any]] | None) -> dict[str, Tensor] | None:
@@ -182,7 +214,12 @@ class Pool:
     engine: "private" (a private libpython copy per interpreter, dlmopen), "subinterp"
     (PEP 684 subinterpreters with their own GIL, Python >= 3.12) or "main" (threads of
     this interpreter, sharing its GIL: the baseline).
+
+    cancel_grace_s: how long a cancelled job may take to return before its interpreter
+    is given up (marked lost).
     """
+
+    cancel_grace_s = 10.0
 
     def __init__(self, *, engine: str = "private", interpreters: int | None = None) -> None:
         if engine not in ENGINES:
@@ -202,12 +239,22 @@ class Pool:
             )
         self.engine = engine
         self.interpreters = n
-        self._native: Any = None
+        self._native: _native.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._in_flight = 0  # jobs submitted and not yet completed
         self._idle: asyncio.Future[None] | None = None  # resolved when _in_flight drops to 0
         self._models: dict[str, _Model] = {}
         self._closed = False
+        self.lost_mask = 0  # bit i: interpreter i is lost (stuck in a job it was asked to give up)
+        self._giving_up: dict[int, asyncio.TimerHandle] = {}  # job -> its grace timer
+
+    @property
+    def _started(self) -> _native.Pool:
+        """The native pool; EngineError before start() (or after close())."""
+        native = self._native
+        if native is None:
+            raise EngineError(f"engine {self.engine!r}: the pool is not started")
+        return native
 
     # ---- lifecycle ----
 
@@ -236,7 +283,7 @@ class Pool:
             await self.close()
             raise EngineError(f"engine {self.engine!r}: interpreter start failed: {errors[0]}")
 
-    def _take_native(self) -> Any:
+    def _take_native(self) -> _native.Pool:
         parked = _parked.setdefault(self.engine, [])
         if parked:
             # the parked pool with the most ready interpreters needs the fewest new ones
@@ -263,8 +310,13 @@ class Pool:
             _subinterp_pools.append(native)
         return native
 
-    async def close(self) -> None:
-        """Finish every job already submitted, unload the models, park the interpreters."""
+    async def close(self, *, timeout: float | None = None) -> None:
+        """Finish every job already submitted, unload the models, park the interpreters.
+
+        With `timeout` (seconds), what still runs then is cancelled, and what has not
+        returned a grace period later (at most `cancel_grace_s`, at most a second past
+        the deadline) is given up: its interpreter is lost, and a pool with a lost
+        interpreter is not parked for reuse (`stuck()` lists those jobs)."""
         if self._native is None or self._closed:
             self._closed = True
             return
@@ -272,21 +324,42 @@ class Pool:
         native, loop = self._native, self._loop
         assert loop is not None
         try:
-            await self._quiesce()
+            if not await self._quiesce(timeout):
+                await self._abandon(min(self.cancel_grace_s, 1.0))
             for name in list(self._models):
                 await self._unload(name)
         finally:
             native.set_active(0)
+            for handle in self._giving_up.values():
+                handle.cancel()
+            self._giving_up.clear()
             loop.remove_reader(native.fileno())
             self._drain()
-            _parked.setdefault(self.engine, []).append(native)
+            if not self.lost_mask:
+                _parked.setdefault(self.engine, []).append(native)
 
-    async def _quiesce(self) -> None:
+    async def _quiesce(self, timeout: float | None = None) -> bool:
+        """Wait until no job is in flight; False if `timeout` seconds passed first."""
+        assert self._loop is not None
+        end = None if timeout is None else self._loop.time() + timeout
         while self._in_flight:
             if self._idle is None or self._idle.done():
-                assert self._loop is not None
                 self._idle = self._loop.create_future()
-            await asyncio.shield(self._idle)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._idle),
+                                       None if end is None else max(0.0, end - self._loop.time()))
+            except TimeoutError:
+                return False
+        return True
+
+    async def _abandon(self, grace: float) -> None:
+        """Cancel every job still queued or running; give up those not back within `grace` s."""
+        self._started.set_active(0)
+        running = self._started.cancel_all()  # queued jobs complete now (failed); running ones when they stop
+        if not await self._quiesce(grace):
+            for job in running:
+                self._give_up(job)
+            await self._quiesce(0.0)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -300,9 +373,9 @@ class Pool:
     def _drain(self) -> None:
         """The eventfd's reader: answer every finished job, each exactly once; a token
         that raises is reported to the loop and does not stop the others."""
-        for item in self._native.drain():
+        for item in self._started.drain():
             try:
-                if type(item) is tuple:
+                if isinstance(item, tuple):
                     token, ok, payload = item
                     token(ok, payload)
                 else:  # the engine could not build this completion
@@ -336,7 +409,7 @@ class Pool:
                 target: int = -1) -> asyncio.Future[Any]:
         fut = self._future()
         try:
-            self._native.submit(functools.partial(self._complete, fut), kind, model, text, target)
+            self._started.submit(functools.partial(self._complete, fut), kind, model, text, target)
         except _native.EngineError as e:
             self._forget(fut)
             raise EngineError(str(e)) from None
@@ -375,7 +448,7 @@ class Pool:
         n = self.interpreters if interpreters is None else interpreters
         if not 1 <= n <= self.interpreters:
             raise EngineError(f"model {key!r}: interpreters={n} outside 1..{self.interpreters}")
-        targets = range(1) if self.engine == "main" else range(n)
+        targets = self._usable(range(1) if self.engine == "main" else range(n), key)
         text = json.dumps(
             {
                 "name": spec.name,
@@ -403,7 +476,7 @@ class Pool:
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             for i, r in zip(targets, results):
-                if not isinstance(r, BaseException):
+                if not isinstance(r, BaseException) and not self.lost_mask >> i & 1:
                     await self._submit(_native.JOB_UNLOAD, model=key, target=i)
             raise failed[0]
         meta = json.loads(str(results[0]))
@@ -419,11 +492,30 @@ class Pool:
             stages=int(meta.get("stages", 0)),
             example=_example(meta.get("example")),
         )
-        self._models[key] = _Model(info, (1 << n) - 1, self._native)
+        self._models[key] = _Model(info, sum(1 << i for i in targets) if self.engine != "main" else (1 << n) - 1,
+                                   self._native)
         return info
 
+    def _usable(self, targets: range | list[int], key: str) -> range | list[int]:
+        """The interpreters of `targets` that are not lost (main: the first that is not)."""
+        if not self.lost_mask:
+            return targets
+        if self.engine == "main":
+            usable = [i for i in range(self.interpreters) if not self.lost_mask >> i & 1][:1]
+        else:
+            usable = [i for i in targets if not self.lost_mask >> i & 1]
+        if not usable:
+            raise EngineError(f"model {key!r}: every interpreter it would load in is lost (stuck in model code "
+                              f"that did not return after it was cancelled: {self.lost})")
+        return usable
+
     async def _unload(self, name: str, *, staggered: bool = False) -> None:
-        targets = self._targets(name)
+        targets: range | list[int] = self._targets(name)
+        if self.lost_mask:
+            try:
+                targets = self._usable(targets, name)
+            except EngineError:  # every interpreter of it is lost: nothing to unload from
+                targets = []
         self._models.pop(name, None)
         if staggered:
             for i in targets:
@@ -442,8 +534,8 @@ class Pool:
 
     # ---- batches ----
 
-    def run(self, model: str, inputs: Sequence[Tensor], done: Done, /, *, trace: bool = False) -> None:
-        """Queue one batch on the first idle interpreter of `model`.
+    def run(self, model: str, inputs: Sequence[Tensor], done: Done, /, *, trace: bool = False) -> int:
+        """Queue one batch on the first idle interpreter of `model`; returns its job id (for `cancel`).
 
         inputs: the model's declared inputs, in order. `done(outputs, None)` or
         `done(None, error)` is called from the loop's completion callback; outputs are
@@ -457,13 +549,14 @@ class Pool:
         self._in_flight += 1
         try:
             if trace:
-                self._native.infer(entry.ref, functools.partial(self._traced_done, done), inputs, entry.mask, False,
-                                   True)
+                job: int = self._started.infer(entry.ref, functools.partial(self._traced_done, done), inputs,
+                                              entry.mask, False, True)
             else:
-                self._native.infer(entry.ref, functools.partial(self._batch_done, done), inputs, entry.mask)
+                job = self._started.infer(entry.ref, functools.partial(self._batch_done, done), inputs, entry.mask)
         except BaseException:
             self._done_one()
             raise
+        return job
 
     def _batch_done(self, done: Done, ok: bool, payload: Any) -> None:
         self._done_one()
@@ -491,7 +584,7 @@ class Pool:
         signature = tuple((name, t.datatype) for name, t in inputs.items())
         ref = entry.refs_by_signature.get(signature)
         if ref is None:
-            ref = entry.refs_by_signature[signature] = self._native.register(model, signature)
+            ref = entry.refs_by_signature[signature] = self._started.register(model, signature)
         return ref, list(inputs.values())
 
     async def infer(self, model: str, inputs: Mapping[str, Tensor], /) -> dict[str, Tensor]:
@@ -500,7 +593,7 @@ class Pool:
         ref, ordered = self.ordered(model, inputs)
         fut = self._future()
         try:
-            self._native.infer(ref, functools.partial(self._complete, fut), ordered, self._models[model].mask)
+            self._started.infer(ref, functools.partial(self._complete, fut), ordered, self._models[model].mask)
         except BaseException:
             self._forget(fut)
             raise
@@ -533,7 +626,7 @@ class Pool:
 
         self._in_flight += 1
         try:
-            job = self._native.infer(ref, done, ordered, entry.mask, True)
+            job = self._started.infer(ref, done, ordered, entry.mask, True)
         except BaseException:
             self._done_one()
             raise
@@ -548,7 +641,7 @@ class Pool:
         ordered = self.ordered(run.model, inputs)[1] if isinstance(inputs, Mapping) else list(inputs)
         fut = self._future()
         try:
-            posted = self._native.offer(run.id, functools.partial(self._complete, fut), ordered, last_stage)
+            posted = self._started.offer(run.id, functools.partial(self._complete, fut), ordered, last_stage)
         except BaseException:
             self._forget(fut)
             raise
@@ -572,6 +665,76 @@ class Pool:
             raise EngineError(f"interpreter {interpreter} out of range 0..{self.interpreters - 1}")
         result: str = await self._submit(_native.JOB_EXEC, text=source, target=interpreter)
         return result
+
+    # ---- faults ----
+
+    def cancel(self, job: int, /) -> bool:
+        """Cancel a batch nobody waits for any more: a queued one never runs, a running one
+        gets Cancelled raised in its interpreter. Its completion still comes (failed with
+        BatchCancelled). A running job that has not returned `cancel_grace_s` later is
+        given up and its interpreter marked lost. False: the job already completed."""
+        if self._native is None or self._closed:
+            return False
+        state = self._native.cancel(job)
+        if state == "running" and job not in self._giving_up:
+            assert self._loop is not None
+            self._giving_up[job] = self._loop.call_later(self.cancel_grace_s, self._give_up, job)
+        return state is not None
+
+    def _give_up(self, job: int) -> None:
+        """The grace period of a cancelled job ended: if it still runs, its interpreter is lost."""
+        self._giving_up.pop(job, None)
+        given_up = self._started.lose(job, functools.partial(self._returned, time.monotonic()))
+        if given_up is None:
+            return
+        index, key, seconds = given_up
+        self.lost_mask |= 1 << index
+        usable = self.interpreters - self.lost_mask.bit_count()
+        log.error(
+            "interpreter %d of the %s pool is lost: %s has not returned %.1f s into a batch that was cancelled "
+            "(blocked in native code: a C extension, ctypes, a lock or I/O); it gets no more jobs; %d of %d "
+            "interpreters serve", index, self.engine, describe_key(key), seconds, usable, self.interpreters,
+            extra={"interpreter": index, "engine": self.engine, "pool_key": key, "seconds": round(seconds, 3)},
+        )
+
+    def _returned(self, since: float, ok: bool, payload: Any) -> None:
+        """A job given up on returned after all: its interpreter takes jobs again."""
+        still = {index for index, _, _, _, lost in self._started.jobs() if lost}
+        for index in self.lost:
+            if index not in still:
+                self.lost_mask &= ~(1 << index)
+                log.warning("interpreter %d of the %s pool is back %.1f s after it was given up; it takes jobs "
+                            "again", index, self.engine, time.monotonic() - since)
+
+    @property
+    def lost(self) -> list[int]:
+        """Interpreters given up on: stuck in a cancelled job, they get no jobs."""
+        return [i for i in range(self.interpreters) if self.lost_mask >> i & 1]
+
+    def serves(self, model: str) -> bool:
+        """Whether an interpreter that is not lost runs `model` (False if it is not loaded)."""
+        entry = self._models.get(model)
+        return entry is not None and (not self.lost_mask or entry.mask & ~self.lost_mask != 0)
+
+    def interpreters_of(self, model: str) -> tuple[list[int], list[int]]:
+        """(interpreters that run `model`, those of them that are lost); main: the pool's threads."""
+        entry = self._models.get(model)
+        if entry is None:
+            return [], []
+        mine = [i for i in range(self.interpreters) if entry.mask >> i & 1]
+        return mine, [i for i in mine if self.lost_mask >> i & 1]
+
+    def stuck(self) -> list[tuple[int, str, float]]:
+        """Jobs running now on lost interpreters: (interpreter, model key, seconds running)."""
+        if self._native is None:
+            return []
+        return [(index, key, seconds) for index, _, key, seconds, lost in self._started.jobs() if lost]
+
+    def running_jobs(self) -> list[tuple[int, str, float]]:
+        """Every job running now: (interpreter, model key, seconds running)."""
+        if self._native is None:
+            return []
+        return [(index, key, seconds) for index, _, key, seconds, _ in self._started.jobs()]
 
     # ---- state ----
 

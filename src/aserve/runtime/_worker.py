@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import memory, trace, weights
+from . import faults, memory, trace, weights
 from . import package as _package
 from .model import TENSOR_FORMATS, Model, TensorSpec
 from .package import PackageLoadError, PickledModule, close_archive, model_class, open_archive, settings
@@ -28,6 +28,8 @@ from .tensors import from_model, to_model
 
 trace_begin = trace.begin  # the engine brackets a traced job with these
 trace_end = trace.end
+configure = faults.configure  # the engine calls it once per interpreter with its engine's name
+Cancelled = faults.Cancelled  # what the engine raises in a batch it cancels
 
 
 class LoadError(Exception):
@@ -35,10 +37,11 @@ class LoadError(Exception):
 
 
 class _Loaded:
-    __slots__ = ("fmt", "importer", "inputs", "model", "module_name", "outputs", "source", "stages")
+    __slots__ = ("fmt", "importer", "inputs", "label", "model", "module_name", "outputs", "source", "stages")
 
     def __init__(self, model: Model, fmt: str, inputs: list[TensorSpec], outputs: list[TensorSpec]):
         self.model = model
+        self.label = _label(model.name, model.version)  # how fault messages name it
         self.fmt = fmt
         self.inputs = {s.name: s for s in inputs}
         self.outputs = {s.name: s for s in outputs}
@@ -85,7 +88,7 @@ def _import_file(path: str, module_name: str) -> Any:
         exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - the model's code
     except BaseException as e:
         sys.modules.pop(module_name, None)
-        raise LoadError(f"{path}: import failed: {type(e).__name__}: {e}") from e
+        raise LoadError(f"{path}: import failed: {faults.describe(e)}") from e
     return module
 
 
@@ -107,6 +110,10 @@ def _find_class(module: Any, path: str, class_name: str | None) -> type[Model]:
             "name the one to serve with `class` in the model config"
         )
     return found[0]
+
+
+def _label(name: str, version: str) -> str:
+    return f"model {name} version {version}"
 
 
 def _module_name(key: str) -> str:
@@ -166,6 +173,15 @@ def load(key: str, spec_json: str) -> str:
     `spec["package"]` (a config's [package] table) loads a torch.package archive
     instead of a model.py (see package.py)."""
     spec = json.loads(spec_json)
+    label = _label(spec.get("name", key), str(spec.get("version", "1")))
+    previous = faults.enter(label)
+    try:
+        return _load_contained(key, spec)
+    finally:
+        faults.leave(previous)
+
+
+def _load_contained(key: str, spec: dict[str, Any]) -> str:
     weights.install_when_imported()  # torch.load / load_state_dict share mapped weights by default
     importer: Any = None
     module_name: str | None = None
@@ -208,7 +224,7 @@ def _load(key: str, spec: dict[str, Any], cls: type[Model], path: str, importer:
     except PackageLoadError as e:
         raise LoadError(str(e)) from e.__cause__
     except BaseException as e:
-        raise LoadError(f"{path}: {cls.__name__} failed to load: {type(e).__name__}: {e}") from e
+        raise LoadError(f"{path}: {cls.__name__} failed to load: {faults.describe(e)}") from e
     if "torch" in sys.modules:
         weights.install()
         memory.trim()  # give back what load() allocated and freed (weights it replaced by mapped ones)
@@ -224,7 +240,7 @@ def _load(key: str, spec: dict[str, Any], cls: type[Model], path: str, importer:
         example = model.example_inputs()
         encoded = None if example is None else _encode_example(example, loaded.inputs)
     except BaseException as e:
-        raise LoadError(f"{path}: {cls.__name__}.example_inputs(): {type(e).__name__}: {e}") from e
+        raise LoadError(f"{path}: {cls.__name__}.example_inputs(): {faults.describe(e)}") from e
     _models[key] = loaded
     return json.dumps(
         {
@@ -273,12 +289,19 @@ def unload(key: str) -> None:
     loaded = _models.pop(key, None)
     if loaded is None:
         return
-    _forget(loaded.importer, loaded.module_name)
-    if loaded.source is not None and all(m.source != loaded.source for m in _models.values()):
-        linecache.cache.pop(loaded.source, None)
-    del loaded
-    gc.collect()
-    memory.trim()
+    label = loaded.label
+    previous = faults.enter(label)  # finalizers of the model's objects may run its code
+    try:
+        _forget(loaded.importer, loaded.module_name)
+        if loaded.source is not None and all(m.source != loaded.source for m in _models.values()):
+            linecache.cache.pop(loaded.source, None)
+        del loaded  # the last reference: the collection below frees the model
+        gc.collect()
+        memory.trim()
+    except SystemExit as e:
+        raise faults.exit_error(label, e) from e
+    finally:
+        faults.leave(previous)
 
 
 Wire = list[tuple[str, str, tuple[int, ...], memoryview]]
@@ -317,14 +340,20 @@ def infer(key: str, inputs: Wire, join: Callable[[int], Wire | None] | None = No
     loaded = _models.get(key)
     if loaded is None:
         raise KeyError(f"model {key!r} is not loaded in this interpreter")
-    fmt = loaded.fmt
-    batch = {name: to_model(datatype, shape, view, fmt) for name, datatype, shape, view in inputs}
-    if join is not None:
-        if not loaded.stages:
-            raise TypeError(f"model {key!r} has no stages: it cannot run a joinable batch")
-        result, seconds = _run_staged(loaded, batch, join)
-        return _outputs(loaded, result), seconds
-    return _outputs(loaded, loaded.model(batch))
+    previous = faults.enter(loaded.label)
+    try:
+        fmt = loaded.fmt
+        batch = {name: to_model(datatype, shape, view, fmt) for name, datatype, shape, view in inputs}
+        if join is not None:
+            if not loaded.stages:
+                raise TypeError(f"model {key!r} has no stages: it cannot run a joinable batch")
+            result, seconds = _run_staged(loaded, batch, join)
+            return _outputs(loaded, result), seconds
+        return _outputs(loaded, loaded.model(batch))
+    except SystemExit as e:
+        raise faults.exit_error(loaded.label, e) from e
+    finally:
+        faults.leave(previous)
 
 
 def _outputs(loaded: _Loaded, result: Any) -> list[Any]:
@@ -343,11 +372,22 @@ def _outputs(loaded: _Loaded, result: Any) -> list[Any]:
 def execute(source: str) -> str:
     """Run Python source in this interpreter's scratch namespace; return repr(result)."""
     _scratch.pop("result", None)
-    exec(compile(source, "<aserve exec>", "exec"), _scratch)  # noqa: S102 - a diagnostics entry point
+    label = "code run by Pool.execute"
+    previous = faults.enter(label)
+    try:
+        exec(compile(source, "<aserve exec>", "exec"), _scratch)  # noqa: S102 - a diagnostics entry point
+    except SystemExit as e:
+        raise faults.exit_error(label, e) from e
+    finally:
+        faults.leave(previous)
     return repr(_scratch["result"]) if "result" in _scratch else ""
 
 
 def format_exception(exc: BaseException) -> str:
+    if isinstance(exc, (faults.ModelExit, faults.Cancelled)):
+        # the traceback, then the message alone on the last line (what the host reports)
+        lines = traceback.format_exception(exc)
+        return "".join(lines[:-1]) + (str(exc) or "the batch was cancelled")
     if isinstance(exc, LoadError):
         return str(exc) + "".join(
             "\n" + line for c in [exc.__cause__] if c is not None for line in traceback.format_exception(c)

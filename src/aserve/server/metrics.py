@@ -117,6 +117,8 @@ _BATCHER: dict[str, tuple[str, str, str, float]] = {
                       "Cumulative time requests waited in the batching queue, microseconds.", 1e6),
     "compute_seconds": ("aserve_inference_compute_duration_us_total", "counter",
                         "Cumulative time requests' batches ran on an interpreter, microseconds.", 1e6),
+    "cancelled": ("aserve_batch_cancelled_total", "counter",
+                  "Running batches cancelled because every request of them timed out.", 1),
 }
 _POLICY: dict[str, tuple[str, str, str, float]] = {
     "latency_budget_s": ("aserve_latency_budget_us", "gauge", "The model's latency budget, microseconds.", 1e6),
@@ -141,6 +143,7 @@ _POOL_HELP = {
     "active": "Interpreters taking jobs.",
     "busy": "Interpreters running a job now.",
     "queued": "Jobs waiting for an interpreter.",
+    "lost": "Interpreters given up on: stuck in a cancelled batch (native code), they get no jobs until it returns.",
 }
 
 

@@ -1,0 +1,84 @@
+"""A hung model is cancelled when its requests time out; one stuck in native code is given up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from aserve.engine import Pool
+
+from .conftest import ENGINES, PAUSE, SLEEP, SPIN, call_faulty, call_ok, metrics
+
+LABELS = '{model="faulty",version="1"}'
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("act", [SPIN, SLEEP], ids=["spin", "sleep"])
+async def test_hung_batch_is_cancelled_and_the_interpreter_answers_next(engine, act, repository, start_server,
+                                                                        http) -> None:
+    _, url = await start_server(repository, engine=engine, interpreters=2)
+    status, answer = await call_faulty(http, url, act, timeout_us=300_000)
+    assert status == 504, answer
+    # faulty runs on interpreter 0 only: this answer comes from the interpreter the hang held
+    status, answer = await call_faulty(http, url, 0)
+    assert status == 200, answer
+    seen = await metrics(http, url)
+    assert seen[f"aserve_batch_cancelled_total{LABELS}"] == 1
+    assert seen[f'aserve_pool_lost{{engine="{engine}"}}'] == 0
+    assert seen['aserve_inference_request_failure_total{model="faulty",version="1",reason="timeout"}'] == 1
+    assert await call_ok(http, url, 1) == (200, 2)
+
+
+async def until_async(check, *, timeout: float = 60.0, what: str) -> None:
+    """Wait until the coroutine function `check()` returns true (polling observable state)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not await check():
+        if loop.time() > end:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_native_hang_loses_its_interpreter(engine, repository, start_server, http, monkeypatch,
+                                                 caplog) -> None:
+    monkeypatch.setattr(Pool, "cancel_grace_s", 0.5)
+    caplog.set_level(logging.WARNING, logger="aserve.engine")
+    _, url = await start_server(repository, engine=engine, interpreters=2)
+    async with http.get(f"{url}/v2/health/ready") as r:
+        assert r.status == 200
+    status, answer = await call_faulty(http, url, PAUSE, timeout_us=300_000)
+    assert status == 504, answer
+
+    async def lost() -> bool:
+        return (await metrics(http, url))[f'aserve_pool_lost{{engine="{engine}"}}'] == 1
+
+    await until_async(lost, what="interpreter 0 to be marked lost")
+    seen = await metrics(http, url)
+    assert seen[f"aserve_batch_cancelled_total{LABELS}"] == 1
+    assert seen[f"aserve_model_ready{LABELS}"] == 0
+    assert seen['aserve_model_ready{model="ok",version="1"}'] == 1
+    assert any(f"interpreter 0 of the {engine} pool is lost: model faulty version 1" in r.getMessage()
+               for r in caplog.records)
+
+    # faulty has no interpreter left: not ready, and neither is the server
+    async with http.get(f"{url}/v2/models/faulty") as r:
+        parameters = (await r.json())["parameters"]
+        assert (parameters["interpreters_lost"], parameters["interpreters_serving"]) == ([0], 0)
+    async with http.get(f"{url}/v2/models/faulty/ready") as r:
+        assert r.status == 503
+    async with http.get(f"{url}/v2/health/ready") as r:
+        assert r.status == 503
+    status, answer = await call_faulty(http, url, 0)
+    assert status == 503 and "has no interpreter left" in answer["error"], answer
+
+    # the other interpreter still serves ok
+    for value in range(4):
+        assert await call_ok(http, url, value) == (200, value + 1)
+    async with http.get(f"{url}/v2/models/ok") as r:
+        parameters = (await r.json())["parameters"]
+        assert (parameters["interpreters_lost"], parameters["interpreters_serving"]) == ([0], 1)
+    async with http.get(f"{url}/v2/models/ok/ready") as r:
+        assert r.status == 200
