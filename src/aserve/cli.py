@@ -41,8 +41,43 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--repository-poll-seconds", type=float, dest="repository_poll_s",
                    help="rescan the repository every N seconds: new versions load, changed ones reload, removed "
                         "ones unload (default 0: only on SIGHUP and load requests)")
+    p.add_argument("--model-name", dest="model_name",
+                   help="serve REPOSITORY itself as one model of this name: it holds model.py, model.pt, "
+                        "config.toml or numbered version folders, as KServe's storage initializer leaves "
+                        "/mnt/models (without it, a REPOSITORY holding model.py or model.pt is one model named "
+                        "after the folder; ASERVE_MODEL_NAME)")
+    p.add_argument("--drain-seconds", type=float, dest="drain_s",
+                   help="on SIGTERM, answer /v2/health/ready with 503 and keep serving for this long before the "
+                        "listener closes, so that load balancers take the server out first; SIGUSR1 begins the "
+                        "drain early, e.g. from a preStop hook (default 0; ASERVE_DRAIN_S)")
+    limits = p.add_argument_group("errors, limits and access")
+    limits.add_argument("--expose-model-errors", action=argparse.BooleanOptionalAction, default=None,
+                        dest="expose_model_errors",
+                        help="send a model's own exception message to clients (default: on when bound to loopback, "
+                             "off otherwise; then clients get an error id to find in the log)")
+    limits.add_argument("--admin-token", dest="admin_token",
+                        help="bearer token for /v2/repository/... and trace settings (ASERVE_ADMIN_TOKEN: prefer the "
+                             "variable, flags show in the process list)")
+    limits.add_argument("--api-token", dest="api_token",
+                        help="bearer token for inference and metadata; health and /metrics stay open "
+                             "(ASERVE_API_TOKEN)")
+    limits.add_argument("--cors-origin", action="append", dest="cors_origins", metavar="ORIGIN",
+                        help="let browser pages from ORIGIN (https://host[:port], or *) call the server; repeatable "
+                             "(ASERVE_CORS_ORIGINS: comma-separated; default: no CORS)")
+    limits.add_argument("--max-header-bytes", type=int, dest="max_header_bytes",
+                        help="longest request line and header field (default 8190; longer gets 431)")
+    limits.add_argument("--max-connections", type=int, dest="max_connections",
+                        help="connections served at once; the requests of more get 503 (default 0: no limit)")
+    limits.add_argument("--keepalive-timeout", type=float, dest="keepalive_timeout_s",
+                        help="close a connection idle for this many seconds (default 75)")
+    limits.add_argument("--request-timeout", type=float, dest="request_timeout_s",
+                        help="seconds a client has to send a whole request, headers and body; slower gets 408 "
+                             "(default 60; 0 = no limit)")
     p.add_argument("--config", help="TOML file with server settings (keys are the setting names)")
     p.add_argument("--log-level", choices=LOG_LEVELS, dest="log_level", help="default info (ASERVE_LOG_LEVEL)")
+    p.add_argument("--supervise", action="store_true",
+                   help="run the server as a child of a small supervisor that restarts it (with back-off) when it "
+                        "dies, e.g. of a crash in a model's native code, and passes SIGTERM/SIGINT/SIGHUP on")
 
 
 def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,8 +100,11 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         name: getattr(args, name, None)
         for name in ("repository", "host", "port", "engine", "interpreters", "max_body_bytes",
                      "shutdown_timeout_s", "access_log", "log_level", "backlog", "log_format",
-                     "repository_poll_s")
+                     "repository_poll_s", "model_name", "drain_s")
     }
+    overrides.update({name: getattr(args, name, None) for name in (
+        "expose_model_errors", "admin_token", "api_token", "cors_origins", "max_header_bytes", "max_connections",
+        "keepalive_timeout_s", "request_timeout_s")})
     return load_settings(file=args.config, overrides=overrides)
 
 
@@ -129,9 +167,25 @@ def _bench(args: argparse.Namespace) -> int:
     return rc or 0
 
 
+def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    # before the tunables' re-exec and any interpreter: the supervisor only spawns and waits
+    try:
+        settings = settings_from_args(args)
+    except SettingsError as e:
+        print(f"aserve: {e}", file=sys.stderr)
+        return 2
+    from .logs import configure
+    from .supervise import supervise
+
+    configure(settings.log_level, settings.log_format)
+    return supervise([a for a in argv if a != "--supervise"], host=settings.host, port=settings.port)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
+        if args.supervise:
+            return _supervise(args, sys.argv[1:] if argv is None else argv)
         return _serve(args)
     return _bench(args)
 

@@ -7,6 +7,7 @@ Only the CLI reads argv; everything else receives a `ServerSettings`.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import pathlib
 from collections.abc import Mapping
@@ -61,6 +62,51 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         float, msgspec.Meta(ge=0, description="rescan the repository every this many seconds (0 = only on SIGHUP "
                                               "and load requests)")
     ] = 0.0
+    # ---- what clients see, who may do what ----
+    expose_model_errors: Annotated[
+        bool | None, _doc("send a model's own exception message to the client (paths made relative); None = yes "
+                          "when bound to loopback, no otherwise (the client gets an error id, the log the rest)")
+    ] = None
+    admin_token: Annotated[
+        str, msgspec.Meta(min_length=1, description="bearer token for the repository (index, load, unload) and "
+                                                     "trace-setting endpoints; None = open")
+    ] | None = None
+    api_token: Annotated[
+        str, msgspec.Meta(min_length=1, description="bearer token for inference and metadata (health and /metrics "
+                                                     "stay open); None = open")
+    ] | None = None
+    cors_origins: Annotated[
+        list[str], _doc("origins browsers may call from (CORS), e.g. https://app.example.com, or *; "
+                        "empty = no CORS headers")
+    ] = []
+    # ---- limits ----
+    max_header_bytes: Annotated[
+        int, msgspec.Meta(ge=256, description="longest request line and header field (name and value); longer "
+                                               "gets 431")
+    ] = 8190
+    max_connections: Annotated[
+        int, msgspec.Meta(ge=0, description="open connections served at once; beyond, a connection's request gets "
+                                             "503 and it is closed (0 = no limit)")
+    ] = 0
+    keepalive_timeout_s: Annotated[
+        float, msgspec.Meta(gt=0, description="an idle connection (between requests, or before its first) is "
+                                               "closed after this many seconds")
+    ] = 75.0
+    request_timeout_s: Annotated[
+        float, msgspec.Meta(ge=0, description="time a client has to send a whole request, headers and body, once "
+                                               "it starts; slower gets 408 (0 = no limit)")
+    ] = 60.0
+    model_name: Annotated[
+        str | None, _doc("serve the repository folder itself as one model of this name (it holds model.py, "
+                         "model.pt, config.toml or numbered version folders: KServe's /mnt/models); None = a "
+                         "repository of model folders, or one model named after the folder when it holds "
+                         "model.py or model.pt")
+    ] = None
+    drain_s: Annotated[
+        float, msgspec.Meta(ge=0, description="on SIGTERM (or from SIGUSR1 on), answer /v2/health/ready with 503 "
+                                              "and keep serving until this many seconds after the drain began, "
+                                              "then close the listener (0 = close at once)")
+    ] = 0.0
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_CHOICES:
@@ -69,6 +115,25 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             raise SettingsError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if self.log_format not in LOG_FORMATS:
             raise SettingsError(f"log_format: expected one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
+        for origin in self.cors_origins:
+            if origin != "*" and not _is_origin(origin):
+                raise SettingsError(f"cors_origins: expected * or an origin such as https://app.example.com "
+                                    f"(scheme://host[:port], no path), got {origin!r}")
+
+    def __repr__(self) -> str:  # the tokens stay out of logs and tracebacks
+        shown = {f: getattr(self, f) for f in FIELDS}
+        for secret in ("admin_token", "api_token"):
+            if shown[secret] is not None:
+                shown[secret] = "***"
+        return f"ServerSettings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+    @property
+    def model_errors_exposed(self) -> bool:
+        """Whether a model's own exception message reaches the client (`expose_model_errors`,
+        by default: only when the server listens on a loopback address)."""
+        if self.expose_model_errors is not None:
+            return self.expose_model_errors
+        return is_loopback(self.host)
 
     @property
     def pool_size(self) -> int:
@@ -77,6 +142,22 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
 
 FIELDS: tuple[str, ...] = ServerSettings.__struct_fields__
+LIST_FIELDS = ("cors_origins",)  # ASERVE_CORS_ORIGINS: comma-separated
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_origin(origin: str) -> bool:
+    scheme, sep, rest = origin.partition("://")
+    return bool(sep) and scheme in ("http", "https") and bool(rest) and "/" not in rest and " " not in rest
 
 
 def _convert(values: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -114,7 +195,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     for name in FIELDS:
         value = env.get(ENV_PREFIX + name.upper())
         if value is not None and value != "":
-            found[name] = value
+            found[name] = [v.strip() for v in value.split(",") if v.strip()] if name in LIST_FIELDS else value
     out: dict[str, Any] = {}
     for key, value in found.items():
         out.update(_convert({key: value}, f"environment variable {ENV_PREFIX}{key.upper()}"))

@@ -46,9 +46,12 @@ class ModelNotReady(AserveError):
 
 
 class ModelError(AserveError):
-    """The model raised while answering; `traceback` is its traceback text."""
+    """The model raised while answering; `traceback` is its traceback text; `model` and
+    `version` name the load that failed (set by the front that asked it)."""
 
     status = 500
+    model = ""
+    version = ""
 
     def __init__(self, message: str, *, traceback: str = "", error_type: str = "") -> None:
         super().__init__(message)
@@ -66,3 +69,33 @@ class EngineError(AserveError):
     """The interpreter engine cannot do what was asked (platform, limits, shutdown)."""
 
     status = 500
+
+
+class UnsupportedMediaType(InvalidInput):
+    """The body's Content-Type or Content-Encoding is not one the endpoint reads; the message names those it does."""
+
+    status = 415
+
+
+class BodyTimeout(AserveError):
+    """The client did not send the whole request within the server's time for it (--request-timeout)."""
+
+    status = 408
+
+
+class Unauthorized(AserveError):
+    """No bearer token where the endpoint needs one."""
+
+    status = 401
+
+
+class Forbidden(AserveError):
+    """A bearer token that is not the one the endpoint needs."""
+
+    status = 403
+
+
+class NotSupported(AserveError):
+    """The server knows the request but cannot do it for this model; the message names what it supports."""
+
+    status = 501

@@ -57,7 +57,7 @@ class ModelSchema:
         self.max_latency_budget_ms = max_latency_budget_ms
         skip = 1 if max_batch_size > 0 else 0
         self.uniform = all(-1 not in s.shape[skip:] for s in self.inputs)
-        self.plans: dict[bytes, Any] = {}  # a codec's checked decodings of repeated headers (aserve.protocol.v2)
+        self.plans: dict[bytes | memoryview, Any] = {}  # a codec's checked decodings of repeated headers (aserve.protocol.v2)
 
     @property
     def input_names(self) -> list[str]:
@@ -75,10 +75,12 @@ class ModelSchema:
 
 class RequestedOutput(msgspec.Struct, frozen=True, gc=False):
     """An output the client asked for; `binary`: send its data as raw bytes (V2's binary
-    tensor extension) rather than in the message."""
+    tensor extension) rather than in the message; `classification`: send its top N
+    classes instead (Triton's classification extension; 0: the tensor itself)."""
 
     name: str
     binary: bool
+    classification: int = 0
 
 
 class InferRequest(msgspec.Struct, kw_only=True, gc=False):

@@ -72,7 +72,7 @@ async def test_failed_reload_keeps_the_old_version(start_server, repo: pathlib.P
     assert rows[("vm", "1")]["state"] == "READY"
     assert rows[("vm", "2")]["state"] == "UNAVAILABLE"
     cause = rows[("vm", "2")]["reason"]
-    assert f"{repo}/vm/2/model.py" in cause and "No module named 'no_such_module_here'" in cause
+    assert cause.startswith("vm/2/model.py") and "No module named 'no_such_module_here'" in cause  # relative
     assert f"model vm version 2 failed to load: {repo}/vm/2/model.py" in caplog.text
     assert "version 2 did not load; version 1 keeps serving" in caplog.text
     caplog.clear()

@@ -59,7 +59,7 @@ async def test_index_load_unload(served, http: aiohttp.ClientSession, repo: path
     assert await client("is_model_ready", "vm", "2")
 
     # failures are 400s naming the cause
-    with pytest.raises(InferenceServerException, match=r"failed to load 'nope': .*/nope: not a folder"):
+    with pytest.raises(InferenceServerException, match=r"failed to load 'nope': nope: not a folder"):
         await client("load_model", "nope")
     with pytest.raises(InferenceServerException, match="parameters.config: malformed JSON"):
         await client("load_model", "vm", config="{labels")

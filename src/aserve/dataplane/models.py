@@ -86,10 +86,22 @@ class ModelHandle:
         self.schema: ModelSchema | None = None  # set once loaded: what requests are decoded against
         self.memory_bytes = 0  # the process PSS its load (every interpreter) and warm-up added
         self.batcher: Batcher | None = None
+        self.pool: Pool | None = None  # the pool it is loaded in: readiness asks it which interpreters still serve
 
     @property
     def ready(self) -> bool:
-        return self.state == READY
+        """Loaded, and an interpreter that is not lost runs it."""
+        pool = self.pool
+        return self.state == READY and (pool is None or not pool.lost_mask or pool.serves(self.key))
+
+    def no_interpreter_reason(self) -> str:
+        assert self.pool is not None
+        _, lost = self.pool.interpreters_of(self.key)
+        many = len(lost) > 1
+        return (f"model {self.name!r} version {self.version} has no interpreter left: interpreter"
+                f"{'s' if many else ''} {', '.join(map(str, lost))} of the {self.pool.engine} pool "
+                f"did not return from a cancelled batch (blocked in native code) and {'were' if many else 'was'} "
+                "given up")
 
     @property
     def timeout_ms(self) -> float:
@@ -106,6 +118,10 @@ class ModelHandle:
         }
         if self.info is not None:
             out["interpreters"] = self.info.interpreters
+            if self.pool is not None:  # those given up on (stuck in a cancelled batch) serve no more
+                mine, lost = self.pool.interpreters_of(self.key)
+                out["interpreters_serving"] = len(mine) - len(lost)
+                out["interpreters_lost"] = lost
             out["memory_bytes"] = self.memory_bytes
             out["class"] = self.info.class_name
             out["tensor_format"] = self.info.tensor_format
@@ -152,6 +168,9 @@ class ModelHandle:
             raise ModelNotReady(
                 f"model {self.name!r} is {self.state.lower()}" + (f": {self.reason}" if self.reason else "")
             )
+        pool = self.pool
+        if pool is not None and pool.lost_mask and not pool.serves(self.key):
+            raise ModelNotReady(self.no_interpreter_reason())
         return self.schema
 
 

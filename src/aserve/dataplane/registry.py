@@ -38,6 +38,7 @@ from ..engine import ModelSpec, Pool
 from ..engine.choose import close_probe
 from ..errors import AserveError, EngineError, InvalidInput, ModelNotFound
 from ..inference import ModelSchema
+from ..redact import cut_traceback
 from ..repository import (
     ModelSource,
     RepositoryError,
@@ -144,7 +145,7 @@ class ModelRegistry:
         not-ready handle (503 with the reason); ModelNotFound names what exists."""
         routes = self.routes.get(name)
         if routes is None:
-            raise ModelNotFound(f"unknown model {name!r}; this server has: {', '.join(sorted(self.routes)) or 'none'}")
+            raise ModelNotFound(self._unknown(name))
         if version is None:
             found = routes.latest or routes.status()
         else:
@@ -154,6 +155,14 @@ class ModelRegistry:
         if found is None:
             raise ModelNotFound(f"model {name!r} has no version to serve; {routes.describe()}")
         return found
+
+    def _unknown(self, name: str) -> str:
+        """A 404's message: it does not list the models (POST /v2/repository/index does, to
+        those allowed to call it)."""
+        where = "POST /v2/repository/index lists the models"
+        if self.settings.admin_token or self.settings.api_token:
+            where += " (with the admin token)"
+        return f"unknown model {name!r}; {where}"
 
     def _why_not(self, routes: ModelRoutes, version: str) -> str:
         record = self.records.get(routes.name)
@@ -183,16 +192,48 @@ class ModelRegistry:
             if record.source is None or record.source.config is None:
                 return False
             wanted = record.source.served()
-            if not wanted or any(v not in record.serving for v in wanted):
+            if not wanted or any(v not in record.serving or not record.serving[v].ready for v in wanted):
                 return False
         return True
+
+    def not_ready(self) -> list[dict[str, str]]:
+        """What keeps the server from being ready: a row (name, version, state, reason) per
+        model version the repository asks for that does not serve (reasons as the index
+        gives them; a model whose own config is invalid has version "")."""
+        rows: list[dict[str, str]] = []
+        for name in sorted(self.records):
+            record = self.records[name]
+            if record.unloaded:
+                continue
+            source = record.source
+            if source is None or source.config is None:
+                reason = source.error if source is not None and source.error else "its folder could not be read"
+                rows.append({"name": name, "version": "", "state": UNAVAILABLE, "reason": reason or ""})
+                continue
+            wanted = source.served()
+            if not wanted:
+                rows.append({"name": name, "version": "", "state": UNAVAILABLE,
+                             "reason": f"no version on disk is served by the version policy "
+                                       f"({source.config.version_policy.describe()})"})
+            for v in wanted:
+                if v in record.serving:
+                    serving = record.serving[v]
+                    if not serving.ready:  # its interpreters were given up on
+                        rows.append({"name": name, "version": str(v), "state": UNAVAILABLE,
+                                     "reason": serving.no_interpreter_reason()})
+                    continue
+                handle = record.others.get(v)
+                state = handle.state if handle is not None else UNAVAILABLE
+                reason = handle.reason if handle is not None and handle.reason else state.lower()
+                rows.append({"name": name, "version": str(v), "state": state, "reason": reason})
+        return rows
 
     # ---- scanning ----
 
     def scan(self) -> None:
         """Read the repository (configs only; nothing is loaded) and show every model as
         loading (or unavailable, with why). Raises RepositoryError."""
-        self._scan = scan_repository(self.repository)
+        self._scan = scan_repository(self.repository, model_name=self.settings.model_name)
         self._note_skipped(self._scan.skipped)
         for name, source in self._scan.models.items():
             record = self.records.setdefault(name, ModelRecord(name))
@@ -242,6 +283,12 @@ class ModelRegistry:
             finally:
                 self._started = True
                 await close_probe()
+        waiting = self.not_ready()
+        if waiting or not self.records:
+            log.warning("not ready: %s", "; ".join(
+                f"{r['name']}{' version ' + r['version'] if r['version'] else ''}: "
+                f"{cut_traceback(r['reason']).splitlines()[0] if r['reason'] else r['state']}" for r in waiting)
+                or f"the repository {self.repository} holds no model")
 
     async def rescan(self) -> None:
         """Read the repository again and move every model to what it now holds: new versions
@@ -252,7 +299,7 @@ class ModelRegistry:
                 return
             try:
                 found = scan_repository(self.repository, {n: r.override for n, r in self.records.items()
-                                                          if r.override})
+                                                          if r.override}, model_name=self.settings.model_name)
             except RepositoryError as e:
                 log.error("repository rescan failed, nothing changed: %s", e)
                 return
@@ -271,7 +318,7 @@ class ModelRegistry:
         async with self._lock:
             if self._closed:
                 raise EngineError("the server is shutting down")
-            found = scan_model(self.repository, name, override=override)
+            found = scan_model(self.repository, name, override=override, model_name=self.settings.model_name)
             if isinstance(found, Skipped):
                 raise LoadFailed(f"failed to load {name!r}: {found.path}: {found.reason}")
             problems = [found.error] if found.error else [
@@ -296,8 +343,7 @@ class ModelRegistry:
         async with self._lock:
             record = self.records.get(name)
             if record is None:
-                raise ModelNotFound(f"unknown model {name!r}; this server has: "
-                                    f"{', '.join(sorted(self.records)) or 'none'}")
+                raise ModelNotFound(self._unknown(name))
             record.unloaded = True
             going = list(record.serving.values())
             record.serving.clear()
@@ -477,7 +523,7 @@ class ModelRegistry:
             handle.memory_bytes = max(0, process_pss() - before)
             handle.load_seconds = time.perf_counter() - started
         except (AserveError, ValueError, TypeError) as e:
-            handle.state, handle.reason = UNAVAILABLE, str(e)
+            handle.state, handle.reason = UNAVAILABLE, cut_traceback(str(e))  # the log line has the traceback
             log.error("model %s version %s failed to load: %s", handle.name, handle.version, e)
             return
         schema = ModelSchema(
@@ -489,8 +535,9 @@ class ModelRegistry:
         handle.batcher = Batcher(
             model=handle.name, key=handle.key, run=pool.run, policy=policy, max_batch_size=config.max_batch_size,
             interpreters=info.interpreters, max_queue_size=config.batching.max_queue_size, join=joining,
-            scheduler=self.schedulers[handle.engine], uniform=schema.uniform,
+            scheduler=self.schedulers[handle.engine], uniform=schema.uniform, cancel=pool.cancel,
         )
+        handle.pool = pool
         handle.batcher.tracer = self.tracer
         handle.state, handle.reason = READY, ""
         handle.loaded_at = time.time()
@@ -554,6 +601,8 @@ class ModelRegistry:
                     state, reason = UNLOADING, "answering the requests it accepted"
                 elif record.unloaded:
                     state, reason = UNAVAILABLE, "unloaded by request"
+                elif source is not None and source.config is None:
+                    state, reason = UNAVAILABLE, f"the model's config is invalid: {source.error}"
                 else:
                     policy = source.config.version_policy.describe() if source and source.config else "none"
                     state, reason = UNAVAILABLE, f"not served by the version policy ({policy})"
@@ -570,7 +619,7 @@ class ModelRegistry:
     def statistics(self, name: str | None = None, version: str | None = None) -> list[dict[str, Any]]:
         """Triton's statistics extension: per model version, requests, queue and compute time."""
         if name is not None and name not in self.routes:
-            raise ModelNotFound(f"unknown model {name!r}; this server has: {', '.join(sorted(self.routes)) or 'none'}")
+            raise ModelNotFound(self._unknown(name))
         out: list[dict[str, Any]] = []
         for model in sorted(self.records) if name is None else [name]:
             record = self.records[model]
@@ -602,12 +651,16 @@ class ModelRegistry:
     async def close(self, *, timeout: float | None = None) -> None:
         """Answer what is queued, then close every pool (tolerating failures of each)."""
         self._closed = True
+        loop = asyncio.get_running_loop()
+        end = None if timeout is None else loop.time() + timeout
         async with self._lock:
             batchers = [h.batcher for h in self.handles() if h.batcher is not None]
             await asyncio.gather(*(b.close(timeout=timeout) for b in batchers), return_exceptions=True)
             if self._retiring:
                 await asyncio.gather(*self._retiring, return_exceptions=True)
-            results = await asyncio.gather(*(p.close() for p in self.pools.values()), return_exceptions=True)
+            left = None if end is None else max(0.0, end - loop.time())  # a stuck job is given up then
+            results = await asyncio.gather(*(p.close(timeout=left) for p in self.pools.values()),
+                                           return_exceptions=True)
             for engine, result in zip(list(self.pools), results):
                 if isinstance(result, BaseException):
                     log.error("closing the %s pool failed: %s", engine, result)

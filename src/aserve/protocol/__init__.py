@@ -17,7 +17,8 @@ from .formats import (
 )
 from .metadata import ModelMetadata, ServerMetadata, TensorMetadata, model_metadata
 from .tfserving import decode_predict, encode_predict
-from .v2 import HEADER_LENGTH, InferRequest, RequestedOutput, decode_infer, encode_infer
+from ..inference import InferRequest, RequestedOutput
+from .v2 import HEADER_LENGTH, decode_infer, encode_infer
 from .validate import validate_inputs
 
 __all__ = [

@@ -65,6 +65,7 @@ def _typecodes() -> dict[str, str]:
 
 
 MAX_RANK = 32  # dimensions a tensor may have (bounds the nested-list types built)
+INT64_MAX = 2**63 - 1
 TYPECODES = _typecodes()  # datatype -> array/memoryview typecode of the same size
 
 
@@ -127,6 +128,21 @@ def pack_bytes(values: Iterable[str | bytes], *, field: str) -> bytes:
         parts.append(len(v).to_bytes(4, "little"))
         parts.append(bytes(v))
     return b"".join(parts)
+
+
+def check_empty_shape(shape: Sequence[int], itemsize: int, *, field: str) -> None:
+    """InvalidInput unless the nonzero dimensions of a shape holding a 0 span at most
+    2**63 - 1 bytes: an empty tensor, but one numpy (which checks the product of the other
+    dimensions) cannot make. Shapes without a 0 are bounded by their data."""
+    span = max(itemsize, 1)
+    for d in shape:
+        if d:
+            span *= d
+    if span > INT64_MAX:
+        raise InvalidInput(
+            f"{field}: {list(shape)} is too large: its nonzero dimensions times the element size "
+            f"exceed {INT64_MAX} bytes"
+        )
 
 
 def count_bytes_elements(buf: Any, *, field: str) -> int:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, UnsupportedMediaType
 
 Format = Literal["json", "msgpack"]
 
@@ -97,14 +97,71 @@ def encode_message(obj: Any, fmt: Format) -> bytes:
     return _json_encoder.encode(obj)
 
 
-class ErrorMessage(msgspec.Struct):
+class ErrorMessage(msgspec.Struct, omit_defaults=True):
+    """Every error response: what went wrong (naming the field, limit or setting and the
+    expected value), and for server and model failures the id of the log line that has
+    the details."""
+
     error: str
+    error_id: str | None = None
 
 
-def encode_error(message: str, *, accept: str | None, content_type: str | None = None) -> tuple[bytes, str]:
-    """`{"error": message}` in the format the client accepts, with its Content-Type."""
+def encode_error(message: str, *, accept: str | None, content_type: str | None = None,
+                 error_id: str | None = None) -> tuple[bytes, str]:
+    """`{"error": message}` (with `error_id` when given) in the format the client accepts,
+    with its Content-Type."""
     fmt = negotiate(accept, content_type)
-    return encode_message(ErrorMessage(message), fmt), CONTENT_TYPES[fmt]
+    return encode_message(ErrorMessage(message, error_id), fmt), CONTENT_TYPES[fmt]
+
+
+# ---- what request bodies the server reads ----
+
+ENCODINGS = ("gzip", "deflate", "identity")
+# curl -d sends application/x-www-form-urlencoded and browsers' fetch text/plain: both read as JSON
+JSON_ALIASES = frozenset({JSON, "text/json", "text/plain", "application/x-www-form-urlencoded"})
+# Content-Type values seen and accepted, as sent: the hot path tests membership only
+ACCEPTED: dict[bool, dict[str, Format]] = {True: {}, False: {}}
+
+
+def body_format(content_type: str | None, *, msgpack: bool = True) -> Format:
+    """The format of a request body from its Content-Type, or UnsupportedMediaType (415)
+    naming the types the endpoint reads. No Content-Type, JSON types (also `+json`,
+    text/plain and curl's form type) and application/octet-stream (JSON, with or without
+    binary tensors after it) are JSON; the msgpack types are msgpack where `msgpack`."""
+    if content_type is None:
+        return "json"
+    accepted = ACCEPTED[msgpack]
+    known = accepted.get(content_type)
+    if known is not None:
+        return known
+    mt = media_type(content_type)
+    fmt: Format
+    if not mt or mt in JSON_ALIASES or mt == OCTET_STREAM or mt.endswith("+json"):
+        fmt = "json"
+    elif msgpack and mt in MSGPACK_TYPES:
+        fmt = "msgpack"
+    else:
+        raise UnsupportedMediaType(f"Content-Type: expected {supported_types(msgpack=msgpack)}, got {content_type!r}")
+    if len(accepted) > 256:
+        accepted.clear()
+    accepted[content_type] = fmt
+    return fmt
+
+
+def supported_types(*, msgpack: bool = True) -> str:
+    """The request body types an endpoint reads, for error messages."""
+    types = f"{JSON} (text/plain and form-encoded bodies are read as JSON), {OCTET_STREAM} (JSON"
+    if msgpack:
+        return types + f" with the binary tensor extension) or {MSGPACK}"
+    return types + ")"
+
+
+def check_encoding(content_encoding: str | None) -> None:
+    """UnsupportedMediaType (415) unless the body's Content-Encoding is one the server
+    decodes (gzip, deflate, identity)."""
+    if content_encoding is not None and content_encoding.strip().lower() not in ENCODINGS:
+        raise UnsupportedMediaType(
+            f"Content-Encoding: expected one of {', '.join(ENCODINGS)}, got {content_encoding!r}")
 
 
 _AT = re.compile(r"^(?P<msg>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)

@@ -10,7 +10,6 @@ elements are strings, or `{"b64": "..."}` for binary data. `signature_name` is i
 from __future__ import annotations
 
 import base64
-import binascii
 from typing import Any
 
 import msgspec
@@ -167,7 +166,7 @@ def _bytes_elements(flat: list[Any], field: str) -> list[str | bytes]:
         elif isinstance(v, dict) and v.keys() == {"b64"} and isinstance(v["b64"], str):
             try:
                 out.append(base64.b64decode(v["b64"], validate=True))
-            except binascii.Error as exc:
+            except ValueError as exc:  # binascii.Error, or a non-ASCII string
                 raise InvalidInput(f"{field}[{i}].b64: invalid base64: {exc}") from None
         else:
             raise InvalidInput(

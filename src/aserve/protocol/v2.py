@@ -9,6 +9,7 @@ little-endian buffers in C (see `arrays`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, NamedTuple, NoReturn
 
 import msgspec
@@ -18,6 +19,7 @@ from ..inference import InferRequest, InferResponse, InputSpec, ModelSchema, Req
 from ..runtime.datatypes import DATATYPES, element_count
 from ..tensor import Tensor
 from . import arrays
+from .classification import top_classes
 from .formats import (
     DECODE_ERRORS,
     OCTET_STREAM,
@@ -29,6 +31,7 @@ from .formats import (
 from .formats import content_type as _content_type
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Dimension = Annotated[int, msgspec.Meta(ge=0, le=arrays.INT64_MAX)]  # the pool and models count in int64
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MAX_RANK = arrays.MAX_RANK
 
@@ -43,7 +46,7 @@ class _InputParameters(msgspec.Struct):
 
 class _WireInput(msgspec.Struct):
     name: str
-    shape: list[NonNegative]
+    shape: list[Dimension]
     datatype: str
     parameters: _InputParameters | None = None
     data: msgspec.Raw = msgspec.Raw()  # decoded once the datatype is known
@@ -182,6 +185,8 @@ def _decode(header: memoryview, blobs: memoryview, fmt: Format, header_length: i
         for w, g in zip(want, shape):
             if w != g and w != -1:
                 _bad_shape(index, spec, schema, shape)
+        if 0 in shape:
+            arrays.check_empty_shape(shape, spec.itemsize, field=f"inputs[{index}].shape")
         if max_batch_size > 0 and shape:
             rows = shape[0]
             if not 1 <= rows <= max_batch_size:
@@ -382,7 +387,7 @@ def _decoder(fmt: Format, datatype: str, depth: int) -> _Decoder:
 
 for _fmt in ("json", "msgpack"):
     for _dt in DATATYPES:
-        _decoder(_fmt, _dt, 1)  # type: ignore[arg-type]
+        _decoder(_fmt, _dt, 1)
 
 
 def _timeout_ms(value: Any) -> float | None:
@@ -424,14 +429,19 @@ def _requested_outputs(
         binary = default_binary
         params = item.parameters
         if params is not None:
-            if params.classification:
-                raise InvalidInput(f"{field}.parameters.classification: classification is not supported")
+            if params.classification and _datatype(schema, item.name) in ("BYTES", "BOOL"):
+                raise InvalidInput(f"{field}.parameters.classification: output {item.name!r} is "
+                                   f"{_datatype(schema, item.name)}: classification needs a numeric output")
             if params.shared_memory_region is not None:
                 raise InvalidInput(f"{field}.parameters.shared_memory_region: shared memory is not supported")
             if params.binary_data is not None:
                 binary = params.binary_data
-        out.append(RequestedOutput(item.name, binary))
+        out.append(RequestedOutput(item.name, binary, params.classification if params is not None else 0))
     return out
+
+
+def _datatype(schema: ModelSchema, name: str) -> str:
+    return next(s.datatype for s in schema.outputs if s.name == name)
 
 
 # ---- the response ----
@@ -463,6 +473,7 @@ def encode_infer(
     *,
     accept: str | None,
     content_type: str | None,
+    labels: Callable[[str], Sequence[str] | None] | None = None,
 ) -> tuple[list[bytes | memoryview], dict[str, str]]:
     """The response body (as chunks to write in order) and its headers.
 
@@ -470,13 +481,16 @@ def encode_infer(
     own buffer (no copy), with `Inference-Header-Content-Length` and an
     application/octet-stream Content-Type (as Triton answers); the rest carry flat
     `data` lists. msgpack: every output's `data` is its raw little-endian bytes, BYTES
-    as a list of byte strings.
+    as a list of byte strings. An output requested with `classification: N` is sent as
+    its top N classes (`classification.top_classes`; `labels(output name)`: its labels).
     """
     fmt = negotiate(accept, content_type)
     outputs = response.outputs
     model_name = response.model_name
     if request.outputs:
         selected = [(r.name, r.binary) for r in request.outputs]
+        if any(r.classification for r in request.outputs):
+            outputs = _classified(outputs, request, labels)
     else:
         default_binary = request.form is True
         selected = [(name, default_binary) for name in outputs]
@@ -512,8 +526,20 @@ def encode_infer(
     return [header, *blobs], {"Content-Type": OCTET_STREAM, HEADER_LENGTH: str(len(header))}
 
 
+def _classified(outputs: dict[str, Tensor], request: InferRequest,
+                labels: Callable[[str], Sequence[str] | None] | None) -> dict[str, Tensor]:
+    out = dict(outputs)
+    batched = request.schema.max_batch_size > 0
+    for r in request.outputs:
+        tensor = outputs.get(r.name)
+        if r.classification and tensor is not None:
+            out[r.name] = top_classes(tensor, r.classification, batched=batched, name=r.name,
+                                      labels=labels(r.name) if labels is not None else None)
+    return out
+
+
 def _output_view(model_name: str, name: str, tensor: Tensor) -> memoryview:
-    view = tensor.data
+    view: memoryview = tensor.data
     if type(view) is not memoryview:
         view = memoryview(view)
     if view.format != "B" or view.ndim != 1:

@@ -13,13 +13,17 @@ first; the application keeps its routes, startup and cleanup.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
 from ..dataplane import DataPlane
-from .errors import from_exception
+from .access import API, Access, Cors
+from .errors import ErrorPolicy, from_exception
 from .handlers import infer, predict
+from .limits import LimitedServer, Limits, Request
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
@@ -56,11 +60,21 @@ def hot_route(target: str) -> tuple[int, str, str | None] | None:
 
 
 class Front:
-    """Answers the infer routes of `plane` itself and hands every other request to `fallback`."""
+    """Answers the infer routes of `plane` itself and hands every other request to `fallback`.
+
+    With an api token set it checks the request's bearer token first; with CORS origins,
+    it adds the CORS headers to what it answers (one attribute test each when off)."""
 
     def __init__(self, plane: DataPlane, *, max_body_bytes: int) -> None:
+        settings = plane.settings
         self.plane = plane
         self.max_body_bytes = max_body_bytes
+        self.timeout_s = settings.request_timeout_s
+        self.policy = ErrorPolicy(max_body_bytes=max_body_bytes, request_timeout_s=settings.request_timeout_s,
+                                  expose_model_errors=settings.model_errors_exposed, registry=plane.registry)
+        access = Access(admin_token=settings.admin_token, api_token=settings.api_token)
+        self.access: Access | None = access if access.guards_api else None
+        self.cors: Cors | None = Cors(settings.cors_origins) if settings.cors_origins else None
         self.fallback: Handler | None = None
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -69,24 +83,46 @@ class Front:
             if route is not None:
                 kind, model, version = route
                 try:
+                    if self.access is not None:
+                        self.access.check(request, API)
                     if kind == V2:
-                        return await infer(self.plane, request, model, version, max_body_bytes=self.max_body_bytes)
-                    return await predict(self.plane, request, model, version, max_body_bytes=self.max_body_bytes)
+                        response = await infer(self.plane, request, model, version,
+                                               max_body_bytes=self.max_body_bytes, timeout_s=self.timeout_s)
+                    else:
+                        response = await predict(self.plane, request, model, version,
+                                                 max_body_bytes=self.max_body_bytes, timeout_s=self.timeout_s)
                 except Exception as exc:  # noqa: BLE001 - every failure gets an answer; the server goes on
-                    return from_exception(request, exc, max_body_bytes=self.max_body_bytes)
+                    response = from_exception(request, exc, self.policy)
+                if self.cors is not None:
+                    self.cors.add(request, response)
+                return response
         assert self.fallback is not None, "FrontRunner sets the fallback"
         return await self.fallback(request)
 
 
 class FrontRunner(web.AppRunner):
-    """An AppRunner whose server asks `front` first, then the application."""
+    """An AppRunner whose server asks `front` first, then the application, and enforces the
+    connection limits of the plane's settings (header size, idle keep-alive, connections,
+    request time)."""
 
-    def __init__(self, app: web.Application, front: Front, **kwargs: object) -> None:
-        super().__init__(app, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, app: web.Application, front: Front, **kwargs: Any) -> None:
+        settings = front.plane.settings
+        kwargs.setdefault("keepalive_timeout", settings.keepalive_timeout_s)
+        kwargs.setdefault("max_line_size", settings.max_header_bytes)
+        kwargs.setdefault("max_field_size", settings.max_header_bytes)
+        super().__init__(app, **kwargs)
         self._front = front
+        self._limits = Limits(max_connections=settings.max_connections,
+                              request_timeout_s=settings.request_timeout_s,
+                              max_header_bytes=settings.max_header_bytes)
 
     async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
+        made = await super()._make_server()
+        server = LimitedServer(
+            made.request_handler, limits=self._limits, loop=made._loop,
+            request_factory=functools.partial(self.app._make_request, _cls=Request),
+            handler_cancellation=made.handler_cancellation, **made._kwargs,
+        )
         self._front.fallback = server.request_handler
         server.request_handler = self._front.handle
         return server

@@ -9,6 +9,9 @@ aiohttp's router; everything else is routed here.
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+from collections.abc import Sequence
 from time import perf_counter, time_ns
 from typing import Any
 
@@ -17,7 +20,7 @@ from aiohttp import payload, web
 
 from .. import __version__, logs
 from ..dataplane import READY, DataPlane, ModelHandle, failure_reason
-from ..errors import AserveError, InvalidInput, PayloadTooLarge
+from ..errors import AserveError, InvalidInput, ModelError, NotSupported, PayloadTooLarge
 from ..logs import current_trace
 from ..protocol import (
     HEADER_LENGTH,
@@ -27,10 +30,15 @@ from ..protocol import (
     encode_message,
     encode_predict,
     negotiate,
+    tfsignature,
 )
-from ..protocol.formats import CONTENT_TYPES, request_format
+from ..protocol import messages as m
+from ..protocol.formats import ACCEPTED, CONTENT_TYPES, body_format, check_encoding, request_format
+from ..protocol.metadata import ServerMetadata, TensorMetadata
 from ..tracing import RequestTrace
-from .errors import MAX_BODY_KEY
+from .access import ACCESS_KEY, ADMIN, API, OPEN, Level
+from .errors import POLICY_KEY, body_timeout
+from .limits import request_started
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import render
 
@@ -62,20 +70,38 @@ def _handle(request: web.Request) -> ModelHandle:
 # ---- health and metadata ----
 
 async def server_metadata(request: web.Request) -> web.Response:
-    return _message(request, {"name": "aserve", "version": __version__, "extensions": EXTENSIONS})
+    return _message(request, ServerMetadata(name="aserve", version=__version__, extensions=EXTENSIONS))
 
 
 async def live(request: web.Request) -> web.Response:
-    return _message(request, {"live": True})
+    return _message(request, m.LiveResponse(True))
 
 
 async def ready(request: web.Request) -> web.Response:
-    ok = _plane(request).ready
-    return _message(request, {"ready": ok}, status=200 if ok else 503)
+    """200 when every model version the repository asks for serves; 503 naming which do
+    not and why (to callers that may see the models: with an api token, those that send it)."""
+    plane = _plane(request)
+    if plane.ready:
+        return _message(request, m.ReadyResponse(True))
+    registry = plane.registry
+    waiting = [m.NotReady(**row) for row in registry.not_ready()]
+    policy = request.app[POLICY_KEY]
+    for row in waiting:
+        row.reason = policy.redact(row.reason)
+    if waiting:
+        reason = f"{len(waiting)} model version{'s' if len(waiting) > 1 else ''} not ready"
+    else:
+        reason = "shutting down" if getattr(registry, "_closed", False) else "the repository holds no model to serve"
+    try:
+        request.app[ACCESS_KEY].check(request, API)
+    except AserveError:
+        return _message(request, m.ReadyResponse(False, reason + " (send the api token for which and why)"),
+                        status=503)
+    return _message(request, m.ReadyResponse(False, reason, waiting or None), status=503)
 
 
-def _tensor_metadata(specs: Any) -> list[dict[str, Any]]:
-    return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
+def _tensor_metadata(specs: Any) -> list[TensorMetadata]:
+    return [TensorMetadata(s.name, s.datatype, list(s.shape)) for s in specs]
 
 
 async def model_metadata(request: web.Request) -> web.Response:
@@ -83,32 +109,33 @@ async def model_metadata(request: web.Request) -> web.Response:
     inputs = handle.info.inputs if handle.info else handle.config.input_specs
     outputs = handle.info.outputs if handle.info else handle.config.output_specs
     routes = _plane(request).registry.routes[handle.name]
-    parameters = handle.parameters()
+    parameters = request.app[POLICY_KEY].redactor().value(handle.parameters())
     parameters["labels"] = dict(routes.labels)
-    return _message(request, {
-        "name": handle.name,
-        "versions": list(routes.versions),  # the versions serving now
-        "platform": "aserve",
-        "inputs": _tensor_metadata(inputs),
-        "outputs": _tensor_metadata(outputs),
-        "parameters": parameters,
-    })
+    return _message(request, m.ModelMetadataResponse(
+        name=handle.name,
+        versions=list(routes.versions),  # the versions serving now
+        platform="aserve",
+        inputs=_tensor_metadata(inputs),
+        outputs=_tensor_metadata(outputs),
+        parameters=parameters,
+    ))
 
 
 async def model_ready(request: web.Request) -> web.Response:
     handle = _handle(request)
-    return _message(request, {"name": handle.name, "ready": handle.ready}, status=200 if handle.ready else 503)
+    return _message(request, m.ModelReadyResponse(handle.name, handle.ready), status=200 if handle.ready else 503)
 
 
 async def model_config(request: web.Request) -> web.Response:
     handle = _handle(request)
-    config = msgspec.to_builtins(handle.config)
+    config = request.app[POLICY_KEY].redactor().value(msgspec.to_builtins(handle.config))
     config["name"] = handle.name
-    return _message(request, config)
+    return _message(request, msgspec.convert(config, m.ModelConfigResponse))
 
 
 async def _json_body(request: web.Request, what: str) -> dict[str, Any]:
-    body = await request.read()
+    body = await read_body(request, request.app[POLICY_KEY].max_body_bytes, request.app[POLICY_KEY].request_timeout_s,
+                           msgpack=False)
     if not body.strip():
         return {}
     try:
@@ -126,7 +153,11 @@ async def repository_index(request: web.Request) -> web.Response:
     ready_only = wanted.get("ready", False)
     if not isinstance(ready_only, bool):
         raise InvalidInput(f"ready: expected true or false, got {ready_only!r}")
-    return _message(request, _plane(request).registry.index(ready_only=ready_only))
+    policy = request.app[POLICY_KEY]
+    rows = [m.IndexEntry(**row) for row in _plane(request).registry.index(ready_only=ready_only)]
+    for row in rows:
+        row.reason = policy.redact(row.reason)
+    return _message(request, rows)
 
 
 def _parameters(wanted: dict[str, Any], what: str) -> dict[str, Any]:
@@ -158,7 +189,7 @@ async def repository_load(request: web.Request) -> web.Response:
     if override is not None and not isinstance(override, dict):
         raise InvalidInput(f"parameters.config: expected a JSON object of config.toml fields, got {override!r}")
     await _plane(request).load(name, override)
-    return _message(request, {})
+    return _message(request, m.EmptyResponse())
 
 
 async def repository_unload(request: web.Request) -> web.Response:
@@ -169,14 +200,14 @@ async def repository_unload(request: web.Request) -> web.Response:
     if unknown:
         raise InvalidInput(f"parameters.{unknown[0]}: unknown unload parameter; expected unload_dependents")
     await _plane(request).unload(request.match_info["model"])
-    return _message(request, {})
+    return _message(request, m.EmptyResponse())
 
 
 async def model_statistics(request: web.Request) -> web.Response:
     """GET /v2/models[/{model}[/versions/{version}]]/stats, in Triton's statistics format."""
     info = request.match_info
     stats = _plane(request).registry.statistics(info.get("model"), info.get("version"))
-    return _message(request, {"model_stats": stats})
+    return _message(request, m.StatisticsResponse(msgspec.convert(stats, list[m.ModelStatistics])))
 
 
 # ---- inference ----
@@ -225,16 +256,33 @@ def respond(chunks: list[Any], headers: dict[str, str]) -> web.Response:
     return web.Response(body=body, headers=headers)
 
 
-async def read_body(request: web.BaseRequest, limit: int) -> bytes:
-    """The request body. One that has fully arrived (most do, with their headers) is taken
-    from the buffer as it is; others are read as they come. Longer than `limit`: 413."""
+async def read_body(request: web.BaseRequest, limit: int, timeout_s: float = 0.0, *, msgpack: bool = True) -> bytes:
+    """The request body, its Content-Type and Content-Encoding checked (415). One that has
+    fully arrived (most do, with their headers) is taken from the buffer as it is; others
+    are read as they come, within what is left of `timeout_s` since the request's first
+    byte (408; 0: no limit). Longer than `limit`: 413."""
+    headers = request.headers
+    content_type = headers.get("Content-Type")
+    if content_type is not None and content_type not in ACCEPTED[msgpack]:
+        body_format(content_type, msgpack=msgpack)  # 415 unless a type the endpoint reads
+    encoding = headers.get("Content-Encoding")
+    if encoding is not None:
+        check_encoding(encoding)
     content = request.content
     if content.is_eof():
         body = content.read_nowait()
         if len(body) > limit:
             raise PayloadTooLarge(f"request body exceeds the server's limit of {limit} bytes (--max-body-bytes)")
         return body
-    return await request.read()  # aiohttp enforces client_max_size (413)
+    if timeout_s <= 0:
+        return await request.read()  # aiohttp enforces client_max_size (413)
+    loop = asyncio.get_running_loop()
+    began = request_started(request) or loop.time()
+    try:
+        async with asyncio.timeout(max(0.0, began + timeout_s - loop.time())):
+            return await request.read()
+    except TimeoutError:
+        raise body_timeout(timeout_s) from None
 
 
 _common_attributes: dict[tuple[str, str, str | None, str, str], dict[str, Any]] = {}
@@ -247,7 +295,7 @@ def _start_trace(plane: DataPlane, request: web.BaseRequest, route: str, model: 
     tracer = plane.tracer
     if tracer is None:
         return None
-    trace = tracer.start(request.headers)
+    trace: RequestTrace | None = tracer.start(request.headers)
     if trace is None:
         return None
     headers = request.headers
@@ -291,7 +339,7 @@ def _protocol(content_type: str | None, binary: bool) -> str:
 
 
 async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version: str | None, *,
-                max_body_bytes: int) -> web.Response:
+                max_body_bytes: int, timeout_s: float = 0.0) -> web.Response:
     """POST /v2/models/{model}[/versions/{version}]/infer"""
     handle = plane.model(model, version)
     stats = handle.stats
@@ -303,7 +351,7 @@ async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version:
         content_type = headers.get("Content-Type")
         if plane.tracer is not None:
             trace = _start_trace(plane, request, V2_ROUTE, model, version, None)
-        body = await read_body(request, max_body_bytes)
+        body = await read_body(request, max_body_bytes, timeout_s)
         if handle.retired:  # a reload or unload took it out of the routes while the body arrived
             handle = plane.model(model, version)
         schema = handle.require_ready()
@@ -315,12 +363,15 @@ async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version:
         response = await plane.run(handle, req, trace=trace)
         if trace is not None:
             t0 = time_ns()
-        chunks, out_headers = encode_infer(response, req, accept=headers.get("Accept"), content_type=content_type)
+        chunks, out_headers = encode_infer(response, req, accept=headers.get("Accept"), content_type=content_type,
+                                           labels=_labels(handle) if req.outputs else None)
         answer = respond(chunks, out_headers)
         if trace is not None:
             trace.encode = (t0, time_ns())
     except BaseException as exc:
         stats.failed(failure_reason(exc), perf_counter() - start)
+        if isinstance(exc, ModelError):
+            exc.model, exc.version = handle.name, handle.version
         if trace is not None:
             _end_trace(trace, f"POST {V2_ROUTE}", exc)
         raise
@@ -331,7 +382,7 @@ async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version:
 
 
 async def predict(plane: DataPlane, request: web.BaseRequest, model: str, version: str | None, *,
-                  max_body_bytes: int) -> web.Response:
+                  max_body_bytes: int, timeout_s: float = 0.0) -> web.Response:
     """POST /v1/models/{model}[/versions/{version}]:predict (TF-Serving's predict has no
     per-request parameters: the model's timeout and budget apply)."""
     handle = plane.model(model, version)
@@ -341,7 +392,7 @@ async def predict(plane: DataPlane, request: web.BaseRequest, model: str, versio
     try:
         if plane.tracer is not None:
             trace = _start_trace(plane, request, TF_ROUTE, model, version, "tfserving")
-        body = await read_body(request, max_body_bytes)
+        body = await read_body(request, max_body_bytes, timeout_s, msgpack=False)
         if handle.retired:  # a reload or unload took it out of the routes while the body arrived
             handle = plane.model(model, version)
         schema = handle.require_ready()
@@ -358,6 +409,8 @@ async def predict(plane: DataPlane, request: web.BaseRequest, model: str, versio
             trace.encode = (t0, time_ns())
     except BaseException as exc:
         stats.failed(failure_reason(exc), perf_counter() - start)
+        if isinstance(exc, ModelError):
+            exc.model, exc.version = handle.name, handle.version
         if trace is not None:
             _end_trace(trace, f"POST {TF_ROUTE}", exc)
         raise
@@ -369,14 +422,110 @@ async def predict(plane: DataPlane, request: web.BaseRequest, model: str, versio
 
 async def _infer_routed(request: web.Request) -> web.Response:
     info = request.match_info
+    policy = request.app[POLICY_KEY]
     return await infer(_plane(request), request, info["model"], info.get("version"),
-                       max_body_bytes=request.app[MAX_BODY_KEY])
+                       max_body_bytes=policy.max_body_bytes, timeout_s=policy.request_timeout_s)
 
 
 async def _predict_routed(request: web.Request) -> web.Response:
     info = request.match_info
+    policy = request.app[POLICY_KEY]
     return await predict(_plane(request), request, info["model"], info.get("version") or info.get("label"),
-                         max_body_bytes=request.app[MAX_BODY_KEY])
+                         max_body_bytes=policy.max_body_bytes, timeout_s=policy.request_timeout_s)
+
+
+# ---- classification labels (Triton's classification extension, TF-Serving's classify) ----
+
+LABELS_PARAMETER = "classification_labels"
+_labels_cache: dict[tuple[str, str], list[str] | None] = {}
+
+
+def _labels(handle: ModelHandle) -> Any:
+    """`labels(output)`: the labels of a model's output, from the file its config's
+    `[parameters.classification_labels]` names for it (relative to the version's folder)."""
+
+    def labels(output: str) -> list[str] | None:
+        key = (handle.key, output)
+        if key not in _labels_cache:
+            if len(_labels_cache) > 1024:
+                _labels_cache.clear()
+            _labels_cache[key] = _read_labels(handle, output)
+        return _labels_cache[key]
+
+    return labels
+
+
+def _read_labels(handle: ModelHandle, output: str) -> list[str] | None:
+    table = handle.config.parameters.get(LABELS_PARAMETER)
+    if not isinstance(table, dict) or not isinstance(table.get(output), str):
+        return None
+    folder = os.path.realpath(handle.source.directory)
+    path = os.path.realpath(os.path.join(folder, table[output]))
+    if not path.startswith(folder + os.sep):
+        raise InvalidInput(f"parameters.{LABELS_PARAMETER}.{output}: the labels file must be inside the model's "
+                           f"folder, got {table[output]!r}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.rstrip("\r\n") for line in f]
+    except OSError as e:
+        raise NotSupported(f"model {handle.name!r}: cannot read the labels of output {output!r} "
+                           f"({table[output]}: {e.strerror})") from None
+
+
+# ---- TensorFlow-Serving metadata, classify and regress ----
+
+async def tf_metadata(request: web.Request) -> web.Response:
+    """GET /v1/models/{model}[/versions/{v} | /labels/{l}]/metadata: the model's signatures."""
+    info = request.match_info
+    handle = _plane(request).model(info["model"], info.get("version") or info.get("label"))
+    inputs = handle.info.inputs if handle.info else handle.config.input_specs
+    outputs = handle.info.outputs if handle.info else handle.config.output_specs
+    body = tfsignature.metadata(handle.name, handle.version, inputs, outputs,
+                                max_batch_size=handle.config.max_batch_size)
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+
+_TF_VERB = re.compile(r"^(?P<model>[^:]+):(?P<verb>[A-Za-z_]+)$")
+
+
+async def tf_examples(request: web.Request) -> web.Response:
+    """POST /v1/models/{model}[/versions/{v} | /labels/{l}]:classify | :regress (and any
+    other verb: 501 naming the supported ones)."""
+    plane = _plane(request)
+    parts = dict(request.match_info)
+    verb = parts.pop("verb", None)
+    if verb is None:  # a route without a verb: the last part of the path may carry one the routes do not name
+        last = "label" if "label" in parts else "version" if "version" in parts else "model"
+        found = _TF_VERB.match(parts[last])
+        if found is None:
+            raise web.HTTPMethodNotAllowed("POST", ["GET"])
+        parts[last], verb = found["model"], found["verb"]
+    if verb not in ("classify", "regress"):
+        raise NotSupported(f"TF-Serving method :{verb} is not supported; POST /v1/models/{{model}}:predict, "
+                           f":classify or :regress")
+    handle = plane.model(parts["model"], parts.get("version") or parts.get("label"))
+    policy = request.app[POLICY_KEY]
+    with handle.stats.track() as tracked:
+        body = await read_body(request, policy.max_body_bytes, policy.request_timeout_s, msgpack=False)
+        schema = handle.require_ready()
+        tfsignature.check_fits(verb, schema)  # type: ignore[arg-type]
+        try:
+            req = decode_predict(tfsignature.examples_to_predict(body, schema), schema=schema)
+        except InvalidInput as e:
+            raise InvalidInput(str(e).replace("instances", "examples")) from None
+        tracked.samples = req.samples
+        try:
+            response = await plane.run(handle, req)
+        except ModelError as exc:
+            exc.model, exc.version = handle.name, handle.version
+            raise
+    if verb == "regress":
+        answer = tfsignature.encode_regress(response.outputs, req.samples)
+    else:
+        scores = "scores" if "scores" in response.outputs else next(iter(response.outputs))
+        labels: Sequence[str] | None = _labels(handle)(scores)
+        answer = tfsignature.encode_classify(response.outputs, req.samples, labels)
+    return web.Response(body=answer, content_type="application/json")
 
 
 # ---- trace settings (Triton's trace extension, driving OpenTelemetry sampling) ----
@@ -389,7 +538,8 @@ async def trace_setting(request: web.Request) -> web.Response:
     if "model" in request.match_info:
         _handle(request)  # 404 for an unknown model
     if request.method == "POST":
-        body = await request.read()
+        policy = request.app[POLICY_KEY]
+        body = await read_body(request, policy.max_body_bytes, policy.request_timeout_s, msgpack=False)
         try:
             wanted = msgspec.json.decode(body) if body.strip() else {}
         except msgspec.DecodeError as e:
@@ -431,7 +581,7 @@ def _apply_trace_setting(tracer: Any, wanted: dict[str, Any]) -> None:
         tracer.set_ratio(1.0 / n)
 
 
-def _trace_setting(tracer: Any) -> dict[str, Any]:
+def _trace_setting(tracer: Any) -> m.TraceSetting:
     if tracer is None or not tracer.enabled:
         level = ["OFF"]
     else:
@@ -442,8 +592,8 @@ def _trace_setting(tracer: Any) -> dict[str, Any]:
             level = ["OFF"]
         elif tracer.sampler.endswith("traceidratio"):
             rate = str(round(1.0 / tracer.ratio)) if tracer.ratio > 0 else "0"
-    return {"trace_level": level, "trace_rate": rate, "trace_count": "-1", "log_frequency": "0",
-            "trace_file": "", "trace_mode": "opentelemetry"}
+    return m.TraceSetting(trace_level=level, trace_rate=rate, trace_count="-1", log_frequency="0", trace_file="",
+                          trace_mode="opentelemetry")
 
 
 # ---- TensorFlow-Serving model status, Prometheus ----
@@ -458,12 +608,12 @@ async def metrics(request: web.Request) -> web.Response:
 _TF_STATES = {"READY": "AVAILABLE", "LOADING": "LOADING", "UNLOADING": "UNLOADING"}
 
 
-def _tf_version_status(handle: ModelHandle) -> dict[str, Any]:
+def _tf_version_status(handle: ModelHandle, redact: Any) -> m.TFVersionStatus:
     state = _TF_STATES.get(handle.state, "END")
-    status = {"error_code": "OK", "error_message": ""}
+    status = m.TFStatus("OK", "")
     if handle.state not in (READY, "LOADING", "UNLOADING"):
-        status = {"error_code": "UNAVAILABLE", "error_message": handle.reason}
-    return {"version": handle.version, "state": state, "status": status}
+        status = m.TFStatus("UNAVAILABLE", redact(handle.reason))
+    return m.TFVersionStatus(handle.version, state, status)
 
 
 async def tf_status(request: web.Request) -> web.Response:
@@ -479,33 +629,50 @@ async def tf_status(request: web.Request) -> web.Response:
         routes = plane.registry.routes[info["model"]]
         found = {**routes.others, **routes.versions}
         handles = [found[v] for v in sorted(found, key=int) if v != "0"] or [plane.model(info["model"])]
-    body = {"model_version_status": [_tf_version_status(h) for h in handles]}
+    policy = request.app[POLICY_KEY]
+    body = m.TFStatusResponse([_tf_version_status(h, policy.redact) for h in handles])
     response = web.Response(body=msgspec.json.encode(body))
     response.content_type = "application/json"
     return response
 
 
-def add_routes(app: web.Application) -> None:
-    """Every route. The infer routes are here too, for requests the front hands over
-    (paths with percent-escapes, which only the router decodes)."""
+def add_routes(app: web.Application) -> dict[object, Level]:
+    """Every route, and the kind of access each handler needs (aserve.server.access). The
+    infer routes are here too, for requests the front hands over (paths with
+    percent-escapes, which only the router decodes)."""
+    from .openapi import docs_page, openapi_document, static_files
+
     r = app.router
-    r.add_get("/v2/models/stats", model_statistics)  # before /v2/models/{model}
+    levels: dict[object, Level] = {}
+
+    def add(method: str, path: str, handler: Any, level: Level) -> None:
+        r.add_route(method, path, handler)
+        levels[handler] = level
+
+    add("GET", "/v2/models/stats", model_statistics, API)  # before /v2/models/{model}
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-        r.add_post(base + "/infer", _infer_routed)
-        r.add_get(base, model_metadata)
-        r.add_get(base + "/ready", model_ready)
-        r.add_get(base + "/config", model_config)
-        r.add_get(base + "/stats", model_statistics)
+        add("POST", base + "/infer", _infer_routed, API)
+        add("GET", base, model_metadata, API)
+        add("GET", base + "/ready", model_ready, OPEN)
+        add("GET", base + "/config", model_config, API)
+        add("GET", base + "/stats", model_statistics, API)
     for base in ("/v1/models/{model}", "/v1/models/{model}/versions/{version}", "/v1/models/{model}/labels/{label}"):
-        r.add_post(base + ":predict", _predict_routed)
-        r.add_get(base, tf_status)
-    r.add_post("/v2/repository/models/{model}/load", repository_load)
-    r.add_post("/v2/repository/models/{model}/unload", repository_unload)
-    r.add_get("/v2", server_metadata)
-    r.add_get("/metrics", metrics)
-    r.add_get("/v2/health/live", live)
-    r.add_get("/v2/health/ready", ready)
-    r.add_post("/v2/repository/index", repository_index)
+        add("POST", base + ":predict", _predict_routed, API)
+        add("POST", base + ":{verb:classify|regress}", tf_examples, API)
+        add("GET", base + "/metadata", tf_metadata, API)
+        add("GET", base, tf_status, API)
+        add("POST", base, tf_examples, API)  # any other verb: 501 naming the supported ones
+    add("POST", "/v2/repository/models/{model}/load", repository_load, ADMIN)
+    add("POST", "/v2/repository/models/{model}/unload", repository_unload, ADMIN)
+    add("GET", "/v2", server_metadata, API)
+    add("GET", "/metrics", metrics, OPEN)
+    add("GET", "/v2/health/live", live, OPEN)
+    add("GET", "/v2/health/ready", ready, OPEN)
+    add("POST", "/v2/repository/index", repository_index, ADMIN)
     for path in ("/v2/trace/setting", "/v2/models/{model}/trace/setting"):
-        r.add_get(path, trace_setting)
-        r.add_post(path, trace_setting)
+        add("GET", path, trace_setting, ADMIN)
+        add("POST", path, trace_setting, ADMIN)
+    add("GET", "/v2/openapi.json", openapi_document, OPEN)
+    add("GET", "/v2/docs", docs_page, OPEN)
+    add("GET", "/v2/docs/{file}", static_files, OPEN)
+    return levels

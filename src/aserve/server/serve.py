@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import pathlib
 import signal
+import sys
 from typing import Any
 
 from aiohttp import web
@@ -13,19 +15,24 @@ from aiohttp import web
 from ..config import ServerSettings
 from ..dataplane import DataPlane
 from ..logs import AccessLogger
+from ..protocol import encode_message, negotiate
+from ..protocol.formats import CONTENT_TYPES
 from ..tracing import Tracing
 from .app import build_app
 from .front import Front, FrontRunner
 
 log = logging.getLogger("aserve.server")
 
+READY_PATH = "/v2/health/ready"
+
 
 class Server:
     """The HTTP front over a data plane.
 
     `start()` listens at once (live) and loads the models in the background (ready
-    when all are loaded); `close()` stops accepting, answers every request already
-    accepted, then closes the pools."""
+    when all are loaded); `drain()` makes it unready while it serves on (so that load
+    balancers take it out before it stops listening); `close()` stops accepting, answers
+    every request already accepted, then closes the pools."""
 
     def __init__(self, settings: ServerSettings, *, repository: str | pathlib.Path) -> None:
         self.settings = settings
@@ -38,6 +45,7 @@ class Server:
         self._loading: asyncio.Task[None] | None = None
         self._polling: asyncio.Task[None] | None = None
         self._rescans: set[asyncio.Task[None]] = set()
+        self._drain_began: float | None = None  # loop time the drain began
 
     async def start(self) -> None:
         self.plane.scan()
@@ -48,6 +56,7 @@ class Server:
         )
         await runner.setup()
         self._runner = runner
+        self._drain_aware(runner.server)
         site = web.TCPSite(runner, self.settings.host, self.settings.port, reuse_address=True,
                            backlog=self.settings.backlog)
         await site.start()
@@ -91,6 +100,52 @@ class Server:
         if not task.cancelled() and task.exception() is not None:
             log.error("repository rescan failed: %s", task.exception())
 
+    # ---- draining: unready while serving on, before the listener closes ----
+
+    def _drain_aware(self, server: web.Server | None) -> None:
+        """While draining, /v2/health/ready answers 503 and every response closes its
+        connection (`Connection: close`), so that keep-alive clients and proxies reconnect
+        elsewhere before the listener closes. Otherwise it costs one attribute test and one call
+        per request."""
+        assert server is not None
+        handler = server.request_handler
+
+        async def handle(request: web.BaseRequest) -> web.StreamResponse:
+            if self._drain_began is None:
+                return await handler(request)
+            response: web.StreamResponse
+            if request.path == READY_PATH:
+                fmt = negotiate(request.headers.get("Accept"), request.headers.get("Content-Type"))
+                response = web.Response(status=503, body=encode_message({"ready": False}, fmt),
+                                        content_type=CONTENT_TYPES[fmt])
+            else:
+                response = await handler(request)
+            response.force_close()
+            return response
+
+        server.request_handler = handle
+
+    def drain(self) -> None:
+        """Begin draining (once; later calls change nothing): readiness false, requests still served."""
+        if self._drain_began is None:
+            self._drain_began = asyncio.get_running_loop().time()
+            log.info("draining: %s answers 503 while requests are still served", READY_PATH)
+
+    @property
+    def draining(self) -> bool:
+        return self._drain_began is not None
+
+    async def drained(self, seconds: float) -> None:
+        """Drain until `seconds` have passed since the drain began (beginning it now if it
+        has not): the step between a stop signal and `close()`."""
+        if seconds <= 0:
+            return
+        self.drain()
+        assert self._drain_began is not None
+        left = self._drain_began + seconds - asyncio.get_running_loop().time()
+        if left > 0:
+            await asyncio.sleep(left)
+
     async def loaded(self) -> None:
         """Wait until every model has loaded (or failed to)."""
         if self._loading is not None:
@@ -123,19 +178,64 @@ class Server:
 
 
 async def serve(settings: ServerSettings, *, repository: str | pathlib.Path) -> None:
-    """Serve until SIGINT/SIGTERM, then shut down gracefully."""
+    """Serve until SIGINT/SIGTERM, then shut down gracefully: drain for `drain_s` (readiness
+    503, requests still served; SIGUSR1 begins the drain early, e.g. from a preStop hook),
+    stop listening, answer the accepted requests."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     server = Server(settings, repository=repository)
     loop.add_signal_handler(signal.SIGHUP, server.rescan_soon)
+    loop.add_signal_handler(signal.SIGUSR1, server.drain)
     try:
         await server.start()
         log.info("aserve listening on http://%s:%d (repository %s)", settings.host, server.port, repository)
         await stop.wait()
+        await server.drained(settings.drain_s)
         log.info("shutting down: finishing accepted requests")
     finally:
-        await server.close()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        await close_within(server, settings.shutdown_timeout_s)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
+
+
+# ---- leaving with interpreters stuck in model code ----
+
+def _running(server: Server, *, stuck_only: bool) -> list[str]:
+    """The jobs running in the server's pools (only those given up on: `stuck_only`), described."""
+    from ..engine.pool import describe_key
+
+    jobs = []
+    for engine, pool in server.plane.registry.pools.items():
+        for index, key, seconds in pool.stuck() if stuck_only else pool.running_jobs():
+            jobs.append(f"interpreter {index} of the {engine} pool: {describe_key(key)} ({seconds:.1f} s)")
+    return jobs
+
+
+async def close_within(server: Server, seconds: float) -> None:
+    """Close the server within `seconds` (--shutdown-timeout). An interpreter stuck in model
+    code (native code that does not return) cannot be stopped from inside the process and
+    would keep it from exiting: if close does not finish in time, or leaves interpreters
+    stuck, the process ends here, with os._exit once the logs are flushed (status 1 and 0)."""
+    closing = asyncio.ensure_future(server.close())
+    try:
+        await asyncio.wait_for(asyncio.shield(closing), seconds)
+    except TimeoutError:
+        _exit_now(f"shutdown did not finish within --shutdown-timeout {seconds:g} s",
+                  _running(server, stuck_only=False), 1)
+    stuck = _running(server, stuck_only=True)
+    if stuck:
+        _exit_now("interpreters are stuck in model code that did not return after it was cancelled", stuck, 0)
+
+
+def _exit_now(why: str, jobs: list[str], status: int) -> None:
+    log.error("exiting now (status %d): %s; %s", status, why,
+              "still running: " + "; ".join(jobs) if jobs else "no job was running")
+    logging.shutdown()  # flush every handler
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
