@@ -1,9 +1,12 @@
-"""Deployment files (docker/, loadtests/) checked without a container engine.
+"""Deployment files (docker/, loadtests/, deploy/) checked without a container engine or a cluster.
 
 No test here builds or runs the image: they read the Dockerfile, the compose file and
 the Prometheus and Grafana configuration and check that they agree with each other and
 with the project (ports, names, pins, metric names), and they run the Grafana
 dashboard's metric names and the Locust scenario against a real server on loopback.
+The Kubernetes files (deploy/) are validated against Kubernetes', KServe's and Prometheus
+Operator's schemas and rendered by Helm's engine (test_k8s.py); the server side they rely
+on, KServe's model mount and the drain, runs real servers (test_k8s_serve.py).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 LOADTESTS = ROOT / "loadtests"
+DEPLOY = ROOT / "deploy"  # Kubernetes: kserve/ (runtimes, InferenceService, CRD schemas), helm/ (the chart)
 
 
 @dataclass

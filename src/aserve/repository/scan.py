@@ -8,6 +8,11 @@ Layouts (a model is a folder; its name is the model's name):
     <repo>/<name>/<n>/model.pt        version n as a torch.package archive ([package] table)
     <repo>/<name>/<n>/config.toml     what version n changes of the model's config (optional)
 
+A repository folder may itself be one model (as KServe's storage initializer leaves a
+single model's files in /mnt/models): when it holds model.py or model.pt, or, given a
+model name (`--model-name`), config.toml or numbered version folders, it is served as that
+one model, named by `--model-name` or else by the folder's own name.
+
 A folder that is neither, or a version folder with nothing to serve, is skipped, and the
 scan says why (`RepositoryScan.skipped`), so that a misplaced file is reported rather
 than silently ignored. A version whose config is invalid is kept with its error: it is
@@ -170,12 +175,52 @@ def _version(folder: pathlib.Path, number: int, model_table: dict[str, Any], mod
     )
 
 
-def scan_model(root: str | os.PathLike[str], name: str, *,
-               override: dict[str, Any] | None = None) -> ModelSource | Skipped:
-    """One model folder `<root>/<name>`: its config, its versions, what it skips.
+def root_model(root: str | os.PathLike[str], model_name: str | None = None) -> str | None:
+    """The name the repository folder `root` is served under when it is itself a model, else None.
+
+    It is one when it holds model.py or model.pt, or, given `model_name`, config.toml or
+    numbered version folders (without a name those stay what they were: a stray file, and
+    models named 1, 2, ...); its name is `model_name`, or else the folder's own name."""
+    base = pathlib.Path(root)
+    if not base.is_dir():
+        return None
+    own = any((base / f).is_file() for f in (MODEL_FILE, PACKAGE_FILE))
+    if not own and model_name is not None:
+        try:
+            own = (base / CONFIG_FILE).is_file() or any(c.name.isdigit() and c.is_dir() for c in base.iterdir())
+        except OSError:
+            own = False
+    if not own:
+        return None
+    return model_name or base.resolve().name
+
+
+def _not_a_model(root: str | os.PathLike[str], model_name: str) -> str:
+    return (f"model repository {str(root)!r} was to be served as the one model {model_name!r} (--model-name), "
+            f"but it holds no {MODEL_FILE}, {PACKAGE_FILE}, {CONFIG_FILE} or numbered version folders: point "
+            f"it (KServe: the storageUri) at the model's own folder, or leave out --model-name to serve a "
+            f"repository of model folders")
+
+
+def scan_model(root: str | os.PathLike[str], name: str, *, override: dict[str, Any] | None = None,
+               model_name: str | None = None) -> ModelSource | Skipped:
+    """One model folder `<root>/<name>`: its config, its versions, what it skips; or `root`
+    itself when it is a model (`root_model`) of that name.
 
     `override`: config fields laid over every version's config (a load request's)."""
-    folder = pathlib.Path(root) / name
+    single = root_model(root, model_name)
+    if single is not None:
+        if name != single:
+            return Skipped(str(pathlib.Path(root) / name),
+                           f"the repository folder is itself the model {single!r} and serves no other")
+        return _scan_folder(pathlib.Path(root).resolve(), name, override=override)
+    if model_name is not None:
+        return Skipped(str(root), _not_a_model(root, model_name))
+    return _scan_folder(pathlib.Path(root) / name, name, override=override)
+
+
+def _scan_folder(folder: pathlib.Path, name: str, *, override: dict[str, Any] | None) -> ModelSource | Skipped:
+    """The model folder `folder`, served as `name`."""
     if not folder.is_dir():
         return Skipped(str(folder), "not a folder")
     model_file = str(folder / CONFIG_FILE)
@@ -221,9 +266,10 @@ def scan_model(root: str | os.PathLike[str], name: str, *,
                        versions=versions, skipped=skipped)
 
 
-def scan_repository(root: str | os.PathLike[str],
-                    overrides: dict[str, dict[str, Any]] | None = None) -> RepositoryScan:
-    """Every model folder of `root`, sorted by name, with its versions and configs parsed.
+def scan_repository(root: str | os.PathLike[str], overrides: dict[str, dict[str, Any]] | None = None, *,
+                    model_name: str | None = None) -> RepositoryScan:
+    """Every model folder of `root`, sorted by name, with its versions and configs parsed;
+    or `root` alone when it is itself a model (`root_model`; `model_name` names it).
 
     A model or version whose config is invalid is still listed, with its error naming
     the file and field, so that one bad model does not hide the others. `overrides`:
@@ -231,6 +277,14 @@ def scan_repository(root: str | os.PathLike[str],
     base = pathlib.Path(root)
     if not base.is_dir():
         raise RepositoryError(f"model repository {str(base)!r} is not a folder")
+    single = root_model(base, model_name)
+    if single is not None:
+        found = _scan_folder(base.resolve(), single, override=(overrides or {}).get(single))
+        if isinstance(found, Skipped):
+            return RepositoryScan(models={}, skipped=[found])
+        return RepositoryScan(models={single: found}, skipped=list(found.skipped))
+    if model_name is not None:
+        raise RepositoryError(_not_a_model(base, model_name))
     try:
         children = sorted(base.iterdir(), key=lambda p: p.name)
     except OSError as e:

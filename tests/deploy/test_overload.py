@@ -1,0 +1,38 @@
+"""loadtests/overload.py, short: `aserve serve` with the adaptive cnn driven at 3x its capacity
+refuses with 503 + Retry-After, answers no other 5xx, and its memory stays bounded."""
+
+from __future__ import annotations
+
+import importlib.util
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import needs_torch
+
+from .conftest import LOADTESTS
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"aserve_loadtests_{name}", LOADTESTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_torch  # the bundled cnn
+@pytest.mark.asyncio(loop_factories=["asyncio"])  # spawns `aserve serve` (MagicStack/uvloop#650)
+async def test_overload_refuses_with_retry_after_and_nothing_else() -> None:
+    overload = load("overload")
+    args = overload.parse(["--policies", "adaptive", "--duration", "3", "--capacity-seconds", "2",
+                           "--connections", "64", "--factor", "3", "--max-pss-growth-mb", "100"])
+    result = await overload.run(args)
+    adaptive = result["policies"]["adaptive"]
+    assert overload.problems(result, args.max_pss_growth_mb) == [], adaptive
+    assert adaptive["refused_503"] > 0, adaptive  # 3x the capacity: admission control refused some
+    assert adaptive["refused_503_with_retry_after"] == adaptive["refused_503"]
+    assert adaptive["other_5xx"] == 0 and adaptive["other_failures"] == {}, adaptive
+    assert adaptive["ok"] > 0 and adaptive["ok"] + adaptive["refused_503"] == adaptive["sent"], adaptive
+    pss = adaptive["pss_mb"]
+    assert pss["peak"] - pss["before"] <= 100, pss
