@@ -13,7 +13,10 @@ the client, and their latency counts from the scheduled arrival).
 Prints JSON: per policy, the requests sent, answered 200 (OK/s over the drive), their
 p50/p99 latency against the budget and the share within it (as the client saw it,
 and by the server's own duration histogram), 503s and how many carried Retry-After,
-other 5xx (must be 0), other failures; and adaptive's OK/s over the window's.
+other 5xx (must be 0), other failures, the server's PSS before the drive, at its peak
+(sampled every 0.25 s) and after it; and adaptive's OK/s over the window's. The exit
+status is 1 when a policy answered another 5xx, a 503 without Retry-After, or its PSS
+grew more than `--max-pss-growth-mb` over the drive (the queue is bounded: so is memory).
 
     .venv/bin/python loadtests/overload.py                 # about a minute and a half
     .venv/bin/python loadtests/overload.py --duration 5 --factor 3 --json out.json
@@ -44,6 +47,7 @@ import time
 from typing import Any
 
 import aiohttp
+import psutil
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODEL = "cnn"
@@ -61,6 +65,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--policies", default="window,adaptive")
     ap.add_argument("--capacity", type=float, help="requests/s to take as the capacity instead of measuring it")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--max-pss-growth-mb", type=float, default=200.0,
+                    help="largest PSS growth of the server over a drive (peak minus before)")
     ap.add_argument("--json", help="also write the result here")
     return ap.parse_args(argv)
 
@@ -115,6 +121,9 @@ class Server:
                 pass
             await asyncio.sleep(0.25)
         raise RuntimeError(f"{MODEL} not ready after {timeout} s:\n{self.output()}")
+
+    def pss_mb(self) -> float:
+        return psutil.Process(self.proc.pid).memory_full_info().pss / 2**20
 
     def output(self) -> str:
         self.log.seek(0)
@@ -262,6 +271,28 @@ async def drive(session: aiohttp.ClientSession, url: str, rate: float, seconds: 
     return tally, len(tasks), seconds
 
 
+async def watch_pss(server: Server, peak: list[float]) -> None:
+    """Sample the server's PSS every 0.25 s into `peak` until cancelled."""
+    while True:
+        await asyncio.sleep(0.25)
+        peak.append(await asyncio.to_thread(server.pss_mb))
+
+
+def problems(result: dict[str, Any], max_pss_growth_mb: float) -> list[str]:
+    """What breaks overload's promises in a run: other 5xx, a 503 without Retry-After, memory that grows."""
+    out = []
+    for policy, r in result["policies"].items():
+        if r["other_5xx"]:
+            out.append(f"{policy}: {r['other_5xx']} other 5xx ({r['other_5xx_by_status']})")
+        if r["refused_503_with_retry_after"] != r["refused_503"]:
+            out.append(f"{policy}: {r['refused_503'] - r['refused_503_with_retry_after']} 503s without Retry-After")
+        pss = r.get("pss_mb")
+        if pss and pss["peak"] - pss["before"] > max_pss_growth_mb:
+            out.append(f"{policy}: PSS grew {pss['peak'] - pss['before']:.0f} MiB over the drive "
+                       f"(more than {max_pss_growth_mb:g})")
+    return out
+
+
 def summary(tally: Tally, sent: int, seconds: float, budget_ms: float, server: tuple[int, int] | None,
             start: float) -> dict[str, Any]:
     lat = sorted(tally.ok)
@@ -317,10 +348,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         rate = args.factor * cap
                     loop = asyncio.get_running_loop()
                     start = loop.time()
-                    tally, sent, seconds = await drive(session, url, rate, args.duration, args.connections,
-                                                       args.seed)
+                    before = server.pss_mb()
+                    peak = [before]
+                    watch = asyncio.ensure_future(watch_pss(server, peak))
+                    try:
+                        tally, sent, seconds = await drive(session, url, rate, args.duration, args.connections,
+                                                           args.seed)
+                    finally:
+                        watch.cancel()
                     counts = await within_budget_by_server(session, server.url, args.budget_ms * 1e3)
                     results["policies"][policy] = summary(tally, sent, seconds, args.budget_ms, counts, start)
+                    results["policies"][policy]["pss_mb"] = {
+                        "before": round(before, 1), "peak": round(max(peak), 1), "after": round(server.pss_mb(), 1)}
                     results["policies"][policy]["batcher"] = await batcher_state(session, server.url)
                     print(f"# {policy}: {json.dumps(results['policies'][policy])}", file=sys.stderr, flush=True)
             finally:
@@ -339,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         pathlib.Path(args.json).write_text(text + "\n")
     print(text)
-    bad = [p for p, r in result["policies"].items() if r["other_5xx"]]
+    bad = problems(result, args.max_pss_growth_mb)
+    for line in bad:
+        print(f"# {line}", file=sys.stderr)
     return 1 if bad else 0
 
 

@@ -197,32 +197,39 @@ def test_bad_arguments() -> None:
 
 
 class HandRunner:
-    """Pool.run's contract: a batch runs until the test completes it; outputs echo the input."""
+    """Pool.run's contract: a batch runs until the test completes it; outputs echo the input.
+
+    A Batcher dispatches within `submit` and within the `done` callback of the batch that
+    frees a slot, so the state after either call is the state to check: no loop turn
+    is waited for. `started_batch(model)` resolves when `model`'s next batch starts (a
+    batch a timer dispatches)."""
 
     def __init__(self) -> None:
         self.started: list[tuple[str, list[int]]] = []  # (model, values) in start order
         self._running: list[tuple[str, list[int], Callable[..., None]]] = []
+        self._waiting: dict[str, asyncio.Future[None]] = {}
 
     def __call__(self, model: str, inputs: Sequence[Tensor], done: Callable[..., None], /) -> None:
         values = array.array("i", bytes(inputs[0].view())).tolist()
         self.started.append((model, values))
         self._running.append((model, values, done))
+        waiter = self._waiting.pop(model, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     @property
     def running(self) -> list[str]:
         return [m for m, _, _ in self._running]
 
-    async def finish(self, model: str) -> None:
-        """Complete the oldest running batch of `model` and let the batchers react."""
+    def started_batch(self, model: str) -> asyncio.Future[None]:
+        waiter = self._waiting[model] = asyncio.get_running_loop().create_future()
+        return waiter
+
+    def finish(self, model: str) -> None:
+        """Complete the oldest running batch of `model` (the batchers react at once)."""
         i = self.running.index(model)
         _, values, done = self._running.pop(i)
         done({"Y": Tensor("INT32", (len(values), 1), array.array("i", values).tobytes())}, None)
-        await settle()
-
-
-async def settle() -> None:
-    for _ in range(20):
-        await asyncio.sleep(0)
 
 
 def x(value: int) -> list[Tensor]:
@@ -245,24 +252,22 @@ async def test_a_flooded_model_cannot_starve_another() -> None:
     hot = batcher("hot", run, s)
     cold = batcher("cold", run, s)
     flood = [asyncio.ensure_future(hot.submit(x(i), 1)) for i in range(40)]
-    await settle()
     assert run.running == ["hot", "hot"] and hot.queued == 38  # the pool's two slots
     answered = []
     for k in range(5):
         req = asyncio.ensure_future(cold.submit(x(1000 + k), 1))
-        await settle()
         assert run.running == ["hot", "hot"]  # no slot free: cold waits on the host
-        await run.finish("hot")  # the first slot that frees goes to cold
+        run.finish("hot")  # the first slot that frees goes to cold
         assert run.started[-1] == ("cold", [1000 + k])
         assert run.running == ["hot", "cold"]
-        await run.finish("hot")  # the next one goes back to hot (a full batch of 2)
+        run.finish("hot")  # the next one goes back to hot (a full batch of 2)
         assert run.started[-1][0] == "hot" and len(run.started[-1][1]) == 2
-        await run.finish("cold")
+        run.finish("cold")
         assert run.started[-1][0] == "hot"  # cold has nothing queued
         answered.append(await req)
     assert [array.array("i", bytes(r["Y"].view())).tolist() for r in answered] == [[1000 + k] for k in range(5)]
     while run.running:
-        await run.finish("hot")
+        run.finish("hot")
     results = await asyncio.gather(*flood)
     assert [array.array("i", bytes(r["Y"].view()))[0] for r in results] == list(range(40))
     assert s.in_flight == 0 and s.free == 2
@@ -276,12 +281,11 @@ async def test_without_a_scheduler_each_model_counts_only_its_own_interpreters()
     cold = batcher("cold", run, None)
     flood = [asyncio.ensure_future(hot.submit(x(i), 1)) for i in range(6)]
     req = asyncio.ensure_future(cold.submit(x(99), 1))
-    await settle()
     assert sorted(run.running) == ["cold", "hot", "hot"]  # three batches for two interpreters
-    await run.finish("cold")
+    run.finish("cold")
     await req
     while run.running:
-        await run.finish("hot")
+        run.finish("hot")
     await asyncio.gather(*flood)
 
 
@@ -314,19 +318,17 @@ def test_a_model_whose_policy_waits_passes_its_turn_then_takes_a_free_slot() -> 
         policy = Holding(wait=0.02)
         shy = batcher("shy", run, s, policy=policy, clock=loop.time)
         flood = [asyncio.ensure_future(hot.submit(x(i), 1)) for i in range(3)]
-        await settle()
         req = asyncio.ensure_future(shy.submit(x(7), 1))
-        await settle()
         assert policy.asked == 0  # no slot: the policy is not even asked
-        await run.finish("hot")
+        run.finish("hot")
         assert policy.asked == 1 and run.running == ["hot"]  # shy passed: hot got the slot
-        await run.finish("hot")  # the batch of the two others queued
+        run.finish("hot")  # the batch of the two others queued
         assert policy.asked == 2 and run.running == [] and s.free == 1  # shy passed again: the slot stays free
         policy.hold = False
         asked = loop.time()
-        await asyncio.sleep(0.02)  # virtual seconds: its timer fires and takes the free slot
+        await asyncio.wait_for(run.started_batch("shy"), 1.0)  # virtual seconds: its timer takes the free slot
         assert run.running == ["shy"] and s.free == 0 and loop.time() == pytest.approx(asked + 0.02)
-        await run.finish("shy")
+        run.finish("shy")
         assert array.array("i", bytes((await req)["Y"].view())).tolist() == [7]
         await asyncio.gather(*flood)
 
@@ -340,15 +342,14 @@ async def test_models_on_one_interpreter_share_it_and_another_model_uses_the_res
     b = batcher("b", run, s, interpreters=1)
     wide = batcher("wide", run, s, interpreters=2)
     reqs = [asyncio.ensure_future(m.submit(x(i), 1)) for i in range(6) for m in (a, b, wide)]
-    await settle()
     assert sorted(run.running) == ["a", "wide"]  # b waits: a holds the only interpreter it shares with a
-    await run.finish("a")
+    run.finish("a")
     assert sorted(run.running) == ["b", "wide"]
-    await run.finish("wide")
+    run.finish("wide")
     assert sorted(run.running) == ["b", "wide"]  # a or b cannot use wide's interpreter
     for _ in range(40):
         if not run.running:
             break
-        await run.finish(run.running[0])
+        run.finish(run.running[0])
     assert len(await asyncio.gather(*reqs)) == 18
     assert s.in_flight == 0

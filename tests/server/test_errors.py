@@ -20,6 +20,22 @@ def slow_body(ms: float, **parameters: object) -> dict:
     return body
 
 
+async def gauge_until(http: aiohttp.ClientSession, url: str, model: str, name: str, want: float,
+                      timeout: float = 30.0) -> None:
+    """Scrape /metrics until the model's gauge `name` reads `want` (polling observable state)."""
+    prefix = f'{name}{{model="{model}",'
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        async with http.get(f"{url}/metrics") as r:
+            lines = [line for line in (await r.text()).splitlines() if line.startswith(prefix)]
+        if lines and float(lines[0].rsplit(" ", 1)[1]) == want:
+            return
+        if loop.time() > end:
+            raise AssertionError(f"timed out after {timeout} s waiting for {name} of {model} to be {want}: {lines}")
+        await asyncio.sleep(0.002)
+
+
 async def still_serving(http: aiohttp.ClientSession, url: str) -> None:
     a = np.arange(4, dtype=np.int32).reshape(1, 4)
     async with http.post(f"{url}/v2/models/add/infer", json={"inputs": add_inputs(a, a)}) as r:
@@ -97,12 +113,14 @@ async def test_timeout_504_and_overload_503(base_url: str, http: aiohttp.ClientS
     # the timed-out request still holds the interpreter; the next one waits for it, then runs
     assert (await call(1)).status == 200
 
-    # one runs, two wait (max_queue_size 2): the next ones are refused with Retry-After
-    running = asyncio.ensure_future(call(300))
-    await asyncio.sleep(0.1)
+    # one runs, two wait (max_queue_size 2): the next ones are refused with Retry-After. Each
+    # step waits for the state /metrics shows; the running request (1 s) outlasts the steps.
+    running = asyncio.ensure_future(call(1000))
+    await gauge_until(http, base_url, "slow", "aserve_batches_in_flight", 1)
     waiting = [asyncio.ensure_future(call(1)) for _ in range(2)]
-    await asyncio.sleep(0.05)
+    await gauge_until(http, base_url, "slow", "aserve_queue_requests", 2)
     refused = await call(1)
+    assert not running.done(), "the running request ended before the queue could be seen full"
     assert refused.status == 503 and refused.headers["Retry-After"] == "1"
     assert "max_queue_size 2" in (await refused.json())["error"]
     assert (await running).status == 200
@@ -120,7 +138,7 @@ async def test_broken_model_is_unavailable_others_serve(start_server, tmp_path: 
     })
     _, url = await start_server(repo)
     async with http.get(f"{url}/v2/health/ready") as r:
-        assert r.status == 503 and (await r.json()) == {"ready": False}
+        assert r.status == 503 and (await r.json())["ready"] is False
     async with http.post(f"{url}/v2/repository/index") as r:
         index = {row["name"]: row for row in await r.json()}
     assert index["add"]["state"] == "READY"

@@ -9,14 +9,14 @@ import re
 import aiohttp
 import pytest
 
-from ..conftest import STAGED_MODEL
+from ..conftest import STAGED_MODEL, until
 from .conftest import write_repository
 
 STAGED_CONFIG = """
 interpreters = 1
 max_batch_size = 16
 [parameters]
-delay = 0.04
+delay = 0.07
 [batching]
 policy = "adaptive"
 latency_budget_ms = 2000.0
@@ -53,7 +53,7 @@ async def test_requests_join_a_running_batch_and_get_their_own_answers(
     start_server, http: aiohttp.ClientSession, tmp_path: pathlib.Path, join: bool
 ) -> None:
     repo = write_repository(tmp_path / "repo", {"staged": (STAGED_MODEL, STAGED_CONFIG.format(join=str(join).lower()))})
-    _, url = await start_server(repo, engine="private", interpreters=1)
+    server, url = await start_server(repo, engine="private", interpreters=1)
     async with http.get(f"{url}/v2/models/staged") as r:
         params = (await r.json())["parameters"]
     assert params["stages"] == 3
@@ -63,11 +63,14 @@ async def test_requests_join_a_running_batch_and_get_their_own_answers(
 
     payloads = [[float(i) + j / 4 for j in range(4)] * (1 + i % 2) for i in range(6)]
 
-    async def staggered(i: int) -> list[float]:
-        await asyncio.sleep(0.01 * i)  # all arrive while the first batch (120 ms) runs
-        return await infer(http, url, payloads[i])
-
-    results = await asyncio.gather(*(staggered(i) for i in range(len(payloads))))
+    # the first request's batch runs (3 stages of 70 ms) on the only interpreter; the others
+    # are sent once the pool runs it, so that they arrive while it runs its stages (they are
+    # offered to a batch that runs, not to one still waiting for the interpreter)
+    first = asyncio.ensure_future(infer(http, url, payloads[0]))
+    pools = list(server.plane.registry.pools.values())
+    await until(lambda: first.done() or any(pool.running_jobs() for pool in pools), what="the first batch to run")
+    assert not first.done(), "the first batch ended before it was seen running"
+    results = await asyncio.gather(first, *(infer(http, url, p) for p in payloads[1:]))
     for values, got in zip(payloads, results):
         assert got == pytest.approx(expected(values))
     joins = await metric(http, url, "aserve_layer_joins_total")

@@ -1,0 +1,188 @@
+"""Writes the seed corpora (tests/fuzz/corpus/<target>/) from real requests.
+
+`python -m tests.fuzz.make_corpus` (re)writes them: bodies that tritonclient and the load
+test's encoders (loadtests/scenario.py) send to the bundled models, and hand-written
+requests in the same formats for the fuzz schemas' other models (a model that does not
+batch, BOOL, scalars, nested BYTES, UINT64/FP16/BF16/INT8, requested outputs and
+parameters). Deterministic: the same files every time.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pathlib
+import random
+import shutil
+import sys
+from typing import Any
+
+import ml_dtypes
+import msgspec
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent
+CORPUS = ROOT / "corpus"
+
+
+def _scenario() -> Any:
+    sys.path.insert(0, str(ROOT.parent.parent / "loadtests"))
+    try:
+        import scenario
+    finally:
+        sys.path.pop(0)
+    return scenario
+
+
+def _triton(inputs: list[tuple[str, np.ndarray, bool]], outputs: list[tuple[str, bool]] | None = None,
+            **kwargs: Any) -> tuple[bytes, int | None]:
+    """The body (and JSON header size, None without binary tensors) tritonclient.http sends."""
+    from tritonclient import http
+    from tritonclient.utils import np_to_triton_dtype
+
+    ins = []
+    for name, array, binary in inputs:
+        i = http.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        i.set_data_from_numpy(array, binary_data=binary)
+        ins.append(i)
+    outs = [http.InferRequestedOutput(name, binary_data=binary) for name, binary in outputs or []]
+    body, json_size = http.InferenceServerClient.generate_request_body(ins, outputs=outs or None, **kwargs)
+    return bytes(body), json_size
+
+
+def v2_requests() -> dict[str, dict[str, Any]]:
+    """Hand-written V2 requests (as Python values) for the fuzz schemas' models."""
+    return {
+        "unbatched": {
+            "id": "u1",
+            "inputs": [
+                {"name": "MASK", "datatype": "BOOL", "shape": [2, 3], "data": [[True, False, True], [False, False, True]]},
+                {"name": "SCALE", "datatype": "FP32", "shape": [], "data": [0.5]},
+                {"name": "WORDS", "datatype": "BYTES", "shape": [2, 2], "data": [["a", "bc"], ["", "\u00e9t\u00e9"]]},
+            ],
+            "outputs": [{"name": "OUT", "parameters": {"binary_data": False}}],
+        },
+        "unbatched_empty": {
+            "inputs": [
+                {"name": "MASK", "datatype": "BOOL", "shape": [2, 0], "data": [[], []]},
+                {"name": "SCALE", "datatype": "FP32", "shape": [], "data": [-0.0]},
+                {"name": "WORDS", "datatype": "BYTES", "shape": [0, 3], "data": []},
+            ],
+        },
+        "wide": {
+            "inputs": [
+                {"name": "U64", "datatype": "UINT64", "shape": [1, 3], "data": [0, 2**63, 2**64 - 1]},
+                {"name": "H", "datatype": "FP16", "shape": [1], "data": [65504.0]},
+                {"name": "B", "datatype": "BF16", "shape": [1, 2], "data": [[-1.5, 256.0]]},
+                {"name": "I8", "datatype": "INT8", "shape": [1], "data": [-128]},
+            ],
+            "parameters": {"binary_data_output": True, "timeout": 5000, "latency_budget_ms": 2.5},
+        },
+        "textclass": {
+            "inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [2], "data": ["good match", "new laptop"]}],
+            "outputs": [{"name": "LABEL"}, {"name": "SCORES", "parameters": {"binary_data": True}}],
+            "parameters": {"latency_budget_ms": 20},
+        },
+    }
+
+
+def v2_json() -> dict[str, bytes]:
+    scenario = _scenario()
+    out: dict[str, bytes] = {}
+    for model in ("simple", "mlp", "textclass"):
+        inputs, _ = scenario.MODELS[model].inputs(2)
+        out[f"scenario_{model}"] = scenario.REQUESTS["json"](inputs)[0]
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    out["tritonclient_simple"] = _triton([("INPUT0", a, False), ("INPUT1", np.ones_like(a), False)],
+                                         [("OUTPUT0", False), ("OUTPUT1", False)], request_id="7")[0]
+    out["tritonclient_mlp_nested"] = json.dumps({"inputs": [{
+        "name": "INPUT", "datatype": "FP32", "shape": [2, 16],
+        "data": np.linspace(-1, 1, 32, dtype=np.float32).reshape(2, 16).tolist()}]}).encode()
+    for name, request in v2_requests().items():
+        out[name] = json.dumps(request).encode()
+    return out
+
+
+def v2_binary() -> dict[str, bytes]:
+    """`<Inference-Header-Content-Length>\\n<body>`, as targets.v2_binary reads them."""
+    scenario = _scenario()
+    bodies: dict[str, tuple[bytes, int | None]] = {}
+    for model in ("simple", "mlp", "textclass"):
+        inputs, _ = scenario.MODELS[model].inputs(2)
+        body, headers = scenario.REQUESTS["binary"](inputs)
+        bodies[f"scenario_{model}"] = body, int(headers["Inference-Header-Content-Length"])
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    bodies["tritonclient_simple"] = _triton([("INPUT0", a, True), ("INPUT1", np.ones_like(a), True)],
+                                            [("OUTPUT0", True), ("OUTPUT1", False)])
+    bodies["tritonclient_simple_mixed"] = _triton([("INPUT0", a, True), ("INPUT1", np.ones_like(a), False)])
+    texts = np.array([b"The striker scored", b"", b"\xff\xfe binary"], dtype=object)
+    bodies["tritonclient_textclass"] = _triton([("TEXT", texts, True)], [("LABEL", True)],
+                                               parameters={"latency_budget_ms": 10})
+    bodies["tritonclient_unbatched"] = _triton([
+        ("MASK", np.array([[True, False], [False, True]]), True),
+        ("SCALE", np.array(2.0, dtype=np.float32), True),
+        ("WORDS", np.array([[b"x", b"yz"]], dtype=object), True),
+    ])
+    bodies["tritonclient_wide"] = _triton([
+        ("U64", np.array([[1, 2**63, 2**64 - 1]], dtype=np.uint64), True),
+        ("H", np.array([0.5], dtype=np.float16), True),
+        ("B", np.array([[1.0, -2.5]], dtype=ml_dtypes.bfloat16), True),
+        ("I8", np.array([-1], dtype=np.int8), True),
+    ], timeout=1000)
+    return {name: f"{size}\n".encode() + body if size is not None else b"x\n" + body
+            for name, (body, size) in bodies.items()}
+
+
+def msgpack() -> dict[str, bytes]:
+    scenario = _scenario()
+    out: dict[str, bytes] = {}
+    for model in ("simple", "mlp", "textclass"):
+        inputs, _ = scenario.MODELS[model].inputs(2)
+        out[f"scenario_{model}"] = scenario.REQUESTS["msgpack"](inputs)[0]
+    for name, request in v2_requests().items():
+        out[f"{name}_lists"] = msgspec.msgpack.encode(request)
+    out["simple_lists"] = msgspec.msgpack.encode({"inputs": [
+        {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
+        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [[1] * 16]},
+    ], "parameters": {"timeout": 250.5}})
+    out["unbatched_raw"] = msgspec.msgpack.encode({"inputs": [
+        {"name": "MASK", "datatype": "BOOL", "shape": [2, 1], "data": b"\x01\x00"},
+        {"name": "SCALE", "datatype": "FP32", "shape": [], "data": np.float32(3.0).tobytes()},
+        {"name": "WORDS", "datatype": "BYTES", "shape": [1, 2], "data": [b"\x00\x01", "text"]},
+    ]})
+    return out
+
+
+def tfserving() -> dict[str, bytes]:
+    b64 = base64.b64encode(b"\x00binary\xff").decode()
+    requests: dict[str, Any] = {
+        "mlp_instances": {"instances": [[0.1 * i for i in range(16)], [1.0] * 16]},
+        "mlp_columnar": {"signature_name": "serving_default", "inputs": [[0.5] * 16]},
+        "simple_instances": {"instances": [{"INPUT0": list(range(16)), "INPUT1": [1] * 16}]},
+        "simple_columnar": {"inputs": {"INPUT0": [list(range(16))] * 2, "INPUT1": [[2] * 16] * 2}},
+        "textclass_instances": {"instances": ["The goalkeeper made a save", {"b64": b64}]},
+        "textclass_columnar": {"inputs": [{"b64": b64}, "soup"]},
+        "textclass_object": {"instances": [{"TEXT": "bread"}]},
+        "unbatched_instance": {"instances": [{"MASK": [[True], [False]], "SCALE": 1.5, "WORDS": [["a"], [{"b64": b64}]]}]},
+        "unbatched_columnar": {"inputs": {"MASK": [[True, True], [False, False]], "SCALE": -2.0, "WORDS": [[]]}},
+        "wide_columnar": {"inputs": {"U64": [[0, 1, 18446744073709551615]], "H": [-0.25], "B": [[1.0, 2.0]],
+                                     "I8": [127]}},
+        "wide_instances": {"instances": [{"U64": [1, 2, 3], "H": 1.0, "B": [0.5], "I8": -3}] * 2},
+    }
+    return {name: json.dumps(value).encode() for name, value in requests.items()}
+
+
+def main() -> None:
+    random.seed(12)
+    for target, make in (("v2_json", v2_json), ("v2_binary", v2_binary), ("msgpack", msgpack),
+                         ("tfserving", tfserving)):
+        folder = CORPUS / target
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for name, data in make().items():
+            (folder / name).write_bytes(data)
+        print(f"{folder.relative_to(ROOT.parent.parent)}: {len(list(folder.iterdir()))} files")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""A structure-aware mutator for the fuzz targets' inputs (atheris' `custom_mutator`).
+
+Byte-level mutations of a JSON or msgpack body mostly make it malformed, which the
+decoders reject in their first step. Half the time this mutator instead decodes the
+input, changes the message (a value replaced by one at a boundary: -1, 0, 2**31,
+2**63, 2**64 - 1, 65520, 1e39, another datatype or input name, a list, an object; a
+key or element dropped, duplicated or moved; a list nested or flattened) and encodes
+it again, so that the decoders' checks past the syntax get exercised. `v2_binary`
+inputs keep their form (`<header length>\\n<JSON header><tensor bytes>`): the header
+is mutated as JSON, the tensor bytes as bytes, and the header length mostly follows.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
+             "FP64", "BF16", "BYTES", "STRING", ""]
+NAMES = ["INPUT0", "INPUT1", "INPUT", "TEXT", "MASK", "SCALE", "WORDS", "U64", "H", "B", "I8", "OUTPUT0", "OUTPUT1",
+         "OUTPUT", "LABEL", "SCORES", "OUT", "X"]
+KEYS = ["inputs", "outputs", "name", "shape", "datatype", "data", "parameters", "binary_data_size", "binary_data",
+        "binary_data_output", "classification", "shared_memory_region", "id", "timeout", "latency_budget_ms",
+        "instances", "signature_name", "b64"]
+INTS = [-1, 0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 255, 256, 65535, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**53 + 1,
+        2**62, 2**63 - 1, 2**63, 2**64 - 1, -(2**31), -(2**63)]
+FLOATS = [0.5, -0.0, 1.5, 65504.0, 65519.0, 65520.0, 3.4028234663852886e38, 3.5e38, 1e39, 1e300, -1e300, 5e-324,
+          1e-45]
+STRINGS = ["", "a", "\u00e9", "\u2603", "x" * 40, "AAAA", "AA==", "====", "\u00e9\u00e9=="]
+
+
+def _interesting(rng: random.Random, binary: bool) -> Any:
+    kind = rng.randrange(10)
+    if kind < 3:
+        return rng.choice(INTS)
+    if kind == 3:
+        return rng.choice(FLOATS + ([float("nan"), float("inf"), -float("inf")] if binary else []))
+    if kind == 4:
+        return rng.choice(DATATYPES)
+    if kind == 5:
+        return rng.choice(NAMES)
+    if kind == 6:
+        return rng.choice(STRINGS + ([b"", b"\x00\x00\x00\x00", b"\x01\x00\x00\x00a", b"\xff" * 8] if binary else []))
+    if kind == 7:
+        return rng.choice([True, False, None])
+    if kind == 8:
+        return rng.choice([[], [[]], [0], [1.0, 2.0], [[1, 2], [3]], ["a", ["b"]], [True] * 3])
+    return rng.choice([{}, {"b64": "AAEC"}, {"binary_data_size": rng.choice(INTS)}, {"name": rng.choice(NAMES)}])
+
+
+def _containers(doc: Any) -> list[Any]:
+    """Every list and dict in the document, the root included."""
+    out: list[Any] = []
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (list, dict)):
+            out.append(node)
+            stack.extend(node.values() if isinstance(node, dict) else node)
+    return out
+
+
+def _slots(node: Any) -> list[Any]:
+    return list(node) if isinstance(node, dict) else list(range(len(node)))
+
+
+def mutate_document(doc: Any, rng: random.Random, *, binary: bool = False) -> Any:
+    """The document (lists, dicts, scalars) changed in 1..4 places."""
+    if not isinstance(doc, (list, dict)):
+        return _interesting(rng, binary) if rng.random() < 0.5 else [doc]
+    for _ in range(rng.randint(1, 4)):
+        containers = _containers(doc)
+        node = rng.choice(containers)
+        slots = _slots(node)
+        op = rng.randrange(9)
+        if not slots or op == 0:  # add
+            value = _interesting(rng, binary) if rng.random() < 0.7 else rng.choice(containers)
+            value = _copy(value, binary)
+            if isinstance(node, dict):
+                node[rng.choice(KEYS + NAMES)] = value
+            else:
+                node.insert(rng.randint(0, len(node)), value)
+            continue
+        slot = rng.choice(slots)
+        if op in (1, 2, 3):  # replace with a boundary value
+            node[slot] = _interesting(rng, binary)
+        elif op == 4:  # drop
+            del node[slot]
+        elif op == 5 and isinstance(node, list):  # duplicate
+            node.insert(slot, _copy(node[slot], binary))
+        elif op == 6:  # nest or flatten
+            value = node[slot]
+            node[slot] = value[0] if isinstance(value, list) and value and rng.random() < 0.5 else [value]
+        elif op == 7:  # move a subtree somewhere else
+            other = rng.choice(containers)
+            if other is not node and _slots(other):
+                node[slot] = _copy(other[rng.choice(_slots(other))], binary)
+        elif isinstance(node[slot], (int, float)) and not isinstance(node[slot], bool):  # nudge a number
+            node[slot] = node[slot] + rng.choice([-1, 1]) if isinstance(node[slot], int) else -node[slot]
+        elif isinstance(node, dict):  # rename a key
+            node[rng.choice(KEYS + NAMES)] = node.pop(slot)
+    return doc
+
+
+def _copy(value: Any, binary: bool) -> Any:
+    if binary:
+        return msgspec.msgpack.decode(msgspec.msgpack.encode(value))
+    return msgspec.json.decode(msgspec.json.encode(value))
+
+
+def _bytes(data: bytes, rng: random.Random) -> bytes:
+    """Tensor bytes: flipped, cut short, lengthened, or a length prefix set to a boundary."""
+    buf = bytearray(data)
+    op = rng.randrange(4)
+    if op == 0 and buf:
+        buf[rng.randrange(len(buf))] = rng.randrange(256)
+    elif op == 1 and buf:
+        del buf[rng.randrange(len(buf)):]
+    elif op == 2:
+        buf += bytes(rng.choice([1, 2, 4, 8]))
+    elif buf:
+        pos = rng.randrange(len(buf))
+        buf[pos:pos + 4] = rng.choice([0, 1, 2**31, 2**32 - 1, len(buf)]).to_bytes(4, "little")
+    return bytes(buf)
+
+
+def _json(data: bytes, rng: random.Random) -> bytes | None:
+    try:
+        doc = msgspec.json.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None
+    return json.dumps(mutate_document(doc, rng), separators=(",", ":") if rng.random() < 0.5 else None).encode()
+
+
+def _msgpack(data: bytes, rng: random.Random) -> bytes | None:
+    try:
+        doc = msgspec.msgpack.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None
+    try:
+        return msgspec.msgpack.encode(mutate_document(doc, rng, binary=True))
+    except (TypeError, OverflowError):  # an integer msgpack cannot hold
+        return None
+
+
+def _binary(data: bytes, rng: random.Random) -> bytes | None:
+    first, newline, body = data.partition(b"\n")
+    try:
+        length = int(first)
+    except ValueError:
+        return None
+    if not newline or not 0 < length <= len(body):
+        return None
+    header, blobs = body[:length], body[length:]
+    if rng.random() < 0.7:
+        header = _json(header, rng) or header
+    if rng.random() < 0.5:
+        blobs = _bytes(blobs, rng)
+    if rng.random() < 0.9:
+        length = len(header)
+    else:
+        length = rng.choice([0, -1, length, len(header) - 1, len(header) + 1, len(header) + len(blobs) + 1])
+    return f"{length}\n".encode() + header + blobs
+
+
+STRUCTURED: dict[str, Callable[[bytes, random.Random], bytes | None]] = {
+    "v2_json": _json, "tfserving": _json, "msgpack": _msgpack, "v2_binary": _binary,
+}
+
+
+def mutator(target: str) -> Callable[[bytes, int, int], bytes]:
+    """atheris' custom_mutator for `target`: structured half the time, libFuzzer's bytes else."""
+    import atheris
+
+    structured = STRUCTURED[target]
+
+    def mutate(data: bytes, max_size: int, seed: int) -> bytes:
+        rng = random.Random(seed)
+        if rng.random() < 0.5:
+            try:
+                out = structured(data, rng)
+            except RecursionError:
+                out = None
+            if out is not None and len(out) <= max_size:
+                return out
+        return atheris.Mutate(data, max_size)
+
+    return mutate

@@ -1,0 +1,371 @@
+"""The decoders' fuzz targets: one function per wire format, taking the fuzzer's bytes.
+
+Each target decodes its input against every schema in `SCHEMAS` and checks the
+property every decoder must keep, whatever arrives:
+
+- nothing escapes but the codec's own errors: an `AserveError` with a 4xx status
+  (`InvalidInput`, `PayloadTooLarge`) whose message is non-empty, valid Unicode;
+- a request that decodes holds what the message said: every element of every input
+  (as its datatype rounds it), or its bytes as sent;
+- a request that decodes is one the data plane can run: its inputs are the schema's,
+  in order, with the declared datatypes and ranks, every fixed dimension as declared,
+  every dimension an int64, the byte length equal to the element count times the
+  item size (BYTES: as many well-formed elements as the shape holds), the sample
+  count the common batch dimension (1..max_batch_size, or 1 when the model does not
+  batch), the requested outputs the model's own, and the timeout and latency budget
+  in range;
+- (binary extension) a request decoded through the checked-header cache decodes the
+  same as without it.
+
+A violated property raises `Failure` (or lets the unexpected exception through): the
+fuzzer records the input as a crash. No fuzzer is imported here (the standard library,
+msgspec, msgpack and aserve), so that the pytest suite runs the targets without one.
+
+Input formats: `v2_json`, `msgpack` and `tfserving` take a request body as it is;
+`v2_binary` takes `<Inference-Header-Content-Length value>\\n<body>` (a first line that
+is not an integer means the header is absent).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import msgpack as _msgpack
+import msgspec
+
+from aserve.errors import AserveError
+from aserve.inference import InferRequest, ModelSchema
+from aserve.protocol import arrays, decode_infer, decode_predict
+from aserve.runtime.datatypes import decode_bytes, element_count
+from aserve.runtime.model import TensorSpec
+
+INT64_MAX = 2**63 - 1
+MAX_DIMS = 16  # native/abi.h AS_MAX_DIMS: dimensions a tensor may have on its way to a model
+
+
+class Failure(AssertionError):
+    """The decoder broke its contract on this input."""
+
+
+def _schema(name: str, inputs: list[tuple[str, str, tuple[int, ...]]], outputs: list[tuple[str, str, tuple[int, ...]]],
+            max_batch_size: int, max_latency_budget_ms: float | None = None) -> ModelSchema:
+    return ModelSchema(name, "1", inputs=[TensorSpec(*i) for i in inputs], outputs=[TensorSpec(*o) for o in outputs],
+                       max_batch_size=max_batch_size, max_latency_budget_ms=max_latency_budget_ms)
+
+
+def make_schemas() -> list[ModelSchema]:
+    """The models the targets decode against: the bundled examples' contracts (INT32, FP32,
+    BYTES, batching), a model that does not batch (BOOL, a scalar, BYTES with two free
+    dimensions) and one of the narrow and wide numeric types."""
+    return [
+        _schema("simple", [("INPUT0", "INT32", (-1, 16)), ("INPUT1", "INT32", (-1, 16))],
+                [("OUTPUT0", "INT32", (-1, 16)), ("OUTPUT1", "INT32", (-1, 16))], 8, 1000.0),
+        _schema("mlp", [("INPUT", "FP32", (-1, 16))], [("OUTPUT", "FP32", (-1, 16))], 8),
+        _schema("textclass", [("TEXT", "BYTES", (-1,))],
+                [("LABEL", "BYTES", (-1,)), ("SCORES", "FP32", (-1, 3))], 4, 50.0),
+        _schema("unbatched", [("MASK", "BOOL", (2, -1)), ("SCALE", "FP32", ()), ("WORDS", "BYTES", (-1, -1))],
+                [("OUT", "FP32", (2, -1))], 0),
+        _schema("wide", [("U64", "UINT64", (-1, 3)), ("H", "FP16", (-1,)), ("B", "BF16", (-1, -1)),
+                         ("I8", "INT8", (-1,))], [("U64", "UINT64", (-1, 3))], 4),
+    ]
+
+
+SCHEMAS = make_schemas()
+# Twins of the schemas whose checked-header cache is emptied before each use: the
+# binary target compares what the cache answers with a fresh decode.
+COLD = make_schemas()
+
+
+# ---- the property ----
+
+
+def check_error(exc: BaseException) -> None:
+    """Only the codec's own 4xx errors may escape; anything else goes on up as the crash."""
+    if not isinstance(exc, AserveError):
+        raise exc
+    if not 400 <= exc.status < 500:
+        raise Failure(f"{type(exc).__name__} (status {exc.status}) escaped the decoder: {exc}") from exc
+    message = str(exc)
+    if not message:
+        raise Failure(f"{type(exc).__name__} without a message") from exc
+    try:
+        message.encode()  # the server sends it as JSON or msgpack: it must be UTF-8
+    except UnicodeEncodeError as e:
+        raise Failure(f"{type(exc).__name__} message is not valid Unicode: {message!r}") from e
+
+
+def check_request(request: InferRequest, schema: ModelSchema) -> None:
+    """A decoded request is one the data plane can run (see the module's docstring)."""
+    if request.schema is not schema:
+        raise Failure("request decoded against another schema")
+    if len(request.inputs) != len(schema.inputs):
+        raise Failure(f"{len(request.inputs)} inputs for a model of {len(schema.inputs)}")
+    batched = schema.max_batch_size > 0
+    samples = request.samples
+    if type(samples) is not int or not (1 <= samples <= max(schema.max_batch_size, 1)):
+        raise Failure(f"samples {samples!r} outside 1..{max(schema.max_batch_size, 1)}")
+    for spec, tensor in zip(schema.inputs, request.inputs):
+        where = f"input {spec.name!r}"
+        if tensor.datatype != spec.datatype:
+            raise Failure(f"{where}: datatype {tensor.datatype!r}, declared {spec.datatype}")
+        shape = tensor.shape
+        if type(shape) is not tuple or len(shape) != len(spec.shape) or len(shape) > MAX_DIMS:
+            raise Failure(f"{where}: shape {shape!r} for declared {spec.shape}")
+        for want, got in zip(spec.shape, shape):
+            if type(got) is not int or not 0 <= got <= INT64_MAX:
+                raise Failure(f"{where}: dimension {got!r} of {list(shape)} is not an int64 >= 0")
+            if want != -1 and got != want:
+                raise Failure(f"{where}: shape {list(shape)} for declared {list(spec.shape)}")
+        # Some dimension is 0 or none is: either way the element count, and the byte size
+        # of the nonzero dimensions (what numpy checks), must be an int64.
+        nonzero = element_count([d for d in shape if d]) * max(spec.itemsize, 1)
+        if nonzero > INT64_MAX:
+            raise Failure(f"{where}: shape {list(shape)} spans {nonzero} bytes, more than an int64")
+        if batched and shape and shape[0] != samples:
+            raise Failure(f"{where}: batch dimension {shape[0]} but {samples} samples")
+        try:
+            view = memoryview(tensor.data)
+        except TypeError as exc:
+            raise Failure(f"{where}: data {type(tensor.data).__name__} has no buffer") from exc
+        if not view.c_contiguous:
+            raise Failure(f"{where}: data is not C-contiguous")
+        count = element_count(shape)
+        if spec.itemsize:
+            if view.nbytes != count * spec.itemsize:
+                raise Failure(f"{where}: {view.nbytes} bytes for {spec.datatype} {list(shape)}")
+        else:
+            try:
+                elements = decode_bytes(view)
+            except ValueError as exc:
+                raise Failure(f"{where}: BYTES data is malformed: {exc}") from exc
+            if len(elements) != count:
+                raise Failure(f"{where}: {len(elements)} BYTES elements for {list(shape)}")
+    if not batched and samples != 1:
+        raise Failure(f"model does not batch, but {samples} samples")
+    names = [o.name for o in schema.outputs]
+    requested = [o.name for o in request.outputs]
+    if len(set(requested)) != len(requested) or not set(requested) <= set(names):
+        raise Failure(f"outputs {requested} of a model with {names}")
+    if any(type(o.binary) is not bool for o in request.outputs):
+        raise Failure("an output's binary flag is not a bool")
+    timeout = request.timeout_ms
+    # a positive timeout in microseconds may round to 0.0 ms (5e-324): it times out at once (504)
+    if timeout is not None and not (type(timeout) is float and timeout >= 0):
+        raise Failure(f"timeout_ms {timeout!r}")
+    budget = request.latency_budget_ms
+    if budget is not None:
+        limit = schema.max_latency_budget_ms
+        if not (0 < budget < math.inf and (limit is None or budget <= limit)):
+            raise Failure(f"latency_budget_ms {budget!r} (the model's limit: {limit})")
+
+
+def summary(request: InferRequest) -> tuple[Any, ...]:
+    """What a decoded request is, for comparing two decodings."""
+    return (
+        [(t.datatype, t.shape, bytes(memoryview(t.data))) for t in request.inputs],
+        request.samples, request.id, [msgspec.structs.astuple(o) for o in request.outputs],
+        repr(request.parameters), request.timeout_ms, request.latency_budget_ms, request.form,
+    )
+
+
+def decode(target: str, data: bytes, schema: ModelSchema) -> InferRequest:
+    """What the server decodes a target's input to, for one model."""
+    if target == "v2_json":
+        return decode_infer(data, content_type="application/json", header_length=None, schema=schema)
+    if target == "msgpack":
+        return decode_infer(data, content_type="application/msgpack", header_length=None, schema=schema)
+    if target == "tfserving":
+        return decode_predict(data, schema=schema)
+    header_length, body = split_binary(data)
+    return decode_infer(body, content_type="application/octet-stream", header_length=header_length, schema=schema)
+
+
+def _decode_each(target: str, data: bytes) -> None:
+    for schema in SCHEMAS:
+        try:
+            request = decode(target, data, schema)
+        except Exception as exc:  # noqa: BLE001 - check_error re-raises what must not escape
+            check_error(exc)
+        else:
+            check_request(request, schema)
+            check_values(target, data, request)
+
+
+# ---- the values: what a decoded tensor holds is what the message said ----
+
+
+def _flat(value: Any) -> list[Any]:
+    """Nested lists flattened in C order (a scalar: a list of one)."""
+    if not isinstance(value, (list, tuple)):
+        return [value]
+    out: list[Any] = []
+    for v in value:
+        out.extend(_flat(v))
+    return out
+
+
+def _as_element(datatype: str, value: Any) -> Any:
+    """A wire value as the tensor holds it: rounded as the datatype rounds, BYTES as bytes."""
+    if datatype == "BYTES":
+        if isinstance(value, dict):
+            return base64.b64decode(value["b64"])
+        return value.encode() if isinstance(value, str) else bytes(value)
+    if datatype in ("FP32", "BF16"):
+        value = struct.unpack("<f", struct.pack("<f", value))[0]
+        if datatype == "BF16":  # the upper half of the float32's bits
+            bits = struct.unpack("<I", struct.pack("<f", value))[0] & 0xFFFF0000
+            value = struct.unpack("<f", struct.pack("<I", bits))[0]
+        return value
+    if datatype == "FP16":
+        return struct.unpack("<e", struct.pack("<e", value))[0]
+    if datatype in ("FP64",):
+        return float(value)
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def _expect(name: str, datatype: str, value: Any, tensor: Any) -> None:
+    if isinstance(value, (bytes, bytearray, memoryview)) and not isinstance(value, str):
+        if bytes(memoryview(tensor.data)) != bytes(value):  # raw bytes (msgpack bin, binary extension)
+            raise Failure(f"input {name!r}: its bytes are not the message's")
+        return
+    want = [_as_element(datatype, v) for v in _flat(value)]
+    got = arrays.unpack(datatype, tensor.data)
+    if len(got) != len(want) or not all(_same(g, w) for g, w in zip(got, want)):
+        raise Failure(f"input {name!r}: decoded {got[:8]!r}... from {want[:8]!r}...")
+
+
+def _v2_values(doc: Any, blobs: bytes) -> dict[str, Any]:
+    """{input name: its data, or its bytes in the binary data} of a V2 message that decoded."""
+    out: dict[str, Any] = {}
+    offset = 0
+    for item in doc["inputs"]:
+        size = ((item.get("parameters") or {}).get("binary_data_size"))
+        if size is not None:
+            out[item["name"]] = blobs[offset:offset + size]
+            offset += size
+        else:
+            out[item["name"]] = item["data"]
+    return out
+
+
+def _tf_values(doc: Any, schema: ModelSchema) -> dict[str, Any]:
+    """{input name: its value, batch dimension included} of a predict message that decoded."""
+    names = [s.name for s in schema.inputs]
+    batched = schema.max_batch_size > 0
+    if "instances" in doc and doc["instances"] is not None:
+        rows = doc["instances"]
+        if all(isinstance(r, dict) and r.keys() == set(names) for r in rows) and not (
+                len(names) == 1 and any(not isinstance(r, dict) for r in rows)):
+            columns = {n: [r[n] for r in rows] for n in names}
+        else:
+            columns = {names[0]: rows}
+        return {n: (c if batched else c[0]) for n, c in columns.items()}
+    value = doc["inputs"]
+    if isinstance(value, dict) and value.keys() == set(names) and not (len(names) == 1 and value.keys() == {"b64"}):
+        return dict(value)
+    return {names[0]: value}
+
+
+def _reference(target: str, data: bytes) -> tuple[Any, bytes] | None:
+    """The message (and binary data after it) as other parsers than the server's read it,
+    keeping what msgspec skips unread (an unknown key need not be valid UTF-8, for one);
+    None when none of them reads it (an unknown field nested past the recursion limit, or
+    keyed by a msgpack array or map)."""
+    try:
+        if target == "v2_binary":
+            header_length, body = split_binary(data)
+            if header_length is None:
+                return json.loads(body.decode(errors="surrogateescape")), b""
+            return json.loads(body[:header_length].decode(errors="surrogateescape")), body[header_length:]
+        if target != "msgpack":
+            return json.loads(data.decode(errors="surrogateescape")), b""
+        try:
+            return msgspec.msgpack.decode(data), b""
+        except UnicodeDecodeError:
+            return _msgpack.unpackb(data, unicode_errors="surrogateescape", strict_map_key=False, use_list=False), b""
+    except (RecursionError, TypeError, ValueError, msgspec.DecodeError, _msgpack.UnpackException):
+        return None
+
+
+def check_values(target: str, data: bytes, request: InferRequest) -> None:
+    """Each decoded tensor holds the values (or bytes) its message gave, in C order."""
+    reference = _reference(target, data)
+    if reference is None:
+        return
+    doc, blobs = reference
+    values = _tf_values(doc, request.schema) if target == "tfserving" else _v2_values(doc, blobs)
+    for spec, tensor in zip(request.schema.inputs, request.inputs):
+        _expect(spec.name, spec.datatype, values[spec.name], tensor)
+
+
+# ---- the targets ----
+
+
+def v2_json(data: bytes) -> None:
+    """A V2 infer request in JSON (no binary tensors)."""
+    _decode_each("v2_json", data)
+
+
+def msgpack(data: bytes) -> None:
+    """A V2 infer request in msgpack."""
+    _decode_each("msgpack", data)
+
+
+def tfserving(data: bytes) -> None:
+    """A TF-Serving predict request (`instances` or `inputs`)."""
+    _decode_each("tfserving", data)
+
+
+def split_binary(data: bytes) -> tuple[int | None, bytes]:
+    """`v2_binary`'s input: the header length (None: not an integer) and the body."""
+    first, newline, body = data.partition(b"\n")
+    if not newline:
+        return None, data
+    try:
+        return int(first), body
+    except ValueError:
+        return None, body
+
+
+def v2_binary(data: bytes) -> None:
+    """A V2 infer request with the binary tensor extension (JSON header + tensor bytes).
+
+    Every body is decoded twice against the same schema, the second time through the
+    cache of checked headers when the first one stored a plan, and once against a
+    schema with an empty cache: all three must agree."""
+    header_length, _ = split_binary(data)
+    if header_length is not None and header_length < 0:
+        return  # the server answers a negative header length itself (handlers.header_length)
+    for schema, cold in zip(SCHEMAS, COLD):
+        outcomes = []
+        for target in (schema, schema, cold):
+            if target is cold:
+                cold.plans.clear()
+            try:
+                request = decode("v2_binary", data, target)
+            except Exception as exc:  # noqa: BLE001 - check_error re-raises what must not escape
+                check_error(exc)
+                outcomes.append(("error", type(exc).__name__, str(exc)))
+            else:
+                check_request(request, target)
+                check_values("v2_binary", data, request)
+                outcomes.append(("ok", summary(request)))
+        if not outcomes[0] == outcomes[1] == outcomes[2]:
+            raise Failure(f"model {schema.name!r}: decodings differ (first, cached, uncached): {outcomes}")
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "v2_json": v2_json,
+    "v2_binary": v2_binary,
+    "msgpack": msgpack,
+    "tfserving": tfserving,
+}

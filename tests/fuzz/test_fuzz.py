@@ -1,0 +1,78 @@
+"""The decoders' fuzz targets, short: every seed replayed, seeded mutations of them, and a few
+thousand atheris executions per target. The long form (a minute per target):
+`python -m tests.fuzz.run --seconds 60` (see tests/fuzz/run.py)."""
+
+from __future__ import annotations
+
+import pathlib
+import random
+import sys
+import tempfile
+
+import pytest
+
+from aserve.errors import InvalidInput
+
+from . import run, targets
+from .mutate import STRUCTURED
+
+CORPUS = pathlib.Path(__file__).resolve().parent / "corpus"
+RUNS = 3000  # atheris executions per target in the suite
+MUTATIONS = 300  # seeded mutations per target, without atheris
+
+
+def seeds(target: str) -> list[bytes]:
+    files = sorted((CORPUS / target).iterdir())
+    assert files, f"no seed corpus for {target}"
+    return [f.read_bytes() for f in files]
+
+
+@pytest.mark.parametrize("target", run.TARGETS)
+def test_seeds_decode_to_runnable_requests(target: str) -> None:
+    """Every seed is a real request of one of the fuzz schemas' models, and decodes."""
+    for data in seeds(target):
+        targets.TARGETS[target](data)
+        accepted = []
+        for schema in targets.SCHEMAS:
+            try:
+                targets.decode(target, data, schema)
+                accepted.append(schema.name)
+            except InvalidInput:
+                pass
+        assert len(accepted) == 1, (target, data[:80], accepted)
+
+
+@pytest.mark.parametrize("target", run.TARGETS)
+def test_seeded_mutations_keep_the_property(target: str) -> None:
+    """Without a fuzzer: structured and byte mutations of the seeds, each input checked by the
+    target (a violation raises)."""
+    rng = random.Random(f"aserve-{target}")
+    corpus = seeds(target)
+    for _ in range(MUTATIONS):
+        data = rng.choice(corpus)
+        for _ in range(rng.randint(1, 3)):
+            if rng.random() < 0.6:
+                data = STRUCTURED[target](data, rng) or data
+            elif data:
+                buf = bytearray(data)
+                pos = rng.randrange(len(buf))
+                buf[pos:pos + rng.randint(0, 4)] = rng.randbytes(rng.randint(0, 4))
+                data = bytes(buf)
+        targets.TARGETS[target](data)
+
+
+@pytest.mark.parametrize("target", run.TARGETS)
+def test_atheris_short_run(target: str) -> None:
+    try:
+        import atheris  # noqa: F401
+    except ImportError:
+        pytest.skip(f"atheris is not installed for Python {sys.version.split()[0]} (pip install atheris); "
+                    "the long form is `python -m tests.fuzz.run --seconds 60`")
+    with tempfile.TemporaryDirectory(prefix="aserve-fuzz-") as scratch:
+        base = pathlib.Path(scratch)
+        result = run.run_target(target, seconds=None, runs=RUNS, timeout=10, rss_limit_mb=2048, max_len=8192,
+                                work=base / "corpus", artifacts=base / "artifacts", python=sys.executable)
+        crashes = [{**f, "input_bytes": pathlib.Path(f["input"]).read_bytes()[:500]}
+                   for f in result["failures"] if f.get("input")]
+    assert result["crashes"] == 0, crashes or result["failures"]
+    assert result["executions"] >= RUNS, result
