@@ -146,7 +146,7 @@ def fit_affine(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
 
 def logistic_latency(params: tuple[float, float, float, float], b: float) -> float:
     a, d, c, m = params
-    return b * (d + (a - d) / (1.0 + (b / c) ** m))
+    return float(b * (d + (a - d) / (1.0 + (b / c) ** m)))
 
 
 def _logistic_solve(

@@ -136,7 +136,7 @@ def write_model(folder: pathlib.Path, megabytes: float, *, package: bool = True,
     torch.save(net.state_dict(), weights)
     archive = folder / "model.pt"
     if package:
-        from torch.package import PackageExporter
+        from torch.package.package_exporter import PackageExporter
 
         from ..runtime.package import quiet
 

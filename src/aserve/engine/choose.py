@@ -8,6 +8,7 @@ served by private libpython copies. Before 3.12 the answer is always private.
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 
@@ -47,7 +48,7 @@ async def _probe(path: str) -> str:
         _probe_pool = Pool(engine="subinterp", interpreters=1)
     pool = _probe_pool
     await pool.start()
-    return eval(await pool.execute(0, _PROBE.format(name="aserve_probe", path=path)))  # repr of a str
+    return str(ast.literal_eval(await pool.execute(0, _PROBE.format(name="aserve_probe", path=path))))  # repr of a str
 
 
 def model_file(path: str) -> str:

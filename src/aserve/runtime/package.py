@@ -54,7 +54,7 @@ def quiet() -> Iterator[None]:
 def _reader_class() -> Any:
     import torch
 
-    class MappedReader(torch._C.PyTorchFileReader):  # type: ignore[misc, name-defined]
+    class MappedReader(torch._C.PyTorchFileReader):
         """The archive's reader, with each tensor storage a view of one mapping of the file."""
 
         def __init__(self, path: str) -> None:
@@ -84,7 +84,7 @@ def open_archive(path: str) -> Any:
     if not os.path.isfile(path):
         raise PackageLoadError(f"{path}: not a file (a torch.package archive is one zip file)")
     try:
-        from torch.package import PackageImporter
+        from torch.package.package_importer import PackageImporter
     except ImportError:
         raise PackageLoadError(f"{path}: loading a torch.package archive needs torch, which is not installed") from None
     try:

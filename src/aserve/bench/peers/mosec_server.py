@@ -33,7 +33,7 @@ MAX_BATCH = 8
 WAIT_MS = 10
 
 
-class V2Worker(Worker):
+class V2Worker(Worker):  # type: ignore[misc]  # mosec is not typed
     """Decodes V2 requests; answers are encoded by `forward` and passed through."""
 
     def deserialize(self, data: bytes) -> Any:
