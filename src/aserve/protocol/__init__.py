@@ -6,6 +6,7 @@ response bodies; no web framework, no I/O. Every malformed request raises
 received value.
 """
 
+from ..inference import InferRequest, RequestedOutput
 from .formats import (
     CONTENT_TYPES,
     Format,
@@ -17,7 +18,6 @@ from .formats import (
 )
 from .metadata import ModelMetadata, ServerMetadata, TensorMetadata, model_metadata
 from .tfserving import decode_predict, encode_predict
-from ..inference import InferRequest, RequestedOutput
 from .v2 import HEADER_LENGTH, decode_infer, encode_infer
 from .validate import validate_inputs
 
