@@ -10,7 +10,7 @@ from array import array
 from aserve.bench import http
 from aserve.bench.peers import models, v2
 
-from ..conftest import EXAMPLES
+from ..conftest import EXAMPLES, needs_torch
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -46,7 +46,21 @@ def test_short_run_records_every_field_and_plots(tmp_path: pathlib.Path) -> None
     ratios = {(p["server"], p["body"]): p["vs_ceiling"] for p in summary["peaks"]}
     assert ratios[("ceiling", "json")] == 1.0 and ratios[("aserve", "json")] > 0
     assert set(summary["aserve"]["p50_ms_at_1_connection"]) == {"simple/json", "simple/binary"}
+    sizing = {(z["model"], z["body"]): z for z in summary["sizing"]}
+    assert set(sizing) == {("simple", "json"), ("simple", "binary")}
+    for z in sizing.values():  # loopback answers at 1-2 connections are well inside the 10 ms bound
+        assert z["requests_per_s"] > 0 and z["p99_ms"] <= z["p99_bound_ms"] and z["requests_per_s_per_core"] > 0
     assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+@needs_torch
+def test_cnn_is_served_by_aserve_and_skipped_by_the_peers(tmp_path: pathlib.Path) -> None:
+    records = _run(tmp_path, "--duration", "1", "--warmup", "0", "--connections", "2", "--servers", "aserve,inline",
+                   "--models", "cnn", "--bodies", "binary", "--no-generator-check")
+    (point,) = [r for r in records if "requests_per_s" in r]
+    assert point["server"] == "aserve" and point["model"] == "cnn" and point["errors"] == 0
+    (skipped,) = [r for r in records if "skipped" in r]
+    assert skipped["server"] == "inline" and skipped["skipped"] == "inline serves only simple, mlp"
 
 
 def test_aiohttp_generator_when_asked(tmp_path: pathlib.Path) -> None:
