@@ -102,3 +102,45 @@ def test_a_wrong_answer_is_an_error() -> None:
     assert problem is not None and "OUTPUT0 is wrong at element 3" in problem
     problem, _ = http.check_answer("aserve", case, 503, {}, b"overloaded")
     assert problem is not None and problem.startswith("status 503")
+
+
+def test_check_request_waits_out_admission_control() -> None:
+    """A 503 with Retry-After (the previous sweep's queue still draining) is sent again;
+    a 503 without it, or any other status, is the answer."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    statuses = [503, 503, 200]
+    seen: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            status = statuses[len(seen)] if len(seen) < len(statuses) else 503
+            seen.append(status)
+            self.send_response(status)
+            if status == 503 and len(seen) < 3:
+                self.send_header("Retry-After", "0.01")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v2/models/simple/infer"
+        case = http_bench_case()
+        assert http.post_check(url, case)[0] == 200 and seen == [503, 503, 200]
+        seen.clear()
+        statuses[:] = [503, 503, 503, 503]  # the third 503 has no Retry-After: returned as it is
+        assert http.post_check(url, case)[0] == 503 and len(seen) == 3
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def http_bench_case() -> http.Case:
+    return http.make_cases("simple", ["json"], EXAMPLES)["json"]

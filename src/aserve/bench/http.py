@@ -303,6 +303,18 @@ def measure(run: Run, server: ServerProcess, case: Case, connections: int, *, th
     )
 
 
+def post_check(url: str, case: Case, *, patience_s: float = 30.0) -> tuple[int, dict[str, str], bytes]:
+    """The check request, sent again as a client would while the server answers 503 with
+    Retry-After (admission control still draining the previous sweep's queue)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        status, headers, answer = servers.post(url, case.body, case.headers)
+        retry = {k.lower(): v for k, v in headers.items()}.get("retry-after")
+        if status != 503 or retry is None or time.monotonic() > deadline:
+            return status, headers, answer
+        time.sleep(min(max(float(retry), 0.01), 1.0))
+
+
 def bench_server(run: Run, kind: str, model: str, cases: dict[str, Case]) -> Iterator[dict[str, Any]]:
     """Start one server, check and measure every body and connection count, stop it."""
     bodies = list(cases)
@@ -333,7 +345,7 @@ def bench_server(run: Run, kind: str, model: str, cases: dict[str, Case]) -> Ite
             extra["note"] = "binary requests are read; answers are V2 JSON (MOSEC cannot set header-length)"
         for body in bodies:
             case = cases[body]
-            status, headers, answer = servers.post(server.url, case.body, case.headers)
+            status, headers, answer = post_check(server.url, case)
             problem, response = check_answer(kind, case, status, headers, answer)
             if problem:
                 yield _record(kind, model, body, error=f"wrong answer to the check request: {problem}", errors=1)
