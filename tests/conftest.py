@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import pathlib
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 import aiohttp
@@ -18,6 +20,7 @@ import uvloop
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+LOADTESTS = ROOT / "loadtests"
 
 try:
     import torch  # noqa: F401
@@ -66,6 +69,17 @@ class Staged(Model):
             x = stage(x)
         return self.stage_output(x)
 """
+
+
+
+def load_script(name: str) -> ModuleType:
+    """loadtests/NAME.py as a module, by path, under a name of its own (Locust imports
+    `scenario` from beside the locustfile; the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"aserve_loadtests_{name}", LOADTESTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # The server runs on uvloop (`aserve serve`), so every test does; the server's, the data

@@ -227,6 +227,19 @@ static hjob *pop(hjob **head, hjob **tail)
     return j;
 }
 
+/* Take j, which follows prev (NULL: j is the head), out of the shared queue; the caller
+ * counts it out of p->queued. Caller holds p->mu. */
+static void unlink_shared(pool_t *p, hjob *prev, hjob *j)
+{
+    if (prev != NULL)
+        prev->next = j->next;
+    else
+        p->head = j->next;
+    if (p->tail == j)
+        p->tail = prev;
+    j->next = NULL;
+}
+
 /* First shared job interpreter `index` may run (models can be loaded on a subset). */
 static hjob *pop_shared(pool_t *p, int index)
 {
@@ -234,13 +247,7 @@ static hjob *pop_shared(pool_t *p, int index)
     for (hjob *j = p->head; j != NULL; prev = j, j = j->next) {
         if (!(j->mask >> index & 1))
             continue;
-        if (prev != NULL)
-            prev->next = j->next;
-        else
-            p->head = j->next;
-        if (p->tail == j)
-            p->tail = prev;
-        j->next = NULL;
+        unlink_shared(p, prev, j);
         p->queued--;
         return j;
     }
@@ -1316,13 +1323,7 @@ static PyObject *pool_cancel(pool_t *p, PyObject *arg)
     for (hjob *j = p->head; j != NULL; prev = j, j = j->next) {
         if (j->id != id)
             continue;
-        if (prev != NULL)
-            prev->next = j->next;
-        else
-            p->head = j->next;
-        if (p->tail == j)
-            p->tail = prev;
-        j->next = NULL;
+        unlink_shared(p, prev, j);
         wake = fail_queued(p, j);
         state = "queued";
         break;

@@ -22,7 +22,6 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
-LOADTESTS = ROOT / "loadtests"
 DEPLOY = ROOT / "deploy"  # Kubernetes: kserve/ (runtimes, InferenceService, CRD schemas), helm/ (the chart)
 
 

@@ -11,26 +11,13 @@ import os
 import pathlib
 import shutil
 import sys
-from types import ModuleType
 
 import aiohttp
 import pytest
 
-from tests.conftest import EXAMPLES, HAVE_TORCH
+from tests.conftest import EXAMPLES, HAVE_TORCH, LOADTESTS, load_script
 
-from .conftest import LOADTESTS
-
-
-def _load(name: str) -> ModuleType:
-    # by path, under a name of its own: Locust imports it as `scenario` from beside the locustfile
-    spec = importlib.util.spec_from_file_location(f"aserve_loadtests_{name}", LOADTESTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-scenario = _load("scenario")
+scenario = load_script("scenario")
 MODELS = ["simple", "textclass", *(["mlp"] if HAVE_TORCH else [])]  # mlp needs torch (the 3.11 run)
 PAIRS = [(m, e) for m in MODELS for e in scenario.ENCODINGS]
 
@@ -158,7 +145,7 @@ async def test_headless_locust_run_and_its_plot(start_server, tmp_path: pathlib.
 
 
 def test_plot_refuses_what_is_not_a_history(tmp_path: pathlib.Path) -> None:
-    plot = _load("plot")
+    plot = load_script("plot")
     stats = tmp_path / "x_stats.csv"
     stats.write_text("Type,Name,Request Count\nPOST,simple:json,3\n")
     assert plot.main([str(stats)]) == 1

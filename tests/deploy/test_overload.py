@@ -3,28 +3,15 @@ refuses with 503 + Retry-After, answers no other 5xx, and its memory stays bound
 
 from __future__ import annotations
 
-import importlib.util
-from types import ModuleType
-
 import pytest
 
-from tests.conftest import needs_torch
-
-from .conftest import LOADTESTS
-
-
-def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"aserve_loadtests_{name}", LOADTESTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import load_script, needs_torch
 
 
 @needs_torch  # the bundled cnn
 @pytest.mark.asyncio(loop_factories=["asyncio"])  # spawns `aserve serve` (MagicStack/uvloop#650)
 async def test_overload_refuses_with_retry_after_and_nothing_else() -> None:
-    overload = load("overload")
+    overload = load_script("overload")
     args = overload.parse(["--policies", "adaptive", "--duration", "3", "--capacity-seconds", "2",
                            "--connections", "64", "--factor", "3", "--max-pss-growth-mb", "100"])
     result = await overload.run(args)

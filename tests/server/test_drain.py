@@ -3,27 +3,15 @@ answers every one of them 200 and exits 0 within --shutdown-timeout."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-from types import ModuleType
-
 import pytest
 
-LOADTESTS = pathlib.Path(__file__).resolve().parents[2] / "loadtests"
-
-
-def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"aserve_loadtests_{name}", LOADTESTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import load_script
 
 
 # spawns `aserve serve`: from asyncio's loop, not uvloop's (MagicStack/uvloop#650, see test_cli.py)
 @pytest.mark.asyncio(loop_factories=["asyncio"])
 async def test_sigterm_answers_every_request_in_flight() -> None:
-    drain = load("drain")
+    drain = load_script("drain")
     result = await drain.run(drain.parse(["--requests", "40", "--model-ms", "20", "--shutdown-timeout", "20"]))
     assert result["ok"], result
     assert result["statuses"] == {"200": 40} and result["wrong_answers"] == 0
