@@ -6,6 +6,10 @@ from __future__ import annotations
 import json
 import pathlib
 from array import array
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
 
 from aserve.bench import http
 from aserve.bench.peers import models, v2
@@ -144,3 +148,25 @@ def test_check_request_waits_out_admission_control() -> None:
 
 def http_bench_case() -> http.Case:
     return http.make_cases("simple", ["json"], EXAMPLES)["json"]
+
+
+def test_repeats_run_in_rounds_and_report_each_servers_median(monkeypatch: pytest.MonkeyPatch) -> None:
+    # every server once per round, so that a drift of the machine's speed over the run
+    # weighs on each alike; each point is the median of its server's runs
+    calls: list[str] = []
+    speed = {"a": [300.0, 100.0, 200.0], "b": [10.0, 30.0, 20.0]}
+
+    def bench_server(run: object, kind: str, model: str, cases: object) -> Iterator[dict[str, Any]]:
+        calls.append(kind)
+        rps = speed[kind][calls.count(kind) - 1]
+        yield {"server": kind, "model": model, "body": "json", "connections": 8, "requests_per_s": rps,
+               "p99_ms": rps / 10, "errors": 0}
+        yield {"server": kind, "model": model, "body": "binary", "skipped": "not this body", "errors": 0}
+
+    monkeypatch.setattr(http, "bench_server", bench_server)
+    records = list(http.repeated(None, ["a", "b"], "simple", {}, 3))  # type: ignore[arg-type]
+    assert calls == ["a", "b", "a", "b", "a", "b"]
+    points = {r["server"]: r for r in records if "requests_per_s" in r}
+    assert points["a"]["requests_per_s"] == 200.0 and points["a"]["requests_per_s_runs"] == [300.0, 100.0, 200.0]
+    assert points["b"]["requests_per_s"] == 20.0 and points["b"]["p99_ms"] == 2.0 and points["b"]["runs"] == 3
+    assert sum(1 for r in records if "skipped" in r) == 6

@@ -372,21 +372,28 @@ def bench_server(run: Run, kind: str, model: str, cases: dict[str, Case]) -> Ite
         yield _record(kind, model, None, error=f"{kind} exited with {rc} on SIGTERM", errors=1)
 
 
-def repeated(run: Run, kind: str, model: str, cases: dict[str, Case], times: int) -> Iterator[dict[str, Any]]:
-    """bench_server `times` times, each on a freshly started server; each point reported as the
-    median of its runs (where the scheduler puts the loop and the interpreters' threads on a
-    2-core VM moves a single run by 20-30%), with every run's requests/s kept."""
+def repeated(run: Run, kinds: list[str], model: str, cases: dict[str, Case], times: int,
+             ) -> Iterator[dict[str, Any]]:
+    """bench_server for each server `times` times, in rounds (every server once per round, each
+    on a freshly started server), each point reported as the median of its runs with every
+    run's requests/s kept. Rounds, not one server's runs back to back: where the scheduler
+    puts the loop and the interpreters' threads on a 2-core VM moves a single run by 20-30%,
+    and the VM's speed drifts over minutes; interleaved, a drift weighs on every server alike."""
     if times <= 1:
-        yield from bench_server(run, kind, model, cases)
+        for kind in kinds:
+            print(f"http: {model} on {kind} ...", file=sys.stderr, flush=True)
+            yield from bench_server(run, kind, model, cases)
         return
     runs: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for _ in range(times):
-        for record in bench_server(run, kind, model, cases):
-            if "requests_per_s" not in record:
-                yield record
-                continue
-            key = (record.get("body"), record.get("connections"), record.get("generator_check", False))
-            runs.setdefault(key, []).append(record)
+    for round_ in range(times):
+        for kind in kinds:
+            print(f"http: {model} on {kind} (round {round_ + 1} of {times}) ...", file=sys.stderr, flush=True)
+            for record in bench_server(run, kind, model, cases):
+                if "requests_per_s" not in record:
+                    yield record
+                    continue
+                key = (kind, record.get("body"), record.get("connections"), record.get("generator_check", False))
+                runs.setdefault(key, []).append(record)
     for group in runs.values():
         by_rps = sorted(group, key=lambda r: r["requests_per_s"])
         median = dict(by_rps[len(by_rps) // 2])
@@ -569,7 +576,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="default: %(default)s; also aserve-trace and aserve-trace1 (OpenTelemetry tracing on, "
                         "sampling every request or one in 100, to a local OTLP sink)")
     p.add_argument("--repeat", type=int, default=1,
-                   help="start each server this many times and report each point's median (default %(default)s)")
+                   help="start each server this many times, in rounds (every server once per round), and report "
+                        "each point's median (default %(default)s)")
     p.add_argument("--duration", type=float, default=5.0,
                    help="seconds per point, whole seconds (wrk's unit; default %(default)s)")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up per server, model and body "
@@ -632,10 +640,8 @@ def main(argv: list[str] | None = None) -> int:
                 for kind in args.servers:
                     emit(_record(kind, model, None, skipped=str(e), errors=0))
                 continue
-            for kind in args.servers:
-                print(f"http: {model} on {kind} ...", file=sys.stderr, flush=True)
-                for record in repeated(run, kind, model, cases, args.repeat):
-                    emit(record)
+            for record in repeated(run, args.servers, model, cases, args.repeat):
+                emit(record)
     finally:
         run.close()
         shutil.rmtree(tmp, ignore_errors=True)
