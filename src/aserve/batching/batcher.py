@@ -226,6 +226,7 @@ def trace_batch(tracer: Any, model: str, requests: list[_Request], samples: int,
               "aserve.compute_us": round((now - start) / 1e3, 1)}
     if interpreter >= 0:
         shared["aserve.interpreter"] = interpreter
+    on_requests = rec.shared(shared)
     for r in requests:
         t = r.trace
         if t is None:
@@ -233,7 +234,7 @@ def trace_batch(tracer: Any, model: str, requests: list[_Request], samples: int,
         links.append((t.trace_id >> 64, t.trace_id & 0xFFFFFFFFFFFFFFFF, t.span_id, None))
         arrival = int(r.arrival * 1e9) + offset
         t.queue = (arrival, start)
-        t.batch = shared
+        t.batch = on_requests
         t.attributes["aserve.queue_us"] = round((start - arrival) / 1e3, 1)
     attributes = {"aserve.model": model, "aserve.batch_size": len(requests), "aserve.batch_samples": samples}
     if interpreter >= 0:

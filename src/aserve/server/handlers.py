@@ -35,7 +35,7 @@ from ..protocol import (
 from ..protocol import messages as m
 from ..protocol.formats import ACCEPTED, CONTENT_TYPES, body_format, check_encoding, request_format
 from ..protocol.metadata import ServerMetadata, TensorMetadata
-from ..tracing import RequestTrace
+from ..tracing import RequestTrace, recorder
 from .access import ACCESS_KEY, ADMIN, API, OPEN, Level
 from .errors import POLICY_KEY, body_timeout
 from .limits import request_started
@@ -285,7 +285,7 @@ async def read_body(request: web.BaseRequest, limit: int, timeout_s: float = 0.0
         raise body_timeout(timeout_s) from None
 
 
-_common_attributes: dict[tuple[str, str, str | None, str, str], dict[str, Any]] = {}
+_common_attributes: dict[tuple[str, str, str | None, str | None, str | None, bool, str], msgspec.Raw] = {}
 
 
 def _start_trace(plane: DataPlane, request: web.BaseRequest, route: str, model: str, version: str | None,
@@ -300,23 +300,25 @@ def _start_trace(plane: DataPlane, request: web.BaseRequest, route: str, model: 
         return None
     headers = request.headers
     host = headers.get("Host", "")
-    if protocol is None:
-        protocol = _protocol(headers.get("Content-Type"), HEADER_LENGTH in headers)
-    key = (route, model, version, protocol, host)
+    content_type = headers.get("Content-Type") if protocol is None else None
+    binary = protocol is None and HEADER_LENGTH in headers
+    key = (route, model, version, protocol, content_type, binary, host)
     common = _common_attributes.get(key)
     if common is None:
+        if protocol is None:
+            protocol = _protocol(content_type, binary)
         address, _, port = host.rpartition(":") if ":" in host else (host, "", "")
-        common = {
+        attributes: dict[str, Any] = {
             "http.request.method": "POST", "http.route": route, "url.scheme": "http",
             "url.path": route.replace("{model}", model if version is None else f"{model}/versions/{version}"),
             "server.address": address or host, "network.protocol.version": "1.1", "aserve.model": model,
             "aserve.version": version or "latest", "aserve.protocol": protocol,
         }
         if port.isdigit():
-            common["server.port"] = int(port)
+            attributes["server.port"] = int(port)
         if len(_common_attributes) > 1024:
             _common_attributes.clear()
-        _common_attributes[key] = common
+        common = _common_attributes[key] = recorder.shared(attributes)
     trace.common = common
     if logs.trace_ids_logged:
         current_trace.set(trace)  # this request's task: its log records carry the ids

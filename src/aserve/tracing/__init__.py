@@ -50,7 +50,8 @@ class Tracing:
             try:
                 await pool.start()
                 await pool.load(ModelSpec(name=EXPORTER, path=str(pathlib.Path(__file__).with_name("exporter.py")),
-                                          parameters={"env": resolved.exporter_env, "version": __version__}))
+                                          parameters={"env": resolved.exporter_env, "version": __version__,
+                                                      "own_gc": engine == "private"}))
             except AserveError as e:
                 await pool.close()
                 log.warning("tracing: the exporter cannot run in a %s interpreter: %s", engine, e)

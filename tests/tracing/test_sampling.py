@@ -1,0 +1,52 @@
+"""The sampler as the OpenTelemetry SDK's samplers decide, at the start of each request."""
+
+from __future__ import annotations
+
+from aserve.tracing import Resolved, Tracer, traceparent
+
+LOW = 0x0000000000000000_0000000000000001  # low 64 bits far below any ratio's bound
+HIGH = 0x0000000000000000_FFFFFFFFFFFFFFFF  # low 64 bits above every ratio's bound
+
+
+def tracer(sampler: str, ratio: float = 1.0) -> Tracer:
+    return Tracer(Resolved(sampler=sampler, ratio=ratio, exporter_env={}))
+
+
+def test_roots_follow_the_ratio() -> None:
+    for ratio, expected in ((0.0, 0), (1.0, 2000), (0.25, 500)):
+        t = tracer("parentbased_traceidratio", ratio)
+        t._rng.seed(7)
+        kept = sum(t.start({}) is not None for _ in range(2000))
+        assert abs(kept - expected) <= 60, (ratio, kept)
+    assert tracer("always_on", 0.0).start({}) is not None
+    assert tracer("always_off", 1.0).start({}) is None
+
+
+def test_parentbased_follows_the_callers_flag_and_continues_its_trace() -> None:
+    t = tracer("parentbased_traceidratio", 0.0)  # roots never sampled: the flag alone decides
+    trace = t.start({"traceparent": traceparent(HIGH, 0xABC, sampled=True)})
+    assert trace is not None and trace.trace_id == HIGH and trace.parent_id == 0xABC and trace.remote
+    assert t.start({"traceparent": traceparent(LOW, 0xABC, sampled=False)}) is None
+    # a malformed header starts a root, judged by the ratio
+    assert t.start({"traceparent": "00-zz-01"}) is None
+
+
+def test_traceidratio_judges_the_callers_trace_id_not_its_flag() -> None:
+    t = tracer("traceidratio", 0.5)
+    kept = t.start({"traceparent": traceparent(LOW, 0x1, sampled=False)})
+    assert kept is not None and kept.trace_id == LOW and kept.parent_id == 0x1
+    assert t.start({"traceparent": traceparent(HIGH, 0x1, sampled=True)}) is None
+
+
+def test_sampler_and_ratio_change_at_run_time() -> None:
+    t = tracer("parentbased_always_off")
+    assert t.start({}) is None
+    t.sampler = "parentbased_traceidratio"
+    t.set_ratio(1.0)
+    assert t.start({}) is not None
+    t.set_ratio(0.0)
+    assert t.start({}) is None
+    t.sampler = "always_on"
+    assert t.start({}) is not None
+    t.enabled = False
+    assert t.start({}) is None
