@@ -199,6 +199,13 @@ def test_admission_judges_each_request_by_its_own_budget() -> None:
     assert p.admit(0.1, 3, 1, 12.0) is not None  # its own, tighter budget
     assert p.admit(0.1, 3, 1, 20.0) is None
     assert p.admit(0.1, 7, 1, None) == pytest.approx(3 + 2 * 7 + 7 - 14.1)  # batches of 3: ends at 24
+    # with a reserve (the server's admission_reserve 0.2): the finish must fall within 0.8 x 14 = 11.2
+    model = CostModel([(b, UNIT(b)) for b in ladder(32)], max_batch_size=32)
+    reserved = AdaptivePolicy(model, latency_budget_s=14.0, interpreters=1, max_queue_delay_s=0.02, admit_factor=0.8)
+    assert reserved.decide(0.0, queue(0.0), idle=1, running=0, max_batch_size=32) == Decision(1, None)
+    wait = reserved.admit(0.1, 3, 1, None)  # ends at 13 at the earliest: refused, retry after a turn
+    assert wait is not None and wait >= 13.0 - 11.3
+    assert reserved.admit(0.1, 3, 1, 20.0) is None  # 13 <= 16
 
 
 def test_invalid_settings_are_refused() -> None:

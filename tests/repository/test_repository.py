@@ -38,6 +38,7 @@ max_queue_delay_ms = 2.5
 max_queue_size = 100
 timeout_ms = 1000
 latency_budget_ms = 20.0
+admission_reserve = 0.3
 layer_join = false
 join_rule = "budget"
 [parameters]
@@ -54,7 +55,7 @@ def test_full_config() -> None:
     b = c.batching
     assert (b.policy, b.max_queue_delay_ms, b.max_queue_size, b.timeout_ms, b.latency_budget_ms) == (
         "adaptive", 2.5, 100, 1000.0, 20.0)
-    assert (b.layer_join, b.join_rule) == (False, "budget")
+    assert (b.layer_join, b.join_rule, b.admission_reserve) == (False, "budget", 0.3)
     assert c.parameters == {"scale": 3, "label": "x"}
     with pytest.raises(AttributeError):
         c.max_batch_size = 1  # type: ignore[misc]
@@ -66,12 +67,14 @@ def test_defaults() -> None:
     assert c.engine is None and c.interpreters is None and c.max_batch_size == 0
     assert c.batching.policy == "window" and c.batching.max_queue_size == 4096 and c.batching.timeout_ms == 30000
     assert c.batching.layer_join is True and c.batching.join_rule == "benefit"
+    assert c.batching.admission_reserve == 0.2
 
 
 @pytest.mark.parametrize(("text", "message"), [
     (b'max_batch_size = "x"', "m/config.toml: max_batch_size: Expected `int`, got `str`"),
     (b"max_batch_size = -1", "m/config.toml: max_batch_size: Expected `int` >= 0"),
     (b"interpreters = 0", "m/config.toml: interpreters: Expected `int` >= 1"),
+    (b"[batching]\nadmission_reserve = 1.0", "m/config.toml: batching.admission_reserve: Expected `float` < 1.0"),
     (b'engine = "gpu"', "m/config.toml: engine: Invalid enum value 'gpu'"),
     (b"klass = 1", "m/config.toml: (top level): Object contains unknown field `klass`; expected one of class, engine,"),
     (b'[[inputs]]\nname = "a"\ndatatype = "INT32"\nshape = [-1, "x"]', "m/config.toml: inputs[0].shape[1]: Expected `int`"),

@@ -40,6 +40,7 @@ async def test_metadata_shows_budget_and_cost_model(server_url, http: aiohttp.Cl
     assert batching["policy"] == "adaptive" and params["batching_policy"] == "adaptive"
     assert batching["latency_budget_ms"] == pytest.approx(20.0)
     assert batching["timeout_ms"] == 2000.0
+    assert batching["admission_reserve"] == pytest.approx(0.2)  # admits what ends within 16 of the 20 ms
     assert batching["arrival_rate_samples_per_s"] >= 0
     cost = batching["cost_model"]
     assert cost["form"] == "affine" and cost["max_batch_size"] == 8

@@ -61,6 +61,12 @@ class BatchingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     max_queue_size: Annotated[int, _doc("samples waiting before new requests get 503", ge=1)] = 4096
     timeout_ms: Annotated[float, _doc("default per-request timeout (504); requests may ask for less", gt=0)] = 30000.0
     latency_budget_ms: Annotated[float, _doc("adaptive: target end-to-end latency", gt=0)] = 50.0
+    admission_reserve: Annotated[
+        float,
+        _doc("adaptive: share of the latency budget admission keeps back for what it cannot predict (a slow "
+             "spell of the machine, the client's side of the connection): it admits a request predicted to "
+             "finish within (1 - admission_reserve) x its budget", ge=0, lt=1),
+    ] = 0.2
     layer_join: Annotated[
         bool, _doc("adaptive: requests may join a running batch at a stage boundary (models with stages)")
     ] = True
