@@ -199,19 +199,42 @@ def test_admission_judges_each_request_by_its_own_budget() -> None:
     assert p.admit(0.1, 3, 1, 12.0) is not None  # its own, tighter budget
     assert p.admit(0.1, 3, 1, 20.0) is None
     assert p.admit(0.1, 7, 1, None) == pytest.approx(3 + 2 * 7 + 7 - 14.1)  # batches of 3: ends at 24
-    # with a reserve (the server's admission_reserve 0.2): the finish must fall within 0.8 x 14 = 11.2
-    model = CostModel([(b, UNIT(b)) for b in ladder(32)], max_batch_size=32)
-    reserved = AdaptivePolicy(model, latency_budget_s=14.0, interpreters=1, max_queue_delay_s=0.02, admit_factor=0.8)
-    assert reserved.decide(0.0, queue(0.0), idle=1, running=0, max_batch_size=32) == Decision(1, None)
-    wait = reserved.admit(0.1, 3, 1, None)  # ends at 13 at the earliest: refused, retry after a turn
-    assert wait is not None and wait >= 13.0 - 11.3
-    assert reserved.admit(0.1, 3, 1, 20.0) is None  # 13 <= 16
+
+
+def test_overload_reserve_applies_only_while_arrivals_outpace_every_size() -> None:
+    def make(reserve: float) -> AdaptivePolicy:
+        model = CostModel([(b, UNIT(b)) for b in ladder(32)], max_batch_size=32)
+        return AdaptivePolicy(model, latency_budget_s=14.0, interpreters=1, max_queue_delay_s=0.02,
+                              overload_reserve=reserve)
+
+    plain, reserved = make(0.0), make(0.2)
+    for p in (plain, reserved):  # one arrival: keeping up takes batches of 1, no overload
+        assert p.decide(0.0, queue(0.0), idle=1, running=0, max_batch_size=32) == Decision(1, None)
+    assert reserved.predicted_finish(0.1, 3, 1, within=14.1) == pytest.approx(13.0)
+    assert reserved.admit(0.1, 3, 1, None) is None  # ends at 13 of 14: no reserve below overload
+    # 50 arrivals a millisecond apart: no batch size serves 1000 a second on this curve
+    burst = queue(*[0.1 + 0.001 * i for i in range(50)])
+    for p in (plain, reserved):  # the first batch ended: the next is planned for the burst
+        p.observe(1, 3.0)
+        p.decide(0.15, burst, idle=1, running=0, max_batch_size=32)
+        assert p.keep_up_batch(0.15, 32) is None
+    # requests with a budget of 12: the next batch ends at 10.15 (within 12.15, past 0.15 + 0.8 x 12)
+    now, full, kept = 0.15, 0.15 + 12.0, 0.15 + 0.8 * 12.0
+    for q in range(12):
+        in_budget = plain.predicted_finish(now, q, 1, within=full) <= full
+        in_reserve = reserved.predicted_finish(now, q, 1, within=kept) <= kept
+        assert (plain.admit(now, q, 1, 12.0) is None) == in_budget
+        assert (reserved.admit(now, q, 1, 12.0) is None) == in_reserve
+    assert plain.admit(now, 1, 1, 12.0) is None
+    wait = reserved.admit(now, 1, 1, 12.0)
+    assert wait is not None and wait >= 10.15 - kept
 
 
 def test_invalid_settings_are_refused() -> None:
     model = CostModel([(1, 0.01)], max_batch_size=1)
     for bad in ({"latency_budget_s": 0.0}, {"interpreters": 0}, {"max_queue_delay_s": -1.0}, {"headroom": 0.5},
-                {"rate_alpha": 0.0}, {"admit_factor": 0.0}, {"tolerance": 1.0}, {"slowdown_alpha": 1.5}):
+                {"rate_alpha": 0.0}, {"admit_factor": 0.0}, {"overload_reserve": 1.0}, {"overload_reserve": -0.1},
+                {"tolerance": 1.0}, {"slowdown_alpha": 1.5}):
         options: dict[str, float] = {"latency_budget_s": 0.05, "interpreters": 1, "max_queue_delay_s": 0.0}
         options.update(bad)
         with pytest.raises(ValueError):

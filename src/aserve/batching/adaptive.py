@@ -62,8 +62,13 @@ batches of one size b on the interpreters as they free: its batch is the
 a batch of b to about b - 0.75 (m - 1), and every batch holds an interpreter for
 s' L(b) (the running ones from their dispatch). b is tried from K to C (only C when
 arrivals outpace every size). If no b finishes it within `admit_factor` times its own
-budget (default: exactly its budget), it is refused with a Retry-After of how much
-later it would finish (at least one interpreter's turn). So what it admits meets its
+budget (default: exactly its budget), less `overload_reserve` of it while the arrivals
+outpace every size, it is refused with a Retry-After of how much later it would finish
+(at least one interpreter's turn). The reserve is for overload alone: then the queue
+runs as long as admission lets it and the latest admitted sit at the limit, where a
+slow spell of the machine or the client's side of the connection (neither of which
+the prediction sees) pushes them past it; below it the queue is short and a reserve
+would only refuse requests that end in time. So what it admits meets its
 budget as long as the batches take at most s' L(b), and since batches under overload
 have the backlog size and a batch's worth waits when an interpreter frees, refusing
 costs little throughput. (The bound: a batch that ends within the budget holds at
@@ -134,6 +139,8 @@ class AdaptivePolicy:
     rate_alpha: weight of one inter-arrival gap in the rate estimate.
     admit_factor: admission refuses a request whose predicted finish is beyond this
       many of its budgets.
+    overload_reserve: under overload (arrivals beyond what any batch size serves) the
+      share of that limit admission keeps back.
     tolerance: the efficient size is the smallest within `tolerance` of the best
       throughput.
     slowdown_alpha: weight of one batch in the slowdown.
@@ -149,6 +156,7 @@ class AdaptivePolicy:
         headroom: float = 1.25,
         rate_alpha: float = 0.05,
         admit_factor: float = 1.0,
+        overload_reserve: float = 0.0,
         tolerance: float = 0.05,
         slowdown_alpha: float = 0.2,
     ) -> None:
@@ -164,6 +172,8 @@ class AdaptivePolicy:
             raise ValueError(f"rate_alpha must be in (0, 1], got {rate_alpha}")
         if not admit_factor > 0.0:
             raise ValueError(f"admit_factor must be > 0, got {admit_factor}")
+        if not 0.0 <= overload_reserve < 1.0:
+            raise ValueError(f"overload_reserve must be in [0, 1), got {overload_reserve}")
         if not 0.0 <= tolerance < 1.0:
             raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
         if not 0.0 <= slowdown_alpha <= 1.0:
@@ -175,6 +185,7 @@ class AdaptivePolicy:
         self.headroom = headroom
         self.rate_alpha = rate_alpha
         self.admit_factor = admit_factor
+        self.overload_reserve = overload_reserve
         self.tolerance = tolerance
         self.slowdown_alpha = slowdown_alpha
         self._gap: float | None = None  # mean seconds between arrivals
@@ -492,9 +503,13 @@ class AdaptivePolicy:
         """None to admit a new request, or a Retry-After in seconds to refuse it (503).
 
         Refuses when the request's predicted finish is beyond admit_factor x its own
-        budget (`budget`, else the policy's); the Retry-After is how much later it would
-        be predicted to finish (at least one interpreter's turn)."""
-        limit = now + self.admit_factor * (self.latency_budget_s if budget is None else budget)
+        budget (`budget`, else the policy's), less overload_reserve of it while the
+        arrivals outpace every batch size; the Retry-After is how much later it would be
+        predicted to finish (at least one interpreter's turn)."""
+        factor = self.admit_factor
+        if self._keep_up is None:
+            factor *= 1.0 - self.overload_reserve
+        limit = now + factor * (self.latency_budget_s if budget is None else budget)
         finish = self.predicted_finish(now, queued_samples, samples, within=limit)
         if finish <= limit:
             return None

@@ -49,7 +49,7 @@ async def make_policy(
     budget = batching.latency_budget_ms / 1000.0
     policy = AdaptivePolicy(
         cost, latency_budget_s=budget, interpreters=info.interpreters,
-        max_queue_delay_s=batching.max_queue_delay_ms / 1000.0, admit_factor=1.0 - batching.admission_reserve,
+        max_queue_delay_s=batching.max_queue_delay_ms / 1000.0, overload_reserve=batching.admission_reserve,
     )
     joining = None
     if batching.layer_join and info.stages > 0 and max_batch_size > 0:

@@ -63,9 +63,9 @@ class BatchingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     latency_budget_ms: Annotated[float, _doc("adaptive: target end-to-end latency", gt=0)] = 50.0
     admission_reserve: Annotated[
         float,
-        _doc("adaptive: share of the latency budget admission keeps back for what it cannot predict (a slow "
-             "spell of the machine, the client's side of the connection): it admits a request predicted to "
-             "finish within (1 - admission_reserve) x its budget", ge=0, lt=1),
+        _doc("adaptive: under overload, the share of the latency budget admission keeps back for what it "
+             "cannot predict (a slow spell of the machine, the client's side of the connection): it admits a "
+             "request predicted to finish within (1 - admission_reserve) x its budget", ge=0, lt=1),
     ] = 0.2
     layer_join: Annotated[
         bool, _doc("adaptive: requests may join a running batch at a stage boundary (models with stages)")
