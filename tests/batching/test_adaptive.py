@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import pytest
 
-from aserve.batching.adaptive import AdaptivePolicy
+from aserve.batching.adaptive import OVERLOAD_SUSTAINED_S, AdaptivePolicy
 from aserve.batching.costmodel import CostModel, ladder
 from aserve.batching.policy import Decision, WindowPolicy
 from aserve.batching.simulation import Arrival, SimResult, poisson, simulate
@@ -218,15 +218,18 @@ def test_overload_reserve_applies_only_while_arrivals_outpace_every_size() -> No
         p.observe(1, 3.0)
         p.decide(0.15, burst, idle=1, running=0, max_batch_size=32)
         assert p.keep_up_batch(0.15, 32) is None
-    # requests with a budget of 12: the next batch ends at 10.15 (within 12.15, past 0.15 + 0.8 x 12)
-    now, full, kept = 0.15, 0.15 + 12.0, 0.15 + 0.8 * 12.0
+    # requests with a budget of 11: the next batch ends at 10.15, within the budget and past 0.8 x 11
+    assert plain.predicted_finish(0.15, 1, 1, within=0.15 + 11.0) == pytest.approx(10.15)
+    assert reserved.admit(0.15, 1, 1, 11.0) is None  # outpaced only just now: a burst, no reserve yet
+    now = 0.15 + OVERLOAD_SUSTAINED_S  # still outpaced (the same decision stands): the reserve applies
+    full, kept = now + 11.0, now + 0.8 * 11.0
     for q in range(12):
         in_budget = plain.predicted_finish(now, q, 1, within=full) <= full
         in_reserve = reserved.predicted_finish(now, q, 1, within=kept) <= kept
-        assert (plain.admit(now, q, 1, 12.0) is None) == in_budget
-        assert (reserved.admit(now, q, 1, 12.0) is None) == in_reserve
-    assert plain.admit(now, 1, 1, 12.0) is None
-    wait = reserved.admit(now, 1, 1, 12.0)
+        assert (plain.admit(now, q, 1, 11.0) is None) == in_budget
+        assert (reserved.admit(now, q, 1, 11.0) is None) == in_reserve
+    assert plain.admit(now, 1, 1, 11.0) is None
+    wait = reserved.admit(now, 1, 1, 11.0)
     assert wait is not None and wait >= 10.15 - kept
 
 

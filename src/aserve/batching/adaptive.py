@@ -62,13 +62,14 @@ batches of one size b on the interpreters as they free: its batch is the
 a batch of b to about b - 0.75 (m - 1), and every batch holds an interpreter for
 s' L(b) (the running ones from their dispatch). b is tried from K to C (only C when
 arrivals outpace every size). If no b finishes it within `admit_factor` times its own
-budget (default: exactly its budget), less `overload_reserve` of it while the arrivals
-outpace every size, it is refused with a Retry-After of how much later it would finish
-(at least one interpreter's turn). The reserve is for overload alone: then the queue
-runs as long as admission lets it and the latest admitted sit at the limit, where a
-slow spell of the machine or the client's side of the connection (neither of which
-the prediction sees) pushes them past it; below it the queue is short and a reserve
-would only refuse requests that end in time. So what it admits meets its
+budget (default: exactly its budget), less `overload_reserve` of it once the arrivals
+have outpaced every size for OVERLOAD_SUSTAINED_S, it is refused with a Retry-After
+of how much later it would finish (at least one interpreter's turn). The reserve is
+for sustained overload alone: then the queue runs as long as admission lets it and
+the latest admitted sit at the limit, where a slow spell of the machine or the
+client's side of the connection (neither of which the prediction sees) pushes them
+past it; below it the queue is short and a reserve would only refuse requests that
+end in time. So what it admits meets its
 budget as long as the batches take at most s' L(b), and since batches under overload
 have the backlog size and a batch's worth waits when an interpreter frees, refusing
 costs little throughput. (The bound: a batch that ends within the budget holds at
@@ -110,6 +111,10 @@ SLOWDOWN_RANGE = (0.5, 4.0)
 # simulation, with batch times uniform within +-10% (+-20%) of the curve, 3 keeps 99.5%
 # (99%) of the admitted requests within budget at 3x overload; 2 keeps 98%.)
 CAUTION = 3.0
+# The overload reserve waits until the arrivals have outpaced every batch size this long:
+# at 75% load a burst lifts the rate estimate past the capacity for tens of milliseconds
+# at a time, and a reserve then only refuses requests that would end in time.
+OVERLOAD_SUSTAINED_S = 0.5
 # Whole requests of s samples on average leave about this many times (s - 1) samples of
 # a batch unused (the next request does not fit), so a queue needs more batches than
 # its samples over the batch size.
@@ -139,8 +144,8 @@ class AdaptivePolicy:
     rate_alpha: weight of one inter-arrival gap in the rate estimate.
     admit_factor: admission refuses a request whose predicted finish is beyond this
       many of its budgets.
-    overload_reserve: under overload (arrivals beyond what any batch size serves) the
-      share of that limit admission keeps back.
+    overload_reserve: under sustained overload (arrivals beyond what any batch size
+      serves, for OVERLOAD_SUSTAINED_S) the share of that limit admission keeps back.
     tolerance: the efficient size is the smallest within `tolerance` of the best
       throughput.
     slowdown_alpha: weight of one batch in the slowdown.
@@ -195,6 +200,7 @@ class AdaptivePolicy:
         self._tail: object | None = None  # the newest request already counted
         self._refused: list[tuple[float, int]] = []  # (arrival, samples) refused, not yet counted
         self._keep_up: int | None = None  # the keep-up size at the last decision
+        self._outpaced_since: float | None = None  # since when no batch size keeps up (None: one does)
         self._flight: list[tuple[float, float]] = []  # batches in flight: (dispatched, predicted L(b))
         self._observed = 0
         self._spread = 0.0  # mean absolute deviation of a batch's ratio from the slowdown
@@ -352,6 +358,10 @@ class AdaptivePolicy:
             sizes.append(total)
         backlog = self.backlog_batch(budget, max_batch_size)
         keep_up = self._keep_up = self.keep_up_batch(now, max_batch_size)
+        if keep_up is not None:
+            self._outpaced_since = None
+        elif self._outpaced_since is None:
+            self._outpaced_since = now
         if self.batching_pays() and running > 0 and keep_up is not None and queued < keep_up \
                 and self._samples < keep_up:
             wake = self._fill_by(now, queue, queued, keep_up)  # rule 2
@@ -503,11 +513,13 @@ class AdaptivePolicy:
         """None to admit a new request, or a Retry-After in seconds to refuse it (503).
 
         Refuses when the request's predicted finish is beyond admit_factor x its own
-        budget (`budget`, else the policy's), less overload_reserve of it while the
-        arrivals outpace every batch size; the Retry-After is how much later it would be
-        predicted to finish (at least one interpreter's turn)."""
+        budget (`budget`, else the policy's), less overload_reserve of it once the
+        arrivals have outpaced every batch size for OVERLOAD_SUSTAINED_S; the
+        Retry-After is how much later it would be predicted to finish (at least one
+        interpreter's turn)."""
         factor = self.admit_factor
-        if self._keep_up is None:
+        since = self._outpaced_since
+        if self._keep_up is None and since is not None and now - since >= OVERLOAD_SUSTAINED_S:
             factor *= 1.0 - self.overload_reserve
         limit = now + factor * (self.latency_budget_s if budget is None else budget)
         finish = self.predicted_finish(now, queued_samples, samples, within=limit)

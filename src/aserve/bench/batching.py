@@ -45,6 +45,7 @@ from typing import Any
 from ..batching.simulation import Arrival, poisson
 from ..engine import ensure_glibc_tunables
 from ..errors import AserveError, Overloaded
+from ..repository.config import BatchingConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -68,6 +69,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--window-ms", type=float, default=10.0, help="fixed10's batching window")
     ap.add_argument("--loads", default=",".join(str(x) for x in LOADS), help="fractions of capacity")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--admission-reserve", type=float, default=BatchingConfig().admission_reserve,
+                    help="adaptive: share of the budget admission keeps back under overload (default: the "
+                         "server's, %(default)s)")
     ap.add_argument("--join-rule", choices=("budget", "benefit"), default="budget",
                     help="adaptive_join: join whenever budgets hold (LBCI), or only if total latency falls")
     ap.add_argument("--fit-only", action="store_true", help="compare cost-model fits and exit")
@@ -201,6 +205,7 @@ def make_batcher(
     interpreters: int,
     window: float,
     max_batch_size: int,
+    reserve: float = 0.0,
 ) -> Any:
     from ..batching.adaptive import AdaptivePolicy
     from ..batching.batcher import Batcher, Joining
@@ -221,6 +226,7 @@ def make_batcher(
             latency_budget_s=budget,
             interpreters=interpreters,
             max_queue_delay_s=budget / 2,
+            overload_reserve=reserve,
         )
         mb = max_batch_size
         if kind == "adaptive_join":
@@ -288,6 +294,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "profile": profile,
                 "budget": budget,
                 "join_rule": args.join_rule,
+                "reserve": args.admission_reserve,
                 "interpreters": args.interpreters,
                 "window": args.window_ms / 1e3,
                 "max_batch_size": max_batch_size,
@@ -342,6 +349,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "seconds_per_point": args.seconds,
         "join_rule": args.join_rule,
+        "admission_reserve": args.admission_reserve,
         "capacity_rps": {k: round(v, 1) for k, v in caps.items()},
         "cost_model": cost.as_dict(),
         "stage_profile": profile.as_dict(),
@@ -436,7 +444,7 @@ def simulate_run(args: argparse.Namespace) -> dict[str, Any]:
                     p, mb = WindowPolicy(max_queue_delay=args.window_ms / 1e3), 10
                 else:
                     p = AdaptivePolicy(model, latency_budget_s=budget, interpreters=args.interpreters,
-                                       max_queue_delay_s=budget / 2)
+                                       max_queue_delay_s=budget / 2, overload_reserve=args.admission_reserve)
                     if policy == "adaptive_join":
                         join = JoinPlanner(model, StageProfile(len(shares), shares))
                 result = simulate(p, arrivals, cost, interpreters=args.interpreters, max_batch_size=mb, join=join,
@@ -460,6 +468,7 @@ def simulate_run(args: argparse.Namespace) -> dict[str, Any]:
         "interpreters": args.interpreters,
         "seconds_per_point": args.seconds,
         "join_rule": args.join_rule,
+        "admission_reserve": args.admission_reserve,
         "capacity_rps": {k: round(v, 1) for k, v in caps.items()},
         "records": records,
         "summary": summarize(records),
