@@ -130,7 +130,7 @@ class Server:
         raise RuntimeError(f"{MODEL} not ready after {timeout} s:\n{self.output()}")
 
     def pss_mb(self) -> float:
-        return psutil.Process(self.proc.pid).memory_full_info().pss / 2**20
+        return float(psutil.Process(self.proc.pid).memory_full_info().pss) / 2**20
 
     def output(self) -> str:
         self.log.seek(0)
