@@ -71,7 +71,6 @@ class Staged(Model):
 """
 
 
-
 def load_script(name: str) -> ModuleType:
     """loadtests/NAME.py as a module, by path, under a name of its own (Locust imports
     `scenario` from beside the locustfile; the scripts are not a package)."""

@@ -518,8 +518,8 @@ class AdaptivePolicy:
         Retry-After is how much later it would be predicted to finish (at least one
         interpreter's turn)."""
         factor = self.admit_factor
-        since = self._outpaced_since
-        if self._keep_up is None and since is not None and now - since >= OVERLOAD_SUSTAINED_S:
+        since = self._outpaced_since  # set only while no batch size keeps up
+        if since is not None and now - since >= OVERLOAD_SUSTAINED_S:
             factor *= 1.0 - self.overload_reserve
         limit = now + factor * (self.latency_budget_s if budget is None else budget)
         finish = self.predicted_finish(now, queued_samples, samples, within=limit)

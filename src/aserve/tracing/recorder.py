@@ -51,13 +51,13 @@ _MASK64 = (1 << 64) - 1
 # writes as spans of their own with ids derived from the request's: one record per request on the loop.
 Span = tuple[Any, ...]
 NO_EVENTS: tuple[Any, ...] = ()
-_encode_once = msgspec.msgpack.Encoder().encode
+_encode = msgspec.msgpack.Encoder().encode  # spans, and attributes shared by many of them
 
 
 def shared(attributes: dict[str, Any]) -> msgspec.Raw:
     """Attributes many spans carry (a route's, a batch's), encoded once: each span that holds
     them copies the bytes instead of encoding every key and value again."""
-    return msgspec.Raw(_encode_once(attributes))
+    return msgspec.Raw(_encode(attributes))
 
 
 def parse_traceparent(value: str | None) -> tuple[int, int, bool] | None:
@@ -151,17 +151,13 @@ class Tracer:
     counted, for tests of the recorder)."""
 
     def __init__(self, resolved: Resolved, *, export: Any = None, max_queue: int | None = None) -> None:
-        self._sampler = ""
-        self._parentbased = False
-        self._bound = 0
-        self.sampler = resolved.sampler
-        self.set_ratio(resolved.ratio)
+        self.ratio = resolved.ratio
+        self.sampler = resolved.sampler  # with the ratio: the root sampler's bound
         self.enabled = True  # Triton's trace_level OFF turns sampling off without losing the exporter
         self.offset = time.time_ns() - time.monotonic_ns()  # the native workers' clock to the epoch
         self._rng = random.Random()
         self._buffer: list[bytes] = []  # recorded spans, each encoded (msgpack)
         self._export = export
-        self._encode = msgspec.msgpack.Encoder().encode
         env = resolved.exporter_env
         self.max_queue = max_queue if max_queue is not None else int(env.get("OTEL_BSP_MAX_QUEUE_SIZE", "2048"))
         self.max_batch = int(env.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "512"))
@@ -197,7 +193,7 @@ class Tracer:
         elif name.endswith("always_off"):
             self._bound = 0
         else:
-            self._bound = round(getattr(self, "ratio", 1.0) * (1 << 64))
+            self._bound = round(self.ratio * (1 << 64))
 
     def new_span_id(self) -> int:
         return self._rng.getrandbits(64) or 1
@@ -206,22 +202,17 @@ class Tracer:
         """The trace of a request that starts now, or None if it is not sampled."""
         if not self.enabled:
             return None
-        value = headers.get("traceparent")
-        if value is None:  # a root: the common case
-            trace_id = self._rng.getrandbits(128) or 1
-            if (trace_id & _MASK64) >= self._bound:
-                return None
-            return RequestTrace(self, trace_id, self._rng.getrandbits(64) or 1, 0, False, time.time_ns())
-        parent = parse_traceparent(value)
-        if parent is not None and self._parentbased:
+        parent = parse_traceparent(headers.get("traceparent"))
+        if parent is None:  # a root
+            trace_id, parent_id = self._rng.getrandbits(128) or 1, 0
+        else:
             trace_id, parent_id, sampled = parent
-            if not sampled:
-                return None
-            return RequestTrace(self, trace_id, self.new_span_id(), parent_id, True, time.time_ns())
-        trace_id = parent[0] if parent is not None else (self._rng.getrandbits(128) or 1)
+            if self._parentbased:
+                if not sampled:
+                    return None
+                return RequestTrace(self, trace_id, self.new_span_id(), parent_id, True, time.time_ns())
         if (trace_id & _MASK64) >= self._bound:
             return None
-        parent_id = parent[1] if parent is not None else 0
         return RequestTrace(self, trace_id, self.new_span_id(), parent_id, parent is not None, time.time_ns())
 
     def to_epoch(self, monotonic_ns: int) -> int:
@@ -234,7 +225,7 @@ class Tracer:
         if len(buffer) >= self.max_queue:
             self.dropped += 1
             return
-        buffer.append(self._encode(span))
+        buffer.append(_encode(span))
         self.recorded += 1
         if len(buffer) >= self.max_batch and not self._exporting:
             self.flush()
