@@ -172,10 +172,29 @@ def tfserving() -> dict[str, bytes]:
     return {name: json.dumps(value).encode() for name, value in requests.items()}
 
 
+def http_head() -> dict[str, bytes]:
+    """Request heads as clients send them to the infer routes (tritonclient, aiohttp, curl, wrk)."""
+    heads = {
+        "aiohttp_json": ["POST /v2/models/simple/infer HTTP/1.1", "Host: 127.0.0.1:8000", "Accept: */*",
+                         "Accept-Encoding: gzip, deflate", "User-Agent: Python/3.11 aiohttp/3.14.5",
+                         "Content-Length: 160", "Content-Type: application/json"],
+        "triton_binary": ["POST /v2/models/mlp/versions/1/infer HTTP/1.1", "Host: localhost:8000",
+                          "Content-Type: application/octet-stream", "Inference-Header-Content-Length: 210",
+                          "Content-Length: 338", "Connection: keep-alive"],
+        "curl_predict": ["POST /v1/models/cnn:predict HTTP/1.1", "Host: localhost:8000", "User-Agent: curl/8.5.0",
+                         "Accept: */*", "Content-Type: application/json", "Content-Length: 42"],
+        "traced_close": ["POST /v2/models/textclass/infer HTTP/1.1", "Host: a",
+                         "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                         "Authorization: Bearer t0ken", "Content-Length: 0", "Connection: close"],
+        "chunked": ["POST /v2/models/simple/infer HTTP/1.1", "Host: a", "Transfer-Encoding: chunked"],
+    }
+    return {name: "\r\n".join(lines).encode() + b"\r\n\r\n" for name, lines in heads.items()}
+
+
 def main() -> None:
     random.seed(12)
     for target, make in (("v2_json", v2_json), ("v2_binary", v2_binary), ("msgpack", msgpack),
-                         ("tfserving", tfserving)):
+                         ("tfserving", tfserving), ("http_head", http_head)):
         folder = CORPUS / target
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)

@@ -167,8 +167,36 @@ def _binary(data: bytes, rng: random.Random) -> bytes | None:
     return f"{length}\n".encode() + header + blobs
 
 
+# the bytes HTTP parsers disagree on: separators, whitespace, controls, non-ASCII, case
+_HTTP_BYTES = b" \t\r\n:\x00\x0b\x7f\x80\xff,;=\"\\/?#%+-_.aZ09"
+
+
+def _http_head(data: bytes, rng: random.Random) -> bytes | None:
+    """A request head changed line by line: a field repeated (as it is or with its name's
+    case swapped), dropped or moved, a field of interesting bytes added, or a separator,
+    space or control byte put into the request line or a field."""
+    lines = data.split(b"\r\n")
+    choice = rng.random()
+    i = rng.randrange(len(lines))
+    if choice < 0.25 and len(lines) > 1:
+        j = rng.randrange(1, len(lines))
+        lines.insert(rng.randrange(1, len(lines) + 1), lines[j] if rng.random() < 0.5 else lines[j].swapcase())
+    elif choice < 0.4 and len(lines) > 1:
+        del lines[rng.randrange(1, len(lines))]
+    elif choice < 0.55:
+        name = rng.choice([b"Content-Length", b"Transfer-Encoding", b"Connection", b"Host", b"Expect", b"X-A"])
+        value = bytes(rng.choice(_HTTP_BYTES) for _ in range(rng.randint(0, 6)))
+        lines.insert(rng.randrange(1, len(lines) + 1), name + b":" + value)
+    else:
+        line = bytearray(lines[i])
+        pos = rng.randrange(len(line) + 1)
+        line[pos:pos + rng.randint(0, 2)] = bytes(rng.choice(_HTTP_BYTES) for _ in range(rng.randint(1, 3)))
+        lines[i] = bytes(line)
+    return b"\r\n".join(lines)
+
+
 STRUCTURED: dict[str, Callable[[bytes, random.Random], bytes | None]] = {
-    "v2_json": _json, "tfserving": _json, "msgpack": _msgpack, "v2_binary": _binary,
+    "v2_json": _json, "tfserving": _json, "msgpack": _msgpack, "v2_binary": _binary, "http_head": _http_head,
 }
 
 

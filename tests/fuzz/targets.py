@@ -21,9 +21,17 @@ A violated property raises `Failure` (or lets the unexpected exception through):
 fuzzer records the input as a crash. No fuzzer is imported here (the standard library,
 msgspec, msgpack and aserve), so that the pytest suite runs the targets without one.
 
+`http_head` is the wire front's HTTP/1.1 request-head parser (`aserve.server.wire.
+parse_head`): whatever it accepts, aiohttp's own parser (the one every other request
+meets) must read as the same request: method, target, version, header fields in order,
+Content-Length, keep-alive, no chunked body, no upgrade. A head the wire front takes and
+aiohttp refuses or reads otherwise would let the two fronts disagree on where a request
+ends.
+
 Input formats: `v2_json`, `msgpack` and `tfserving` take a request body as it is;
 `v2_binary` takes `<Inference-Header-Content-Length value>\\n<body>` (a first line that
-is not an integer means the header is absent).
+is not an integer means the header is absent); `http_head` takes the bytes of a request
+head up to its first CRLF CRLF.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from aserve.inference import InferRequest, ModelSchema
 from aserve.protocol import arrays, decode_infer, decode_predict
 from aserve.runtime.datatypes import decode_bytes, element_count
 from aserve.runtime.model import TensorSpec
+from aserve.server.wire import parse_head
 
 INT64_MAX = 2**63 - 1
 MAX_DIMS = 16  # native/abi.h AS_MAX_DIMS: dimensions a tensor may have on its way to a model
@@ -363,7 +372,49 @@ def v2_binary(data: bytes) -> None:
             raise Failure(f"model {schema.name!r}: decodings differ (first, cached, uncached): {outcomes}")
 
 
+_http: dict[str, Any] = {}
+
+
+def aiohttp_head(data: bytes) -> Any:
+    """The RawRequestMessage aiohttp's C parser reads from a request head (with its CRLF CRLF)."""
+    if not _http:
+        import asyncio
+
+        from aiohttp.base_protocol import BaseProtocol
+        from aiohttp.http_parser import HttpRequestParser
+
+        loop = asyncio.new_event_loop()
+        _http.update(loop=loop, protocol=BaseProtocol(loop), parser=HttpRequestParser)
+    parser = _http["parser"](_http["protocol"], _http["loop"], 2**16, max_line_size=8190, max_field_size=8190)
+    messages, _, _ = parser.feed_data(data)
+    if len(messages) != 1:
+        raise Failure(f"aiohttp read {len(messages)} requests from one head")
+    return messages[0][0]
+
+
+def http_head(data: bytes) -> None:
+    """The wire front's request-head parser agrees with aiohttp's wherever it accepts a head."""
+    head = data.split(b"\r\n\r\n", 1)[0]
+    parsed = parse_head(head.decode("utf-8", "surrogateescape"))
+    if parsed is None:
+        return
+    target, fields, length, close = parsed
+    try:
+        message = aiohttp_head(head + b"\r\n\r\n")
+    except Failure:
+        raise
+    except Exception as exc:  # noqa: BLE001 - aiohttp refused what the wire front took
+        raise Failure(f"the wire front accepted a head aiohttp refuses ({exc!r}): {head[:300]!r}") from None
+    theirs = (message.method, message.path, tuple(message.version), [(k.lower(), v) for k, v in message.headers.items()],
+              int(message.headers.get("Content-Length", "-1")), message.should_close, message.chunked,
+              message.upgrade, message.compression)
+    ours = ("POST", target, (1, 1), [(k.lower(), v) for k, v in fields], length, close, False, False, None)
+    if theirs != ours:
+        raise Failure(f"the fronts read {head[:300]!r} differently: wire {ours}, aiohttp {theirs}")
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
+    "http_head": http_head,
     "v2_json": v2_json,
     "v2_binary": v2_binary,
     "msgpack": msgpack,

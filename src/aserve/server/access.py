@@ -29,6 +29,7 @@ from aiohttp import web
 
 from ..errors import Forbidden, Unauthorized
 from .errors import error_response
+from .request import HttpRequest
 
 Level = Literal["open", "api", "admin"]
 OPEN: Level = "open"
@@ -59,7 +60,7 @@ class Access:
     def guards_anything(self) -> bool:
         return bool(self._api or self._admin)
 
-    def check(self, request: web.BaseRequest, level: Level) -> None:
+    def check(self, request: HttpRequest, level: Level) -> None:
         """Raise Unauthorized (no bearer token) or Forbidden (another token) unless the
         request may call an endpoint of `level`."""
         if level == OPEN:
@@ -100,7 +101,7 @@ class Cors:
     def allows(self, origin: str) -> bool:
         return self.any or origin in self.origins
 
-    def add(self, request: web.BaseRequest, response: web.StreamResponse) -> None:
+    def add(self, request: HttpRequest, response: web.StreamResponse) -> None:
         """The CORS headers of a response to an allowed origin."""
         origin = request.headers.get("Origin")
         if origin is None or not self.allows(origin) or response.prepared:

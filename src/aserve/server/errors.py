@@ -35,6 +35,7 @@ from ..errors import (
 )
 from ..protocol import encode_error
 from ..redact import Redactor
+from .request import HttpRequest
 
 log = logging.getLogger("aserve.server")
 
@@ -120,7 +121,7 @@ class ClosingResponse(web.Response):
     request body (a client too slow to send it, one over the connection limit, a body
     refused unread)."""
 
-    def __init__(self, request: web.BaseRequest, **kwargs: Any) -> None:
+    def __init__(self, request: HttpRequest, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._request = request
         self.force_close()
@@ -131,7 +132,7 @@ class ClosingResponse(web.Response):
             close_gracefully(self._request.protocol)
 
 
-def error_response(request: web.BaseRequest, status: int, message: str, headers: dict[str, str] | None = None, *,
+def error_response(request: HttpRequest, status: int, message: str, headers: dict[str, str] | None = None, *,
                    error_id: str | None = None, close: bool = False) -> web.Response:
     """`{"error": message}` in the format the client accepts (else its request's, unless
     that format was what was refused: 415 answers JSON)."""
@@ -147,7 +148,7 @@ def error_response(request: web.BaseRequest, status: int, message: str, headers:
     return response
 
 
-def from_exception(request: web.BaseRequest, exc: BaseException, policy: ErrorPolicy) -> web.Response:
+def from_exception(request: HttpRequest, exc: BaseException, policy: ErrorPolicy) -> web.Response:
     """The response for an exception raised while answering `request`."""
     if isinstance(exc, AserveError):
         if isinstance(exc, ModelError):
@@ -177,7 +178,7 @@ def from_exception(request: web.BaseRequest, exc: BaseException, policy: ErrorPo
     return _internal(request, exc)
 
 
-def _model_failed(request: web.BaseRequest, exc: ModelError, policy: ErrorPolicy) -> web.Response:
+def _model_failed(request: HttpRequest, exc: ModelError, policy: ErrorPolicy) -> web.Response:
     error_id = new_error_id()
     what = f"model {exc.model!r} version {exc.version}" if exc.model else "the model"
     log.info("model error on %s (error id %s): %s failed: %s", request.path, error_id, what,
@@ -186,13 +187,13 @@ def _model_failed(request: web.BaseRequest, exc: ModelError, policy: ErrorPolicy
     return error_response(request, 500, message, error_id=error_id)
 
 
-def _internal(request: web.BaseRequest, exc: BaseException) -> web.Response:
+def _internal(request: HttpRequest, exc: BaseException) -> web.Response:
     error_id = new_error_id()
     log.error("internal error (error id %s) answering %s %s", error_id, request.method, request.path, exc_info=exc)
     return error_response(request, 500, "internal error", error_id=error_id)
 
 
-def _payload_error(request: web.BaseRequest, exc: BaseException) -> str:
+def _payload_error(request: HttpRequest, exc: BaseException) -> str:
     """A 400 message for a body aiohttp could not read: which encoding failed and why."""
     cause = exc.__cause__ or exc.__context__
     detail = cause.message if isinstance(cause, HttpProcessingError) else str(exc)

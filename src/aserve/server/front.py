@@ -24,6 +24,7 @@ from .access import API, Access, Cors
 from .errors import ErrorPolicy, from_exception
 from .handlers import infer, predict
 from .limits import LimitedServer, Limits, Request
+from .request import HttpRequest
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
@@ -76,53 +77,65 @@ class Front:
         self.access: Access | None = access if access.guards_api else None
         self.cors: Cors | None = Cors(settings.cors_origins) if settings.cors_origins else None
         self.fallback: Handler | None = None
+        self.draining = False  # every answer closes its connection (set by the server's drain)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.method == "POST":
             route = hot_route(request.raw_path)
             if route is not None:
-                kind, model, version = route
-                try:
-                    if self.access is not None:
-                        self.access.check(request, API)
-                    if kind == V2:
-                        response = await infer(self.plane, request, model, version,
-                                               max_body_bytes=self.max_body_bytes, timeout_s=self.timeout_s)
-                    else:
-                        response = await predict(self.plane, request, model, version,
-                                                 max_body_bytes=self.max_body_bytes, timeout_s=self.timeout_s)
-                except Exception as exc:  # noqa: BLE001 - every failure gets an answer; the server goes on
-                    response = from_exception(request, exc, self.policy)
-                if self.cors is not None:
-                    self.cors.add(request, response)
-                return response
+                return await self.answer(request, *route)
         assert self.fallback is not None, "FrontRunner sets the fallback"
         return await self.fallback(request)
+
+    async def answer(self, request: HttpRequest, kind: int, model: str, version: str | None) -> web.Response:
+        """The answer to an infer (`V2`) or predict (`TF`) request, from either HTTP front."""
+        try:
+            if self.access is not None:
+                self.access.check(request, API)
+            if kind == V2:
+                response = await infer(self.plane, request, model, version,
+                                       max_body_bytes=self.max_body_bytes, timeout_s=self.timeout_s)
+            else:
+                response = await predict(self.plane, request, model, version,
+                                         max_body_bytes=self.max_body_bytes, timeout_s=self.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - every failure gets an answer; the server goes on
+            response = from_exception(request, exc, self.policy)
+        if self.cors is not None:
+            self.cors.add(request, response)
+        return response
 
 
 class FrontRunner(web.AppRunner):
     """An AppRunner whose server asks `front` first, then the application, and enforces the
     connection limits of the plane's settings (header size, idle keep-alive, connections,
-    request time)."""
+    request time). With `wire`, connections start on the wire front (`wire.WireProtocol`),
+    which hands them to aiohttp for anything but a plain infer or predict request."""
 
-    def __init__(self, app: web.Application, front: Front, **kwargs: Any) -> None:
+    def __init__(self, app: web.Application, front: Front, *, wire: bool = False, **kwargs: Any) -> None:
         settings = front.plane.settings
         kwargs.setdefault("keepalive_timeout", settings.keepalive_timeout_s)
         kwargs.setdefault("max_line_size", settings.max_header_bytes)
         kwargs.setdefault("max_field_size", settings.max_header_bytes)
         super().__init__(app, **kwargs)
         self._front = front
+        self._wire = wire
         self._limits = Limits(max_connections=settings.max_connections,
                               request_timeout_s=settings.request_timeout_s,
                               max_header_bytes=settings.max_header_bytes)
 
     async def _make_server(self) -> web.Server:
         made = await super()._make_server()
-        server = LimitedServer(
-            made.request_handler, limits=self._limits, loop=made._loop,
-            request_factory=functools.partial(self.app._make_request, _cls=Request),
-            handler_cancellation=made.handler_cancellation, **made._kwargs,
-        )
+        kwargs = dict(limits=self._limits, loop=made._loop,
+                      request_factory=functools.partial(self.app._make_request, _cls=Request),
+                      handler_cancellation=made.handler_cancellation, **made._kwargs)
+        server: LimitedServer
+        if self._wire:
+            from .wire import WireServer
+
+            server = WireServer(made.request_handler, front=self._front,
+                                keepalive_s=self._front.plane.settings.keepalive_timeout_s, **kwargs)
+        else:
+            server = LimitedServer(made.request_handler, **kwargs)
         self._front.fallback = server.request_handler
         server.request_handler = self._front.handle
         return server

@@ -41,6 +41,7 @@ from .errors import POLICY_KEY, body_timeout
 from .limits import request_started
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import render
+from .request import HttpRequest
 
 PLANE_KEY: web.AppKey[DataPlane] = web.AppKey("plane", DataPlane)
 
@@ -225,13 +226,19 @@ def header_length(value: str | None) -> int | None:
     return n
 
 
-class _Chunks(payload.Payload):
+class Chunks(payload.Payload):
     """A response body written as the buffers it is made of: large binary outputs go out
     from the interpreter's memory, never joined into a new buffer."""
 
     def __init__(self, chunks: list[Any], size: int, content_type: str) -> None:
         super().__init__([memoryview(c).cast("B") for c in chunks], content_type=content_type)
         self._size = size
+
+    @property
+    def views(self) -> list[memoryview]:
+        """The buffers, in order (the wire front writes them as they are)."""
+        views: list[memoryview] = self._value
+        return views
 
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
         return b"".join(self._value).decode(encoding, errors)
@@ -252,11 +259,11 @@ def respond(chunks: list[Any], headers: dict[str, str]) -> web.Response:
     size = sum(map(len, chunks))
     if size <= JOIN_LIMIT:
         return web.Response(body=b"".join(chunks), headers=headers)
-    body = _Chunks(chunks, size, headers.pop("Content-Type"))
+    body = Chunks(chunks, size, headers.pop("Content-Type"))
     return web.Response(body=body, headers=headers)
 
 
-async def read_body(request: web.BaseRequest, limit: int, timeout_s: float = 0.0, *, msgpack: bool = True) -> bytes:
+async def read_body(request: HttpRequest, limit: int, timeout_s: float = 0.0, *, msgpack: bool = True) -> bytes:
     """The request body, its Content-Type and Content-Encoding checked (415). One that has
     fully arrived (most do, with their headers) is taken from the buffer as it is; others
     are read as they come, within what is left of `timeout_s` since the request's first
@@ -288,7 +295,7 @@ async def read_body(request: web.BaseRequest, limit: int, timeout_s: float = 0.0
 _common_attributes: dict[tuple[str, str, str | None, str | None, str | None, bool, str], msgspec.Raw] = {}
 
 
-def _start_trace(plane: DataPlane, request: web.BaseRequest, route: str, model: str, version: str | None,
+def _start_trace(plane: DataPlane, request: HttpRequest, route: str, model: str, version: str | None,
                  protocol: str | None) -> RequestTrace | None:
     """The request's trace, when tracing is on and it is sampled (OpenTelemetry HTTP server
     attributes, the same for every request to a model, route and address, made once)."""
@@ -340,7 +347,7 @@ def _protocol(content_type: str | None, binary: bool) -> str:
     return "v2-binary" if binary else "v2-json"
 
 
-async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version: str | None, *,
+async def infer(plane: DataPlane, request: HttpRequest, model: str, version: str | None, *,
                 max_body_bytes: int, timeout_s: float = 0.0) -> web.Response:
     """POST /v2/models/{model}[/versions/{version}]/infer"""
     handle = plane.model(model, version)
@@ -383,7 +390,7 @@ async def infer(plane: DataPlane, request: web.BaseRequest, model: str, version:
     return answer
 
 
-async def predict(plane: DataPlane, request: web.BaseRequest, model: str, version: str | None, *,
+async def predict(plane: DataPlane, request: HttpRequest, model: str, version: str | None, *,
                   max_body_bytes: int, timeout_s: float = 0.0) -> web.Response:
     """POST /v1/models/{model}[/versions/{version}]:predict (TF-Serving's predict has no
     per-request parameters: the model's timeout and budget apply)."""

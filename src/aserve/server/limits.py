@@ -28,6 +28,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from ..protocol.formats import ENCODINGS
 from .errors import SERVER_NAME, ClosingResponse, close_gracefully, error_response
+from .request import HttpRequest
 
 log = logging.getLogger("aserve.server")
 
@@ -157,11 +158,7 @@ class TimedHandler(LimitedHandler):
         if self._messages or transport is None or transport.is_closing() or not isinstance(manager, LimitedServer):
             return
         limit = manager.limits.request_timeout_s
-        body = msgspec.json.encode({"error": f"the request header was not received within the server's limit of "
-                                             f"{limit:g} s (--request-timeout)"})
-        transport.write(b"HTTP/1.1 408 Request Timeout\r\nServer: " + SERVER_NAME.encode()
-                        + b"\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: "
-                        + str(len(body)).encode() + b"\r\n\r\n" + body)
+        transport.write(header_timeout_body(limit))
         log.info("closed a connection whose request header took longer than %g s", limit)
         self._close = True  # what else arrives is dropped
         close_gracefully(self)
@@ -173,7 +170,16 @@ class TimedHandler(LimitedHandler):
         super().connection_lost(exc)
 
 
-def request_started(request: web.BaseRequest) -> float | None:
+def header_timeout_body(limit: float) -> bytes:
+    """The whole 408 response to a request whose header did not arrive within `limit` s."""
+    body = msgspec.json.encode({"error": f"the request header was not received within the server's limit of "
+                                         f"{limit:g} s (--request-timeout)"})
+    return (b"HTTP/1.1 408 Request Timeout\r\nServer: " + SERVER_NAME.encode()
+            + b"\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def request_started(request: HttpRequest) -> float | None:
     """Loop time the request's first byte arrived, when the connection times requests."""
     protocol = request.protocol
     return protocol.request_started if isinstance(protocol, TimedHandler) else None

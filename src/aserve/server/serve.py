@@ -50,7 +50,7 @@ class Server:
     async def start(self) -> None:
         self.plane.scan()
         runner = FrontRunner(
-            self.app, self._front, handle_signals=False, shutdown_timeout=self.settings.shutdown_timeout_s,
+            self.app, self._front, wire=self.settings.wire_front and not self.settings.access_log, handle_signals=False, shutdown_timeout=self.settings.shutdown_timeout_s,
             access_log=logging.getLogger("aiohttp.access") if self.settings.access_log else None,
             access_log_class=AccessLogger,
         )
@@ -129,6 +129,7 @@ class Server:
         """Begin draining (once; later calls change nothing): readiness false, requests still served."""
         if self._drain_began is None:
             self._drain_began = asyncio.get_running_loop().time()
+            self._front.draining = True
             log.info("draining: %s answers 503 while requests are still served", READY_PATH)
 
     @property

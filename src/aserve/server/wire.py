@@ -1,0 +1,553 @@
+"""The wire front: aserve's own HTTP/1.1 connection protocol for the infer routes.
+
+aiohttp spends about 35 µs of the loop's CPU on each request before and after the
+handler (its parser, request and response objects, the per-connection task's
+bookkeeping, the writer); a plain request parsed here, in a few slices of the buffer,
+costs about 10. Each connection starts on `WireProtocol`. A request it can take whole
+is answered by the same `Front.answer` as under aiohttp:
+
+- `POST` to a V2 infer or TF-Serving predict target (`front.hot_route`), HTTP/1.1;
+- a `Content-Length` body within `--max-body-bytes`; no `Transfer-Encoding`,
+  `Content-Encoding`, `Expect` or `Upgrade`, and `Connection` absent, `keep-alive` or
+  `close`;
+- a header block of well-formed fields (token names, no control characters in values,
+  no line folding) within `--max-header-bytes`, with a `Host` and no field aiohttp
+  allows once (`Host`, `Content-Type`, ...) given twice.
+
+Anything else (another route, a chunked or compressed body, a header over the limit, a
+malformed request) hands the connection to aiohttp from that request on, with the bytes
+not yet answered: aiohttp parses them as if it had read them itself and answers as it
+always has (routes, 4xx, 431). So the wire front never answers what it does not fully
+understand, and the server's behaviour for those requests is aiohttp's.
+
+It keeps what aiohttp's connections keep: the connection limit, the keep-alive timeout,
+the request timeout (408), requests pipelined on one connection answered in order,
+back-pressure (a client that does not read its answers stops being read), and a
+graceful shutdown that answers every request already read. With the access log on,
+every connection is aiohttp's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import socket
+import time
+from email.utils import formatdate
+from typing import Any, cast
+
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from .errors import SERVER_NAME, body_timeout, close_gracefully, from_exception
+from .front import Front, hot_route
+from .handlers import Chunks
+from .limits import LimitedServer, header_timeout_body
+
+log = logging.getLogger("aserve.server")
+
+# one header field: a token name, optional whitespace, a value without control characters
+_FIELD = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+:[ \t]*[^\x00-\x08\x0a-\x1f\x7f]*?[ \t]*\r\n"
+_FIELDS = re.compile(f"(?:{_FIELD})*")
+_FIELD_PAIRS = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*\r\n")
+# fields that change how the body or the connection is read: any of them but a plain
+# Content-Length (or Connection: keep-alive / close) sends the request to aiohttp
+_FRAMING = frozenset({"content-length", "transfer-encoding", "content-encoding", "expect", "upgrade", "connection"})
+# fields aiohttp refuses to see twice (its parser's SINGLETON_HEADERS): a request with two goes to aiohttp (400)
+_SINGLE = frozenset({"content-length", "content-location", "content-range", "content-type", "etag", "host",
+                     "max-forwards", "server", "transfer-encoding", "user-agent"})
+_CHECKED = _FRAMING | _SINGLE
+MAX_FIELDS = 128  # aiohttp's limit on header fields (more: its 431)
+HEAD_LIMIT = 1 << 16  # a header block not ended within this many bytes goes to aiohttp (its 431)
+PIPELINE_LIMIT = 1 << 20  # buffered bytes behind a request in progress before the connection stops being read
+
+
+class _Body:
+    """A body that has fully arrived, read as aiohttp's `StreamReader` is read."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def is_eof(self) -> bool:
+        return True
+
+    def read_nowait(self, n: int = -1) -> bytes:
+        data = self._data
+        self._data = b""
+        return data
+
+
+class WireRequest:
+    """A request the wire front parsed: the members of `request.HttpRequest`."""
+
+    __slots__ = ("close", "content", "headers", "method", "protocol", "raw_path")
+
+    def __init__(self, target: str, headers: CIMultiDictProxy[str], body: bytes, protocol: WireProtocol,
+                 close: bool) -> None:
+        self.method = "POST"
+        self.raw_path = target
+        self.headers = headers
+        self.content = _Body(body)
+        self.protocol = protocol
+        self.close = close  # the client sent Connection: close
+
+    @property
+    def path(self) -> str:
+        return self.raw_path.partition("?")[0]
+
+    @property
+    def path_qs(self) -> str:
+        return self.raw_path
+
+    @property
+    def remote(self) -> str | None:
+        transport = self.protocol.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        return str(peer[0]) if isinstance(peer, (tuple, list)) and peer else None
+
+    async def read(self) -> bytes:
+        return self.content.read_nowait()
+
+
+def parse_head(head: str) -> tuple[str, list[tuple[str, str]], int, bool] | None:
+    """(target, fields, Content-Length, close) of a request head the wire front takes
+    (without its final CRLF CRLF), or None when aiohttp must read it."""
+    line, _, block = head.partition("\r\n")
+    parts = line.split(" ")
+    if len(parts) != 3 or parts[0] != "POST" or parts[2] != "HTTP/1.1":
+        return None
+    target = parts[1]
+    if not target.startswith("/") or not target.isascii() or not target.isprintable():
+        return None  # origin-form only: what the hot routes are
+    if block:
+        block += "\r\n"
+        if _FIELDS.fullmatch(block) is None:
+            return None
+        fields: list[tuple[str, str]] = _FIELD_PAIRS.findall(block)
+        if len(fields) > MAX_FIELDS:
+            return None
+    else:
+        fields = []
+    length = -1
+    close = False
+    seen: set[str] = set()
+    for name, value in fields:
+        lower = name.lower()
+        if lower in _CHECKED:
+            if lower in seen:
+                return None
+            seen.add(lower)
+            if lower == "content-length":
+                if not value.isdigit() or not value.isascii() or len(value) > 18:
+                    return None  # aiohttp refuses a length past 2**63 - 1
+                length = int(value)
+            elif lower == "connection":
+                token = value.lower()
+                if token == "close":
+                    close = True
+                elif token != "keep-alive":
+                    return None
+            elif lower in _FRAMING:
+                return None
+    if length < 0 or "host" not in seen:  # HTTP/1.1 requires Host (aiohttp answers 400 without it)
+        return None
+    return target, fields, length, close
+
+
+class _Date:
+    """The Date header, formatted once a second."""
+
+    second = -1
+    value = b""
+
+    @classmethod
+    def now(cls) -> bytes:
+        second = int(time.time())
+        if second != cls.second:
+            cls.value = formatdate(second, usegmt=True).encode()
+            cls.second = second
+        return cls.value
+
+
+_STATUS_LINES: dict[tuple[int, str], bytes] = {}
+
+
+def _status_line(status: int, reason: str) -> bytes:
+    line = _STATUS_LINES.get((status, reason))
+    if line is None:
+        line = f"HTTP/1.1 {status} {reason}\r\n".encode()
+        if len(_STATUS_LINES) < 256:
+            _STATUS_LINES[status, reason] = line
+    return line
+
+
+_OWN = frozenset({"content-length", "server", "date", "connection", "transfer-encoding"})
+
+
+def encode_response(response: web.Response, *, close: bool) -> list[Any]:
+    """The bytes of `response` on the wire: its head, then its body's buffers as they are."""
+    body = response.body
+    chunks: list[Any]
+    content_type = None
+    if body is None:
+        chunks, size = [], 0
+    elif isinstance(body, (bytes, bytearray, memoryview)):
+        chunks, size = [body], len(body)
+    elif isinstance(body, Chunks):
+        chunks, size, content_type = body.views, body.size or 0, body.content_type
+    else:
+        raise TypeError(f"the wire front cannot send a {type(body).__name__} body")
+    head = [b"Server: ", SERVER_NAME_BYTES, b"\r\nDate: ", _Date.now(), b"\r\nContent-Length: ", str(size).encode()]
+    for name, value in response.headers.items():
+        if name.lower() not in _OWN:
+            head += (b"\r\n", name.encode(), b": ", value.encode())
+    if content_type is not None and "Content-Type" not in response.headers:
+        head += (b"\r\nContent-Type: ", content_type.encode())
+    elif body is not None and "Content-Type" not in response.headers:
+        head.append(b"\r\nContent-Type: application/octet-stream")
+    if close:
+        head.append(b"\r\nConnection: close")
+    head.append(b"\r\n\r\n")
+    return [_status_line(response.status, response.reason) + b"".join(head), *chunks]
+
+
+SERVER_NAME_BYTES = SERVER_NAME.encode()
+
+
+class WireProtocol(asyncio.Protocol):
+    """One connection, answered by the wire front until a request needs aiohttp."""
+
+    def __init__(self, server: WireServer) -> None:
+        self.server = server
+        self.front = server.front
+        self.loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self._buf = b""
+        self._more: list[bytes] = []  # what arrived while a body was awaited (joined once it is whole)
+        self._have = 0  # bytes in _buf and _more
+        # a head whose body is awaited: route, target, fields, Content-Length, Connection: close, request size
+        self._pending: tuple[tuple[int, str, str | None], str, list[tuple[str, str]], int, bool, int] | None = None
+        self._busy = False  # a request is being answered
+        self._paused = False  # the transport's write buffer is full
+        self._reading = True
+        self._closing = False
+        self._eof = False
+        self._counted = False
+        self._began = 0.0  # loop time the request being read began
+        self._timer: asyncio.TimerHandle | None = None  # the request timeout, while a request is incomplete
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_since = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._done: asyncio.Future[None] | None = None  # set while a shutdown waits for the request in progress
+
+    # ---- asyncio.Protocol ----
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not its subclasses
+        server = self.server
+        limit = server.limits.max_connections
+        if limit and server.open >= limit:
+            self._handoff()  # aiohttp's handler answers its request 503 and closes
+            return
+        server.open += 1
+        self._counted = True
+        server.wired.add(self)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            except OSError:
+                pass
+        self._idle()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        if self._pending is not None:
+            self._more.append(data)
+            self._have += len(data)
+            if self._have < self._pending[5]:
+                return
+            self._buf = b"".join([self._buf, *self._more])
+            self._more = []
+        elif self._buf:
+            self._buf += data
+            self._have = len(self._buf)
+        else:
+            self._buf = data
+            self._have = len(data)
+            if not self._busy:
+                self._began = self.loop.time()
+        if self._busy or self._paused:
+            if self._have > PIPELINE_LIMIT and self._reading and self.transport is not None:
+                self.transport.pause_reading()
+                self._reading = False
+            return
+        self._next()
+
+    def eof_received(self) -> bool | None:
+        self._eof = True  # the client sends no more: the answer in progress is its last
+        if not self._busy:
+            self._close()
+        return True  # half-closed: the answer in progress is still sent
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._closing = True
+        self._cancel_timers()
+        self._release()
+        if not self._busy:
+            self._finished()
+        self.transport = None
+
+    def pause_writing(self) -> None:
+        self._paused = True
+        if self._reading and self.transport is not None:
+            self.transport.pause_reading()
+            self._reading = False
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if not self._closing and self.transport is not None:
+            if not self._reading and self._have <= PIPELINE_LIMIT:
+                self.transport.resume_reading()
+                self._reading = True
+            if not self._busy:
+                self._next()
+
+    # ---- requests ----
+
+    def _next(self) -> None:
+        """Answer the request at the head of the buffer, wait for the rest of it, or hand over."""
+        if self.server.closing:
+            self._close()  # shutting down: requests not yet begun are not taken
+            return
+        if self._more:
+            self._buf = b"".join([self._buf, *self._more])
+            self._more = []
+        buf = self._buf
+        if not buf:
+            self._idle()
+            return
+        pending = self._pending
+        if pending is not None:
+            if len(buf) < pending[5]:
+                self._wait()
+                return
+        else:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > HEAD_LIMIT:
+                    self._handoff()
+                else:
+                    self._wait()
+                return
+            if end > self.server.limits.max_header_bytes:
+                self._handoff()
+                return
+            parsed = parse_head(buf[:end].decode("utf-8", "surrogateescape"))
+            if parsed is None:
+                self._handoff()
+                return
+            target, fields, length, close = parsed
+            route = hot_route(target)
+            if route is None or length > self.front.max_body_bytes:
+                self._handoff()  # another route, or aiohttp's 413
+                return
+            pending = (route, target, fields, length, close, end + 4 + length)
+            if len(buf) < pending[5]:
+                self._pending = pending
+                self._wait()
+                return
+        route, target, fields, length, close, total = pending
+        self._pending = None
+        body = buf[total - length:total]
+        self._buf = rest = buf[total:]
+        self._have = len(rest)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if rest:
+            self._began = self.loop.time()  # a request behind this one: its time runs from now
+        request = WireRequest(target, CIMultiDictProxy(CIMultiDict(fields)), body, self, close)
+        self._busy = True
+        self._task = self.loop.create_task(self._serve(request, route))
+
+    async def _serve(self, request: WireRequest, route: tuple[int, str, str | None]) -> None:
+        try:
+            response = await self.front.answer(request, *route)
+        except asyncio.CancelledError:  # a shutdown that ran out of time
+            self._busy = False
+            self._close()
+            self._finished()
+            raise
+        self._respond(request, response)
+
+    def _respond(self, request: WireRequest, response: web.Response) -> None:
+        closing = (request.close or response.keep_alive is False or self.front.draining or self.server.closing
+                   or self._closing or self._eof)
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            try:
+                data = encode_response(response, close=closing)
+            except Exception as exc:
+                log.error("cannot send the answer to %s %s", request.method, request.path, exc_info=exc)
+                self._busy = False
+                self._close()
+                self._finished()
+                return
+            if len(data) == 1:
+                transport.write(data[0])
+            elif len(data) == 2 and len(data[1]) < 4096:
+                transport.write(data[0] + data[1])
+            else:
+                transport.writelines(data)
+        self._busy = False
+        self._task = None
+        self._finished()
+        if closing or self._closing:
+            self._closing = True
+            self._cancel_timers()
+            close_gracefully(self)
+            return
+        if not self._reading and self._have <= PIPELINE_LIMIT and not self._paused and transport is not None:
+            transport.resume_reading()
+            self._reading = True
+        if not self._paused:
+            self._next()
+
+    # ---- timers ----
+
+    def _wait(self) -> None:
+        """A request is incomplete: it must be whole within the request timeout of its first byte."""
+        limit = self.server.limits.request_timeout_s
+        if limit > 0 and self._timer is None:
+            self._timer = self.loop.call_at(self._began + limit, self._too_slow)
+
+    def _too_slow(self) -> None:
+        self._timer = None
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._busy:
+            return
+        limit = self.server.limits.request_timeout_s
+        pending = self._pending
+        if pending is None:
+            transport.write(header_timeout_body(limit))
+            log.info("closed a connection whose request header took longer than %g s", limit)
+        else:
+            request = WireRequest(pending[1], CIMultiDictProxy(CIMultiDict(pending[2])), b"", self, True)
+            response = from_exception(request, body_timeout(limit), self.front.policy)
+            transport.writelines(encode_response(response, close=True))
+        self._closing = True
+        self._cancel_timers()
+        close_gracefully(self)
+
+    def _idle(self) -> None:
+        """No request in progress: the connection closes after the keep-alive timeout."""
+        self._idle_since = self.loop.time()
+        if self._idle_timer is None and not self._closing:
+            self._idle_timer = self.loop.call_at(self._idle_since + self.server.keepalive_s, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        if self._closing or self._busy or self._buf or self._pending is not None:
+            return  # in use again: the next idle time starts the timer anew
+        due = self._idle_since + self.server.keepalive_s
+        if self.loop.time() >= due:
+            self._close()
+        else:
+            self._idle_timer = self.loop.call_at(due, self._idle_check)
+
+    def _cancel_timers(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    # ---- ends ----
+
+    def force_close(self) -> None:
+        """Close now (`errors.close_gracefully` calls it after its grace time)."""
+        self._close()
+
+    def _close(self) -> None:
+        self._closing = True
+        self._cancel_timers()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def _release(self) -> None:
+        if self._counted:
+            self.server.open -= 1
+            self._counted = False
+        self.server.wired.discard(self)
+
+    def _finished(self) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    def _handoff(self) -> None:
+        """Give the connection, and what it has sent but not been answered, to aiohttp."""
+        transport = self.transport
+        assert transport is not None
+        self._cancel_timers()
+        self._release()
+        data = b"".join([self._buf, *self._more]) if self._more else self._buf
+        self._buf, self._more, self._have, self._pending = b"", [], 0, None
+        self._closing = True  # nothing more reaches this protocol
+        self._finished()
+        handler = self.server.aiohttp_handler()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        if not self._reading:
+            transport.resume_reading()
+        if self._paused:
+            handler.pause_writing()
+        if data:
+            handler.data_received(data)
+
+    async def shutdown(self, timeout: float | None) -> None:
+        """Answer the request in progress (within `timeout`), then close."""
+        self._closing = True
+        if self._busy and self._task is not None:
+            self._done = self.loop.create_future()
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._done
+            except TimeoutError:
+                self._task.cancel()
+        self._close()
+
+
+class WireServer(LimitedServer):
+    """aiohttp's low-level server whose connections start on the wire front."""
+
+    def __init__(self, handler: Any, *, front: Front, keepalive_s: float, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self.front = front
+        self.keepalive_s = keepalive_s
+        self.loop = self._loop
+        self.wired: set[WireProtocol] = set()
+        self.closing = False
+
+    def __call__(self) -> Any:
+        return WireProtocol(self)
+
+    def aiohttp_handler(self) -> Any:
+        return super().__call__()
+
+    def pre_shutdown(self) -> None:
+        self.closing = True
+        for conn in list(self.wired):
+            if not conn._busy:
+                conn._close()
+        super().pre_shutdown()
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        self.closing = True
+        await asyncio.gather(*(conn.shutdown(timeout) for conn in list(self.wired)))
+        await super().shutdown(timeout)

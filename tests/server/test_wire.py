@@ -1,0 +1,295 @@
+"""The wire front: aserve's own HTTP/1.1 parser for plain infer and predict requests.
+
+What a client sees must not depend on which front answered: every test here talks raw
+HTTP over a socket (or aiohttp's client) to a real server and checks the answers
+against values computed in the test; the parity test asks both fronts the same
+questions and compares the answers byte for byte, bar the Date header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import pathlib
+import re
+import socket
+import struct
+
+import aiohttp
+import pytest
+
+from aserve.server.wire import WireServer, parse_head
+
+from ..conftest import until
+from .hardened_models import add_body
+
+ADD_PATH = "/v2/models/add/infer"
+ECHO_MODEL = '''
+from aserve.runtime import Model, TensorSpec
+
+class Echo(Model):
+    inputs = [TensorSpec("X", "FP32", (-1,))]
+    outputs = [TensorSpec("Y", "FP32", (-1,))]
+
+    def __call__(self, inputs):
+        return {"Y": inputs["X"]}
+'''
+ECHO_CONFIG = ('max_batch_size = 0\n[[inputs]]\nname = "X"\ndatatype = "FP32"\nshape = [-1]\n'
+               '[[outputs]]\nname = "Y"\ndatatype = "FP32"\nshape = [-1]\n')
+PREDICT = b'{"inputs": {"A": [[1, 2, 3, 4]], "B": [[0, 0, 0, 1]]}}'
+
+
+def add_request(first: int, *, path: str = ADD_PATH, extra: str = "") -> bytes:
+    body = json.dumps(add_body(first)).encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def echo_request(values: bytes) -> bytes:
+    """A binary V2 request to the echo model, asking for its output in binary."""
+    header = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [len(values) // 4],
+                                     "parameters": {"binary_data_size": len(values)}}],
+                         "outputs": [{"name": "Y", "parameters": {"binary_data": True}}]}).encode()
+    return (f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+            f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(header) + len(values)}\r\n"
+            f"\r\n").encode() + header + values
+
+
+def expected_sum(first: int) -> list[int]:
+    return [first + 1, 3, 4, 5]
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One response off a keep-alive connection: (status, headers, body)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    lines = head.decode().rstrip("\r\n").split("\r\n")
+    headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:])}
+    body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 30)
+    return int(lines[0].split()[1]), headers, body
+
+
+def wire_server(server) -> WireServer:
+    low = server._runner.server
+    assert isinstance(low, WireServer)
+    return low
+
+
+async def test_pipelined_requests_are_answered_in_order(start_server, repository: pathlib.Path) -> None:
+    server, _ = await start_server(repository)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    firsts = [10, 20, 30, 40, 50]
+    # five infer requests and a metadata request (aiohttp's) behind them, in one write
+    writer.write(b"".join(add_request(f) for f in firsts) + b"GET /v2/models/add HTTP/1.1\r\nHost: x\r\n\r\n")
+    for first in firsts:
+        status, headers, body = await read_response(reader)
+        assert status == 200 and headers["server"] == "aserve" and "date" in headers
+        outputs = {o["name"]: o["data"] for o in json.loads(body)["outputs"]}
+        assert outputs["SUM"] == expected_sum(first)
+    status, _, body = await read_response(reader)
+    assert status == 200 and json.loads(body)["name"] == "add"
+    # the connection is aiohttp's now, and still serves infer requests
+    writer.write(add_request(7))
+    status, _, body = await read_response(reader)
+    assert status == 200 and json.loads(body)["outputs"][0]["data"] == expected_sum(7)
+    writer.close()
+
+
+async def test_a_request_split_anywhere_is_served(start_server, repository: pathlib.Path) -> None:
+    server, _ = await start_server(repository)
+    data = add_request(3)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    for cut in (1, 20, data.index(b"\r\n\r\n") + 2, data.index(b"\r\n\r\n") + 4, len(data) - 1):
+        writer.write(data[:cut])
+        await writer.drain()
+        await asyncio.sleep(0)  # let the first part be read on its own where it can
+        writer.write(data[cut:])
+        status, _, body = await read_response(reader)
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == expected_sum(3), cut
+    writer.close()
+
+
+async def test_large_binary_body_in_many_reads(start_server, model_dir) -> None:
+    repo = model_dir(ECHO_MODEL, ECHO_CONFIG, name="echo").parent
+    server, _ = await start_server(repo)
+    values = struct.pack("<300000f", *range(300_000))
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    data = echo_request(values)
+    for i in range(0, len(data), 65536):
+        writer.write(data[i:i + 65536])
+        await writer.drain()
+    status, headers, answer = await read_response(reader)
+    assert status == 200
+    out_header = int(headers["inference-header-content-length"])
+    assert answer[out_header:] == values
+    writer.close()
+
+
+@pytest.mark.parametrize("case", ["chunked", "gzip", "expect", "http10", "folded", "two-lengths"])
+async def test_requests_it_does_not_take_are_aiohttp_s(start_server, repository: pathlib.Path, case: str) -> None:
+    """Anything but a plain request is handed to aiohttp with its bytes, and answered as aiohttp does."""
+    server, _ = await start_server(repository)
+    body = json.dumps(add_body(5)).encode()
+    head = f"POST {ADD_PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    if case == "chunked":
+        data = (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    elif case == "gzip":
+        packed = gzip.compress(body)
+        data = (head + f"Content-Encoding: gzip\r\nContent-Length: {len(packed)}\r\n\r\n").encode() + packed
+    elif case == "expect":
+        data = (head + f"Expect: 100-continue\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    elif case == "http10":
+        data = (head.replace("HTTP/1.1", "HTTP/1.0") + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    elif case == "folded":
+        data = (head + f"X-A: 1\r\n  folded\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    else:
+        data = (head + f"Content-Length: {len(body)}\r\nContent-Length: {len(body) + 1}\r\n\r\n").encode() + body
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(data)
+    status, _, answer = await read_response(reader)
+    if case in ("folded", "two-lengths"):
+        assert status == 400, answer  # aiohttp refuses what is malformed
+    else:
+        assert status == 200, answer
+        assert json.loads(answer)["outputs"][0]["data"] == expected_sum(5)
+    writer.close()
+
+
+async def test_both_fronts_answer_alike(start_server, repository: pathlib.Path) -> None:
+    """The same requests to a server with the wire front and one without: the same answers."""
+    wired, _ = await start_server(repository)
+    plain, _ = await start_server(repository, wire_front=False)
+    assert isinstance(wired._runner.server, WireServer) and not isinstance(plain._runner.server, WireServer)
+    binary_header = json.dumps({"inputs": [
+        {"name": "A", "datatype": "INT32", "shape": [1, 4], "parameters": {"binary_data_size": 16}},
+        {"name": "B", "datatype": "INT32", "shape": [1, 4], "parameters": {"binary_data_size": 16}}],
+        "outputs": [{"name": "SUM", "parameters": {"binary_data": True}}]}).encode()
+    binary = binary_header + struct.pack("<8i", 1, 2, 3, 4, 5, 6, 7, 8)
+    requests = [
+        add_request(1),
+        add_request(-999),  # the model raises: 500 with its message
+        add_request(1, path="/v2/models/nope/infer"),  # 404
+        add_request(1, path="/v2/models/add/versions/1/infer"),
+        add_request(1, path="/v2/models/add/versions/9/infer"),
+        (f"POST {ADD_PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+         f"Inference-Header-Content-Length: {len(binary_header)}\r\nContent-Length: {len(binary)}\r\n\r\n").encode()
+        + binary,
+        f"POST {ADD_PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\r\n{{\"inputs\"".encode(),
+        f"POST {ADD_PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}".encode(),
+        f"POST {ADD_PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: text/csv\r\nContent-Length: 2\r\n\r\n{{}}".encode(),
+        f"POST /v1/models/add:predict HTTP/1.1\r\nHost: x\r\nContent-Length: {len(PREDICT)}\r\n\r\n".encode() + PREDICT,
+        f"POST {ADD_PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAccept: application/msgpack\r\n"
+        f"Content-Length: 2\r\n\r\n{{}}".encode(),
+    ]
+    answers = []
+    for server in (wired, plain):
+        got = []
+        for data in requests:  # a connection each: a 415 closes its connection
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(data)
+            status, headers, body = await read_response(reader)
+            headers.pop("date")
+            got.append((status, headers, body))
+            writer.close()
+            await writer.wait_closed()
+        answers.append(got)
+    for request, a, b in zip(requests, *answers, strict=True):
+        a_body, b_body = (re.sub(rb"[0-9a-f]{12}", b"ID", x[2]) for x in (a, b))  # error ids differ
+        assert (a[0], a[1], a_body) == (b[0], b[1], b_body), request
+    assert [a[0] for a in answers[0]] == [200, 500, 404, 200, 404, 200, 400, 400, 415, 200, 400]
+
+
+async def test_connection_close_and_keepalive(start_server, repository: pathlib.Path) -> None:
+    server, _ = await start_server(repository, keepalive_timeout_s=0.3)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(add_request(2, extra="Connection: close\r\n"))
+    status, headers, _ = await read_response(reader)
+    assert status == 200 and headers["connection"] == "close"
+    assert await asyncio.wait_for(reader.read(), 10) == b""  # closed after the answer
+    writer.close()
+    # an idle keep-alive connection that only sent infer requests is closed after the timeout
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(add_request(2, extra="Connection: keep-alive\r\n"))
+    status, headers, _ = await read_response(reader)
+    assert status == 200 and "connection" not in headers
+    assert await asyncio.wait_for(reader.read(), 10) == b""
+    writer.close()
+
+
+async def test_a_client_that_does_not_read_is_not_read(start_server, model_dir) -> None:
+    """Back-pressure: pipelined requests whose answers (13 MB) are not read; the server
+    stops reading, then answers every one, in order, once the client reads."""
+    server, _ = await start_server(model_dir(ECHO_MODEL, ECHO_CONFIG, name="echo").parent)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", server.port))
+    sock.setblocking(False)
+    reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 16)
+    payloads = [struct.pack("<16384f", *range(i, i + 16384)) for i in range(200)]
+    writer.write(b"".join(echo_request(p) for p in payloads))
+    low = wire_server(server)
+    await until(lambda: len(low.wired) == 1 and next(iter(low.wired))._paused, what="the server's writes paused")
+    assert not next(iter(low.wired))._reading
+    for values in payloads:
+        status, headers, answer = await read_response(reader)
+        assert status == 200 and answer[int(headers["inference-header-content-length"]):] == values
+    writer.close()
+
+
+async def test_shutdown_answers_the_request_in_progress(start_server, repository: pathlib.Path) -> None:
+    server, _ = await start_server(repository)
+    body = json.dumps({"inputs": [{"name": "MS", "datatype": "FP32", "shape": [1], "data": [300]}]}).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(f"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", server.port)
+    low = wire_server(server)
+    await until(lambda: len(low.wired) == 2 and any(c._busy for c in low.wired), what="the request in progress")
+    closing = asyncio.ensure_future(server.close())
+    status, headers, answer = await read_response(reader)
+    assert status == 200 and json.loads(answer)["outputs"][0]["data"] == [300.0]
+    assert headers["connection"] == "close"
+    assert await asyncio.wait_for(idle_reader.read(), 10) == b""  # the idle one is closed
+    await closing
+    writer.close()
+    idle_writer.close()
+
+
+async def test_access_log_and_flag_turn_it_off(start_server, repository: pathlib.Path,
+                                                 http: aiohttp.ClientSession) -> None:
+    from aserve.cli import build_parser, settings_from_args
+
+    assert settings_from_args(build_parser().parse_args(["serve"])).wire_front is True
+    assert settings_from_args(build_parser().parse_args(["serve", "--no-wire-front"])).wire_front is False
+    server, url = await start_server(repository, access_log=True)
+    assert not isinstance(server._runner.server, WireServer)  # every request is logged, by aiohttp
+    async with http.post(f"{url}{ADD_PATH}", json=add_body(4)) as r:
+        assert r.status == 200 and (await r.json())["outputs"][0]["data"] == expected_sum(4)
+
+
+def test_parse_head() -> None:
+    head = "POST /v2/models/m/infer HTTP/1.1\r\nHost: a\r\nContent-Length:  12 \r\nX-Y:\r\nConnection: Keep-Alive"
+    assert parse_head(head) == ("/v2/models/m/infer", [("Host", "a"), ("Content-Length", "12"), ("X-Y", ""),
+                                                       ("Connection", "Keep-Alive")], 12, False)
+    assert parse_head("POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close") == (
+        "/a", [("Host", "a"), ("Content-Length", "0"), ("Connection", "close")], 0, True)
+    refused = [
+        "GET /a HTTP/1.1\r\nHost: a\r\nContent-Length: 0",  # not a POST
+        "POST /a HTTP/1.0\r\nHost: a\r\nContent-Length: 0",  # not HTTP/1.1
+        "POST /a  HTTP/1.1\r\nHost: a\r\nContent-Length: 0",  # two spaces
+        "POST /a HTTP/1.1\r\nHost: a",  # no Content-Length
+        "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: +1",
+        "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: \u0661",  # a digit, not an ASCII one
+        "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 1",
+        "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nTransfer-Encoding: chunked",
+        "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nConnection: upgrade",
+        "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nBad Name: x",
+        "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nX: a\x00b",
+        "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n folded",
+        "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 1\nX: bare LF",
+        "POST /\u00e9 HTTP/1.1\r\nHost: a\r\nContent-Length: 1",
+        "POST /a HTTP/1.1\r\nContent-Length: 1",  # no Host
+        "POST /a HTTP/1.1\r\nHost: a\r\nHost: b\r\nContent-Length: 1",
+        "POST /a HTTP/1.1\r\nHost: a\r\nContent-Type: a\r\ncontent-type: b\r\nContent-Length: 1",
+    ]
+    for head in refused:
+        assert parse_head(head) is None, head
