@@ -22,7 +22,7 @@ from aiohttp import web
 from ..dataplane import DataPlane
 from .access import API, Access, Cors
 from .errors import ErrorPolicy, from_exception
-from .handlers import infer, predict
+from .handlers import Answer, infer, predict, respond
 from .limits import LimitedServer, Limits, Request
 from .request import HttpRequest
 
@@ -83,12 +83,14 @@ class Front:
         if request.method == "POST":
             route = hot_route(request.raw_path)
             if route is not None:
-                return await self.answer(request, *route)
+                return respond(await self.answer(request, *route))
         assert self.fallback is not None, "FrontRunner sets the fallback"
         return await self.fallback(request)
 
-    async def answer(self, request: HttpRequest, kind: int, model: str, version: str | None) -> web.Response:
-        """The answer to an infer (`V2`) or predict (`TF`) request, from either HTTP front."""
+    async def answer(self, request: HttpRequest, kind: int, model: str, version: str | None) -> Answer | web.Response:
+        """The answer to an infer (`V2`) or predict (`TF`) request, from either HTTP front:
+        an `Answer` when it succeeded, else the error's response."""
+        response: Answer | web.Response
         try:
             if self.access is not None:
                 self.access.check(request, API)
@@ -101,6 +103,7 @@ class Front:
         except Exception as exc:  # noqa: BLE001 - every failure gets an answer; the server goes on
             response = from_exception(request, exc, self.policy)
         if self.cors is not None:
+            response = respond(response)
             self.cors.add(request, response)
         return response
 

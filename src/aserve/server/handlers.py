@@ -234,12 +234,6 @@ class Chunks(payload.Payload):
         super().__init__([memoryview(c).cast("B") for c in chunks], content_type=content_type)
         self._size = size
 
-    @property
-    def views(self) -> list[memoryview]:
-        """The buffers, in order (the wire front writes them as they are)."""
-        views: list[memoryview] = self._value
-        return views
-
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
         return b"".join(self._value).decode(encoding, errors)
 
@@ -251,9 +245,23 @@ class Chunks(payload.Payload):
         await self.write(writer)
 
 
-def respond(chunks: list[Any], headers: dict[str, str]) -> web.Response:
-    """A response made of `chunks` (bytes and flat byte views): one buffer when small,
-    written chunk by chunk when large."""
+class Answer:
+    """A 200 answer to an infer or predict request, before any HTTP front shapes it: its
+    body's buffers (bytes and flat byte views, in order) and its headers. aiohttp's front
+    makes it a `web.Response` (`respond`); the wire front writes it as it is."""
+
+    __slots__ = ("chunks", "headers")
+
+    def __init__(self, chunks: list[Any], headers: dict[str, str]) -> None:
+        self.chunks = chunks
+        self.headers = headers
+
+
+def respond(answer: Answer | web.Response) -> web.Response:
+    """`answer` as aiohttp's response: one buffer when small, written chunk by chunk when large."""
+    if isinstance(answer, web.Response):
+        return answer
+    chunks, headers = answer.chunks, dict(answer.headers)
     if len(chunks) == 1:
         return web.Response(body=chunks[0], headers=headers)
     size = sum(map(len, chunks))
@@ -348,7 +356,7 @@ def _protocol(content_type: str | None, binary: bool) -> str:
 
 
 async def infer(plane: DataPlane, request: HttpRequest, model: str, version: str | None, *,
-                max_body_bytes: int, timeout_s: float = 0.0) -> web.Response:
+                max_body_bytes: int, timeout_s: float = 0.0) -> Answer:
     """POST /v2/models/{model}[/versions/{version}]/infer"""
     handle = plane.model(model, version)
     stats = handle.stats
@@ -374,7 +382,7 @@ async def infer(plane: DataPlane, request: HttpRequest, model: str, version: str
             t0 = time_ns()
         chunks, out_headers = encode_infer(response, req, accept=headers.get("Accept"), content_type=content_type,
                                            labels=_labels(handle) if req.outputs else None)
-        answer = respond(chunks, out_headers)
+        answer = Answer(chunks, out_headers)
         if trace is not None:
             trace.encode = (t0, time_ns())
     except BaseException as exc:
@@ -391,7 +399,7 @@ async def infer(plane: DataPlane, request: HttpRequest, model: str, version: str
 
 
 async def predict(plane: DataPlane, request: HttpRequest, model: str, version: str | None, *,
-                  max_body_bytes: int, timeout_s: float = 0.0) -> web.Response:
+                  max_body_bytes: int, timeout_s: float = 0.0) -> Answer:
     """POST /v1/models/{model}[/versions/{version}]:predict (TF-Serving's predict has no
     per-request parameters: the model's timeout and budget apply)."""
     handle = plane.model(model, version)
@@ -426,21 +434,21 @@ async def predict(plane: DataPlane, request: HttpRequest, model: str, version: s
     stats.succeeded(perf_counter() - start, req.samples)
     if trace is not None:
         _end_trace(trace, f"POST {TF_ROUTE}", None)
-    return web.Response(body=answer, headers={"Content-Type": "application/json"})
+    return Answer([answer], {"Content-Type": "application/json"})
 
 
 async def _infer_routed(request: web.Request) -> web.Response:
     info = request.match_info
     policy = request.app[POLICY_KEY]
-    return await infer(_plane(request), request, info["model"], info.get("version"),
-                       max_body_bytes=policy.max_body_bytes, timeout_s=policy.request_timeout_s)
+    return respond(await infer(_plane(request), request, info["model"], info.get("version"),
+                               max_body_bytes=policy.max_body_bytes, timeout_s=policy.request_timeout_s))
 
 
 async def _predict_routed(request: web.Request) -> web.Response:
     info = request.match_info
     policy = request.app[POLICY_KEY]
-    return await predict(_plane(request), request, info["model"], info.get("version") or info.get("label"),
-                         max_body_bytes=policy.max_body_bytes, timeout_s=policy.request_timeout_s)
+    return respond(await predict(_plane(request), request, info["model"], info.get("version") or info.get("label"),
+                                 max_body_bytes=policy.max_body_bytes, timeout_s=policy.request_timeout_s))
 
 
 # ---- classification labels (Triton's classification extension, TF-Serving's classify) ----

@@ -42,15 +42,16 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from .errors import SERVER_NAME, body_timeout, close_gracefully, from_exception
 from .front import Front, hot_route
-from .handlers import Chunks
+from .handlers import Answer
 from .limits import LimitedServer, header_timeout_body
 
 log = logging.getLogger("aserve.server")
 
-# one header field: a token name, optional whitespace, a value without control characters
-_FIELD = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+:[ \t]*[^\x00-\x08\x0a-\x1f\x7f]*?[ \t]*\r\n"
-_FIELDS = re.compile(f"(?:{_FIELD})*")
-_FIELD_PAIRS = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*\r\n")
+# one header field, from the start of a line: a token name, optional whitespace, a value
+# without control characters, CRLF. A block is well formed when every line is one (as many
+# matches as line feeds: a line that does not match from its start, a bare CR or LF, or a
+# folded continuation leaves a line feed uncounted).
+_FIELD = re.compile(r"^([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*\r\n", re.MULTILINE)
 # fields that change how the body or the connection is read: any of them but a plain
 # Content-Length (or Connection: keep-alive / close) sends the request to aiohttp
 _FRAMING = frozenset({"content-length", "transfer-encoding", "content-encoding", "expect", "upgrade", "connection"})
@@ -124,10 +125,8 @@ def parse_head(head: str) -> tuple[str, list[tuple[str, str]], int, bool] | None
         return None  # origin-form only: what the hot routes are
     if block:
         block += "\r\n"
-        if _FIELDS.fullmatch(block) is None:
-            return None
-        fields: list[tuple[str, str]] = _FIELD_PAIRS.findall(block)
-        if len(fields) > MAX_FIELDS:
+        fields: list[tuple[str, str]] = _FIELD.findall(block)
+        if len(fields) != block.count("\n") or len(fields) > MAX_FIELDS:
             return None
     else:
         fields = []
@@ -172,46 +171,37 @@ class _Date:
         return cls.value
 
 
-_STATUS_LINES: dict[tuple[int, str], bytes] = {}
-
-
-def _status_line(status: int, reason: str) -> bytes:
-    line = _STATUS_LINES.get((status, reason))
-    if line is None:
-        line = f"HTTP/1.1 {status} {reason}\r\n".encode()
-        if len(_STATUS_LINES) < 256:
-            _STATUS_LINES[status, reason] = line
-    return line
-
-
 _OWN = frozenset({"content-length", "server", "date", "connection", "transfer-encoding"})
 
 
-def encode_response(response: web.Response, *, close: bool) -> list[Any]:
+def encode_response(response: Answer | web.Response, *, close: bool) -> list[Any]:
     """The bytes of `response` on the wire: its head, then its body's buffers as they are."""
-    body = response.body
-    chunks: list[Any]
-    content_type = None
-    if body is None:
-        chunks, size = [], 0
-    elif isinstance(body, (bytes, bytearray, memoryview)):
-        chunks, size = [body], len(body)
-    elif isinstance(body, Chunks):
-        chunks, size, content_type = body.views, body.size or 0, body.content_type
-    else:
-        raise TypeError(f"the wire front cannot send a {type(body).__name__} body")
-    head = [b"Server: ", SERVER_NAME_BYTES, b"\r\nDate: ", _Date.now(), b"\r\nContent-Length: ", str(size).encode()]
-    for name, value in response.headers.items():
-        if name.lower() not in _OWN:
+    head = [b"", b"\r\nServer: ", SERVER_NAME_BYTES, b"\r\nDate: ", _Date.now(), b"\r\nContent-Length: ", b""]
+    if isinstance(response, Answer):
+        chunks = response.chunks
+        size = len(chunks[0]) if len(chunks) == 1 else sum(map(len, chunks))
+        head[0] = b"HTTP/1.1 200 OK"
+        for name, value in response.headers.items():
             head += (b"\r\n", name.encode(), b": ", value.encode())
-    if content_type is not None and "Content-Type" not in response.headers:
-        head += (b"\r\nContent-Type: ", content_type.encode())
-    elif body is not None and "Content-Type" not in response.headers:
-        head.append(b"\r\nContent-Type: application/octet-stream")
+    else:
+        body = response.body
+        if body is None:
+            chunks, size = [], 0
+        elif isinstance(body, (bytes, bytearray, memoryview)):
+            chunks, size = [body], len(body)
+        else:
+            raise TypeError(f"the wire front cannot send a {type(body).__name__} body")
+        head[0] = f"HTTP/1.1 {response.status} {response.reason}".encode()
+        for name, value in response.headers.items():
+            if name.lower() not in _OWN:
+                head += (b"\r\n", name.encode(), b": ", value.encode())
+        if body is not None and "Content-Type" not in response.headers:
+            head.append(b"\r\nContent-Type: application/octet-stream")
+    head[6] = str(size).encode()
     if close:
         head.append(b"\r\nConnection: close")
     head.append(b"\r\n\r\n")
-    return [_status_line(response.status, response.reason) + b"".join(head), *chunks]
+    return [b"".join(head), *chunks]
 
 
 SERVER_NAME_BYTES = SERVER_NAME.encode()
@@ -385,8 +375,8 @@ class WireProtocol(asyncio.Protocol):
             raise
         self._respond(request, response)
 
-    def _respond(self, request: WireRequest, response: web.Response) -> None:
-        closing = (request.close or response.keep_alive is False or self.front.draining or self.server.closing
+    def _respond(self, request: WireRequest, response: Answer | web.Response) -> None:
+        closing = (request.close or (not isinstance(response, Answer) and response.keep_alive is False) or self.front.draining or self.server.closing
                    or self._closing or self._eof)
         transport = self.transport
         if transport is not None and not transport.is_closing():
