@@ -202,18 +202,21 @@ class Tracer:
         """The trace of a request that starts now, or None if it is not sampled."""
         if not self.enabled:
             return None
-        parent = parse_traceparent(headers.get("traceparent"))
-        if parent is None:  # a root
-            trace_id, parent_id = self._rng.getrandbits(128) or 1, 0
-        else:
-            trace_id, parent_id, sampled = parent
-            if self._parentbased:
-                if not sampled:
-                    return None
-                return RequestTrace(self, trace_id, self.new_span_id(), parent_id, True, time.time_ns())
-        if (trace_id & _MASK64) >= self._bound:
+        value = headers.get("traceparent")
+        parent = parse_traceparent(value) if value is not None else None
+        if parent is None:  # a root: sampled when the low 64 bits of its id fall under the bound
+            low = self._rng.getrandbits(64)
+            if low >= self._bound:
+                return None  # decided before the rest of the id is drawn
+            trace_id = (self._rng.getrandbits(64) << 64 | low) or 1
+            return RequestTrace(self, trace_id, self.new_span_id(), 0, False, time.time_ns())
+        trace_id, parent_id, sampled = parent
+        if self._parentbased:
+            if not sampled:
+                return None
+        elif (trace_id & _MASK64) >= self._bound:
             return None
-        return RequestTrace(self, trace_id, self.new_span_id(), parent_id, parent is not None, time.time_ns())
+        return RequestTrace(self, trace_id, self.new_span_id(), parent_id, True, time.time_ns())
 
     def to_epoch(self, monotonic_ns: int) -> int:
         return monotonic_ns + self.offset
