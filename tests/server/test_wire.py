@@ -236,6 +236,23 @@ async def test_a_client_that_does_not_read_is_not_read(start_server, model_dir) 
     writer.close()
 
 
+async def test_a_request_behind_a_slow_one_has_its_own_time(start_server, repository: pathlib.Path) -> None:
+    """The request timeout of a pipelined request runs from when the server takes it up, not
+    from when its first bytes arrived behind a request that took longer than the limit."""
+    server, _ = await start_server(repository, request_timeout_s=0.5)
+    body = json.dumps({"inputs": [{"name": "MS", "datatype": "FP32", "shape": [1], "data": [800]}]}).encode()
+    slow = f"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    follow = add_request(6)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(slow + follow[:30])  # the second request's first bytes wait behind the slow one
+    status, _, answer = await read_response(reader)
+    assert status == 200 and json.loads(answer)["outputs"][0]["data"] == [800.0]
+    writer.write(follow[30:])
+    status, _, answer = await read_response(reader)
+    assert status == 200 and json.loads(answer)["outputs"][0]["data"] == expected_sum(6)
+    writer.close()
+
+
 async def test_shutdown_answers_the_request_in_progress(start_server, repository: pathlib.Path) -> None:
     server, _ = await start_server(repository)
     body = json.dumps({"inputs": [{"name": "MS", "datatype": "FP32", "shape": [1], "data": [300]}]}).encode()

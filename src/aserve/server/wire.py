@@ -305,6 +305,8 @@ class WireProtocol(asyncio.Protocol):
                 self.transport.resume_reading()
                 self._reading = True
             if not self._busy:
+                if self._buf and self._pending is None:
+                    self._began = self.loop.time()  # what waited behind the full buffer is read from now
                 self._next()
 
     # ---- requests ----
@@ -359,8 +361,6 @@ class WireProtocol(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if rest:
-            self._began = self.loop.time()  # a request behind this one: its time runs from now
         request = WireRequest(target, CIMultiDictProxy(CIMultiDict(fields)), body, self, close)
         self._busy = True
         self._task = self.loop.create_task(self._serve(request, route))
@@ -373,7 +373,13 @@ class WireProtocol(asyncio.Protocol):
             self._close()
             self._finished()
             raise
-        self._respond(request, response)
+        try:
+            self._respond(request, response)
+        except Exception as exc:  # this connection ends; the server goes on
+            log.error("the wire front failed answering %s %s", request.method, request.path, exc_info=exc)
+            self._busy = False
+            self._close()
+            self._finished()
 
     def _respond(self, request: WireRequest, response: Answer | web.Response) -> None:
         closing = (request.close or (not isinstance(response, Answer) and response.keep_alive is False) or self.front.draining or self.server.closing
@@ -406,6 +412,8 @@ class WireProtocol(asyncio.Protocol):
             transport.resume_reading()
             self._reading = True
         if not self._paused:
+            if self._buf or self._more:
+                self._began = self.loop.time()  # a request that arrived behind this one: its time runs from now
             self._next()
 
     # ---- timers ----
