@@ -1,4 +1,4 @@
-"""Runs the decoders' fuzz targets for a bounded time and prints what happened as JSON.
+"""Runs the fuzz targets (the decoders, the wire front's HTTP head parser) for a bounded time and prints JSON.
 
     python -m tests.fuzz.run --seconds 60                 # every target, 60 s each
     python -m tests.fuzz.run --runs 3000 --targets msgpack
