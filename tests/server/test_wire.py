@@ -283,6 +283,66 @@ async def test_access_log_and_flag_turn_it_off(start_server, repository: pathlib
         assert r.status == 200 and (await r.json())["outputs"][0]["data"] == expected_sum(4)
 
 
+def _triton_infers(url: str, n: int, *, check_live_first: bool) -> list[list[int]]:
+    import numpy as np
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(url.removeprefix("http://"))  # one keep-alive connection
+    try:
+        if check_live_first:
+            assert client.is_server_live()
+        sums = []
+        for i in range(n):
+            inputs = [triton.InferInput("A", [1, 4], "INT32"), triton.InferInput("B", [1, 4], "INT32")]
+            inputs[0].set_data_from_numpy(np.array([[i, 2, 3, 4]], np.int32), binary_data=True)
+            inputs[1].set_data_from_numpy(np.array([[1, 1, 1, 1]], np.int32), binary_data=True)
+            result = client.infer("add", inputs, outputs=[triton.InferRequestedOutput("SUM", binary_data=True)])
+            sums.append(result.as_numpy("SUM").tolist()[0])
+        return sums
+    finally:
+        client.close()
+
+
+async def scrape(http: aiohttp.ClientSession, url: str) -> dict[tuple[str, str], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with http.get(f"{url}/metrics") as r:
+        text = await r.text()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("aserve_http_requests_total", "aserve_http_handoffs_total"):
+                out[sample.name, next(iter(sample.labels.values()))] = sample.value
+    return out
+
+
+async def test_metrics_count_what_each_front_answered(start_server, repository: pathlib.Path,
+                                                      http: aiohttp.ClientSession) -> None:
+    """tritonclient's infer requests are the wire front's; a connection that asked something
+    else first (here: is_server_live) is aiohttp's from then on, and /metrics says so."""
+    _, url = await start_server(repository)
+    before = await scrape(http, url)
+    sums = await asyncio.to_thread(_triton_infers, url, 3, check_live_first=False)
+    assert sums == [expected_sum(i) for i in range(3)]
+    middle = await scrape(http, url)
+    assert middle["aserve_http_requests_total", "wire"] - before["aserve_http_requests_total", "wire"] == 3
+    sums = await asyncio.to_thread(_triton_infers, url, 2, check_live_first=True)
+    assert sums == [expected_sum(i) for i in range(2)]
+    after = await scrape(http, url)
+    assert after["aserve_http_requests_total", "wire"] == middle["aserve_http_requests_total", "wire"]
+    # the live probe and both infer requests, plus this scrape (on the session's connection, aiohttp's since
+    # the first scrape: only the probe's connection was handed over)
+    assert after["aserve_http_requests_total", "aiohttp"] - middle["aserve_http_requests_total", "aiohttp"] == 4
+    assert after["aserve_http_handoffs_total", "route"] - middle["aserve_http_handoffs_total", "route"] == 1
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+    writer.write(add_request(1).replace(b"HTTP/1.1", b"HTTP/1.0"))
+    status, _, _ = await read_response(reader)
+    assert status == 200
+    writer.close()
+    last = await scrape(http, url)
+    assert last["aserve_http_handoffs_total", "head"] - after["aserve_http_handoffs_total", "head"] == 1
+
+
 def test_parse_head() -> None:
     head = "POST /v2/models/m/infer HTTP/1.1\r\nHost: a\r\nContent-Length:  12 \r\nX-Y:\r\nConnection: Keep-Alive"
     assert parse_head(head) == ("/v2/models/m/infer", [("Host", "a"), ("Content-Length", "12"), ("X-Y", ""),

@@ -23,6 +23,7 @@ from ..dataplane import DataPlane
 from .access import API, Access, Cors
 from .errors import ErrorPolicy, from_exception
 from .handlers import Answer, infer, predict, respond
+from .httpstats import HttpStats
 from .limits import LimitedServer, Limits, Request
 from .request import HttpRequest
 
@@ -78,8 +79,10 @@ class Front:
         self.cors: Cors | None = Cors(settings.cors_origins) if settings.cors_origins else None
         self.fallback: Handler | None = None
         self.draining = False  # every answer closes its connection (set by the server's drain)
+        self.stats = HttpStats()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        self.stats.aiohttp += 1
         if request.method == "POST":
             route = hot_route(request.raw_path)
             if route is not None:

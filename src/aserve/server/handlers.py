@@ -38,6 +38,7 @@ from ..protocol.metadata import ServerMetadata, TensorMetadata
 from ..tracing import RequestTrace, recorder
 from .access import ACCESS_KEY, ADMIN, API, OPEN, Level
 from .errors import POLICY_KEY, body_timeout
+from .httpstats import HTTP_STATS_KEY
 from .limits import request_started
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import render
@@ -618,7 +619,8 @@ def _trace_setting(tracer: Any) -> m.TraceSetting:
 async def metrics(request: web.Request) -> web.Response:
     plane = _plane(request)
     registry = plane.registry
-    text = render(registry.handles(), registry.pools, plane.metrics, registry.schedulers)
+    text = render(registry.handles(), registry.pools, plane.metrics, registry.schedulers,
+                  http=request.app.get(HTTP_STATS_KEY))
     return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 

@@ -228,9 +228,9 @@ def _batcher(out: Exposition, labels: Labels, stats: Mapping[str, Any]) -> None:
 
 
 def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Metrics,
-           schedulers: Mapping[str, Any] | None = None) -> str:
+           schedulers: Mapping[str, Any] | None = None, http: Any = None) -> str:
     """The exposition text: every model (requests, batcher, policy), then every pool
-    (with its fair scheduler's slots)."""
+    (with its fair scheduler's slots), then the HTTP fronts (`front.HttpStats`)."""
     out = Exposition()
     for handle in sorted(models, key=lambda h: h.name):
         labels = {"model": handle.name, "version": handle.version}
@@ -256,4 +256,15 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
                     state["slots"], {"engine": engine})
             out.add("aserve_pool_batch_slots_in_use", "gauge", "Batch slots held by running batches.",
                     state["in_flight"], {"engine": engine})
+    if http is not None:
+        for front, count in (("wire", http.wire), ("aiohttp", http.aiohttp)):
+            out.add("aserve_http_requests_total", "counter",
+                    "HTTP requests answered, by front: aserve's wire front (plain infer and predict requests) or "
+                    "aiohttp (every other one).", count, {"front": front})
+        for reason in ("route", "head", "header_size", "body_size", "connection_limit"):
+            out.add("aserve_http_handoffs_total", "counter",
+                    "Connections the wire front handed to aiohttp, by the reason of the request it could not take: "
+                    "route (another route or method), head (HTTP/1.0, a chunked or compressed body, Expect, Upgrade, "
+                    "a malformed head), header_size, body_size, connection_limit.",
+                    http.handoffs.get(reason, 0), {"reason": reason})
     return out.text()

@@ -20,6 +20,7 @@ from ..protocol.formats import CONTENT_TYPES
 from ..tracing import Tracing
 from .app import build_app
 from .front import Front, FrontRunner
+from .httpstats import HTTP_STATS_KEY
 
 log = logging.getLogger("aserve.server")
 
@@ -39,6 +40,7 @@ class Server:
         self.plane = DataPlane(repository, settings)
         self.app = build_app(self.plane, settings)
         self._front = Front(self.plane, max_body_bytes=settings.max_body_bytes)
+        self.app[HTTP_STATS_KEY] = self._front.stats
         self.tracing = Tracing(settings.tracing)
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None

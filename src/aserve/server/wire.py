@@ -240,7 +240,7 @@ class WireProtocol(asyncio.Protocol):
         server = self.server
         limit = server.limits.max_connections
         if limit and server.open >= limit:
-            self._handoff()  # aiohttp's handler answers its request 503 and closes
+            self._handoff("connection_limit")  # aiohttp's handler answers its request 503 and closes
             return
         server.open += 1
         self._counted = True
@@ -332,21 +332,29 @@ class WireProtocol(asyncio.Protocol):
             end = buf.find(b"\r\n\r\n")
             if end < 0:
                 if len(buf) > HEAD_LIMIT:
-                    self._handoff()
+                    self._handoff("header_size")
+                elif not buf.startswith(b"POST /"[:len(buf)]):
+                    self._handoff("route")
                 else:
                     self._wait()
                 return
             if end > self.server.limits.max_header_bytes:
-                self._handoff()
+                self._handoff("header_size")
+                return
+            if not buf.startswith(b"POST /"):
+                self._handoff("route")
                 return
             parsed = parse_head(buf[:end].decode("utf-8", "surrogateescape"))
             if parsed is None:
-                self._handoff()
+                self._handoff("head")
                 return
             target, fields, length, close = parsed
             route = hot_route(target)
-            if route is None or length > self.front.max_body_bytes:
-                self._handoff()  # another route, or aiohttp's 413
+            if route is None:
+                self._handoff("route")
+                return
+            if length > self.front.max_body_bytes:
+                self._handoff("body_size")  # aiohttp's 413
                 return
             pending = (route, target, fields, length, close, end + 4 + length)
             if len(buf) < pending[5]:
@@ -362,6 +370,7 @@ class WireProtocol(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         request = WireRequest(target, CIMultiDictProxy(CIMultiDict(fields)), body, self, close)
+        self.front.stats.wire += 1
         self._busy = True
         self._task = self.loop.create_task(self._serve(request, route))
 
@@ -488,8 +497,9 @@ class WireProtocol(asyncio.Protocol):
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
 
-    def _handoff(self) -> None:
+    def _handoff(self, reason: str) -> None:
         """Give the connection, and what it has sent but not been answered, to aiohttp."""
+        self.front.stats.handed_off(reason)
         transport = self.transport
         assert transport is not None
         self._cancel_timers()
