@@ -22,9 +22,10 @@ fuzzer records the input as a crash. No fuzzer is imported here (the standard li
 msgspec, msgpack and aserve), so that the pytest suite runs the targets without one.
 
 `http_head` is the wire front's HTTP/1.1 request-head parser (`aserve.server.wire.
-parse_head`): whatever it accepts, aiohttp's own parser (the one every other request
-meets) must read as the same request: method, target, version, header fields in order,
-Content-Length, keep-alive, no chunked body, no upgrade. A head the wire front takes and
+parse_head`, which decides which requests the wire front answers, and where the others it
+lends to aiohttp end): whatever it accepts, aiohttp's own parser must read as the same
+request: method, target, version, header fields in order, Content-Length, keep-alive, no
+chunked body, no upgrade. A head the wire front takes and
 aiohttp refuses or reads otherwise would let the two fronts disagree on where a request
 ends.
 
@@ -398,7 +399,7 @@ def http_head(data: bytes) -> None:
     parsed = parse_head(head.decode("utf-8", "surrogateescape"))
     if parsed is None:
         return
-    target, fields, length, close = parsed
+    method, target, fields, length, close = parsed
     try:
         message = aiohttp_head(head + b"\r\n\r\n")
     except Failure:
@@ -406,9 +407,9 @@ def http_head(data: bytes) -> None:
     except Exception as exc:  # noqa: BLE001 - aiohttp refused what the wire front took
         raise Failure(f"the wire front accepted a head aiohttp refuses ({exc!r}): {head[:300]!r}") from None
     theirs = (message.method, message.path, tuple(message.version), [(k.lower(), v) for k, v in message.headers.items()],
-              int(message.headers.get("Content-Length", "-1")), message.should_close, message.chunked,
+              int(message.headers.get("Content-Length", "0")), message.should_close, message.chunked,
               message.upgrade, message.compression)
-    ours = ("POST", target, (1, 1), [(k.lower(), v) for k, v in fields], length, close, False, False, None)
+    ours = (method, target, (1, 1), [(k.lower(), v) for k, v in fields], length, close, False, False, None)
     if theirs != ours:
         raise Failure(f"the fronts read {head[:300]!r} differently: wire {ours}, aiohttp {theirs}")
 

@@ -88,11 +88,43 @@ async def test_pipelined_requests_are_answered_in_order(start_server, repository
         assert outputs["SUM"] == expected_sum(first)
     status, _, body = await read_response(reader)
     assert status == 200 and json.loads(body)["name"] == "add"
-    # the connection is aiohttp's now, and still serves infer requests
-    writer.write(add_request(7))
-    status, _, body = await read_response(reader)
-    assert status == 200 and json.loads(body)["outputs"][0]["data"] == expected_sum(7)
+    # aiohttp answered the GET on a lent connection: the next infer request is the wire front's again
+    low = wire_server(server)
+    answered = low.front.stats.wire
+    writer.write(add_request(7) + b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n" + add_request(8))
+    for first in (7, None, 8):
+        status, _, body = await read_response(reader)
+        assert status == 200
+        if first is not None:
+            assert json.loads(body)["outputs"][0]["data"] == expected_sum(first)
+    assert low.front.stats.wire == answered + 2
     writer.close()
+
+
+async def test_other_routes_are_lent_and_the_connection_comes_back(start_server, repository: pathlib.Path) -> None:
+    server, _ = await start_server(repository)
+    low = wire_server(server)
+    wire, lent = low.front.stats.wire, low.front.stats.lent
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 2\r\n\r\n{}" + add_request(11) + b"GET /v2/models/add/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+                 + add_request(12))
+    status, _, body = await read_response(reader)
+    assert status == 200 and {m["name"] for m in json.loads(body)} >= {"add", "slow", "upper"}
+    for expected in (expected_sum(11), None, expected_sum(12)):
+        status, _, body = await read_response(reader)
+        assert status == 200
+        if expected is not None:
+            assert json.loads(body)["outputs"][0]["data"] == expected
+    assert (low.front.stats.wire - wire, low.front.stats.lent - lent) == (2, 2)
+    assert len(low.wired) == 1  # the connection is the wire front's again, counted once
+    assert low.open == 1
+    writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    status, headers, _ = await read_response(reader)
+    assert status == 200 and headers["connection"] == "close"
+    assert await asyncio.wait_for(reader.read(), 10) == b""  # aiohttp closed it, as asked
+    writer.close()
+    await until(lambda: low.open == 0 and not low.wired, what="the closed connection uncounted")
 
 
 async def test_a_request_split_anywhere_is_served(start_server, repository: pathlib.Path) -> None:
@@ -311,15 +343,15 @@ async def scrape(http: aiohttp.ClientSession, url: str) -> dict[tuple[str, str],
     out = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in ("aserve_http_requests_total", "aserve_http_handoffs_total"):
-                out[sample.name, next(iter(sample.labels.values()))] = sample.value
+            if sample.name in ("aserve_http_requests_total", "aserve_http_handoffs_total", "aserve_http_lent_total"):
+                out[sample.name, next(iter(sample.labels.values()), "")] = sample.value
     return out
 
 
 async def test_metrics_count_what_each_front_answered(start_server, repository: pathlib.Path,
                                                       http: aiohttp.ClientSession) -> None:
-    """tritonclient's infer requests are the wire front's; a connection that asked something
-    else first (here: is_server_live) is aiohttp's from then on, and /metrics says so."""
+    """tritonclient's infer requests are the wire front's, also on a connection that asked
+    something else first (is_server_live: lent to aiohttp, then back); /metrics says so."""
     _, url = await start_server(repository)
     before = await scrape(http, url)
     sums = await asyncio.to_thread(_triton_infers, url, 3, check_live_first=False)
@@ -329,11 +361,10 @@ async def test_metrics_count_what_each_front_answered(start_server, repository: 
     sums = await asyncio.to_thread(_triton_infers, url, 2, check_live_first=True)
     assert sums == [expected_sum(i) for i in range(2)]
     after = await scrape(http, url)
-    assert after["aserve_http_requests_total", "wire"] == middle["aserve_http_requests_total", "wire"]
-    # the live probe and both infer requests, plus this scrape (on the session's connection, aiohttp's since
-    # the first scrape: only the probe's connection was handed over)
-    assert after["aserve_http_requests_total", "aiohttp"] - middle["aserve_http_requests_total", "aiohttp"] == 4
-    assert after["aserve_http_handoffs_total", "route"] - middle["aserve_http_handoffs_total", "route"] == 1
+    assert after["aserve_http_requests_total", "wire"] - middle["aserve_http_requests_total", "wire"] == 2
+    # the live probe, plus this scrape
+    assert after["aserve_http_requests_total", "aiohttp"] - middle["aserve_http_requests_total", "aiohttp"] == 2
+    assert after["aserve_http_lent_total", ""] - middle["aserve_http_lent_total", ""] == 2
     reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
     writer.write(add_request(1).replace(b"HTTP/1.1", b"HTTP/1.0"))
     status, _, _ = await read_response(reader)
@@ -345,15 +376,16 @@ async def test_metrics_count_what_each_front_answered(start_server, repository: 
 
 def test_parse_head() -> None:
     head = "POST /v2/models/m/infer HTTP/1.1\r\nHost: a\r\nContent-Length:  12 \r\nX-Y:\r\nConnection: Keep-Alive"
-    assert parse_head(head) == ("/v2/models/m/infer", [("Host", "a"), ("Content-Length", "12"), ("X-Y", ""),
-                                                       ("Connection", "Keep-Alive")], 12, False)
+    assert parse_head(head) == ("POST", "/v2/models/m/infer", [("Host", "a"), ("Content-Length", "12"), ("X-Y", ""),
+                                                               ("Connection", "Keep-Alive")], 12, False)
     assert parse_head("POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close") == (
-        "/a", [("Host", "a"), ("Content-Length", "0"), ("Connection", "close")], 0, True)
+        "POST", "/a", [("Host", "a"), ("Content-Length", "0"), ("Connection", "close")], 0, True)
+    assert parse_head("GET /v2/health/ready HTTP/1.1\r\nHost: a") == ("GET", "/v2/health/ready", [("Host", "a")],
+                                                                         0, False)
     refused = [
-        "GET /a HTTP/1.1\r\nHost: a\r\nContent-Length: 0",  # not a POST
+        "BREW /a HTTP/1.1\r\nHost: a\r\nContent-Length: 0",  # a method no route answers
         "POST /a HTTP/1.0\r\nHost: a\r\nContent-Length: 0",  # not HTTP/1.1
         "POST /a  HTTP/1.1\r\nHost: a\r\nContent-Length: 0",  # two spaces
-        "POST /a HTTP/1.1\r\nHost: a",  # no Content-Length
         "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: +1",
         "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: \u0661",  # a digit, not an ASCII one
         "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 1",

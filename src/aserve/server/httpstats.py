@@ -9,11 +9,12 @@ class HttpStats:
     """What the HTTP fronts answered: requests by front, and why connections left the wire
     front for aiohttp (`/metrics`: aserve_http_requests_total, aserve_http_handoffs_total)."""
 
-    __slots__ = ("aiohttp", "handoffs", "wire")
+    __slots__ = ("aiohttp", "handoffs", "lent", "wire")
 
     def __init__(self) -> None:
         self.wire = 0
         self.aiohttp = 0
+        self.lent = 0  # requests to other routes the wire front lent its connection to aiohttp for
         self.handoffs: dict[str, int] = {}
 
     def handed_off(self, reason: str) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from aiohttp import web
@@ -60,7 +60,7 @@ class LimitedServer(web.Server):
         self.open = 0  # connections served (refused ones not counted)
         self.refused = 0
 
-    def __call__(self) -> RequestHandler:
+    def __call__(self) -> LimitedHandler:
         cls = TimedHandler if self.limits.request_timeout_s > 0 else LimitedHandler
         return cls(self, loop=self._loop, **self._kwargs)
 
@@ -73,10 +73,70 @@ class LimitedServer(web.Server):
         )
 
 
+class Lender(Protocol):
+    """What lends a connection to aiohttp for one request (`wire.WireProtocol`)."""
+
+    def stash(self, data: bytes) -> None: ...
+
+    def take_back(self, transport: asyncio.Transport, paused: bool) -> bool: ...
+
+    def give_up(self) -> bytes: ...
+
+
 class LimitedHandler(RequestHandler):
-    """One connection: counted against `max_connections`; parse errors answered in JSON."""
+    """One connection: counted against `max_connections`; parse errors answered in JSON.
+
+    `lend`: a connection lent by the wire front for one request; after its answer the
+    connection goes back to the lender (unless it closes), and what arrived meanwhile,
+    kept by the lender, is read there."""
 
     _counted = False
+    _lender: Lender | None = None
+    _fed = False
+
+    def lend(self, lender: Lender, transport: asyncio.Transport, data: bytes) -> None:
+        """Answer the one whole request in `data` on `transport`, then give it back to `lender`."""
+        self._lender = lender
+        transport.set_protocol(self)
+        self.connection_made(transport)
+        self.data_received(data)
+        self._fed = True
+
+    def data_received(self, data: bytes) -> None:
+        if self._fed and self._lender is not None:
+            self._lender.stash(data)  # the next request: the lender reads it once the connection is back
+            return
+        self._received(data)
+
+    def _received(self, data: bytes) -> None:
+        super().data_received(data)
+
+    async def _handle_request(self, request: web.BaseRequest, start_time: float | None,
+                              request_handler: Any) -> tuple[web.StreamResponse, bool]:
+        resp, reset = await super()._handle_request(request, start_time, request_handler)
+        lender = self._lender
+        if lender is None:
+            return resp, reset
+        self._lender = None
+        transport = self.transport
+        if (not reset and resp is not None and resp.keep_alive is not False and not self._close
+                and not self._force_close and transport is not None and not transport.is_closing()
+                and lender.take_back(transport, self._paused)):
+            self._close = True  # start() ends after this request ...
+            self.transport = None  # ... and leaves the connection open: it is the lender's again
+            if self._keepalive_handle is not None:
+                self._keepalive_handle.cancel()
+                self._keepalive_handle = None
+            if self._counted and isinstance(self._manager, LimitedServer):
+                self._manager.open -= 1
+                self._counted = False
+            if self._manager is not None:
+                self._manager.connection_lost(self, None)
+        else:
+            rest = lender.give_up()  # the connection stays here: what arrived meanwhile is read here
+            if rest:
+                self._received(rest)
+        return resp, reset
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         manager = self._manager
@@ -128,11 +188,11 @@ class TimedHandler(LimitedHandler):
     _header_timer: asyncio.TimerHandle | None = None
     _header_began = 0.0
 
-    def data_received(self, data: bytes) -> None:
+    def _received(self, data: bytes) -> None:
         waiter = self._waiter
         if self._header_timer is None and waiter is not None and not waiter.done():
             began = self._loop.time()  # between requests (start() waits for one): a new request begins
-            super().data_received(data)
+            super()._received(data)
             if self._messages:
                 self.request_started = began  # its header came whole
             elif data and not self._force_close and not self._close:
@@ -141,7 +201,7 @@ class TimedHandler(LimitedHandler):
                 self._header_began = began
                 self._header_timer = self._loop.call_at(began + manager.limits.request_timeout_s, self._too_slow)
             return
-        super().data_received(data)
+        super()._received(data)
         if self._messages:
             if self._header_timer is not None:
                 self._header_timer.cancel()

@@ -261,10 +261,13 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
             out.add("aserve_http_requests_total", "counter",
                     "HTTP requests answered, by front: aserve's wire front (plain infer and predict requests) or "
                     "aiohttp (every other one).", count, {"front": front})
-        for reason in ("route", "head", "header_size", "body_size", "connection_limit"):
+        out.add("aserve_http_lent_total", "counter",
+                "Requests to other routes (metadata, health, ...) the wire front lent its connection to aiohttp "
+                "for; the connection came back after each answer.", http.lent)
+        for reason in ("head", "header_size", "body_size", "connection_limit"):
             out.add("aserve_http_handoffs_total", "counter",
-                    "Connections the wire front handed to aiohttp, by the reason of the request it could not take: "
-                    "route (another route or method), head (HTTP/1.0, a chunked or compressed body, Expect, Upgrade, "
-                    "a malformed head), header_size, body_size, connection_limit.",
+                    "Connections the wire front handed to aiohttp for good, by the reason of the request it could not "
+                    "read: head (HTTP/1.0, a chunked or compressed body, Expect, Upgrade, a malformed head), "
+                    "header_size, body_size, connection_limit.",
                     http.handoffs.get(reason, 0), {"reason": reason})
     return out.text()

@@ -14,11 +14,15 @@ is answered by the same `Front.answer` as under aiohttp:
   no line folding) within `--max-header-bytes`, with a `Host` and no field aiohttp
   allows once (`Host`, `Content-Type`, ...) given twice.
 
-Anything else (another route, a chunked or compressed body, a header over the limit, a
-malformed request) hands the connection to aiohttp from that request on, with the bytes
-not yet answered: aiohttp parses them as if it had read them itself and answers as it
-always has (routes, 4xx, 431). So the wire front never answers what it does not fully
-understand, and the server's behaviour for those requests is aiohttp's.
+A request to another route whose extent is known (a `Content-Length` or no body, the same
+well-formed head) is lent to aiohttp: the connection goes to an aiohttp handler with exactly
+that request's bytes, and comes back once it has answered (`limits.LimitedHandler.lend`);
+what arrives meanwhile waits here. Anything else (a chunked or compressed body, `Expect`,
+HTTP/1.0, a header over the limit, a malformed request) hands the connection to aiohttp for
+good, from that request on, with the bytes not yet answered: aiohttp parses them as if it
+had read them itself and answers as it always has (routes, 4xx, 431). So the wire front
+never answers what it does not fully understand, and the server's behaviour for those
+requests is aiohttp's.
 
 It keeps what aiohttp's connections keep: the connection limit, the keep-alive timeout,
 the request timeout (408), requests pipelined on one connection answered in order,
@@ -43,7 +47,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from .errors import SERVER_NAME, body_timeout, close_gracefully, from_exception
 from .front import Front, hot_route
 from .handlers import Answer
-from .limits import LimitedServer, header_timeout_body
+from .limits import LimitedHandler, LimitedServer, header_timeout_body
 
 log = logging.getLogger("aserve.server")
 
@@ -59,6 +63,7 @@ _FRAMING = frozenset({"content-length", "transfer-encoding", "content-encoding",
 _SINGLE = frozenset({"content-length", "content-location", "content-range", "content-type", "etag", "host",
                      "max-forwards", "server", "transfer-encoding", "user-agent"})
 _CHECKED = _FRAMING | _SINGLE
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})  # what the routes answer
 MAX_FIELDS = 128  # aiohttp's limit on header fields (more: its 431)
 HEAD_LIMIT = 1 << 16  # a header block not ended within this many bytes goes to aiohttp (its 431)
 PIPELINE_LIMIT = 1 << 20  # buffered bytes behind a request in progress before the connection stops being read
@@ -113,16 +118,19 @@ class WireRequest:
         return self.content.read_nowait()
 
 
-def parse_head(head: str) -> tuple[str, list[tuple[str, str]], int, bool] | None:
-    """(target, fields, Content-Length, close) of a request head the wire front takes
-    (without its final CRLF CRLF), or None when aiohttp must read it."""
+def parse_head(head: str) -> tuple[str, str, list[tuple[str, str]], int, bool] | None:
+    """(method, target, fields, Content-Length (0 when absent), close) of an HTTP/1.1 request
+    head whose extent the wire front knows (without its final CRLF CRLF), or None when
+    aiohttp must read the connection from here on."""
     line, _, block = head.partition("\r\n")
     parts = line.split(" ")
-    if len(parts) != 3 or parts[0] != "POST" or parts[2] != "HTTP/1.1":
+    if len(parts) != 3 or parts[2] != "HTTP/1.1":
         return None
-    target = parts[1]
+    method, target = parts[0], parts[1]
+    if method not in _METHODS:
+        return None
     if not target.startswith("/") or not target.isascii() or not target.isprintable():
-        return None  # origin-form only: what the hot routes are
+        return None  # origin-form only
     if block:
         block += "\r\n"
         fields: list[tuple[str, str]] = _FIELD.findall(block)
@@ -130,7 +138,7 @@ def parse_head(head: str) -> tuple[str, list[tuple[str, str]], int, bool] | None
             return None
     else:
         fields = []
-    length = -1
+    length = 0
     close = False
     seen: set[str] = set()
     for name, value in fields:
@@ -151,9 +159,9 @@ def parse_head(head: str) -> tuple[str, list[tuple[str, str]], int, bool] | None
                     return None
             elif lower in _FRAMING:
                 return None
-    if length < 0 or "host" not in seen:  # HTTP/1.1 requires Host (aiohttp answers 400 without it)
+    if "host" not in seen:  # HTTP/1.1 requires Host (aiohttp answers 400 without it)
         return None
-    return target, fields, length, close
+    return method, target, fields, length, close
 
 
 class _Date:
@@ -218,8 +226,10 @@ class WireProtocol(asyncio.Protocol):
         self._buf = b""
         self._more: list[bytes] = []  # what arrived while a body was awaited (joined once it is whole)
         self._have = 0  # bytes in _buf and _more
-        # a head whose body is awaited: route, target, fields, Content-Length, Connection: close, request size
-        self._pending: tuple[tuple[int, str, str | None], str, list[tuple[str, str]], int, bool, int] | None = None
+        # a head whose body is awaited: route (None: another route), target, fields, Content-Length,
+        # Connection: close, request size
+        self._pending: tuple[tuple[int, str, str | None] | None, str, list[tuple[str, str]], int, bool, int] | None
+        self._pending = None
         self._busy = False  # a request is being answered
         self._paused = False  # the transport's write buffer is full
         self._reading = True
@@ -333,29 +343,21 @@ class WireProtocol(asyncio.Protocol):
             if end < 0:
                 if len(buf) > HEAD_LIMIT:
                     self._handoff("header_size")
-                elif not buf.startswith(b"POST /"[:len(buf)]):
-                    self._handoff("route")
                 else:
                     self._wait()
                 return
             if end > self.server.limits.max_header_bytes:
                 self._handoff("header_size")
                 return
-            if not buf.startswith(b"POST /"):
-                self._handoff("route")
-                return
             parsed = parse_head(buf[:end].decode("utf-8", "surrogateescape"))
             if parsed is None:
                 self._handoff("head")
                 return
-            target, fields, length, close = parsed
-            route = hot_route(target)
-            if route is None:
-                self._handoff("route")
-                return
+            method, target, fields, length, close = parsed
             if length > self.front.max_body_bytes:
                 self._handoff("body_size")  # aiohttp's 413
                 return
+            route = hot_route(target) if method == "POST" else None
             pending = (route, target, fields, length, close, end + 4 + length)
             if len(buf) < pending[5]:
                 self._pending = pending
@@ -363,6 +365,9 @@ class WireProtocol(asyncio.Protocol):
                 return
         route, target, fields, length, close, total = pending
         self._pending = None
+        if route is None:
+            self._lend(total)  # another route: aiohttp answers it, and the connection comes back
+            return
         body = buf[total - length:total]
         self._buf = rest = buf[total:]
         self._have = len(rest)
@@ -497,6 +502,60 @@ class WireProtocol(asyncio.Protocol):
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
 
+    def _lend(self, total: int) -> None:
+        """Lend the connection to aiohttp for the whole request at the head of the buffer."""
+        transport = self.transport
+        assert transport is not None
+        data, self._buf = self._buf[:total], self._buf[total:]
+        self._have = len(self._buf)
+        self._cancel_timers()
+        self._release()
+        self.front.stats.lent += 1
+        handler = self.server.aiohttp_handler()
+        handler.lend(self, transport, data)
+
+    def stash(self, data: bytes) -> None:
+        """Bytes that arrived while the connection was lent: the next requests."""
+        self._buf += data
+        self._have = len(self._buf)
+        if self._have > PIPELINE_LIMIT and self._reading and self.transport is not None:
+            self.transport.pause_reading()
+            self._reading = False
+
+    def take_back(self, transport: asyncio.Transport, paused: bool) -> bool:
+        """aiohttp answered the lent request and the connection stays open: it is ours again
+        (False: the server is shutting down; aiohttp keeps it)."""
+        if self.server.closing or self._closing:
+            return False
+        transport.set_protocol(self)
+        self.server.open += 1
+        self._counted = True
+        self.server.wired.add(self)
+        self._paused = paused
+        self.loop.call_soon(self._resume)
+        return True
+
+    def give_up(self) -> bytes:
+        """aiohttp keeps the lent connection: what arrived meanwhile is its to read."""
+        self._closing = True
+        data, self._buf, self._have = self._buf, b"", 0
+        if not self._reading and self.transport is not None:
+            self.transport.resume_reading()
+            self._reading = True
+        return data
+
+    def _resume(self) -> None:
+        transport = self.transport
+        if self._closing or transport is None or transport.is_closing():
+            return
+        if not self._reading and self._have <= PIPELINE_LIMIT and not self._paused:
+            transport.resume_reading()
+            self._reading = True
+        if not self._paused:
+            if self._buf:
+                self._began = self.loop.time()
+            self._next()
+
     def _handoff(self, reason: str) -> None:
         """Give the connection, and what it has sent but not been answered, to aiohttp."""
         self.front.stats.handed_off(reason)
@@ -508,7 +567,7 @@ class WireProtocol(asyncio.Protocol):
         self._buf, self._more, self._have, self._pending = b"", [], 0, None
         self._closing = True  # nothing more reaches this protocol
         self._finished()
-        handler = self.server.aiohttp_handler()
+        handler: Any = self.server.aiohttp_handler()
         transport.set_protocol(handler)
         handler.connection_made(transport)
         if not self._reading:
@@ -545,7 +604,7 @@ class WireServer(LimitedServer):
     def __call__(self) -> Any:
         return WireProtocol(self)
 
-    def aiohttp_handler(self) -> Any:
+    def aiohttp_handler(self) -> LimitedHandler:
         return super().__call__()
 
     def pre_shutdown(self) -> None:
