@@ -50,8 +50,7 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     shutdown_timeout_s: Annotated[
         float, msgspec.Meta(ge=0, description="on SIGTERM, longest wait for accepted requests to finish")
     ] = 60.0
-    access_log: Annotated[bool, _doc("log one line per request, in the common log format (costs throughput: every "
-                                     "request then goes through aiohttp)")] = False
+    access_log: Annotated[bool, _doc("log one line per request, in the common log format (costs throughput)")] = False
     wire_front: Annotated[bool, _doc("answer plain HTTP/1.1 infer and predict requests with aserve's own parser "
                                      "(everything else goes to aiohttp); false: aiohttp answers every request")] = True
     log_format: Annotated[str, _doc("text | json (one JSON object per line, with trace_id/span_id when tracing)")] = "text"

@@ -303,16 +303,26 @@ async def test_shutdown_answers_the_request_in_progress(start_server, repository
     idle_writer.close()
 
 
-async def test_access_log_and_flag_turn_it_off(start_server, repository: pathlib.Path,
-                                                 http: aiohttp.ClientSession) -> None:
+async def test_access_log_lines_for_both_fronts(start_server, repository: pathlib.Path,
+                                               http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture) -> None:
     from aserve.cli import build_parser, settings_from_args
 
     assert settings_from_args(build_parser().parse_args(["serve"])).wire_front is True
     assert settings_from_args(build_parser().parse_args(["serve", "--no-wire-front"])).wire_front is False
     server, url = await start_server(repository, access_log=True)
-    assert not isinstance(server._runner.server, WireServer)  # every request is logged, by aiohttp
+    low = wire_server(server)
+    caplog.set_level("INFO", logger="aiohttp.access")
     async with http.post(f"{url}{ADD_PATH}", json=add_body(4)) as r:
         assert r.status == 200 and (await r.json())["outputs"][0]["data"] == expected_sum(4)
+        size = len(await r.read())
+    async with http.get(f"{url}/v2/models/add") as r:  # lent to aiohttp
+        assert r.status == 200
+    assert low.front.stats.wire == 1 and low.front.stats.lent == 1
+    lines = [r for r in caplog.records if r.name == "aiohttp.access"]
+    assert [(r.request, r.status) for r in lines] == [  # type: ignore[attr-defined]
+        (f"POST {ADD_PATH} HTTP/1.1", 200), ("GET /v2/models/add HTTP/1.1", 200)]
+    assert lines[0].bytes > size and lines[0].remote == "127.0.0.1"  # type: ignore[attr-defined]
+    assert f'"POST {ADD_PATH} HTTP/1.1" 200 {lines[0].bytes}' in lines[0].getMessage()  # type: ignore[attr-defined]
 
 
 def _triton_infers(url: str, n: int, *, check_live_first: bool) -> list[list[int]]:

@@ -52,7 +52,7 @@ class Server:
     async def start(self) -> None:
         self.plane.scan()
         runner = FrontRunner(
-            self.app, self._front, wire=self.settings.wire_front and not self.settings.access_log, handle_signals=False, shutdown_timeout=self.settings.shutdown_timeout_s,
+            self.app, self._front, wire=self.settings.wire_front, handle_signals=False, shutdown_timeout=self.settings.shutdown_timeout_s,
             access_log=logging.getLogger("aiohttp.access") if self.settings.access_log else None,
             access_log_class=AccessLogger,
         )

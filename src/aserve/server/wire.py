@@ -27,8 +27,8 @@ requests is aiohttp's.
 It keeps what aiohttp's connections keep: the connection limit, the keep-alive timeout,
 the request timeout (408), requests pipelined on one connection answered in order,
 back-pressure (a client that does not read its answers stops being read), and a
-graceful shutdown that answers every request already read. With the access log on,
-every connection is aiohttp's.
+graceful shutdown that answers every request already read; with the access log on, it
+writes the same line for its requests as aiohttp does for the others.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from email.utils import formatdate
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http import HttpVersion11
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from .errors import SERVER_NAME, body_timeout, close_gracefully, from_exception
@@ -90,6 +91,7 @@ class WireRequest:
     """A request the wire front parsed: the members of `request.HttpRequest`."""
 
     __slots__ = ("close", "content", "headers", "method", "protocol", "raw_path")
+    version = HttpVersion11
 
     def __init__(self, target: str, headers: CIMultiDictProxy[str], body: bytes, protocol: WireProtocol,
                  close: bool) -> None:
@@ -213,6 +215,16 @@ def encode_response(response: Answer | web.Response, *, close: bool) -> list[Any
 
 
 SERVER_NAME_BYTES = SERVER_NAME.encode()
+
+
+class _Sent:
+    """What the access log reads of an answer the wire front wrote."""
+
+    __slots__ = ("body_length", "status")
+
+    def __init__(self, status: int, body_length: int) -> None:
+        self.status = status
+        self.body_length = body_length  # bytes on the wire, head included, as aiohttp counts them
 
 
 class WireProtocol(asyncio.Protocol):
@@ -380,6 +392,8 @@ class WireProtocol(asyncio.Protocol):
         self._task = self.loop.create_task(self._serve(request, route))
 
     async def _serve(self, request: WireRequest, route: tuple[int, str, str | None]) -> None:
+        access = self.server.access_logger
+        began = self.loop.time() if access is not None else 0.0
         try:
             response = await self.front.answer(request, *route)
         except asyncio.CancelledError:  # a shutdown that ran out of time
@@ -388,17 +402,22 @@ class WireProtocol(asyncio.Protocol):
             self._finished()
             raise
         try:
-            self._respond(request, response)
+            sent = self._respond(request, response, count=access is not None)
+            if access is not None:
+                status = 200 if isinstance(response, Answer) else response.status
+                access.log(request, _Sent(status, sent), self.loop.time() - began)
         except Exception as exc:  # this connection ends; the server goes on
             log.error("the wire front failed answering %s %s", request.method, request.path, exc_info=exc)
             self._busy = False
             self._close()
             self._finished()
 
-    def _respond(self, request: WireRequest, response: Answer | web.Response) -> None:
-        closing = (request.close or (not isinstance(response, Answer) and response.keep_alive is False) or self.front.draining or self.server.closing
-                   or self._closing or self._eof)
+    def _respond(self, request: WireRequest, response: Answer | web.Response, *, count: bool = False) -> int:
+        """Write the answer (then read on, or close); with `count`, returns the bytes written."""
+        closing = (request.close or (not isinstance(response, Answer) and response.keep_alive is False)
+                   or self.front.draining or self.server.closing or self._closing or self._eof)
         transport = self.transport
+        sent = 0
         if transport is not None and not transport.is_closing():
             try:
                 data = encode_response(response, close=closing)
@@ -407,7 +426,9 @@ class WireProtocol(asyncio.Protocol):
                 self._busy = False
                 self._close()
                 self._finished()
-                return
+                return 0
+            if count:
+                sent = sum(map(len, data))
             if len(data) == 1:
                 transport.write(data[0])
             elif len(data) == 2 and len(data[1]) < 4096:
@@ -421,7 +442,7 @@ class WireProtocol(asyncio.Protocol):
             self._closing = True
             self._cancel_timers()
             close_gracefully(self)
-            return
+            return sent
         if not self._reading and self._have <= PIPELINE_LIMIT and not self._paused and transport is not None:
             transport.resume_reading()
             self._reading = True
@@ -429,6 +450,7 @@ class WireProtocol(asyncio.Protocol):
             if self._buf or self._more:
                 self._began = self.loop.time()  # a request that arrived behind this one: its time runs from now
             self._next()
+        return sent
 
     # ---- timers ----
 
@@ -600,6 +622,10 @@ class WireServer(LimitedServer):
         self.loop = self._loop
         self.wired: set[WireProtocol] = set()
         self.closing = False
+        logger = kwargs.get("access_log")
+        self.access_logger: Any = None  # the access log's writer, when it is on (aiohttp's access_log_class)
+        if logger is not None and "access_log_class" in kwargs:
+            self.access_logger = kwargs["access_log_class"](logger, kwargs.get("access_log_format", ""))
 
     def __call__(self) -> Any:
         return WireProtocol(self)
