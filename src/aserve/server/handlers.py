@@ -304,16 +304,10 @@ async def read_body(request: HttpRequest, limit: int, timeout_s: float = 0.0, *,
 _common_attributes: dict[tuple[str, str, str | None, str | None, str | None, bool, str], msgspec.Raw] = {}
 
 
-def _start_trace(plane: DataPlane, request: HttpRequest, route: str, model: str, version: str | None,
-                 protocol: str | None) -> RequestTrace | None:
-    """The request's trace, when tracing is on and it is sampled (OpenTelemetry HTTP server
-    attributes, the same for every request to a model, route and address, made once)."""
-    tracer = plane.tracer
-    if tracer is None:
-        return None
-    trace: RequestTrace | None = tracer.start(request.headers)
-    if trace is None:
-        return None
+def _describe_trace(trace: RequestTrace, request: HttpRequest, route: str, model: str, version: str | None,
+                    protocol: str | None) -> None:
+    """A sampled request's OpenTelemetry HTTP server attributes (the same for every request
+    to a model, route and address: made once)."""
     headers = request.headers
     host = headers.get("Host", "")
     content_type = headers.get("Content-Type") if protocol is None else None
@@ -338,7 +332,6 @@ def _start_trace(plane: DataPlane, request: HttpRequest, route: str, model: str,
     trace.common = common
     if logs.trace_ids_logged:
         current_trace.set(trace)  # this request's task: its log records carry the ids
-    return trace
 
 
 def _end_trace(trace: RequestTrace, name: str, error: BaseException | None) -> None:
@@ -368,7 +361,9 @@ async def infer(plane: DataPlane, request: HttpRequest, model: str, version: str
         length = header_length(headers.get(HEADER_LENGTH))
         content_type = headers.get("Content-Type")
         if plane.tracer is not None:
-            trace = _start_trace(plane, request, V2_ROUTE, model, version, None)
+            trace = plane.tracer.start(headers)
+            if trace is not None:
+                _describe_trace(trace, request, V2_ROUTE, model, version, None)
         body = await read_body(request, max_body_bytes, timeout_s)
         if handle.retired:  # a reload or unload took it out of the routes while the body arrived
             handle = plane.model(model, version)
@@ -409,7 +404,9 @@ async def predict(plane: DataPlane, request: HttpRequest, model: str, version: s
     trace = None
     try:
         if plane.tracer is not None:
-            trace = _start_trace(plane, request, TF_ROUTE, model, version, "tfserving")
+            trace = plane.tracer.start(request.headers)
+            if trace is not None:
+                _describe_trace(trace, request, TF_ROUTE, model, version, "tfserving")
         body = await read_body(request, max_body_bytes, timeout_s, msgpack=False)
         if handle.retired:  # a reload or unload took it out of the routes while the body arrived
             handle = plane.model(model, version)

@@ -19,7 +19,11 @@ at every collection, about 5% of the loop's time at full sampling.
 
 Sampling happens here, at the start of a request, as the SDK's samplers decide:
 `parentbased_*` follow a `traceparent` header's sampled flag, `traceidratio` keeps the
-traces whose low 64 bits of trace id fall under the ratio. Triton's trace setting
+traces whose low 64 bits of trace id fall under the ratio. A root (no `traceparent`) is
+sampled with that probability, and its id is drawn with its low bits under the bound, so
+the rule holds for every id the server sends on; the decisions are drawn as the number
+of roots until the next sampled one (a geometric run of Bernoulli trials), so that an
+unsampled root costs one decrement. Triton's trace setting
 (`/v2/trace/setting`) changes the ratio at run time.
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -151,11 +156,11 @@ class Tracer:
     counted, for tests of the recorder)."""
 
     def __init__(self, resolved: Resolved, *, export: Any = None, max_queue: int | None = None) -> None:
+        self._rng = random.Random()
         self.ratio = resolved.ratio
         self.sampler = resolved.sampler  # with the ratio: the root sampler's bound
         self.enabled = True  # Triton's trace_level OFF turns sampling off without losing the exporter
         self.offset = time.time_ns() - time.monotonic_ns()  # the native workers' clock to the epoch
-        self._rng = random.Random()
         self._buffer: list[bytes] = []  # recorded spans, each encoded (msgpack)
         self._export = export
         env = resolved.exporter_env
@@ -194,6 +199,19 @@ class Tracer:
             self._bound = 0
         else:
             self._bound = round(self.ratio * (1 << 64))
+        self._skip = self._roots_to_next()
+
+    def _roots_to_next(self) -> int:
+        """How many root requests until the next sampled one (this one included): a run of
+        Bernoulli(ratio) decisions drawn at once (geometric), so that an unsampled root costs a
+        decrement rather than a random number."""
+        bound = self._bound
+        if bound >= 1 << 64:
+            return 1
+        if bound <= 0:
+            return 1 << 62  # never, in practice; a change of ratio draws again
+        p = bound / (1 << 64)
+        return 1 + int(math.log(1.0 - self._rng.random()) / math.log1p(-p))
 
     def new_span_id(self) -> int:
         return self._rng.getrandbits(64) or 1
@@ -204,10 +222,13 @@ class Tracer:
             return None
         value = headers.get("traceparent")
         parent = parse_traceparent(value) if value is not None else None
-        if parent is None:  # a root: sampled when the low 64 bits of its id fall under the bound
-            low = self._rng.getrandbits(64)
-            if low >= self._bound:
-                return None  # decided before the rest of the id is drawn
+        if parent is None:  # a root: sampled with probability ratio, its id's low 64 bits under the bound
+            self._skip -= 1
+            if self._skip > 0:
+                return None
+            self._skip = self._roots_to_next()
+            bound = self._bound
+            low = self._rng.getrandbits(64) if bound >= 1 << 64 else self._rng.randrange(bound)
             trace_id = (self._rng.getrandbits(64) << 64 | low) or 1
             return RequestTrace(self, trace_id, self.new_span_id(), 0, False, time.time_ns())
         trace_id, parent_id, sampled = parent
