@@ -38,6 +38,7 @@ head up to its first CRLF CRLF.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
 import struct
@@ -373,20 +374,22 @@ def v2_binary(data: bytes) -> None:
             raise Failure(f"model {schema.name!r}: decodings differ (first, cached, uncached): {outcomes}")
 
 
-_http: dict[str, Any] = {}
+@functools.cache
+def _aiohttp_parsing() -> tuple[Any, Any, Any]:
+    """aiohttp's request parser class, with the (never run) loop and protocol it is built with."""
+    import asyncio
+
+    from aiohttp.base_protocol import BaseProtocol
+    from aiohttp.http_parser import HttpRequestParser
+
+    loop = asyncio.new_event_loop()
+    return HttpRequestParser, BaseProtocol(loop), loop
 
 
 def aiohttp_head(data: bytes) -> Any:
     """The RawRequestMessage aiohttp's C parser reads from a request head (with its CRLF CRLF)."""
-    if not _http:
-        import asyncio
-
-        from aiohttp.base_protocol import BaseProtocol
-        from aiohttp.http_parser import HttpRequestParser
-
-        loop = asyncio.new_event_loop()
-        _http.update(loop=loop, protocol=BaseProtocol(loop), parser=HttpRequestParser)
-    parser = _http["parser"](_http["protocol"], _http["loop"], 2**16, max_line_size=8190, max_field_size=8190)
+    parser_class, protocol, loop = _aiohttp_parsing()
+    parser = parser_class(protocol, loop, 2**16, max_line_size=8190, max_field_size=8190)
     messages, _, _ = parser.feed_data(data)
     if len(messages) != 1:
         raise Failure(f"aiohttp read {len(messages)} requests from one head")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+# why the wire front hands a connection to aiohttp for good (`aserve_http_handoffs_total{reason}`)
+HANDOFF_REASONS = ("head", "header_size", "body_size", "connection_limit")
+
 
 class HttpStats:
     """What the HTTP fronts answered: requests by front, and why connections left the wire

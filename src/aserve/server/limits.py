@@ -94,12 +94,17 @@ class LimitedHandler(RequestHandler):
     _lender: Lender | None = None
     _fed = False
 
+    def adopt(self, transport: asyncio.Transport, data: bytes) -> None:
+        """Take over a connection another protocol read `data` from (unanswered bytes)."""
+        transport.set_protocol(self)
+        self.connection_made(transport)
+        if data:
+            self.data_received(data)
+
     def lend(self, lender: Lender, transport: asyncio.Transport, data: bytes) -> None:
         """Answer the one whole request in `data` on `transport`, then give it back to `lender`."""
         self._lender = lender
-        transport.set_protocol(self)
-        self.connection_made(transport)
-        self.data_received(data)
+        self.adopt(transport, data)
         self._fed = True
 
     def data_received(self, data: bytes) -> None:

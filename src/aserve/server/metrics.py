@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..dataplane.stats import DURATION_BUCKETS_US, REASONS, Metrics, RequestStats, failure_reason
+from .httpstats import HANDOFF_REASONS, HttpStats
 
 if TYPE_CHECKING:
     from ..dataplane import ModelHandle
@@ -228,9 +229,9 @@ def _batcher(out: Exposition, labels: Labels, stats: Mapping[str, Any]) -> None:
 
 
 def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Metrics,
-           schedulers: Mapping[str, Any] | None = None, http: Any = None) -> str:
+           schedulers: Mapping[str, Any] | None = None, http: HttpStats | None = None) -> str:
     """The exposition text: every model (requests, batcher, policy), then every pool
-    (with its fair scheduler's slots), then the HTTP fronts (`front.HttpStats`)."""
+    (with its fair scheduler's slots), then the HTTP fronts (`httpstats.HttpStats`)."""
     out = Exposition()
     for handle in sorted(models, key=lambda h: h.name):
         labels = {"model": handle.name, "version": handle.version}
@@ -264,7 +265,7 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
         out.add("aserve_http_lent_total", "counter",
                 "Requests to other routes (metadata, health, ...) the wire front lent its connection to aiohttp "
                 "for; the connection came back after each answer.", http.lent)
-        for reason in ("head", "header_size", "body_size", "connection_limit"):
+        for reason in HANDOFF_REASONS:
             out.add("aserve_http_handoffs_total", "counter",
                     "Connections the wire front handed to aiohttp for good, by the reason of the request it could not "
                     "read: head (HTTP/1.0, a chunked or compressed body, Expect, Upgrade, a malformed head), "

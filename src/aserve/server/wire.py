@@ -182,6 +182,7 @@ class _Date:
 
 
 _OWN = frozenset({"content-length", "server", "date", "connection", "transfer-encoding"})
+SERVER_NAME_BYTES = SERVER_NAME.encode()
 
 
 def encode_response(response: Answer | web.Response, *, close: bool) -> list[Any]:
@@ -212,9 +213,6 @@ def encode_response(response: Answer | web.Response, *, close: bool) -> list[Any
         head.append(b"\r\nConnection: close")
     head.append(b"\r\n\r\n")
     return [b"".join(head), *chunks]
-
-
-SERVER_NAME_BYTES = SERVER_NAME.encode()
 
 
 class _Sent:
@@ -323,13 +321,9 @@ class WireProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._paused = False
         if not self._closing and self.transport is not None:
-            if not self._reading and self._have <= PIPELINE_LIMIT:
-                self.transport.resume_reading()
-                self._reading = True
+            self._read_on()
             if not self._busy:
-                if self._buf and self._pending is None:
-                    self._began = self.loop.time()  # what waited behind the full buffer is read from now
-                self._next()
+                self._take_next()
 
     # ---- requests ----
 
@@ -397,9 +391,7 @@ class WireProtocol(asyncio.Protocol):
         try:
             response = await self.front.answer(request, *route)
         except asyncio.CancelledError:  # a shutdown that ran out of time
-            self._busy = False
-            self._close()
-            self._finished()
+            self._abort()
             raise
         try:
             sent = self._respond(request, response, count=access is not None)
@@ -408,9 +400,7 @@ class WireProtocol(asyncio.Protocol):
                 access.log(request, _Sent(status, sent), self.loop.time() - began)
         except Exception as exc:  # this connection ends; the server goes on
             log.error("the wire front failed answering %s %s", request.method, request.path, exc_info=exc)
-            self._busy = False
-            self._close()
-            self._finished()
+            self._abort()
 
     def _respond(self, request: WireRequest, response: Answer | web.Response, *, count: bool = False) -> int:
         """Write the answer (then read on, or close); with `count`, returns the bytes written."""
@@ -419,14 +409,7 @@ class WireProtocol(asyncio.Protocol):
         transport = self.transport
         sent = 0
         if transport is not None and not transport.is_closing():
-            try:
-                data = encode_response(response, close=closing)
-            except Exception as exc:
-                log.error("cannot send the answer to %s %s", request.method, request.path, exc_info=exc)
-                self._busy = False
-                self._close()
-                self._finished()
-                return 0
+            data = encode_response(response, close=closing)
             if count:
                 sent = sum(map(len, data))
             if len(data) == 1:
@@ -443,14 +426,24 @@ class WireProtocol(asyncio.Protocol):
             self._cancel_timers()
             close_gracefully(self)
             return sent
-        if not self._reading and self._have <= PIPELINE_LIMIT and not self._paused and transport is not None:
-            transport.resume_reading()
-            self._reading = True
-        if not self._paused:
-            if self._buf or self._more:
-                self._began = self.loop.time()  # a request that arrived behind this one: its time runs from now
-            self._next()
+        self._read_on()
+        self._take_next()
         return sent
+
+    def _read_on(self) -> None:
+        """Read the connection again, unless answers wait to be sent or too much is buffered."""
+        if not self._reading and not self._paused and self._have <= PIPELINE_LIMIT and self.transport is not None:
+            self.transport.resume_reading()
+            self._reading = True
+
+    def _take_next(self) -> None:
+        """Nothing in progress: take the next request (a request already waiting here has its
+        time counted from now, not from when it arrived behind another)."""
+        if self._paused:
+            return
+        if self._pending is None and (self._buf or self._more):
+            self._began = self.loop.time()
+        self._next()
 
     # ---- timers ----
 
@@ -520,6 +513,12 @@ class WireProtocol(asyncio.Protocol):
             self._counted = False
         self.server.wired.discard(self)
 
+    def _abort(self) -> None:
+        """The request in progress ends without an answer: so does the connection."""
+        self._busy = False
+        self._close()
+        self._finished()
+
     def _finished(self) -> None:
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
@@ -570,13 +569,8 @@ class WireProtocol(asyncio.Protocol):
         transport = self.transport
         if self._closing or transport is None or transport.is_closing():
             return
-        if not self._reading and self._have <= PIPELINE_LIMIT and not self._paused:
-            transport.resume_reading()
-            self._reading = True
-        if not self._paused:
-            if self._buf:
-                self._began = self.loop.time()
-            self._next()
+        self._read_on()
+        self._take_next()
 
     def _handoff(self, reason: str) -> None:
         """Give the connection, and what it has sent but not been answered, to aiohttp."""
@@ -589,15 +583,12 @@ class WireProtocol(asyncio.Protocol):
         self._buf, self._more, self._have, self._pending = b"", [], 0, None
         self._closing = True  # nothing more reaches this protocol
         self._finished()
-        handler: Any = self.server.aiohttp_handler()
-        transport.set_protocol(handler)
-        handler.connection_made(transport)
         if not self._reading:
             transport.resume_reading()
+        handler = self.server.aiohttp_handler()
+        handler.adopt(transport, data)
         if self._paused:
             handler.pause_writing()
-        if data:
-            handler.data_received(data)
 
     async def shutdown(self, timeout: float | None) -> None:
         """Answer the request in progress (within `timeout`), then close."""
