@@ -5,6 +5,15 @@
  * go on one completion list and the eventfd is written only when nothing was
  * pending, so one wake-up of the event loop drains many completions.
  *
+ * Polling. A thread that blocks on a futex or in epoll on an idle virtual CPU takes
+ * tens of microseconds to wake, more than a small model runs. So a worker that runs
+ * out of jobs first polls for the next one for spin_ns (set_spin; at most max_spinners
+ * workers at once) and only then blocks: a job queued meanwhile goes straight to the
+ * polling worker (idle_worker prefers it and sets its `kick` instead of signalling).
+ * The host's loop, likewise, may poll the completion list (poll()) while a batch runs
+ * instead of waiting for the eventfd. Polling ends after spin_ns at most, so an idle
+ * pool uses no CPU; stats() reports the time spent in it (spin_s).
+ *
  * Locks, outermost first. Never take one while holding a later one.
  *   1. A GIL: the host's (any Python-facing method here, and drain) or an
  *      interpreter's (a worker running a job or giving back an owner). A worker of
@@ -130,6 +139,11 @@ typedef struct worker {
     hjob *head, *tail;   /* targeted jobs */
     release_t *releases; /* outputs the host gave back */
     int waiting;         /* blocked on cv with nothing to do */
+    int spinning;        /* polling for a job before it blocks (p->spin_ns) */
+    int spun;            /* has polled since its last job: blocks next time */
+    int kick;            /* atomic: set to end a spin (a job for it, stop) */
+    int64_t spin_from;   /* CLOCK_MONOTONIC ns: when the current spin began */
+    int64_t spin_total;  /* ns spent polling for jobs, all told (who ends a spin adds it) */
     int active;          /* takes jobs from the pool queue */
     int ready, dead;
     int busy;            /* running a job */
@@ -157,6 +171,8 @@ typedef struct pool {
     hjob *done;         /* completions, newest first */
     hinputs *released;  /* input buffers the interpreters gave back last */
     int signalled;      /* the eventfd was written since the last drain */
+    int64_t spin_ns;    /* how long an idle worker polls for a job before it blocks */
+    int spinners, max_spinners;
     hjob *staged;       /* staged jobs not yet complete */
     uint64_t next_id;
     int efd;
@@ -201,7 +217,7 @@ static void wake_loop(pool_t *p)
 static int post_done(pool_t *p, hjob *j)
 {
     j->next = p->done;
-    p->done = j;
+    __atomic_store_n(&p->done, j, __ATOMIC_RELEASE); /* pool_poll reads it without the lock */
     return must_wake_loop(p);
 }
 
@@ -369,6 +385,15 @@ static hjob *job_new(pool_t *p, PyObject *token, int kind)
 
 /* ---- worker thread (no host GIL, unless the engine is `main`) ---- */
 
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 static int64_t monotonic_ns(void)
 {
     struct timespec t;
@@ -474,6 +499,7 @@ static void *worker_main(void *arg)
             j = pop_shared(p, w->index);
         if (j != NULL) {
             w->busy = 1;
+            w->spun = 0;
             w->current = j;
             w->since = monotonic_ns();
             j->running = 1;
@@ -505,6 +531,28 @@ static void *worker_main(void *arg)
         }
         if (w->stop)
             break;
+        if (p->spin_ns > 0 && !w->spun && p->spinners < p->max_spinners) {
+            /* poll for the next job a while before blocking: a wake-up from the condition
+             * variable costs tens of microseconds on a virtual CPU that went idle */
+            w->spinning = w->spun = 1;
+            p->spinners++;
+            __atomic_store_n(&w->kick, 0, __ATOMIC_RELAXED);
+            w->spin_from = monotonic_ns();
+            int64_t until = w->spin_from + p->spin_ns;
+            pthread_mutex_unlock(&p->mu);
+            for (unsigned n = 1; !__atomic_load_n(&w->kick, __ATOMIC_ACQUIRE); n++) {
+                cpu_relax();
+                if ((n & 31) == 0 && monotonic_ns() >= until)
+                    break;
+            }
+            pthread_mutex_lock(&p->mu);
+            if (w->spinning) { /* not kicked: it ran out of time */
+                w->spin_total += monotonic_ns() - w->spin_from;
+                w->spinning = 0;
+                p->spinners--;
+            }
+            continue;
+        }
         w->waiting = 1;
         pthread_cond_wait(&w->cv, &p->mu);
         w->waiting = 0;
@@ -523,8 +571,26 @@ static void *worker_main(void *arg)
 
 /* Caller holds p->mu: the idle worker that may take a job with this mask, marked as
  * no longer waiting (signal its cv after unlocking), or NULL. */
+/* Caller holds p->mu: end w's spin, if it polls for a job. */
+static void kick(pool_t *p, worker_t *w)
+{
+    if (w->spinning) {
+        w->spinning = 0;
+        p->spinners--;
+        w->spin_total += monotonic_ns() - w->spin_from;
+        __atomic_store_n(&w->kick, 1, __ATOMIC_RELEASE);
+    }
+}
+
 static worker_t *idle_worker(pool_t *p, uint64_t mask)
 {
+    for (int i = 0; i < (p->spinners ? p->n_workers : 0); i++) { /* one polling for a job needs no signal */
+        worker_t *w = p->workers[i];
+        if (w->spinning && w->active && w->ready && !w->lost && (mask >> i & 1)) {
+            kick(p, w);
+            return NULL;
+        }
+    }
     for (int i = 0; i < p->n_workers; i++) {
         worker_t *w = p->workers[i];
         if (w->waiting && w->active && w->ready && !w->lost && (mask >> i & 1)) {
@@ -548,6 +614,7 @@ static void enqueue(pool_t *p, hjob *j, int target)
         w = p->workers[target];
         append(&w->head, &w->tail, j);
         w->waiting = 0;
+        kick(p, w);
     } else {
         append(&p->head, &p->tail, j);
         p->queued++;
@@ -1132,7 +1199,7 @@ static PyObject *pool_drain(pool_t *p, PyObject *Py_UNUSED(ignored))
     pthread_mutex_lock(&p->mu);
     hjob *j = p->done;
     hinputs *released = p->released;
-    p->done = NULL;
+    __atomic_store_n(&p->done, NULL, __ATOMIC_RELAXED);
     p->released = NULL;
     p->signalled = 0;
     pthread_mutex_unlock(&p->mu);
@@ -1182,6 +1249,30 @@ static PyObject *pool_drain(pool_t *p, PyObject *Py_UNUSED(ignored))
     return out;
 }
 
+/* drain() if a job finished, else None: cheap enough to call on every turn of the loop. */
+static PyObject *pool_poll(pool_t *p, PyObject *Py_UNUSED(ignored))
+{
+    if (__atomic_load_n(&p->done, __ATOMIC_ACQUIRE) == NULL)
+        Py_RETURN_NONE;
+    return pool_drain(p, NULL);
+}
+
+static PyObject *pool_set_spin(pool_t *p, PyObject *args)
+{
+    long long us;
+    int spinners;
+    if (!PyArg_ParseTuple(args, "Li:set_spin", &us, &spinners))
+        return NULL;
+    pthread_mutex_lock(&p->mu);
+    p->spin_ns = us > 0 ? us * 1000 : 0;
+    p->max_spinners = spinners > 0 ? spinners : 0;
+    if (p->spin_ns == 0 || p->max_spinners == 0)
+        for (int i = 0; i < p->n_workers; i++)
+            kick(p, p->workers[i]); /* a pool put away stops polling at once */
+    pthread_mutex_unlock(&p->mu);
+    Py_RETURN_NONE;
+}
+
 static PyObject *pool_fileno(pool_t *p, PyObject *Py_UNUSED(ignored)) { return PyLong_FromLong(p->efd); }
 
 static PyObject *pool_set_active(pool_t *p, PyObject *arg)
@@ -1204,6 +1295,7 @@ static PyObject *pool_set_active(pool_t *p, PyObject *arg)
 static PyObject *pool_stats(pool_t *p, PyObject *Py_UNUSED(ignored))
 {
     int ready = 0, busy = 0, active = 0, lost = 0;
+    int64_t spin = 0;
     pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->n_workers; i++) {
         worker_t *w = p->workers[i];
@@ -1211,11 +1303,14 @@ static PyObject *pool_stats(pool_t *p, PyObject *Py_UNUSED(ignored))
         busy += w->busy && !w->lost;
         active += w->active && w->ready && !w->lost;
         lost += w->lost;
+        spin += w->spin_total;
     }
     size_t queued = p->queued;
+    int spinning = p->spinners;
     pthread_mutex_unlock(&p->mu);
-    return Py_BuildValue("{sisisisisnsi}", "interpreters", p->n_workers, "ready", ready, "active", active, "busy",
-                         busy, "queued", (Py_ssize_t)queued, "lost", lost);
+    return Py_BuildValue("{sisisisisnsisisd}", "interpreters", p->n_workers, "ready", ready, "active", active, "busy",
+                         busy, "queued", (Py_ssize_t)queued, "lost", lost, "spinning", spinning, "spin_s",
+                         (double)spin / 1e9);
 }
 
 /* End the interpreters that can end (subinterpreters) once their queues are empty.
@@ -1230,6 +1325,7 @@ static PyObject *pool_shutdown(pool_t *p, PyObject *Py_UNUSED(ignored))
             continue;
         w->active = 0;
         w->stop = 1;
+        kick(p, w);
         pthread_cond_signal(&w->cv);
     }
     for (int i = 0; i < p->n_workers; i++) {
@@ -1492,6 +1588,10 @@ static PyMethodDef pool_methods[] = {
     {"drain", (PyCFunction)pool_drain, METH_NOARGS,
      "drain() -> [(token, ok, payload) | token]: finished jobs, each exactly once (a bare token: a job whose "
      "completion could not be built)"},
+    {"poll", (PyCFunction)pool_poll, METH_NOARGS, "poll() -> drain() if a job finished since the last drain, else None"},
+    {"set_spin", (PyCFunction)pool_set_spin, METH_VARARGS,
+     "set_spin(us, spinners): an idle worker polls for its next job for `us` microseconds before it blocks; "
+     "at most `spinners` poll at once (0: never)"},
     {"fileno", (PyCFunction)pool_fileno, METH_NOARGS, "fileno() -> the eventfd that signals completions"},
     {"set_active", (PyCFunction)pool_set_active, METH_O,
      "set_active(n): only the first n interpreters take shared jobs"},

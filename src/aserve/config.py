@@ -53,6 +53,13 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     access_log: Annotated[bool, _doc("log one line per request, in the common log format (costs throughput)")] = False
     wire_front: Annotated[bool, _doc("answer plain HTTP/1.1 infer and predict requests with aserve's own parser "
                                      "(everything else goes to aiohttp); false: aiohttp answers every request")] = True
+    spin_us: Annotated[
+        int, msgspec.Meta(ge=0, le=1_000_000, description="microseconds an interpreter's thread that ran out of "
+                                                           "work polls for the next batch before it blocks, and the "
+                                                           "event loop polls for a running batch's answer (low "
+                                                           "latency at low load, for CPU that would otherwise idle; "
+                                                           "0 = always block)")
+    ] = 200
     log_format: Annotated[str, _doc("text | json (one JSON object per line, with trace_id/span_id when tracing)")] = "text"
     tracing: Annotated[TracingSettings, _doc("the [tracing] table: OpenTelemetry traces (see aserve.tracing)")] = (
         TracingSettings()

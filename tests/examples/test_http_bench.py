@@ -67,6 +67,14 @@ def test_cnn_is_served_by_aserve_and_skipped_by_the_peers(tmp_path: pathlib.Path
     assert skipped["server"] == "inline" and skipped["skipped"] == "inline serves only simple, mlp"
 
 
+def test_the_baseline_without_polling_runs_aserve_with_spin_off(tmp_path: pathlib.Path) -> None:
+    records = _run(tmp_path, "--duration", "1", "--warmup", "0", "--connections", "1", "--servers", "aserve-nospin",
+                   "--models", "simple", "--bodies", "binary", "--no-generator-check")
+    (point,) = [r for r in records if "requests_per_s" in r]
+    assert point["server"] == "aserve-nospin" and point["errors"] == 0 and point["requests"] > 0
+    assert point["arguments"] == "--spin-us 0"
+
+
 def test_aiohttp_generator_when_asked(tmp_path: pathlib.Path) -> None:
     records = _run(tmp_path, "--generator", "aiohttp", "--duration", "1", "--warmup", "0", "--connections", "2",
                    "--servers", "ceiling", "--models", "simple", "--bodies", "json")

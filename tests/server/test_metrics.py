@@ -214,6 +214,12 @@ async def test_counters_follow_requests(url: str, http: aiohttp.ClientSession) -
     assert {s.labels["engine"] for s in after.samples("aserve_pool_interpreters")} == {"main"}
     assert value(after, "aserve_pool_batch_slots", engine="main") == 2
     assert value(after, "aserve_pool_batch_slots_in_use", engine="main") == 0
+    # the time interpreters spent polling for their next batch (spin_us): a counter that grows
+    # only while they serve, and how many poll right now
+    assert after.family("aserve_pool_spin_seconds_total").type == "counter"
+    spun = value(after, "aserve_pool_spin_seconds_total", engine="main")
+    assert spun > value(before, "aserve_pool_spin_seconds_total", engine="main")
+    assert 0 <= value(after, "aserve_pool_spinning", engine="main") <= 1
 
 
 async def test_adaptive_model_exports_its_cost_model(url: str, http: aiohttp.ClientSession) -> None:

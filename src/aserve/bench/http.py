@@ -15,6 +15,8 @@ Servers (`--servers`):
 - `aserve`: `aserve serve REPO --interpreters 2` with its default engine; REPO holds only
   the benchmarked model, so its memory is that model's.
 - `aserve-main`: the same with `--engine main` (threads of the host interpreter).
+- `aserve-nospin`: the same with `--spin-us 0` (threads block at once rather than poll for
+  work: the baseline of polling), only when named.
 - `ceiling`: aiohttp + uvloop answering a fixed body without decoding: what one event loop
   can do (`aserve.bench.peers.ceiling`).
 - `inline`: aiohttp + uvloop decoding the V2 request and running the model in the handler
@@ -256,13 +258,15 @@ class Run:
             self._sink = None
 
     def server(self, kind: str, model: str) -> ServerProcess:
-        if kind in ("aserve", "aserve-main", *servers.TRACED):
+        if kind in ("aserve", "aserve-main", *servers.TRACED, *servers.SETTINGS):
             otlp = self.otlp() if kind in servers.TRACED else None
             s = servers.aserve_server(kind, model, self.repository(model), interpreters=self.args.interpreters,
                                       otlp=otlp)
             s.notes["interpreters"] = self.args.interpreters
             if kind in servers.TRACED:
                 s.notes["tracing_sample_ratio"] = servers.TRACED[kind]
+            if kind in servers.SETTINGS:
+                s.notes["arguments"] = " ".join(servers.SETTINGS[kind])
             return s
         if kind in ("ceiling", "inline"):
             return servers.aiohttp_peer(kind, model, self.examples)
@@ -574,7 +578,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bodies", default=",".join(BODIES), help="default: %(default)s")
     p.add_argument("--servers", default=",".join(servers.SERVERS),
                    help="default: %(default)s; also aserve-trace and aserve-trace1 (OpenTelemetry tracing on, "
-                        "sampling every request or one in 100, to a local OTLP sink)")
+                        "sampling every request or one in 100, to a local OTLP sink) and aserve-nospin "
+                        "(--spin-us 0)")
     p.add_argument("--repeat", type=int, default=1,
                    help="start each server this many times, in rounds (every server once per round), and report "
                         "each point's median (default %(default)s)")
@@ -594,7 +599,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.models = _list(args.models, MODELS, "models", p)
     args.bodies = _list(args.bodies, BODIES, "bodies", p)
-    args.servers = _list(args.servers, (*servers.SERVERS, *servers.TRACED), "servers", p)
+    args.servers = _list(args.servers, (*servers.SERVERS, *servers.TRACED, *servers.SETTINGS), "servers", p)
     try:
         args.connections = sorted({int(c) for c in args.connections.split(",") if c})
     except ValueError:

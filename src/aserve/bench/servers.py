@@ -26,6 +26,8 @@ SERVERS = ("aserve", "aserve-main", "ceiling", "inline", "mosec")
 # aserve with OpenTelemetry tracing on, sampling every request or one in a hundred, sending to a
 # local OTLP sink (not in the default run: `--servers aserve,aserve-trace,aserve-trace1`)
 TRACED = {"aserve-trace": 1.0, "aserve-trace1": 0.01}
+# aserve with its defaults changed: the same-run baseline of a default
+SETTINGS = {"aserve-nospin": ["--spin-us", "0"]}
 MOSEC_VERSION = "0.9.8"
 TORCH_PIN = "torch==2.13.0"  # the CPU wheel; an unpinned torch pulls gigabytes of CUDA packages
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -210,6 +212,7 @@ def aserve_server(name: str, model: str, repository: pathlib.Path, *, interprete
             "--port", str(free_port()), "--log-level", "warning"]
     if name == "aserve-main":
         argv += ["--engine", "main"]
+    argv += SETTINGS.get(name, [])
     env = None
     if name in TRACED:
         if otlp is None:

@@ -145,6 +145,12 @@ _POOL_HELP = {
     "busy": "Interpreters running a job now.",
     "queued": "Jobs waiting for an interpreter.",
     "lost": "Interpreters given up on: stuck in a cancelled batch (native code), they get no jobs until it returns.",
+    "spinning": "Interpreters polling for their next batch now (spin_us).",
+}
+_POOL_COUNTERS = {
+    "spin_s": ("aserve_pool_spin_seconds_total",
+               ("Seconds the interpreters' threads spent polling for work before blocking (spin_us): CPU "
+                "traded for latency at low load.")),
 }
 
 
@@ -247,7 +253,12 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
     for engine in sorted(pools):
         for key, value in pools[engine].stats().items():
             number = _number(value)
-            if number is not None:
+            if number is None:
+                continue
+            if key in _POOL_COUNTERS:
+                name, help = _POOL_COUNTERS[key]
+                out.add(name, "counter", help, number, {"engine": engine})
+            else:
                 help = _POOL_HELP.get(key, f"{key!r} as the pool reports it.")
                 out.add(metric_name(f"aserve_pool_{key}"), "gauge", help, number, {"engine": engine})
         scheduler = (schedulers or {}).get(engine)

@@ -1,0 +1,115 @@
+"""Polling for work (spin_us): an interpreter that ran out of batches polls for the next
+one before it blocks, the loop polls for a running batch's answer; both end on time."""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import sys
+import time
+
+import pytest
+
+from aserve.engine import ModelSpec, Pool
+from aserve.errors import EngineError
+from aserve.tensor import Tensor
+
+ENGINES = ["private", "main"] + (["subinterp"] if sys.version_info >= (3, 12) else [])
+
+DOUBLE = """
+from aserve.runtime import Model, TensorSpec
+class Double(Model):
+    inputs = (TensorSpec("x", "INT64", (-1,)),)
+    outputs = (TensorSpec("y", "INT64", (-1,)),)
+    def __call__(self, inputs):
+        return {"y": [2 * v for v in inputs["x"]]}
+"""
+
+
+def _x(*values: int) -> dict[str, Tensor]:
+    return {"x": Tensor("INT64", (len(values),), array.array("q", values))}
+
+
+def _y(outputs: dict[str, Tensor]) -> list[int]:
+    return list(memoryview(outputs["y"].data).cast("q"))
+
+
+async def _until(predicate, what: str, seconds: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    """Wait for observable pool state (polled, at most `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        await asyncio.sleep(0.001)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_polling_interpreter_takes_the_next_batch_at_once(engine: str, model_dir) -> None:
+    # a spin long enough that only a batch (or closing the pool) can end it
+    pool = Pool(engine=engine, interpreters=1, spin_us=5_000_000, spinners=1)
+    await pool.start()
+    try:
+        await pool.load(ModelSpec(name="double", path=str(model_dir(DOUBLE))))
+        assert _y(await pool.infer("double", _x(1, 2))) == [2, 4]
+        await _until(lambda: pool.stats()["spinning"] == 1, "the interpreter polls after its batch")
+        started = time.monotonic()
+        assert _y(await pool.infer("double", _x(3))) == [6]
+        # the batch ended the spin: the interpreter took it without waiting out its 5 s
+        assert time.monotonic() - started < 4.0
+        await _until(lambda: pool.stats()["spinning"] == 1, "it polls again after the second batch")
+        assert pool.stats()["spin_s"] < 4.0
+    finally:
+        await pool.close()
+    # a closed (parked) pool polls for nothing
+    assert pool.stats()["spinning"] == 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_polling_is_bounded_and_off_means_off(engine: str, model_dir) -> None:
+    async with Pool(engine=engine, interpreters=2, spin_us=20_000, spinners=2) as pool:
+        before = pool.stats()["spin_s"]  # a reused (parked) native pool counts on from where it was
+        await pool.load(ModelSpec(name="double", path=str(model_dir(DOUBLE))))
+        for i in range(5):
+            assert _y(await pool.infer("double", _x(i))) == [2 * i]
+        await _until(lambda: pool.stats()["spinning"] == 0, "polling ends once no batch comes")
+        spun = pool.stats()["spin_s"] - before
+        # at most one spin of 20 ms per interpreter per batch (and one after the load)
+        assert 0 < spun <= (5 + 1) * 2 * 0.020 + 0.05
+    async with Pool(engine=engine, interpreters=1, spin_us=0) as pool:
+        before = pool.stats()["spin_s"]
+        await pool.load(ModelSpec(name="double", path=str(model_dir(DOUBLE))))
+        assert _y(await pool.infer("double", _x(7))) == [14]
+        assert pool.stats()["spin_s"] == before and pool.stats()["spinning"] == 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_batches_answered_by_polling_are_each_answered_once(engine: str, model_dir) -> None:
+    """Concurrent callers while the loop polls and the interpreters spin: every answer
+    comes back once, to its own caller, whether the poll or the eventfd delivered it."""
+    async with Pool(engine=engine, interpreters=2, spin_us=1_000, spinners=2) as pool:
+        await pool.load(ModelSpec(name="double", path=str(model_dir(DOUBLE))))
+
+        async def caller(c: int) -> list[list[int]]:
+            return [_y(await pool.infer("double", _x(c, i))) for i in range(40)]
+
+        results = await asyncio.wait_for(asyncio.gather(*(caller(c) for c in range(8))), 120)
+        assert results == [[[2 * c, 2 * i] for i in range(40)] for c in range(8)]
+        answered: list[list[int]] = []
+        done = asyncio.get_running_loop().create_future()
+
+        def collect(outputs, error, *_):  # type: ignore[no-untyped-def]
+            answered.append(_y(outputs) if error is None else [-1])
+            if len(answered) == 50:
+                done.set_result(None)
+
+        for i in range(50):  # the batch path the batcher uses: no future per job
+            pool.run("double", [Tensor("INT64", (1,), array.array("q", [i]))], collect)
+        await asyncio.wait_for(done, 60)
+        assert sorted(answered) == [[2 * i] for i in range(50)]
+        await pool.close()
+        assert pool.stats()["spinning"] == 0
+
+
+def test_spin_must_not_be_negative() -> None:
+    with pytest.raises(EngineError, match="spin_us must be >= 0"):
+        Pool(engine="main", interpreters=1, spin_us=-1)
