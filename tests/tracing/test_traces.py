@@ -16,10 +16,11 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from ..conftest import until
 from ..server.conftest import ADD_CONFIG, ADD_MODEL, write_repository
 
-# ADD_MODEL that takes 20 ms per batch and opens a span of its own around the sum.
-TRACED_ADD = ADD_MODEL.replace("from aserve.runtime import Model, TensorSpec",
-                               "import time\nfrom aserve.runtime import Model, TensorSpec, span").replace(
-    "        a = inputs", "        time.sleep(0.02)\n        a = inputs", 1).replace(
+# ADD_MODEL that takes 20 ms per batch; TRACED_ADD also opens a span of its own around the sum.
+SLOW_ADD = ADD_MODEL.replace("from aserve.runtime import Model, TensorSpec",
+                             "import time\nfrom aserve.runtime import Model, TensorSpec, span").replace(
+    "        a = inputs", "        time.sleep(0.02)\n        a = inputs", 1)
+TRACED_ADD = SLOW_ADD.replace(
     '        return {"SUM"', '        with span("add rows", rows=len(a) // 4):\n            pass\n        return {"SUM"', 1)
 ONE_AT_A_TIME = ADD_CONFIG.replace("max_batch_size = 8", "max_batch_size = 8\ninterpreters = 1").replace(
     "max_queue_delay_ms = 2.0", "max_queue_delay_ms = 50.0")
@@ -75,14 +76,19 @@ def body(values: list[int]) -> dict[str, Any]:
                        {"name": "B", "datatype": "INT32", "shape": [1, 4], "data": [1, 1, 1, 1]}]}
 
 
+@pytest.mark.parametrize("model_spans", [True, False], ids=["model-spans", "plain"])
 async def test_spans_of_requests_and_batches_reach_the_collector(
-    start_server, tmp_path: pathlib.Path, receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch
+    start_server, tmp_path: pathlib.Path, receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch,
+    model_spans: bool,
 ) -> None:
+    """Batches that ran plainly travel as numeric records and become spans in the exporter;
+    those whose model opened spans of its own (or that failed) travel as spans: both give
+    the same tree."""
     collector, endpoint = receiver
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
     monkeypatch.setenv("OTEL_SERVICE_NAME", "aserve-under-test")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-    repo = write_repository(tmp_path / "repo", {"add": (TRACED_ADD, ONE_AT_A_TIME)})
+    repo = write_repository(tmp_path / "repo", {"add": (TRACED_ADD if model_spans else SLOW_ADD, ONE_AT_A_TIME)})
     server, url = await start_server(repo)
     assert server.plane.tracer is not None
     parent_trace, parent_span = random.getrandbits(128), random.getrandbits(64)
@@ -131,12 +137,21 @@ async def test_spans_of_requests_and_batches_reach_the_collector(
     assert served == {(s.trace_id, s.span_id) for s in requests}
     for b in batches:
         assert all(by_id[link.span_id].trace_id != b.trace_id for link in b.links)  # a trace of its own
+        for link in b.links:  # each request it served carries its facts
+            served_by = attrs(by_id[link.span_id])
+            assert served_by["aserve.batch_size"] == attrs(b)["aserve.batch_size"] == len(b.links)
         runs = [c for c in collector.named("run in interpreter") if c.parent_span_id == b.span_id]
         if b.status.code == b.status.STATUS_CODE_ERROR:
             assert not runs and b.events[0].name == "exception"
             continue
         (run,) = runs
         assert b.start_time_unix_nano <= run.start_time_unix_nano <= run.end_time_unix_nano <= b.end_time_unix_nano
+        assert attrs(run) == {"aserve.interpreter": 0, "aserve.model": "add"}
+        assert attrs(b)["aserve.model"] == "add" and attrs(b)["aserve.interpreter"] == 0
+        assert run.trace_id == b.trace_id and not b.parent_span_id
+        if not model_spans:
+            assert not collector.named("add rows")
+            continue
         (model_span,) = [c for c in collector.named("add rows") if c.parent_span_id == run.span_id]
         assert attrs(model_span)["rows"] == attrs(b)["aserve.batch_samples"]
         assert run.start_time_unix_nano <= model_span.start_time_unix_nano <= model_span.end_time_unix_nano

@@ -220,22 +220,26 @@ def trace_batch(tracer: Any, model: str, requests: list[_Request], samples: int,
     start = int(started * 1e9) + offset
     hi, lo = tracer.new_span_id(), tracer.new_span_id()
     batch_id = tracer.new_span_id()
-    links = []
     interpreter = ran[0] if ran is not None else -1
-    shared = {"aserve.batch_size": len(requests), "aserve.batch_samples": samples,  # on each request's span
-              "aserve.compute_us": round((now - start) / 1e3, 1)}
-    if interpreter >= 0:
-        shared["aserve.interpreter"] = interpreter
-    on_requests = rec.shared(shared)
+    facts = (len(requests), samples, (now - start) // 100, interpreter + 1)  # on each request's span
+    traced = [r.trace for r in requests if r.trace is not None]
     for r in requests:
         t = r.trace
-        if t is None:
-            continue
-        links.append((t.trace_id >> 64, t.trace_id & 0xFFFFFFFFFFFFFFFF, t.span_id, None))
-        arrival = int(r.arrival * 1e9) + offset
-        t.queue = (arrival, start)
-        t.batch = on_requests
-        t.attributes["aserve.queue_us"] = round((start - arrival) / 1e3, 1)
+        if t is not None:
+            t.queue = (int(r.arrival * 1e9) + offset, start)
+            t.batch = facts
+    if ran is not None and error is None and not stages and not joined and not ran[3]:  # numbers only
+        model_entry = tracer.route(("batch", model))
+        if model_entry < 0:
+            model_entry = tracer.add_route(("batch", model), f"batch {model}", {"aserve.model": model})
+        if model_entry >= 0:
+            links: list[int] = []
+            for t in traced:
+                links += (batch_id, t.trace_id >> 64, t.trace_id & 0xFFFFFFFFFFFFFFFF, t.span_id)
+            tracer.record_batch((hi, lo, batch_id, tracer.new_span_id(), start, now, tracer.to_epoch(ran[1]),
+                                 tracer.to_epoch(ran[2]), interpreter + 1, len(requests), samples, model_entry), links)
+            return
+    span_links = [(t.trace_id >> 64, t.trace_id & 0xFFFFFFFFFFFFFFFF, t.span_id, None) for t in traced]
     attributes = {"aserve.model": model, "aserve.batch_size": len(requests), "aserve.batch_samples": samples}
     if interpreter >= 0:
         attributes["aserve.interpreter"] = interpreter
@@ -251,7 +255,7 @@ def trace_batch(tracer: Any, model: str, requests: list[_Request], samples: int,
         status, message = rec.ERROR, f"{type(error).__name__}: {error}"
         events.append(["exception", now, {"exception.type": type(error).__name__, "exception.message": str(error)}])
     tracer.record([hi, lo, batch_id, 0, False, f"batch {model}", rec.INTERNAL, start, now, attributes, status,
-                   message, events, links])
+                   message, events, span_links])
     if ran is None:
         return
     interpreter, ran_from, ran_to, model_spans = ran
@@ -326,6 +330,7 @@ class Batcher:
         self._closed = False
         self._drained: asyncio.Future[None] | None = None  # close() waits on it
         self.tracer: Any = None  # aserve.tracing.Tracer while tracing is on: batches of sampled requests get spans
+        self._traced = 0  # sampled requests queued (at least): a batch is searched for them only then
         self._loop: asyncio.AbstractEventLoop | None = None
         self.batches = 0  # batches dispatched
         self.requests = 0  # requests answered by a batch
@@ -432,6 +437,8 @@ class Batcher:
                 self._arm_expiry(loop, deadline)
         future: asyncio.Future[dict[str, Tensor]] = loop.create_future()
         queue.append(_Request(now, samples, deadline, inputs, future, budget, trace))
+        if trace is not None:
+            self._traced += 1
         self._queued_samples += samples
         self._schedule()
         return future
@@ -616,13 +623,19 @@ class Batcher:
         run = _Batch(self, batch, samples, now)
         self._batches.add(run)
         try:
-            if self.tracer is not None and any(r.trace is not None for r in batch):
+            if self._traced and self._is_traced(batch):
                 run.traced = True
                 run.job = self._run_batch(self.key, inputs, run.done, trace=True)  # type: ignore[call-arg]
             else:
                 run.job = self._run_batch(self.key, inputs, run.done)
         except Exception as e:  # noqa: BLE001 - the engine refused the batch: answer it from the loop
             loop.call_soon(run.done, None, e)
+
+    def _is_traced(self, batch: list[_Request]) -> bool:
+        """Whether a sampled request is in the batch (counted off the queued ones)."""
+        n = sum(r.trace is not None for r in batch)
+        self._traced = max(0, self._traced - n)
+        return n > 0 and self.tracer is not None
 
     def _count_batch(self, samples: int, seconds: float) -> None:
         counted = self.batch_sizes.get(samples)
@@ -770,7 +783,7 @@ class Batcher:
             return
         staged = _Staged(run, batch, total, min(self._limit(r, join) for r in batch))
         self._staged.append(staged)
-        traced = self.tracer is not None and any(r.trace is not None for r in batch)
+        traced = self._traced > 0 and self._is_traced(batch)
         try:
             outputs, seconds = await run.result
         except Exception as e:  # noqa: BLE001 - every request of the batch gets an answer

@@ -301,20 +301,18 @@ async def read_body(request: HttpRequest, limit: int, timeout_s: float = 0.0, *,
         raise body_timeout(timeout_s) from None
 
 
-_common_attributes: dict[tuple[str, str, str | None, str | None, str | None, bool, str], msgspec.Raw] = {}
-
-
 def _describe_trace(trace: RequestTrace, request: HttpRequest, route: str, model: str, version: str | None,
                     protocol: str | None) -> None:
     """A sampled request's OpenTelemetry HTTP server attributes (the same for every request
-    to a model, route and address: made once)."""
+    to a model, route and address: made once, kept in the tracer's table)."""
     headers = request.headers
     host = headers.get("Host", "")
     content_type = headers.get("Content-Type") if protocol is None else None
     binary = protocol is None and HEADER_LENGTH in headers
     key = (route, model, version, protocol, content_type, binary, host)
-    common = _common_attributes.get(key)
-    if common is None:
+    tracer = trace.tracer
+    trace.route = tracer.route(key)
+    if trace.route < 0:
         if protocol is None:
             protocol = _protocol(content_type, binary)
         address, _, port = host.rpartition(":") if ":" in host else (host, "", "")
@@ -326,10 +324,9 @@ def _describe_trace(trace: RequestTrace, request: HttpRequest, route: str, model
         }
         if port.isdigit():
             attributes["server.port"] = int(port)
-        if len(_common_attributes) > 1024:
-            _common_attributes.clear()
-        common = _common_attributes[key] = recorder.shared(attributes)
-    trace.common = common
+        trace.route = tracer.add_route(key, f"POST {route}", attributes)
+        if trace.route < 0:  # the table is full (a client sending many Host names): as a span
+            trace.common = recorder.shared(attributes)
     if logs.trace_ids_logged:
         current_trace.set(trace)  # this request's task: its log records carry the ids
 

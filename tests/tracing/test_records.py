@@ -1,0 +1,101 @@
+"""What the loop records travels to the exporter as numbers and comes out as the same spans
+as the ones recorded whole: the recorder's message, the exporter's conversion and the
+native OTLP encoder, read back with opentelemetry-proto."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from aserve._native import otlp_encode
+from aserve.batching.batcher import _Request, trace_batch
+from aserve.server import handlers
+from aserve.tracing import Resolved, Tracer, recorder
+from aserve.tracing.exporter import TraceExporter
+
+from .test_traces import attrs
+
+
+class _Request_:
+    def __init__(self, host: str) -> None:
+        self.headers = CIMultiDictProxy(CIMultiDict({"Host": host, "Content-Type": "application/json"}))
+
+
+def _export(tracer: Tracer) -> list[Any]:
+    """Flush the tracer into one message and pass it through the exporter's conversion and encoder."""
+    messages: list[bytes] = []
+
+    def export(payload: bytes) -> asyncio.Future[Any]:
+        messages.append(payload)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_result(0)
+        return future
+
+    tracer._export = export
+    tracer.flush()
+    exporter = TraceExporter.__new__(TraceExporter)
+    exporter._table = []
+    spans: list[Any] = []
+    for m in messages:
+        encoded = otlp_encode({"service.name": "t"}, "aserve", "0",
+                              exporter.spans(msgspec.msgpack.decode(m)))
+        request = trace_service_pb2.ExportTraceServiceRequest()
+        request.ParseFromString(encoded)
+        spans += [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    return spans
+
+
+async def _one_request(tracer: Tracer, host: str, status: int, error: BaseException | None) -> Any:
+    trace = tracer.start({})
+    assert trace is not None
+    handlers._describe_trace(trace, _Request_(host), handlers.V2_ROUTE, "add", None, None)
+    trace.decode = (trace.start + 10, trace.start + 20)
+    request = _Request(0.0, 2, None, None, None, None, trace)
+    trace_batch(tracer, "add", [request], 2, 0.0, (1, 5, 9, None), None)  # numbers only: no model spans
+    trace.encode = (trace.start + 30, trace.start + 40)
+    handlers._end_trace(trace, f"POST {handlers.V2_ROUTE}", error)
+    return trace
+
+
+@pytest.mark.parametrize("table", ["numbers", "full-table"])
+async def test_records_become_the_spans_recorded_whole(table: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if table == "full-table":  # a client sending a new Host name each time: its requests travel as spans
+        monkeypatch.setattr(recorder, "MAX_ROUTES", 0)
+    tracer = Tracer(Resolved(sampler="always_on", ratio=1.0, exporter_env={}))
+    ok = await _one_request(tracer, "127.0.0.1:8000", 200, None)
+    assert len(tracer.requests) == (recorder.REQUEST_FIELDS if table == "numbers" else 0)
+    spans = _export(tracer)
+    by_name: dict[str, list[Any]] = {}
+    for s in spans:
+        by_name.setdefault(s.name, []).append(s)
+    (server,) = by_name["POST /v2/models/{model}/infer"]
+    assert int.from_bytes(server.trace_id, "big") == ok.trace_id and server.kind == server.SPAN_KIND_SERVER
+    a = attrs(server)
+    assert a["http.response.status_code"] == 200 and a["server.address"] == "127.0.0.1" and a["server.port"] == 8000
+    assert a["aserve.model"] == "add" and a["aserve.batch_size"] == 1 and a["aserve.batch_samples"] == 2
+    assert a["aserve.interpreter"] == 1 and a["aserve.queue_us"] >= 0 and a["aserve.compute_us"] >= 0
+    children = {s.name: s for s in spans if s.parent_span_id == server.span_id}
+    assert set(children) == {"decode", "queue", "encode"}
+    assert children["decode"].end_time_unix_nano - children["decode"].start_time_unix_nano == 10
+    (batch,) = by_name["batch add"]
+    assert [(int.from_bytes(link.trace_id, "big"), link.span_id) for link in batch.links] == [
+        (ok.trace_id, server.span_id)]
+    (run,) = by_name["run in interpreter"]
+    assert run.parent_span_id == batch.span_id and attrs(run) == {"aserve.interpreter": 1, "aserve.model": "add"}
+    assert run.start_time_unix_nano == tracer.to_epoch(5) and run.end_time_unix_nano == tracer.to_epoch(9)
+
+
+async def test_a_failed_request_travels_as_a_span_with_its_exception() -> None:
+    tracer = Tracer(Resolved(sampler="always_on", ratio=1.0, exporter_env={}))
+    await _one_request(tracer, "localhost", 500, RuntimeError("boom"))
+    assert not tracer.requests and len(tracer.batches) == recorder.BATCH_FIELDS  # the request went as a span
+    spans = _export(tracer)
+    (server,) = [s for s in spans if s.name == "POST /v2/models/{model}/infer"]
+    assert server.status.code == server.status.STATUS_CODE_ERROR and "boom" in server.status.message
+    assert server.events[0].name == "exception" and attrs(server)["http.response.status_code"] == 500
+    assert attrs(server)["aserve.batch_size"] == 1  # the batch's facts, as on a request recorded in numbers
