@@ -50,6 +50,14 @@ BOOTSTRAP = "aserve.runtime._worker"
 log = logging.getLogger("aserve.engine")
 
 
+def _cpus() -> int:
+    """CPUs this process may run on (a container's cpuset, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class BatchCancelled(RequestTimeout):
     """A batch was cancelled because nobody waits for its answers (every request timed out)."""
 
@@ -251,7 +259,7 @@ class Pool:
         self.engine = engine
         self.interpreters = n
         self.spin_us = spin_us
-        self.spinners = spinners if spinners is not None else max(1, ((os.cpu_count() or 1) - 1) // 2)
+        self.spinners = spinners if spinners is not None else max(1, (_cpus() - 1) // 2)
         self._poll_s = spin_us / 1e6
         self._polling = False  # a _poll callback is scheduled
         self._poll_until = 0.0
@@ -393,8 +401,10 @@ class Pool:
         self._answer(self._started.drain())
 
     def _poll_soon(self) -> None:
-        """A batch is being queued: poll for answers from the next turn of the loop on."""
-        if self._poll_s:
+        """A job was queued (and counted in flight): poll for answers from the next turn of the
+        loop on, if it is the only one (at low load; under load the loop turns anyway, and
+        polling would only add a callback to every turn), or while polling goes on."""
+        if self._poll_s and (self._polling or self._in_flight == 1):
             self._poll_until = time.perf_counter() + self._poll_s
             if not self._polling and self._loop is not None:
                 self._polling = True
