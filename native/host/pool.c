@@ -569,8 +569,6 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* Caller holds p->mu: the idle worker that may take a job with this mask, marked as
- * no longer waiting (signal its cv after unlocking), or NULL. */
 /* Caller holds p->mu: end w's spin, if it polls for a job. */
 static void kick(pool_t *p, worker_t *w)
 {
@@ -582,23 +580,26 @@ static void kick(pool_t *p, worker_t *w)
     }
 }
 
+/* Caller holds p->mu: the idle worker that may take a job with this mask, marked as
+ * no longer waiting (signal its cv after unlocking), or NULL. A worker polling for a
+ * job is preferred and kicked instead: it needs no signal (NULL too). */
 static worker_t *idle_worker(pool_t *p, uint64_t mask)
 {
-    for (int i = 0; i < (p->spinners ? p->n_workers : 0); i++) { /* one polling for a job needs no signal */
+    worker_t *sleeper = NULL;
+    for (int i = 0; i < p->n_workers; i++) {
         worker_t *w = p->workers[i];
-        if (w->spinning && w->active && w->ready && !w->lost && (mask >> i & 1)) {
+        if (!w->active || !w->ready || w->lost || !(mask >> i & 1))
+            continue;
+        if (w->spinning) {
             kick(p, w);
             return NULL;
         }
+        if (w->waiting && sleeper == NULL)
+            sleeper = w;
     }
-    for (int i = 0; i < p->n_workers; i++) {
-        worker_t *w = p->workers[i];
-        if (w->waiting && w->active && w->ready && !w->lost && (mask >> i & 1)) {
-            w->waiting = 0;
-            return w;
-        }
-    }
-    return NULL;
+    if (sleeper != NULL)
+        sleeper->waiting = 0;
+    return sleeper;
 }
 
 /* Host GIL held, p->mu not: queue a job (targeted at a worker, or shared) and wake the
@@ -1227,7 +1228,7 @@ static PyObject *pool_drain(pool_t *p, PyObject *Py_UNUSED(ignored))
         while (ordered != NULL) {
             hjob *next = ordered->next;
             ordered->next = p->done;
-            p->done = ordered;
+            __atomic_store_n(&p->done, ordered, __ATOMIC_RELEASE);
             ordered = next;
         }
         int wake = must_wake_loop(p);

@@ -50,6 +50,10 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="on SIGTERM, answer /v2/health/ready with 503 and keep serving for this long before the "
                         "listener closes, so that load balancers take the server out first; SIGUSR1 begins the "
                         "drain early, e.g. from a preStop hook (default 0; ASERVE_DRAIN_S)")
+    p.add_argument("--spin-us", type=int, dest="spin_us",
+                   help="microseconds an interpreter that ran out of work polls for the next batch, and the loop "
+                        "for a running batch's answer, before blocking: halves latency at low load for CPU that "
+                        "would idle (default 200; 0 = always block; ASERVE_SPIN_US)")
     limits = p.add_argument_group("errors, limits and access")
     limits.add_argument("--expose-model-errors", action=argparse.BooleanOptionalAction, default=None,
                         dest="expose_model_errors",
@@ -73,10 +77,6 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     limits.add_argument("--wire-front", action=argparse.BooleanOptionalAction, default=None, dest="wire_front",
                         help="answer plain HTTP/1.1 infer and predict requests with aserve's own HTTP parser, "
                              "everything else with aiohttp (default on; --no-wire-front: aiohttp for every request)")
-    p.add_argument("--spin-us", type=int, dest="spin_us",
-                   help="microseconds an interpreter that ran out of work polls for the next batch, and the loop "
-                        "for a running batch's answer, before blocking: halves latency at low load for CPU that "
-                        "would idle (default 200; 0 = always block; ASERVE_SPIN_US)")
     limits.add_argument("--request-timeout", type=float, dest="request_timeout_s",
                         help="seconds a client has to send a whole request, headers and body; slower gets 408 "
                              "(default 60; 0 = no limit)")

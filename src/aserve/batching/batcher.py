@@ -222,12 +222,13 @@ def trace_batch(tracer: Any, model: str, requests: list[_Request], samples: int,
     batch_id = tracer.new_span_id()
     interpreter = ran[0] if ran is not None else -1
     facts = (len(requests), samples, (now - start) // 100, interpreter + 1)  # on each request's span
-    traced = [r.trace for r in requests if r.trace is not None]
+    traced = []
     for r in requests:
         t = r.trace
         if t is not None:
             t.queue = (int(r.arrival * 1e9) + offset, start)
             t.batch = facts
+            traced.append(t)
     if ran is not None and error is None and not stages and not joined and not ran[3]:  # numbers only
         model_entry = tracer.route(("batch", model))
         if model_entry < 0:
