@@ -27,11 +27,12 @@ extensions = [
             "native/host/errors.c",
             "native/host/fault.c",
             "native/host/otlp.c",
+            "native/host/trace.c",
             *interp_runtime,
         ],
         depends=["native/abi.h", "native/host/common.h", "native/interp/runtime.h"],
         extra_compile_args=common,
-        libraries=["dl", "pthread"],
+        libraries=["dl", "pthread", "m"],
     )
 ]
 

@@ -25,6 +25,8 @@ typedef struct as_engine {
 typedef struct {
     PyTypeObject *pool_type;
     PyTypeObject *buffer_type;
+    PyTypeObject *recorder_type;
+    PyTypeObject *trace_type;
     PyObject *engine_error; /* aserve._native.EngineError */
 } module_state;
 
@@ -57,6 +59,11 @@ void as_result_decref(struct as_result *r);
 
 /* otlp.c: recorded spans to an OTLP ExportTraceServiceRequest. */
 PyObject *as_otlp_encode(PyObject *module, PyObject *args);
+
+/* trace.c: sampling and the numeric trace records made on the event loop. */
+extern PyType_Spec as_recorder_spec;
+extern PyType_Spec as_trace_spec;
+PyObject *as_parse_traceparent(PyObject *module, PyObject *arg);
 
 /* buffer.c: a host object exporting an interpreter's output memory. */
 extern PyType_Spec as_buffer_spec;

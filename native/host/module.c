@@ -70,8 +70,12 @@ static PyMethodDef native_methods[] = {
     {"namespaces_in_use", namespaces_in_use, METH_NOARGS,
      "namespaces_in_use() -> int: link-map namespaces opened for private interpreters"},
     {"otlp_encode", as_otlp_encode, METH_VARARGS,
-     "otlp_encode(resource_attributes, scope_name, scope_version, spans) -> bytes: an OTLP "
-     "ExportTraceServiceRequest of spans recorded by aserve.tracing.recorder"},
+     "otlp_encode(resource_attributes, scope_name, scope_version, spans, records=None) -> bytes: an OTLP "
+     "ExportTraceServiceRequest of spans and numeric records (table, requests, batches, links) made by "
+     "aserve.tracing.recorder"},
+    {"parse_traceparent", as_parse_traceparent, METH_O,
+     "parse_traceparent(value) -> (trace id, parent span id, sampled) | None: a W3C traceparent header's "
+     "fields, None when it is not one"},
     {"buffer_from_address", as_buffer_from_address, METH_VARARGS,
      "buffer_from_address(address, nbytes, keep, readonly=False) -> OutputBuffer over memory keep owns"},
     {NULL, NULL, 0, NULL},
@@ -94,6 +98,12 @@ static int native_exec(PyObject *m)
     st->buffer_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_buffer_spec, NULL);
     if (st->buffer_type == NULL || PyModule_AddType(m, st->buffer_type) < 0)
         return -1;
+    st->trace_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_trace_spec, NULL);
+    if (st->trace_type == NULL || PyModule_AddType(m, st->trace_type) < 0)
+        return -1;
+    st->recorder_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_recorder_spec, NULL);
+    if (st->recorder_type == NULL || PyModule_AddType(m, st->recorder_type) < 0)
+        return -1;
     if (PyModule_AddIntConstant(m, "JOB_LOAD", AS_JOB_LOAD) < 0 ||
         PyModule_AddIntConstant(m, "JOB_UNLOAD", AS_JOB_UNLOAD) < 0 ||
         PyModule_AddIntConstant(m, "JOB_INFER", AS_JOB_INFER) < 0 ||
@@ -110,6 +120,8 @@ static int native_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->engine_error);
     Py_VISIT(st->pool_type);
     Py_VISIT(st->buffer_type);
+    Py_VISIT(st->recorder_type);
+    Py_VISIT(st->trace_type);
     return 0;
 }
 
@@ -119,6 +131,8 @@ static int native_clear(PyObject *m)
     Py_CLEAR(st->engine_error);
     Py_CLEAR(st->pool_type);
     Py_CLEAR(st->buffer_type);
+    Py_CLEAR(st->recorder_type);
+    Py_CLEAR(st->trace_type);
     return 0;
 }
 

@@ -2,8 +2,9 @@
  *
  * The OpenTelemetry SDK builds a Python object per span and encodes it in Python, about
  * 40 us per span; a traced request has five. This writes the protobuf wire format
- * directly from the recorder's lists (aserve/tracing/recorder.py) at about a
- * microsecond per span. Messages are written depth-first into one growing buffer: each
+ * directly from what the recorder made (aserve/tracing/recorder.py): spans as lists, and
+ * the numeric records of requests and batches as arrays of unsigned 64-bit numbers, read
+ * in place, at about a microsecond per span. Messages are written depth-first into one growing buffer: each
  * nested message reserves five bytes for its length, and when it ends the length is
  * written and the body moved up over the unused bytes.
  *
@@ -13,6 +14,7 @@
  */
 #include "common.h"
 
+#include <math.h>
 #include <string.h>
 
 typedef struct {
@@ -220,15 +222,12 @@ static uint64_t child_id(uint64_t parent, uint64_t k)
     return z ? z : 1;
 }
 
-/* A child span of a request: name, start and end only. */
+/* A child span of a request: name, start and end only (start 0: the request never got there). */
 static int put_child(buf_t *b, uint64_t hi, uint64_t lo, uint64_t parent, uint64_t k, const char *name,
-                     PyObject *from, PyObject *to)
+                     uint64_t start, uint64_t end)
 {
-    uint64_t start, end;
-    if (u64(from, &start) < 0 || u64(to, &end) < 0)
-        return -1;
     if (start == 0)
-        return 0; /* the request never got there */
+        return 0;
     size_t at = open_msg(b, 2);
     put_id(b, 1, hi, lo, 1);
     put_id(b, 2, 0, child_id(parent, k), 0);
@@ -241,6 +240,14 @@ static int put_child(buf_t *b, uint64_t hi, uint64_t lo, uint64_t parent, uint64
     put_fixed32(b, 16, 0x1 | 0x100);
     close_msg(b, at);
     return b->failed ? -1 : 0;
+}
+
+static int put_children(buf_t *b, uint64_t hi, uint64_t lo, uint64_t id, const uint64_t t[6])
+{
+    return put_child(b, hi, lo, id, 0, "decode", t[0], t[1]) < 0 || put_child(b, hi, lo, id, 1, "queue", t[2], t[3]) < 0 ||
+                   put_child(b, hi, lo, id, 2, "encode", t[4], t[5]) < 0
+               ? -1
+               : 0;
 }
 
 /* One recorded span: [trace_hi, trace_lo, span_id, parent_id, remote, name, kind (API value), start_ns,
@@ -258,12 +265,13 @@ static int put_span(buf_t *b, PyObject *span)
     if (n == REQUEST_FIELDS) {
         /* a request: its server span (fields 0-13, as a span's) and the children decode, queue
          * and encode timed by fields 14-19 */
-        uint64_t hi, lo, id;
+        uint64_t hi, lo, id, t[6];
         if (u64(f[0], &hi) < 0 || u64(f[1], &lo) < 0 || u64(f[2], &id) < 0)
             return -1;
-        if (put_child(b, hi, lo, id, 0, "decode", f[14], f[15]) < 0 ||
-            put_child(b, hi, lo, id, 1, "queue", f[16], f[17]) < 0 ||
-            put_child(b, hi, lo, id, 2, "encode", f[18], f[19]) < 0)
+        for (int i = 0; i < 6; i++)
+            if (u64(f[14 + i], &t[i]) < 0)
+                return -1;
+        if (put_children(b, hi, lo, id, t) < 0)
             return -1;
     }
     uint64_t hi, lo, id, parent, start, end;
@@ -337,11 +345,207 @@ static int put_span(buf_t *b, PyObject *span)
     return b->failed ? -1 : 0;
 }
 
+/* ---- the numeric records (aserve.tracing.recorder: REQUEST_FIELDS, BATCH_FIELDS, LINK_FIELDS) ---- */
+
+#define REQ_FIELDS 19
+#define BAT_FIELDS 12
+#define LNK_FIELDS 4
+
+/* A table entry (span name, attributes) with its attributes encoded once per call, as a
+ * span's repeated KeyValue (field 9), to be copied into every span that names it. */
+typedef struct {
+    PyObject *name; /* borrowed from the table */
+    buf_t attrs;
+    int ready;
+} entry_t;
+
+static entry_t *table_entry(PyObject *table, entry_t *cache, uint64_t index)
+{
+    if (index >= (uint64_t)PyList_GET_SIZE(table)) {
+        PyErr_Format(PyExc_ValueError, "otlp_encode: a record names table entry %llu; the table has %zd",
+                     (unsigned long long)index, PyList_GET_SIZE(table));
+        return NULL;
+    }
+    entry_t *e = &cache[index];
+    if (e->ready)
+        return e;
+    PyObject *item = PyList_GET_ITEM(table, (Py_ssize_t)index);
+    if (!(PyList_Check(item) || PyTuple_Check(item)) || PySequence_Fast_GET_SIZE(item) != 2 ||
+        !PyUnicode_Check(PySequence_Fast_GET_ITEM(item, 0))) {
+        PyErr_SetString(PyExc_ValueError, "otlp_encode: a table entry is [span name, attributes]");
+        return NULL;
+    }
+    e->name = PySequence_Fast_GET_ITEM(item, 0);
+    if (put_attributes(&e->attrs, 9, PySequence_Fast_GET_ITEM(item, 1)) < 0 || e->attrs.failed)
+        return NULL;
+    e->ready = 1;
+    return e;
+}
+
+static void put_raw(buf_t *b, const buf_t *from)
+{
+    if (from->len && grow(b, from->len) == 0) {
+        memcpy(b->data + b->len, from->data, from->len);
+        b->len += from->len;
+    }
+}
+
+/* A span attribute (field 9) with an int64 or a double value. */
+static void put_int_attr(buf_t *b, const char *key, int64_t v)
+{
+    size_t at = open_msg(b, 9);
+    put_bytes(b, 1, key, strlen(key));
+    size_t val = open_msg(b, 2);
+    put_tag(b, 3, 0);
+    put_varint(b, (uint64_t)v);
+    close_msg(b, val);
+    close_msg(b, at);
+}
+
+static void put_double_attr(buf_t *b, const char *key, double v)
+{
+    uint64_t bits;
+    memcpy(&bits, &v, 8);
+    size_t at = open_msg(b, 9);
+    put_bytes(b, 1, key, strlen(key));
+    size_t val = open_msg(b, 2);
+    put_fixed64(b, 4, bits);
+    close_msg(b, val);
+    close_msg(b, at);
+}
+
+/* The span fields every record's span starts with: ids, parent, name, kind, times. */
+static int put_head(buf_t *b, uint64_t hi, uint64_t lo, uint64_t id, uint64_t parent, PyObject *name,
+                    const char *cname, int kind, uint64_t start, uint64_t end)
+{
+    put_id(b, 1, hi, lo, 1);
+    put_id(b, 2, 0, id, 0);
+    if (parent != 0)
+        put_id(b, 4, 0, parent, 0);
+    if (name != NULL ? put_str(b, 5, name) < 0 : (put_bytes(b, 5, cname, strlen(cname)), 0))
+        return -1;
+    put_tag(b, 6, 0);
+    put_varint(b, (uint64_t)kind); /* the protocol's: INTERNAL 1, SERVER 2 */
+    put_fixed64(b, 7, start);
+    put_fixed64(b, 8, end);
+    return 0;
+}
+
+/* A request record: its decode, queue and encode spans, then its server span. */
+static int put_request(buf_t *b, const uint64_t *v, PyObject *table, entry_t *cache)
+{
+    uint64_t hi = v[0], lo = v[1], id = v[2];
+    entry_t *e = table_entry(table, cache, v[14]);
+    if (e == NULL || put_children(b, hi, lo, id, v + 8) < 0)
+        return -1;
+    size_t at = open_msg(b, 2);
+    if (put_head(b, hi, lo, id, v[3], e->name, NULL, 2, v[6], v[7]) < 0)
+        return -1;
+    put_raw(b, &e->attrs);
+    put_int_attr(b, "http.response.status_code", (int64_t)v[5]);
+    if (v[15]) { /* batched: its batch's facts, its time in the queue */
+        put_int_attr(b, "aserve.batch_size", (int64_t)v[15]);
+        put_int_attr(b, "aserve.batch_samples", (int64_t)v[16]);
+        put_double_attr(b, "aserve.compute_us", (double)v[17] / 10);
+        if (v[18])
+            put_int_attr(b, "aserve.interpreter", (int64_t)v[18] - 1);
+        put_double_attr(b, "aserve.queue_us", round((double)(int64_t)(v[11] - v[10]) / 100.0) / 10);
+    }
+    put_fixed32(b, 16, 0x1 | 0x100 | (v[4] ? 0x200 : 0));
+    close_msg(b, at);
+    return b->failed ? -1 : 0;
+}
+
+/* A batch record: the batch's span, linked to the requests it served (the link records of a
+ * batch come together, as Recorder.batch appends them), and the run in the interpreter. */
+static int put_batch(buf_t *b, const uint64_t *v, const uint64_t *links, size_t n_links, PyObject *table,
+                     entry_t *cache)
+{
+    uint64_t hi = v[0], lo = v[1], id = v[2], run = v[3], interpreter = v[8];
+    entry_t *e = table_entry(table, cache, v[11]);
+    if (e == NULL)
+        return -1;
+    size_t at = open_msg(b, 2);
+    if (put_head(b, hi, lo, id, 0, e->name, NULL, 1, v[4], v[5]) < 0)
+        return -1;
+    put_raw(b, &e->attrs);
+    put_int_attr(b, "aserve.batch_size", (int64_t)v[9]);
+    put_int_attr(b, "aserve.batch_samples", (int64_t)v[10]);
+    if (interpreter)
+        put_int_attr(b, "aserve.interpreter", (int64_t)interpreter - 1);
+    for (size_t i = 0; i < n_links; i++) {
+        const uint64_t *l = links + i * LNK_FIELDS;
+        size_t lk = open_msg(b, 13);
+        put_id(b, 1, l[1], l[2], 1);
+        put_id(b, 2, 0, l[3], 0);
+        put_fixed32(b, 6, 0x100 | 0x1);
+        close_msg(b, lk);
+    }
+    put_fixed32(b, 16, 0x1 | 0x100);
+    close_msg(b, at);
+    if (run) {
+        at = open_msg(b, 2);
+        put_head(b, hi, lo, run, id, NULL, "run in interpreter", 1, v[6], v[7]);
+        if (interpreter)
+            put_int_attr(b, "aserve.interpreter", (int64_t)interpreter - 1);
+        put_raw(b, &e->attrs);
+        put_fixed32(b, 16, 0x1 | 0x100);
+        close_msg(b, at);
+    }
+    return b->failed ? -1 : 0;
+}
+
+/* records = (table, requests, batches, links): the arrays as bytes, the table as a list of
+ * [span name, attributes]. */
+static int put_records(buf_t *b, PyObject *records)
+{
+    PyObject *table;
+    Py_buffer req = {0}, bat = {0}, lnk = {0};
+    if (!PyArg_ParseTuple(records, "O!y*y*y*:otlp_encode records (table, requests, batches, links)", &PyList_Type,
+                          &table, &req, &bat, &lnk))
+        return -1;
+    int rc = -1;
+    Py_ssize_t n_table = PyList_GET_SIZE(table);
+    entry_t *cache = PyMem_Calloc(n_table ? (size_t)n_table : 1, sizeof(entry_t));
+    if (cache == NULL) {
+        PyErr_NoMemory();
+        goto finally;
+    }
+    if (req.len % (REQ_FIELDS * 8) || bat.len % (BAT_FIELDS * 8) || lnk.len % (LNK_FIELDS * 8)) {
+        PyErr_SetString(PyExc_ValueError, "otlp_encode: the record arrays are not whole records");
+        goto finally;
+    }
+    const uint64_t *r = req.buf, *a = bat.buf, *l = lnk.buf;
+    size_t n_req = (size_t)req.len / (REQ_FIELDS * 8), n_bat = (size_t)bat.len / (BAT_FIELDS * 8);
+    size_t n_lnk = (size_t)lnk.len / (LNK_FIELDS * 8), k = 0;
+    for (size_t i = 0; i < n_req; i++)
+        if (put_request(b, r + i * REQ_FIELDS, table, cache) < 0)
+            goto finally;
+    for (size_t i = 0; i < n_bat; i++) {
+        const uint64_t *v = a + i * BAT_FIELDS;
+        size_t from = k;
+        while (k < n_lnk && l[k * LNK_FIELDS] == v[2])
+            k++;
+        if (put_batch(b, v, l + from * LNK_FIELDS, k - from, table, cache) < 0)
+            goto finally;
+    }
+    rc = 0;
+finally:
+    if (cache != NULL)
+        for (Py_ssize_t i = 0; i < n_table; i++)
+            PyMem_Free(cache[i].attrs.data);
+    PyMem_Free(cache);
+    PyBuffer_Release(&req);
+    PyBuffer_Release(&bat);
+    PyBuffer_Release(&lnk);
+    return rc;
+}
+
 PyObject *as_otlp_encode(PyObject *module, PyObject *args)
 {
-    PyObject *resource, *scope_name, *scope_version, *spans;
-    if (!PyArg_ParseTuple(args, "O!UUO!:otlp_encode", &PyDict_Type, &resource, &scope_name, &scope_version,
-                          &PyList_Type, &spans))
+    PyObject *resource, *scope_name, *scope_version, *spans, *records = Py_None;
+    if (!PyArg_ParseTuple(args, "O!UUO!|O:otlp_encode", &PyDict_Type, &resource, &scope_name, &scope_version,
+                          &PyList_Type, &spans, &records))
         return NULL;
     buf_t b = {0};
     size_t rs = open_msg(&b, 1); /* ExportTraceServiceRequest.resource_spans */
@@ -357,6 +561,8 @@ PyObject *as_otlp_encode(PyObject *module, PyObject *args)
     close_msg(&b, sc);
     for (Py_ssize_t i = 0; rc == 0 && i < PyList_GET_SIZE(spans); i++)
         rc = put_span(&b, PyList_GET_ITEM(spans, i));
+    if (rc == 0 && records != Py_None)
+        rc = put_records(&b, records);
     close_msg(&b, ss);
     close_msg(&b, rs);
     PyObject *out = rc == 0 && !b.failed ? PyBytes_FromStringAndSize(b.data, (Py_ssize_t)b.len) : NULL;

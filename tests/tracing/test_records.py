@@ -41,9 +41,10 @@ def _export(tracer: Tracer) -> list[Any]:
     exporter = TraceExporter.__new__(TraceExporter)
     exporter._table = []
     spans: list[Any] = []
+    exporter._encode = otlp_encode
+    exporter._resource, exporter._version = {"service.name": "t"}, "0"
     for m in messages:
-        encoded = otlp_encode({"service.name": "t"}, "aserve", "0",
-                              exporter.spans(msgspec.msgpack.decode(m)))
+        encoded = exporter.encode(msgspec.msgpack.decode(m))
         request = trace_service_pb2.ExportTraceServiceRequest()
         request.ParseFromString(encoded)
         spans += [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
@@ -68,7 +69,7 @@ async def test_records_become_the_spans_recorded_whole(table: str, monkeypatch: 
         monkeypatch.setattr(recorder, "MAX_ROUTES", 0)
     tracer = Tracer(Resolved(sampler="always_on", ratio=1.0, exporter_env={}))
     ok = await _one_request(tracer, "127.0.0.1:8000", 200, None)
-    assert len(tracer.requests) == (recorder.REQUEST_FIELDS if table == "numbers" else 0)
+    assert tracer.core.records[0] == (1 if table == "numbers" else 0)
     spans = _export(tracer)
     by_name: dict[str, list[Any]] = {}
     for s in spans:
@@ -93,9 +94,21 @@ async def test_records_become_the_spans_recorded_whole(table: str, monkeypatch: 
 async def test_a_failed_request_travels_as_a_span_with_its_exception() -> None:
     tracer = Tracer(Resolved(sampler="always_on", ratio=1.0, exporter_env={}))
     await _one_request(tracer, "localhost", 500, RuntimeError("boom"))
-    assert not tracer.requests and len(tracer.batches) == recorder.BATCH_FIELDS  # the request went as a span
+    assert tracer.core.records[:2] == (0, 1)  # the request went as a span
     spans = _export(tracer)
     (server,) = [s for s in spans if s.name == "POST /v2/models/{model}/infer"]
     assert server.status.code == server.status.STATUS_CODE_ERROR and "boom" in server.status.message
     assert server.events[0].name == "exception" and attrs(server)["http.response.status_code"] == 500
     assert attrs(server)["aserve.batch_size"] == 1  # the batch's facts, as on a request recorded in numbers
+
+
+async def test_records_beyond_the_queue_limit_are_dropped_and_counted() -> None:
+    tracer = Tracer(Resolved(sampler="always_on", ratio=1.0, exporter_env={}), max_queue=2)
+    await _one_request(tracer, "localhost", 200, None)  # a batch and a request: the queue is full
+    second = await _one_request(tracer, "localhost", 200, None)
+    assert tracer.core.records[:2] == (1, 1) and tracer.stats() == {"recorded": 2, "exported": 0, "dropped": 2}
+    assert second.batch[0] == 1 and second.queue[1] > 0  # the request still got its batch's facts
+    assert len(_export(tracer)) == 4 + 2  # the first request's four spans, its batch's two
+    assert tracer.core.pending == 0
+    await _one_request(tracer, "localhost", 200, None)  # room again
+    assert tracer.core.records[:2] == (1, 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from aserve.tracing import Resolved, Tracer, traceparent
+from aserve.tracing import Resolved, Tracer, parse_traceparent, traceparent
 
 LOW = 0x0000000000000000_0000000000000001  # low 64 bits far below any ratio's bound
 HIGH = 0x0000000000000000_FFFFFFFFFFFFFFFF  # low 64 bits above every ratio's bound
@@ -18,8 +18,7 @@ def test_roots_follow_the_ratio() -> None:
     n = 20_000
     for ratio in (0.0, 1.0, 0.25, 0.01):
         t = tracer("parentbased_traceidratio", ratio)
-        t._rng.seed(7)
-        t.set_ratio(ratio)  # the first run of unsampled roots drawn from the seeded generator
+        t.seed(7)  # the first run of unsampled roots drawn from the seeded generator
         kept = [t.start({}) for _ in range(n)]
         count = sum(k is not None for k in kept)
         assert abs(count - n * ratio) <= 4 * math.sqrt(n * ratio * (1 - ratio)), (ratio, count)  # 4 sigma
@@ -57,3 +56,24 @@ def test_sampler_and_ratio_change_at_run_time() -> None:
     assert t.start({}) is not None
     t.enabled = False
     assert t.start({}) is None
+
+
+def test_traceparent_is_read_as_w3c_trace_context_defines_it() -> None:
+    trace_id, span_id = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
+    good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert parse_traceparent(good) == (trace_id, span_id, True)
+    assert parse_traceparent(f"  {good}\t") == (trace_id, span_id, True)  # optional whitespace around it
+    assert parse_traceparent(good[:-2] + "00") == (trace_id, span_id, False)
+    assert parse_traceparent(good[:-2] + "03") == (trace_id, span_id, True)  # the sampled bit alone decides
+    assert parse_traceparent("01" + good[2:] + "-later-fields") == (trace_id, span_id, True)  # a future version
+    for bad in ("", "00", good + "-extra",  # version 00 has exactly four fields
+                "ff" + good[2:],  # version ff is invalid
+                "00-00000000000000000000000000000000-b7ad6b7169203331-01",  # all-zero trace id
+                "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",  # all-zero span id
+                "00-0af7651916cd43dd8448eb211c80319-cb7ad6b7169203331-01",  # a field one short
+                "00-0x0f7651916cd43dd8448eb211c80319c-b7ad6b716920333-01",
+                "00-+af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",  # not hex (int() would take it)
+                "00-0af7651916cd43dd8448eb211c8031_c-b7ad6b7169203331-01",
+                "01" + good[2:] + "x"):  # more fields must follow a dash
+        assert parse_traceparent(bad) is None, bad
+        assert tracer("parentbased_always_off").start({"traceparent": bad}) is None  # a root, never sampled

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from prometheus_client.parser import text_string_to_metric_families
 
 from ..conftest import until
 from ..server.conftest import ADD_CONFIG, ADD_MODEL, write_repository
@@ -108,7 +109,14 @@ async def test_spans_of_requests_and_batches_reach_the_collector(
             r.release()
         async with http.post(f"{url}/v2/models/add/infer", json=body([-999, 0, 0, 0])) as r:
             assert r.status == 500  # the model raises on a row starting with -999
-    await server.close()  # sends what is left
+        # every record made is sent: seven requests, four batches (/metrics counts them)
+        tracer = server.plane.tracer
+        await until(lambda: tracer.stats()["exported"] == tracer.stats()["recorded"], what="the export")
+        async with http.get(f"{url}/metrics") as r:
+            samples = {s.name: s.value for f in text_string_to_metric_families(await r.text()) for s in f.samples}
+        assert samples["aserve_trace_recorded_total"] == samples["aserve_trace_exported_total"] >= 7 + 4
+        assert samples["aserve_trace_dropped_total"] == 0
+    await server.close()
     await until(lambda: len(collector.named("POST /v2/models/{model}/infer")) == 7, timeout=60,
                 what="seven request spans")
 

@@ -215,6 +215,13 @@ def trace_batch(tracer: Any, model: str, requests: list[_Request], samples: int,
     requests' server spans. `stages`: a staged run's stage seconds (events)."""
     from ..tracing import recorder as rec
 
+    if ran is not None and error is None and not stages and not joined and not ran[3]:  # numbers only
+        model_entry = tracer.route(("batch", model))
+        if model_entry < 0:
+            model_entry = tracer.add_route(("batch", model), f"batch {model}", {"aserve.model": model})
+        if model_entry >= 0:
+            tracer.core.batch(model_entry, requests, samples, started, ran)
+            return
     now = time.time_ns()
     offset = tracer.offset
     start = int(started * 1e9) + offset
@@ -229,17 +236,6 @@ def trace_batch(tracer: Any, model: str, requests: list[_Request], samples: int,
             t.queue = (int(r.arrival * 1e9) + offset, start)
             t.batch = facts
             traced.append(t)
-    if ran is not None and error is None and not stages and not joined and not ran[3]:  # numbers only
-        model_entry = tracer.route(("batch", model))
-        if model_entry < 0:
-            model_entry = tracer.add_route(("batch", model), f"batch {model}", {"aserve.model": model})
-        if model_entry >= 0:
-            links: list[int] = []
-            for t in traced:
-                links += (batch_id, t.trace_id >> 64, t.trace_id & 0xFFFFFFFFFFFFFFFF, t.span_id)
-            tracer.record_batch((hi, lo, batch_id, tracer.new_span_id(), start, now, tracer.to_epoch(ran[1]),
-                                 tracer.to_epoch(ran[2]), interpreter + 1, len(requests), samples, model_entry), links)
-            return
     span_links = [(t.trace_id >> 64, t.trace_id & 0xFFFFFFFFFFFFFFFF, t.span_id, None) for t in traced]
     attributes = {"aserve.model": model, "aserve.batch_size": len(requests), "aserve.batch_samples": samples}
     if interpreter >= 0:

@@ -12,7 +12,7 @@ import asyncio
 import os
 import re
 from collections.abc import Sequence
-from time import perf_counter, time_ns
+from time import perf_counter
 from typing import Any
 
 import msgspec
@@ -311,8 +311,8 @@ def _describe_trace(trace: RequestTrace, request: HttpRequest, route: str, model
     binary = protocol is None and HEADER_LENGTH in headers
     key = (route, model, version, protocol, content_type, binary, host)
     tracer = trace.tracer
-    trace.route = tracer.route(key)
-    if trace.route < 0:
+    index = tracer.route(key)
+    if index < 0:
         if protocol is None:
             protocol = _protocol(content_type, binary)
         address, _, port = host.rpartition(":") if ":" in host else (host, "", "")
@@ -324,9 +324,10 @@ def _describe_trace(trace: RequestTrace, request: HttpRequest, route: str, model
         }
         if port.isdigit():
             attributes["server.port"] = int(port)
-        trace.route = tracer.add_route(key, f"POST {route}", attributes)
-        if trace.route < 0:  # the table is full (a client sending many Host names): as a span
+        index = tracer.add_route(key, f"POST {route}", attributes)
+        if index < 0:  # the table is full (a client sending many Host names): as a span
             trace.common = recorder.shared(attributes)
+    trace.route = index
     if logs.trace_ids_logged:
         current_trace.set(trace)  # this request's task: its log records carry the ids
 
@@ -337,7 +338,7 @@ def _end_trace(trace: RequestTrace, name: str, error: BaseException | None) -> N
         status = error.status if isinstance(error, AserveError) else getattr(error, "status", 500)
         if isinstance(error, asyncio.CancelledError):
             status = 499  # the client went away
-    trace.finish(name, status, error)
+    recorder.finish(trace, name, status, error)
 
 
 def _protocol(content_type: str | None, binary: bool) -> str:
@@ -366,18 +367,18 @@ async def infer(plane: DataPlane, request: HttpRequest, model: str, version: str
             handle = plane.model(model, version)
         schema = handle.require_ready()
         if trace is not None:
-            t0 = time_ns()
+            trace.stamp(recorder.DECODE_START)
         req = decode_infer(body, content_type=content_type, header_length=length, schema=schema)
         if trace is not None:
-            trace.decode = (t0, time_ns())
+            trace.stamp(recorder.DECODE_END)
         response = await plane.run(handle, req, trace=trace)
         if trace is not None:
-            t0 = time_ns()
+            trace.stamp(recorder.ENCODE_START)
         chunks, out_headers = encode_infer(response, req, accept=headers.get("Accept"), content_type=content_type,
                                            labels=_labels(handle) if req.outputs else None)
         answer = Answer(chunks, out_headers)
         if trace is not None:
-            trace.encode = (t0, time_ns())
+            trace.stamp(recorder.ENCODE_END)
     except BaseException as exc:
         stats.failed(failure_reason(exc), perf_counter() - start)
         if isinstance(exc, ModelError):
@@ -386,7 +387,7 @@ async def infer(plane: DataPlane, request: HttpRequest, model: str, version: str
             _end_trace(trace, f"POST {V2_ROUTE}", exc)
         raise
     stats.succeeded(perf_counter() - start, req.samples)
-    if trace is not None:
+    if trace is not None and not trace.end(200):
         _end_trace(trace, f"POST {V2_ROUTE}", None)
     return answer
 
@@ -409,16 +410,16 @@ async def predict(plane: DataPlane, request: HttpRequest, model: str, version: s
             handle = plane.model(model, version)
         schema = handle.require_ready()
         if trace is not None:
-            t0 = time_ns()
+            trace.stamp(recorder.DECODE_START)
         req = decode_predict(body, schema=schema)
         if trace is not None:
-            trace.decode = (t0, time_ns())
+            trace.stamp(recorder.DECODE_END)
         response = await plane.run(handle, req, trace=trace)
         if trace is not None:
-            t0 = time_ns()
+            trace.stamp(recorder.ENCODE_START)
         answer = encode_predict(response.outputs, columnar=req.form is True, batched=schema.max_batch_size > 0)
         if trace is not None:
-            trace.encode = (t0, time_ns())
+            trace.stamp(recorder.ENCODE_END)
     except BaseException as exc:
         stats.failed(failure_reason(exc), perf_counter() - start)
         if isinstance(exc, ModelError):
@@ -427,7 +428,7 @@ async def predict(plane: DataPlane, request: HttpRequest, model: str, version: s
             _end_trace(trace, f"POST {TF_ROUTE}", exc)
         raise
     stats.succeeded(perf_counter() - start, req.samples)
-    if trace is not None:
+    if trace is not None and not trace.end(200):
         _end_trace(trace, f"POST {TF_ROUTE}", None)
     return Answer([answer], {"Content-Type": "application/json"})
 
@@ -614,7 +615,7 @@ async def metrics(request: web.Request) -> web.Response:
     plane = _plane(request)
     registry = plane.registry
     text = render(registry.handles(), registry.pools, plane.metrics, registry.schedulers,
-                  http=request.app.get(HTTP_STATS_KEY))
+                  http=request.app.get(HTTP_STATS_KEY), tracing=plane.tracer.stats() if plane.tracer else None)
     return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 

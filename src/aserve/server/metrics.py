@@ -235,9 +235,11 @@ def _batcher(out: Exposition, labels: Labels, stats: Mapping[str, Any]) -> None:
 
 
 def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Metrics,
-           schedulers: Mapping[str, Any] | None = None, http: HttpStats | None = None) -> str:
+           schedulers: Mapping[str, Any] | None = None, http: HttpStats | None = None,
+           tracing: Mapping[str, int] | None = None) -> str:
     """The exposition text: every model (requests, batcher, policy), then every pool
-    (with its fair scheduler's slots), then the HTTP fronts (`httpstats.HttpStats`)."""
+    (with its fair scheduler's slots), then the HTTP fronts (`httpstats.HttpStats`), then
+    the tracer's records (`Tracer.stats()`, when tracing is on)."""
     out = Exposition()
     for handle in sorted(models, key=lambda h: h.name):
         labels = {"model": handle.name, "version": handle.version}
@@ -282,4 +284,14 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
                     "read: head (HTTP/1.0, a chunked or compressed body, Expect, Upgrade, a malformed head), "
                     "header_size, body_size, connection_limit.",
                     http.handoffs.get(reason, 0), {"reason": reason})
+    if tracing is not None:
+        for key, help in _TRACE_COUNTERS.items():
+            out.add(f"aserve_trace_{key}_total", "counter", help, tracing[key])
     return out.text()
+
+
+_TRACE_COUNTERS = {
+    "recorded": "Trace records made (a sampled request, a batch, or a span recorded whole).",
+    "exported": "Trace records the exporter sent to the OTLP endpoint.",
+    "dropped": "Trace records dropped because OTEL_BSP_MAX_QUEUE_SIZE records were waiting for export.",
+}

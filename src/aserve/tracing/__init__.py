@@ -16,8 +16,9 @@ import logging
 import pathlib
 from typing import Any
 
+from .._native import RequestTrace
 from .config import Resolved, TracingSettings, resolve
-from .recorder import ERROR, INTERNAL, OK, SERVER, UNSET, RequestTrace, Tracer, parse_traceparent, traceparent
+from .recorder import ERROR, INTERNAL, OK, SERVER, UNSET, Tracer, parse_traceparent, traceparent
 
 __all__ = [
     "ERROR", "INTERNAL", "OK", "SERVER", "UNSET", "RequestTrace", "Resolved", "Tracer", "Tracing",
