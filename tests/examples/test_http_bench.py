@@ -178,3 +178,22 @@ def test_repeats_run_in_rounds_and_report_each_servers_median(monkeypatch: pytes
     assert points["a"]["requests_per_s"] == 200.0 and points["a"]["requests_per_s_runs"] == [300.0, 100.0, 200.0]
     assert points["b"]["requests_per_s"] == 20.0 and points["b"]["p99_ms"] == 2.0 and points["b"]["runs"] == 3
     assert sum(1 for r in records if "skipped" in r) == 6
+
+
+def test_variants_are_compared_with_aserve_round_by_round() -> None:
+    def point(server: str, runs: list[float]) -> dict[str, Any]:
+        return {"server": server, "model": "simple", "body": "binary", "connections": 64,
+                "requests_per_s": sorted(runs)[len(runs) // 2], "requests_per_s_runs": runs}
+
+    # the machine slows down over the rounds: each round's pair keeps the ratio the medians blur
+    pts = [point("aserve", [20000.0, 16000.0, 12000.0]), point("aserve-trace", [18000.0, 14400.0, 10800.0]),
+           point("aserve-same", [19800.0, 16160.0, 12000.0]), point("ceiling", [1.0, 1.0, 1.0])]
+    out = {v["server"]: v for v in http.versus_aserve(pts)}
+    assert set(out) == {"aserve-trace", "aserve-same"}
+    assert out["aserve-trace"]["change"] == -0.1 and out["aserve-trace"]["rounds"] == 3
+    assert out["aserve-trace"]["paired_median"] == out["aserve-trace"]["paired_max"] == -0.1
+    assert out["aserve-same"]["paired_min"] == -0.01 and out["aserve-same"]["paired_max"] == 0.01
+    assert "aserve-trace against aserve, simple/binary at 64 connections: -10.0% req/s" in http.summary_text(
+        {"summary": {"peaks": [], "aserve": {"p50_ms_at_1_connection": {}, "loop_cpu_us_per_request_at_peak": {},
+                                             "mlp_pss_mb": None, "mosec_mlp_pss_mb": None},
+                     "generator_check": {}, "versus_aserve": list(out.values()), "errors": 0}})

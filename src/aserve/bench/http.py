@@ -17,6 +17,10 @@ Servers (`--servers`):
 - `aserve-main`: the same with `--engine main` (threads of the host interpreter).
 - `aserve-nospin`: the same with `--spin-us 0` (threads block at once rather than poll for
   work: the baseline of polling), only when named.
+- `aserve-trace`, `aserve-trace1`: the same with OpenTelemetry tracing on, sampling every
+  request or one in 100, sending to a local OTLP sink, only when named.
+- `aserve-same`: `aserve` once more, unchanged, only when named: with `--repeat` it shows
+  how far two runs of one server differ, the noise a difference is judged against.
 - `ceiling`: aiohttp + uvloop answering a fixed body without decoding: what one event loop
   can do (`aserve.bench.peers.ceiling`).
 - `inline`: aiohttp + uvloop decoding the V2 request and running the model in the handler
@@ -454,7 +458,33 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                      "t1_generator_cpu_cores": t1["generator_cpu_cores"] if t1 else None}
     errors = sum(int(r.get("errors") or 0) for r in records)
     return {"bench": "http", "summary": {"peaks": peaks, "aserve": aserve, "generator_check": generator,
-                                         "sizing": sizing(pts), "errors": errors}}
+                                         "sizing": sizing(pts), "versus_aserve": versus_aserve(pts),
+                                         "errors": errors}}
+
+
+def versus_aserve(pts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each variant of aserve (traced, settings changed, or aserve-same) against `aserve` at
+    the same point: the change of the median requests/s and, when both ran in rounds
+    (`--repeat`), of each round's pair (they ran one after the other, so a drift of the
+    machine's speed weighs on both alike)."""
+    out = []
+    for r in pts:
+        if r["server"] not in (*servers.TRACED, *servers.SETTINGS):
+            continue
+        base = next((b for b in pts if b["server"] == "aserve" and b["model"] == r["model"]
+                     and b["body"] == r["body"] and b["connections"] == r["connections"]), None)
+        if base is None or not base["requests_per_s"]:
+            continue
+        item: dict[str, Any] = {"server": r["server"], "model": r["model"], "body": r["body"],
+                                "connections": r["connections"],
+                                "change": round(r["requests_per_s"] / base["requests_per_s"] - 1, 4)}
+        mine, theirs = r.get("requests_per_s_runs"), base.get("requests_per_s_runs")
+        if mine and theirs and len(mine) == len(theirs):
+            paired = sorted(a / b - 1 for a, b in zip(mine, theirs, strict=True) if b)
+            item.update(rounds=len(paired), paired_median=round(paired[len(paired) // 2], 4),
+                        paired_min=round(paired[0], 4), paired_max=round(paired[-1], 4))
+        out.append(item)
+    return out
 
 
 def sizing(pts: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -503,6 +533,13 @@ def summary_text(summary: dict[str, Any]) -> str:
         if z["requests_per_s"] is not None:
             lines.append(f"sizing {z['model']}/{z['body']}: {z['requests_per_s']:.0f} req/s at p99 {z['p99_ms']} ms "
                          f"(<= {z['p99_bound_ms']:g}), {z['requests_per_s_per_core']} req/s per server core")
+    for v in s.get("versus_aserve", []):
+        line = (f"{v['server']} against aserve, {v['model']}/{v['body']} at {v['connections']} connections: "
+                f"{v['change'] * 100:+.1f}% req/s")
+        if "rounds" in v:
+            line += (f" (paired rounds: median {v['paired_median'] * 100:+.1f}%, "
+                     f"{v['paired_min'] * 100:+.1f}% to {v['paired_max'] * 100:+.1f}% over {v['rounds']})")
+        lines.append(line)
     lines.append(f"errors: {s['errors']}")
     return "\n".join(lines)
 
@@ -578,8 +615,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bodies", default=",".join(BODIES), help="default: %(default)s")
     p.add_argument("--servers", default=",".join(servers.SERVERS),
                    help="default: %(default)s; also aserve-trace and aserve-trace1 (OpenTelemetry tracing on, "
-                        "sampling every request or one in 100, to a local OTLP sink) and aserve-nospin "
-                        "(--spin-us 0)")
+                        "sampling every request or one in 100, to a local OTLP sink), aserve-nospin "
+                        "(--spin-us 0) and aserve-same (aserve again: the noise of a comparison)")
     p.add_argument("--repeat", type=int, default=1,
                    help="start each server this many times, in rounds (every server once per round), and report "
                         "each point's median (default %(default)s)")

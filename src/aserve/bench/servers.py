@@ -26,8 +26,9 @@ SERVERS = ("aserve", "aserve-main", "ceiling", "inline", "mosec")
 # aserve with OpenTelemetry tracing on, sampling every request or one in a hundred, sending to a
 # local OTLP sink (not in the default run: `--servers aserve,aserve-trace,aserve-trace1`)
 TRACED = {"aserve-trace": 1.0, "aserve-trace1": 0.01}
-# aserve with its defaults changed: the same-run baseline of a default
-SETTINGS = {"aserve-nospin": ["--spin-us", "0"]}
+# aserve with its defaults changed: the same-run baseline of a default; aserve-same changes nothing (a
+# second aserve in each round: how far two runs of one server differ, against which a difference is judged)
+SETTINGS = {"aserve-nospin": ["--spin-us", "0"], "aserve-same": []}
 MOSEC_VERSION = "0.9.8"
 TORCH_PIN = "torch==2.13.0"  # the CPU wheel; an unpinned torch pulls gigabytes of CUDA packages
 _TICKS = os.sysconf("SC_CLK_TCK")
