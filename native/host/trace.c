@@ -288,6 +288,7 @@ static PyObject *recorder_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
 static int recorder_traverse(Recorder *r, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(r));
+    Py_VISIT(r->trace_type);
     Py_VISIT(r->notify);
     Py_VISIT(r->owner);
     return 0;
@@ -529,9 +530,16 @@ static int recorder_set_enabled(Recorder *r, PyObject *v, void *Py_UNUSED(c))
     return 0;
 }
 
-static PyObject *recorder_drop(Recorder *r, PyObject *Py_UNUSED(ignored))
+static PyObject *recorder_drop(Recorder *r, PyObject *arg)
 {
-    r->dropped++;
+    Py_ssize_t n = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "Recorder.drop: expected a count >= 0");
+        return NULL;
+    }
+    r->dropped += (unsigned long long)n;
     Py_RETURN_NONE;
 }
 
@@ -543,7 +551,7 @@ static PyMethodDef recorder_methods[] = {
     {"seed", (PyCFunction)recorder_seed, METH_O, "seed(n): make the ids and decisions that follow repeatable"},
     {"span_id", (PyCFunction)recorder_span_id, METH_NOARGS, "span_id() -> int: a new span id"},
     {"count", (PyCFunction)recorder_count, METH_NOARGS, "count(): one more record (kept by the caller) waits"},
-    {"drop", (PyCFunction)recorder_drop, METH_NOARGS, "drop(): a record was dropped (the queue was full)"},
+    {"drop", (PyCFunction)recorder_drop, METH_O, "drop(n): n records were dropped (the queue was full, the export failed)"},
     {"take", (PyCFunction)recorder_take, METH_NOARGS,
      "take() -> (records waiting, requests, batches, links): the numeric records as bytes, emptied"},
     {"batch", (PyCFunction)(void (*)(void))recorder_batch, METH_FASTCALL,

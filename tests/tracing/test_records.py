@@ -112,3 +112,16 @@ async def test_records_beyond_the_queue_limit_are_dropped_and_counted() -> None:
     assert tracer.core.pending == 0
     await _one_request(tracer, "localhost", 200, None)  # room again
     assert tracer.core.records[:2] == (1, 1)
+
+
+async def test_an_exporter_that_is_gone_drops_records_and_never_fails_a_request() -> None:
+    tracer = Tracer(Resolved(sampler="always_on", ratio=1.0, exporter_env={"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "2"}))
+
+    def closed(payload: bytes) -> asyncio.Future[Any]:
+        raise RuntimeError("the exporter's interpreter is closed")
+
+    tracer._export = closed
+    await _one_request(tracer, "localhost", 200, None)  # its second record fills a batch: the export fails inside
+    assert tracer.stats() == {"recorded": 2, "exported": 0, "dropped": 2} and tracer.core.pending == 0
+    tracer._export = None  # back: the route table the failed export did not carry goes with the next one
+    assert tracer._table_sent == 0

@@ -218,18 +218,23 @@ class Tracer:
 
     def _wake(self) -> None:
         """The recorder's call when the first record waits (arm the flush timer) or
-        max_batch wait (export now, unless an export is under way: its end exports)."""
-        if self.core.pending >= self.max_batch:
-            if not self._exporting:
-                self.flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.delay, self._tick)
+        max_batch wait (export now, unless an export is under way: its end exports). It
+        runs inside a request's `end`: whatever goes wrong here is logged, never that
+        request's failure."""
+        try:
+            if self.core.pending >= self.max_batch:
+                if not self._exporting:
+                    self.flush()
+            elif self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(self.delay, self._tick)
+        except Exception as e:  # noqa: BLE001 - tracing never fails a request
+            log.warning("trace export could not start: %s", e)
 
     def record(self, span: Span) -> None:
         """Record a span that does not fit the numeric records."""
         core = self.core
         if core.pending >= self.max_queue:
-            core.drop()
+            core.drop(1)
             return
         self._buffer.append(_encode(span))
         core.count()
@@ -251,13 +256,19 @@ class Tracer:
         if self._export is None:
             self.exported += n
             return None
-        self._exporting += 1
         k = len(spans)  # a msgpack array of the encoded spans
         header = b"\xdc" + k.to_bytes(2, "big") if k < 1 << 16 else b"\xdd" + k.to_bytes(4, "big")
         sent, self._table_sent = self._table_sent, len(self._table)
         payload = _encode({"spans": msgspec.Raw(b"".join((header, *spans))), "requests": requests,
                            "batches": batches, "links": links, "table_from": sent, "table": self._table[sent:]})
-        future: asyncio.Future[Any] = self._export(payload)
+        try:
+            future: asyncio.Future[Any] = self._export(payload)
+        except Exception as e:  # noqa: BLE001 - the exporter is gone (closing): the records are dropped
+            self._table_sent = sent
+            self.core.drop(n)
+            log.warning("trace export failed: %s; %d records dropped", e, n)
+            return None
+        self._exporting += 1
         future.add_done_callback(self._exported)
         return future
 
