@@ -12,7 +12,10 @@
  * polling worker (idle_worker prefers it and sets its `kick` instead of signalling).
  * The host's loop, likewise, may poll the completion list (poll()) while a batch runs
  * instead of waiting for the eventfd. Polling ends after spin_ns at most, so an idle
- * pool uses no CPU; stats() reports the time spent in it (spin_s).
+ * pool uses no CPU; stats() reports the time spent in it (spin_s). A polling worker
+ * yields its CPU every few dozen polls: a thread woken there (the client of a request
+ * just answered, the loop) would otherwise wait out the scheduler's slice, which at one
+ * connection put a ~90 us step into the latency for seconds at a time.
  *
  * Locks, outermost first. Never take one while holding a later one.
  *   1. A GIL: the host's (any Python-facing method here, and drain) or an
@@ -63,6 +66,7 @@
 #include "common.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -542,8 +546,13 @@ static void *worker_main(void *arg)
             pthread_mutex_unlock(&p->mu);
             for (unsigned n = 1; !__atomic_load_n(&w->kick, __ATOMIC_ACQUIRE); n++) {
                 cpu_relax();
-                if ((n & 31) == 0 && monotonic_ns() >= until)
-                    break;
+                if ((n & 31) == 0) {
+                    if (monotonic_ns() >= until)
+                        break;
+                    /* a thread woken on this CPU (the client, the loop) runs now rather
+                     * than after the scheduler's slice: polling must not delay them */
+                    sched_yield();
+                }
             }
             pthread_mutex_lock(&p->mu);
             if (w->spinning) { /* not kicked: it ran out of time */
