@@ -60,7 +60,12 @@ void as_result_decref(struct as_result *r);
 /* otlp.c: recorded spans to an OTLP ExportTraceServiceRequest. */
 PyObject *as_otlp_encode(PyObject *module, PyObject *args);
 
-/* trace.c: sampling and the numeric trace records made on the event loop. */
+/* trace.c: sampling and the numeric trace records made on the event loop. The records'
+ * sizes in unsigned 64-bit numbers (their fields: aserve/tracing/recorder.py), which otlp.c
+ * reads and the module exports as TRACE_*_FIELDS. */
+#define AS_TRACE_REQUEST_FIELDS 19
+#define AS_TRACE_BATCH_FIELDS 12
+#define AS_TRACE_LINK_FIELDS 4
 extern PyType_Spec as_recorder_spec;
 extern PyType_Spec as_trace_spec;
 PyObject *as_parse_traceparent(PyObject *module, PyObject *arg);

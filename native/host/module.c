@@ -109,6 +109,9 @@ static int native_exec(PyObject *m)
         PyModule_AddIntConstant(m, "JOB_INFER", AS_JOB_INFER) < 0 ||
         PyModule_AddIntConstant(m, "JOB_EXEC", AS_JOB_EXEC) < 0 ||
         PyModule_AddIntConstant(m, "MAX_NAMESPACES", AS_MAX_NAMESPACES) < 0 ||
+        PyModule_AddIntConstant(m, "TRACE_REQUEST_FIELDS", AS_TRACE_REQUEST_FIELDS) < 0 ||
+        PyModule_AddIntConstant(m, "TRACE_BATCH_FIELDS", AS_TRACE_BATCH_FIELDS) < 0 ||
+        PyModule_AddIntConstant(m, "TRACE_LINK_FIELDS", AS_TRACE_LINK_FIELDS) < 0 ||
         PyModule_AddIntConstant(m, "ABI_VERSION", AS_ABI_VERSION) < 0)
         return -1;
     return 0;

@@ -209,7 +209,7 @@ static int u64(PyObject *o, uint64_t *out)
 }
 
 #define SPAN_FIELDS 14
-#define REQUEST_FIELDS 20
+#define REQUEST_SPAN_FIELDS 20
 
 /* The span id of a request's k-th child: derived from the request's (splitmix64), so the
  * loop records one tuple per request instead of one per span. */
@@ -256,13 +256,13 @@ static int put_children(buf_t *b, uint64_t hi, uint64_t lo, uint64_t id, const u
 static int put_span(buf_t *b, PyObject *span)
 {
     Py_ssize_t n = PyList_Check(span) || PyTuple_Check(span) ? PySequence_Fast_GET_SIZE(span) : -1;
-    if (n != SPAN_FIELDS && n != REQUEST_FIELDS) {
+    if (n != SPAN_FIELDS && n != REQUEST_SPAN_FIELDS) {
         PyErr_SetString(PyExc_ValueError, "otlp_encode: a span is a sequence of 14 fields, a request of 20 "
                                           "(see aserve.tracing.recorder)");
         return -1;
     }
     PyObject **f = PySequence_Fast_ITEMS(span);
-    if (n == REQUEST_FIELDS) {
+    if (n == REQUEST_SPAN_FIELDS) {
         /* a request: its server span (fields 0-13, as a span's) and the children decode, queue
          * and encode timed by fields 14-19 */
         uint64_t hi, lo, id, t[6];
@@ -345,11 +345,8 @@ static int put_span(buf_t *b, PyObject *span)
     return b->failed ? -1 : 0;
 }
 
-/* ---- the numeric records (aserve.tracing.recorder: REQUEST_FIELDS, BATCH_FIELDS, LINK_FIELDS) ---- */
+/* ---- the numeric records (common.h: AS_TRACE_*_FIELDS) ---- */
 
-#define REQ_FIELDS 19
-#define BAT_FIELDS 12
-#define LNK_FIELDS 4
 
 /* A table entry (span name, attributes) with its attributes encoded once per call, as a
  * span's repeated KeyValue (field 9), to be copied into every span that names it. */
@@ -474,7 +471,7 @@ static int put_batch(buf_t *b, const uint64_t *v, const uint64_t *links, size_t 
     if (interpreter)
         put_int_attr(b, "aserve.interpreter", (int64_t)interpreter - 1);
     for (size_t i = 0; i < n_links; i++) {
-        const uint64_t *l = links + i * LNK_FIELDS;
+        const uint64_t *l = links + i * AS_TRACE_LINK_FIELDS;
         size_t lk = open_msg(b, 13);
         put_id(b, 1, l[1], l[2], 1);
         put_id(b, 2, 0, l[3], 0);
@@ -511,22 +508,22 @@ static int put_records(buf_t *b, PyObject *records)
         PyErr_NoMemory();
         goto finally;
     }
-    if (req.len % (REQ_FIELDS * 8) || bat.len % (BAT_FIELDS * 8) || lnk.len % (LNK_FIELDS * 8)) {
+    if (req.len % (AS_TRACE_REQUEST_FIELDS * 8) || bat.len % (AS_TRACE_BATCH_FIELDS * 8) || lnk.len % (AS_TRACE_LINK_FIELDS * 8)) {
         PyErr_SetString(PyExc_ValueError, "otlp_encode: the record arrays are not whole records");
         goto finally;
     }
     const uint64_t *r = req.buf, *a = bat.buf, *l = lnk.buf;
-    size_t n_req = (size_t)req.len / (REQ_FIELDS * 8), n_bat = (size_t)bat.len / (BAT_FIELDS * 8);
-    size_t n_lnk = (size_t)lnk.len / (LNK_FIELDS * 8), k = 0;
+    size_t n_req = (size_t)req.len / (AS_TRACE_REQUEST_FIELDS * 8), n_bat = (size_t)bat.len / (AS_TRACE_BATCH_FIELDS * 8);
+    size_t n_lnk = (size_t)lnk.len / (AS_TRACE_LINK_FIELDS * 8), k = 0;
     for (size_t i = 0; i < n_req; i++)
-        if (put_request(b, r + i * REQ_FIELDS, table, cache) < 0)
+        if (put_request(b, r + i * AS_TRACE_REQUEST_FIELDS, table, cache) < 0)
             goto finally;
     for (size_t i = 0; i < n_bat; i++) {
-        const uint64_t *v = a + i * BAT_FIELDS;
+        const uint64_t *v = a + i * AS_TRACE_BATCH_FIELDS;
         size_t from = k;
-        while (k < n_lnk && l[k * LNK_FIELDS] == v[2])
+        while (k < n_lnk && l[k * AS_TRACE_LINK_FIELDS] == v[2])
             k++;
-        if (put_batch(b, v, l + from * LNK_FIELDS, k - from, table, cache) < 0)
+        if (put_batch(b, v, l + from * AS_TRACE_LINK_FIELDS, k - from, table, cache) < 0)
             goto finally;
     }
     rc = 0;

@@ -26,9 +26,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define REQUEST_FIELDS 19
-#define BATCH_FIELDS 12
-#define LINK_FIELDS 4
 #define NEVER (LLONG_MAX / 2) /* roots to the next sampled one when none is */
 
 typedef struct {
@@ -472,7 +469,7 @@ static PyObject *recorder_batch(Recorder *r, PyObject *const *args, Py_ssize_t n
         PyObject *arrival = PyObject_GetAttr(req, r->s_arrival);
         double at = arrival != NULL ? PyFloat_AsDouble(arrival) : -1.0;
         Py_XDECREF(arrival);
-        if ((at == -1.0 && PyErr_Occurred()) || (keep && u64s_room(&r->links, LINK_FIELDS) < 0)) {
+        if ((at == -1.0 && PyErr_Occurred()) || (keep && u64s_room(&r->links, AS_TRACE_LINK_FIELDS) < 0)) {
             Py_DECREF(trace);
             goto finally;
         }
@@ -482,7 +479,7 @@ static PyObject *recorder_batch(Recorder *r, PyObject *const *args, Py_ssize_t n
         if (keep) {
             uint64_t *l = r->links.v + r->links.len;
             l[0] = id, l[1] = t->hi, l[2] = t->lo, l[3] = t->span;
-            r->links.len += LINK_FIELDS;
+            r->links.len += AS_TRACE_LINK_FIELDS;
         }
         Py_DECREF(trace);
     }
@@ -491,13 +488,13 @@ static PyObject *recorder_batch(Recorder *r, PyObject *const *args, Py_ssize_t n
         res = Py_NewRef(Py_None);
         goto finally;
     }
-    if (u64s_room(&r->batches, BATCH_FIELDS) < 0)
+    if (u64s_room(&r->batches, AS_TRACE_BATCH_FIELDS) < 0)
         goto finally;
     uint64_t *b = r->batches.v + r->batches.len;
     b[0] = hi, b[1] = lo, b[2] = id, b[3] = run, b[4] = start, b[5] = now;
     b[6] = ran_from + (uint64_t)r->offset, b[7] = ran_to + (uint64_t)r->offset;
     b[8] = facts[3], b[9] = facts[0], b[10] = samples, b[11] = model;
-    r->batches.len += BATCH_FIELDS;
+    r->batches.len += AS_TRACE_BATCH_FIELDS;
     if (counted(r) == 0)
         res = Py_NewRef(Py_None);
 finally:
@@ -507,8 +504,8 @@ finally:
 
 static PyObject *recorder_records(Recorder *r, void *Py_UNUSED(c))
 {
-    return Py_BuildValue("nnn", (Py_ssize_t)(r->requests.len / REQUEST_FIELDS),
-                         (Py_ssize_t)(r->batches.len / BATCH_FIELDS), (Py_ssize_t)(r->links.len / LINK_FIELDS));
+    return Py_BuildValue("nnn", (Py_ssize_t)(r->requests.len / AS_TRACE_REQUEST_FIELDS),
+                         (Py_ssize_t)(r->batches.len / AS_TRACE_BATCH_FIELDS), (Py_ssize_t)(r->links.len / AS_TRACE_LINK_FIELDS));
 }
 
 static PyObject *recorder_offset(Recorder *r, void *Py_UNUSED(c)) { return PyLong_FromLongLong(r->offset); }
@@ -627,7 +624,7 @@ static PyObject *trace_end(Trace *t, PyObject *arg)
         r->dropped++;
         Py_RETURN_TRUE;
     }
-    if (u64s_room(&r->requests, REQUEST_FIELDS) < 0)
+    if (u64s_room(&r->requests, AS_TRACE_REQUEST_FIELDS) < 0)
         return NULL;
     uint64_t *v = r->requests.v + r->requests.len;
     v[0] = t->hi, v[1] = t->lo, v[2] = t->span, v[3] = t->parent, v[4] = (uint64_t)t->remote, v[5] = status;
@@ -635,7 +632,7 @@ static PyObject *trace_end(Trace *t, PyObject *arg)
     memcpy(v + 8, t->phase, sizeof t->phase);
     v[14] = (uint64_t)t->route;
     memcpy(v + 15, t->batch, sizeof t->batch);
-    r->requests.len += REQUEST_FIELDS;
+    r->requests.len += AS_TRACE_REQUEST_FIELDS;
     if (counted(r) < 0)
         return NULL;
     Py_RETURN_TRUE;

@@ -8,6 +8,9 @@ JOB_UNLOAD: int
 JOB_INFER: int
 JOB_EXEC: int
 MAX_NAMESPACES: int
+TRACE_REQUEST_FIELDS: int
+TRACE_BATCH_FIELDS: int
+TRACE_LINK_FIELDS: int
 ABI_VERSION: int
 
 from .errors import EngineError as EngineError

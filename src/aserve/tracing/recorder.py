@@ -43,7 +43,7 @@ from typing import Any
 
 import msgspec
 
-from .._native import Recorder, RequestTrace
+from .._native import TRACE_BATCH_FIELDS, TRACE_LINK_FIELDS, TRACE_REQUEST_FIELDS, Recorder, RequestTrace
 from .._native import parse_traceparent as _parse_traceparent
 from .config import Resolved
 
@@ -70,7 +70,7 @@ Span = tuple[Any, ...]
 # a batch: trace_hi, trace_lo, span_id, run span_id, start, end, run start, run end, interpreter + 1,
 #   size, samples, model (table index);
 # a link: batch span_id, then the trace_hi, trace_lo and span_id of a request it served.
-REQUEST_FIELDS, BATCH_FIELDS, LINK_FIELDS = 19, 12, 4
+REQUEST_FIELDS, BATCH_FIELDS, LINK_FIELDS = TRACE_REQUEST_FIELDS, TRACE_BATCH_FIELDS, TRACE_LINK_FIELDS
 MAX_ROUTES = 1024  # table entries; requests beyond it carry their attributes as a span does
 NO_EVENTS: tuple[Any, ...] = ()
 _encode = msgspec.msgpack.Encoder().encode  # spans, and attributes shared by many of them
