@@ -359,6 +359,19 @@ def test_a_repeated_binary_header_is_decoded_once() -> None:
         decode_infer(short, content_type=None, header_length=length, schema=s)
 
 
+def test_the_header_plan_is_found_without_hashing_the_body() -> None:
+    # a read-only view of an unhashable buffer: looking the plan up by the view itself
+    # would hash (or fail to hash) the whole body, tensors and all
+    s = schema(one_input("INT32"), 8)
+    first, length = _binary_body([1, 2, 3])
+    second, _ = _binary_body([7, 8, 9])
+    for body in (first, second):
+        view = memoryview(bytearray(body)).toreadonly()
+        request = decode_infer(view, content_type=None, header_length=length, schema=s)
+        assert np.frombuffer(request.inputs[0].data, np.int32).tolist() == list(np.frombuffer(body[length:], np.int32))
+    assert len(s.plans) == 1
+
+
 def test_headers_that_vary_are_not_remembered() -> None:
     s = schema(one_input("INT32"), 8)
     body, length = _binary_body([1, 2, 3], id="req-1")  # ids differ per request

@@ -118,9 +118,12 @@ def decode_infer(
     fmt = request_format(content_type)
     header, blobs = _split(body, header_length)
     plans = schema.plans
-    reusable = header_length is not None and fmt == "json" and header.readonly  # a writable header may change
+    # a writable header may change. The key is a copy of the header: a memoryview's hash
+    # first hashes the whole object it views (here the body, tensors and all).
+    reusable = header_length is not None and fmt == "json" and header.readonly and len(header) <= MAX_PLAN_HEADER
+    key = bytes(header) if reusable else b""
     if reusable:
-        plan = plans.get(header)
+        plan = plans.get(key)
         if plan is not None and plan.size == len(blobs):
             return InferRequest(
                 schema=schema,
@@ -129,10 +132,10 @@ def decode_infer(
                 timeout_ms=plan.timeout_ms, latency_budget_ms=plan.latency_budget_ms, form=plan.form,
             )
     request, spans = _decode(header, blobs, fmt, header_length, schema)
-    if reusable and spans is not None and request.id is None and len(header) <= MAX_PLAN_HEADER:
+    if reusable and spans is not None and request.id is None:
         if len(plans) >= MAX_PLANS:
             plans.clear()
-        plans[bytes(header)] = _Plan(
+        plans[key] = _Plan(
             spans, len(blobs), request.samples, request.outputs, request.parameters, request.timeout_ms,
             request.latency_budget_ms, request.form,
         )
