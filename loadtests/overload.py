@@ -8,7 +8,10 @@ window server it first measures the capacity (OK/s with `--connections` clients 
 a closed loop), then drives each server for `--duration` seconds with Poisson
 arrivals at `--factor` times that capacity (V2 binary tensor requests of one image, at
 most `--connections` in flight: arrivals beyond wait in the client, and their latency
-counts from the scheduled arrival). The client is a keep-alive HTTP/1.1 client of its
+counts from the scheduled arrival). With `--closed`, `--connections` clients in a
+closed loop instead: each sends its next request when its answer comes, or after a 503
+once its Retry-After (whole seconds) has passed, as HTTP clients that honour it do.
+The client is a keep-alive HTTP/1.1 client of its
 own on uvloop that sends one prepared request and reads only the status line, the
 headers and the body's length: it shares the 2 cores with the server, and every
 request it sends that the server refuses costs it as much as one it answers (aiohttp's
@@ -22,12 +25,16 @@ by the server's own duration histogram), the client's own delay in sending (the
 generator shares the cores: its p99 says how much of the first figure is the
 client's), 503s and how many carried Retry-After,
 other 5xx (must be 0), other failures, the server's PSS before the drive, at its peak
-(sampled every 0.25 s) and after it; and adaptive's OK/s over the window's. The exit
+(sampled every 0.25 s) and after it, the cores its event loop, its other threads (the
+interpreters) and the client used while the requests arrived; and adaptive's OK/s over
+each other policy's (`window-N`, the window policy held to batches of at most N, shows
+what batches small enough for the budget serve without admission control). The exit
 status is 1 when a policy answered another 5xx, a 503 without Retry-After, or its PSS
 grew more than `--max-pss-growth-mb` over the drive (the queue is bounded: so is memory).
 
     .venv/bin/python loadtests/overload.py                 # about a minute and a half
     .venv/bin/python loadtests/overload.py --duration 5 --factor 3 --json out.json
+    .venv/bin/python loadtests/overload.py --policies window,window-4,adaptive --closed
 
 Both servers, the client and the interpreters share the machine's cores: on 2 cores
 the figures move with whatever else runs, so compare the two policies within a run.
@@ -49,6 +56,7 @@ import os
 import pathlib
 import random
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -77,9 +85,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--connections", type=int, default=256, help="most requests in flight (and capacity clients)")
     ap.add_argument("--budget-ms", type=float, default=50.0, help="the adaptive policy's latency budget")
     ap.add_argument("--interpreters", type=int, default=2)
+    ap.add_argument("--admission-reserve", type=float, help="the adaptive policy's admission_reserve (default: its own)")
     ap.add_argument("--policies", default="window,adaptive")
     ap.add_argument("--capacity", type=float, help="requests/s to take as the capacity instead of measuring it")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--serve-args", default="", help="more arguments for `aserve serve` (e.g. \"--spin-us 0\")")
+    ap.add_argument("--closed", action="store_true",
+                    help="instead of Poisson arrivals: --connections clients in a closed loop that honour Retry-After")
     ap.add_argument("--max-pss-growth-mb", type=float, default=300.0,
                     help="largest PSS growth of the server over a drive (peak minus before)")
     ap.add_argument("--json", help="also write the result here")
@@ -89,16 +101,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 # ---- the servers ----
 
 
-def repository(base: pathlib.Path, policy: str, budget_ms: float) -> pathlib.Path:
-    """A repository holding the bundled cnn with its [batching] table replaced."""
+def repository(base: pathlib.Path, policy: str, budget_ms: float, reserve: float | None = None) -> pathlib.Path:
+    """A repository holding the bundled cnn with its [batching] table replaced (`window-N`:
+    the window policy with max_batch_size N)."""
     repo = base / policy
     shutil.copytree(ROOT / "examples" / MODEL, repo / MODEL, ignore=shutil.ignore_patterns("__pycache__"))
     config = repo / MODEL / "config.toml"
     head = config.read_text().split("[batching]")[0].rstrip()
     if policy == "adaptive":
         table = f'[batching]\npolicy = "adaptive"\nlatency_budget_ms = {budget_ms}\n'
+        if reserve is not None:
+            table += f"admission_reserve = {reserve}\n"
     else:
         table = '[batching]\npolicy = "window"\n'
+        if policy.startswith("window-"):  # window-N: batches of at most N
+            head = re.sub(r"(?m)^max_batch_size = \d+$", f"max_batch_size = {int(policy.split('-', 1)[1])}", head)
     config.write_text(f"{head}\n\n{table}")
     return repo
 
@@ -113,13 +130,13 @@ def free_port() -> int:
 class Server:
     """`aserve serve` in a child process, ready when the model is."""
 
-    def __init__(self, repo: pathlib.Path, interpreters: int) -> None:
+    def __init__(self, repo: pathlib.Path, interpreters: int, extra: list[str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's output, closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "aserve.cli", "serve", str(repo), "--port", str(self.port),
-             "--interpreters", str(interpreters), "--log-level", "warning"],
+             "--interpreters", str(interpreters), "--log-level", "warning", *(extra or [])],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
         )
 
@@ -225,7 +242,7 @@ class Tally:
 
 class Answer(NamedTuple):
     status: int
-    retry_after: bool  # a Retry-After header came with it
+    retry_after: float | None  # its Retry-After in seconds (None: it had none)
     body: bytes
 
 
@@ -237,7 +254,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[Answer] | None = None
         self.buf = b""
-        self.head: tuple[int, bool, int, bool] | None = None  # status, Retry-After, body length, close
+        self.head: tuple[int, float | None, int, bool] | None = None  # status, Retry-After, body length, close
         self.closed = False
         self._lost = lost
 
@@ -262,7 +279,8 @@ class Connection(asyncio.Protocol):
                 for line in lines[1:]:
                     name, _, value = line.partition(":")
                     fields[name.strip().lower()] = value.strip()
-                self.head = (int(lines[0].split(" ", 2)[1]), "retry-after" in fields,
+                retry = fields.get("retry-after")
+                self.head = (int(lines[0].split(" ", 2)[1]), None if retry is None else float(retry),
                              int(fields.get("content-length", "0")), fields.get("connection", "").lower() == "close")
                 self.buf = self.buf[end + 4:]
             status, retry, length, close = self.head
@@ -380,7 +398,7 @@ async def one(client: Client, data: bytes, tally: Tally, at: float) -> None:
         tally.ok_at.append(done)
     elif status == 503:
         tally.refused += 1
-        tally.retry_after += answer.retry_after
+        tally.retry_after += answer.retry_after is not None
     elif status >= 500:
         tally.other_5xx[status] = tally.other_5xx.get(status, 0) + 1
     else:
@@ -429,6 +447,74 @@ async def drive(client: Client, rate: float, seconds: float, seed: int) -> tuple
     finally:
         gc.enable()
     return tally, len(tasks), seconds
+
+
+def cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds so far of the server's event loop (its main thread), of its other
+    threads (the interpreters, mostly) and of this client."""
+    proc = psutil.Process(pid)
+    loop = other = 0.0
+    for t in proc.threads():
+        if t.id == pid:
+            loop += t.user_time + t.system_time
+        else:
+            other += t.user_time + t.system_time
+    own = psutil.Process().cpu_times()
+    return {"server_loop": loop, "server_other_threads": other, "client": own.user + own.system}
+
+
+async def cpu_over(pid: int, seconds: float, out: dict[str, float]) -> None:
+    """Fill `out` with the cores each part used over the next `seconds` (the arrivals)."""
+    before, began = cpu_seconds(pid), time.monotonic()
+    await asyncio.sleep(seconds)
+    after, span = cpu_seconds(pid), time.monotonic() - began
+    out.update({k: round((after[k] - before[k]) / span, 3) for k in after})
+
+
+async def drive_closed(client: Client, seconds: float, clients: int) -> tuple[Tally, int, float]:
+    """`clients` clients in a closed loop for `seconds`: each sends its next request as soon
+    as its answer comes, or, after a 503, once the Retry-After it carries has passed (as
+    HTTP clients that honour it do). Latency counts from the send. (tally, sent, span)"""
+    data = request(client.port)
+    loop = asyncio.get_running_loop()
+    tally = Tally()
+    sent = 0
+    start = loop.time()
+    stop = start + seconds
+
+    async def closed_loop() -> None:
+        nonlocal sent
+        while loop.time() < stop:
+            began = loop.time()
+            sent += 1
+            tally.lag.append(0.0)
+            try:
+                answer = await client.post(data)
+            except OSError as e:
+                tally.other[type(e).__name__] = tally.other.get(type(e).__name__, 0) + 1
+                continue
+            done = loop.time()
+            if answer.status == 200:
+                tally.ok.append(done - began)
+                tally.sent_ok.append(done - began)
+                tally.ok_at.append(done)
+            elif answer.status == 503:
+                tally.refused += 1
+                if answer.retry_after is not None:
+                    tally.retry_after += 1
+                    await asyncio.sleep(min(answer.retry_after, max(0.0, stop - loop.time())))
+            elif answer.status >= 500:
+                tally.other_5xx[answer.status] = tally.other_5xx.get(answer.status, 0) + 1
+            else:
+                tally.other[str(answer.status)] = tally.other.get(str(answer.status), 0) + 1
+
+    gc.collect()
+    gc.disable()
+    try:
+        await asyncio.gather(*(closed_loop() for _ in range(clients)))
+    finally:
+        gc.enable()
+    return tally, sent, seconds
 
 
 async def watch_pss(server: Server, peak: list[float]) -> None:
@@ -494,19 +580,23 @@ def summary(tally: Tally, sent: int, seconds: float, budget_ms: float, server: t
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     policies = [p for p in args.policies.split(",") if p]
-    results: dict[str, Any] = {"model": MODEL, "interpreters": args.interpreters, "factor": args.factor,
+    results: dict[str, Any] = {"model": MODEL, "interpreters": args.interpreters,
+                               "load": "closed" if args.closed else "poisson",
+                               "factor": None if args.closed else args.factor,
                                "duration_s": args.duration, "connections": args.connections,
                                "loadavg_1m_start": os.getloadavg()[0], "policies": {}}
     rate = None
     timeout = aiohttp.ClientTimeout(total=120)
     with tempfile.TemporaryDirectory(prefix="aserve-overload-") as tmp:
         for policy in policies:
-            server = Server(repository(pathlib.Path(tmp), policy, args.budget_ms), args.interpreters)
+            server = Server(repository(pathlib.Path(tmp), policy, args.budget_ms, args.admission_reserve),
+                            args.interpreters,
+                            shlex.split(args.serve_args))
             try:
                 client = Client(server.port, args.connections)
                 async with aiohttp.ClientSession(timeout=timeout) as session:
                     await server.ready(session)
-                    if rate is None:
+                    if rate is None and not args.closed:
                         cap = args.capacity or await capacity(client, min(args.connections, 64), args.capacity_seconds)
                         results["capacity_rps"] = round(cap, 1)
                         results["capacity_measured_on"] = policy if args.capacity is None else "given"
@@ -516,23 +606,32 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     before = server.pss_mb()
                     peak = [before]
                     watch = asyncio.ensure_future(watch_pss(server, peak))
+                    cores: dict[str, float] = {}
+                    split = asyncio.ensure_future(cpu_over(server.proc.pid, args.duration, cores))
                     try:
-                        tally, sent, seconds = await drive(client, rate, args.duration, args.seed)
+                        if args.closed:
+                            tally, sent, seconds = await drive_closed(client, args.duration, args.connections)
+                        else:
+                            tally, sent, seconds = await drive(client, rate, args.duration, args.seed)
                     finally:
                         watch.cancel()
                         client.close()
+                    await split
                     counts = await within_budget_by_server(session, server.url, args.budget_ms * 1e3)
                     results["policies"][policy] = summary(tally, sent, seconds, args.budget_ms, counts, start)
                     results["policies"][policy]["pss_mb"] = {
                         "before": round(before, 1), "peak": round(max(peak), 1), "after": round(server.pss_mb(), 1)}
                     results["policies"][policy]["batcher"] = await batcher_state(session, server.url)
+                    results["policies"][policy]["cores"] = cores
                     print(f"# {policy}: {json.dumps(results['policies'][policy])}", file=sys.stderr, flush=True)
             finally:
                 server.stop()
     results["loadavg_1m_end"] = os.getloadavg()[0]
     got = results["policies"]
-    if "window" in got and "adaptive" in got and got["window"]["ok_per_s"]:
-        results["adaptive_ok_per_s_over_window"] = round(got["adaptive"]["ok_per_s"] / got["window"]["ok_per_s"], 3)
+    for other, r in got.items():
+        if other != "adaptive" and "adaptive" in got and r["ok_per_s"]:
+            results[f"adaptive_ok_per_s_over_{other.replace('-', '_')}"] = round(
+                got["adaptive"]["ok_per_s"] / r["ok_per_s"], 3)
     return results
 
 

@@ -26,3 +26,20 @@ async def test_overload_refuses_with_retry_after_and_nothing_else() -> None:
     assert adaptive["client_send_lag_p99_ms"] >= 0.0 and 0.0 <= adaptive["within_budget_from_send"] <= 1.0, adaptive
     pss = adaptive["pss_mb"]
     assert pss["peak"] - pss["before"] <= 100, pss
+
+
+@needs_torch
+@pytest.mark.asyncio(loop_factories=["asyncio"])
+async def test_closed_loop_clients_wait_out_retry_after() -> None:
+    # 64 clients in a closed loop against the adaptive cnn: more than it answers within
+    # 50 ms, so some are refused; each refused client waits the whole second its
+    # Retry-After says before it sends again, so no client is refused twice in a second
+    overload = load_script("overload")
+    args = overload.parse(["--policies", "adaptive", "--closed", "--duration", "2.5", "--connections", "64"])
+    result = await overload.run(args)
+    adaptive = result["policies"]["adaptive"]
+    assert result["load"] == "closed" and overload.problems(result, args.max_pss_growth_mb) == [], adaptive
+    assert adaptive["refused_503"] > 0 and adaptive["refused_503_with_retry_after"] == adaptive["refused_503"]
+    assert adaptive["refused_503"] <= 64 * 3, adaptive  # at most one refusal per client per second (and one more)
+    assert adaptive["ok"] > 0 and adaptive["other_5xx"] == 0 and adaptive["other_failures"] == {}, adaptive
+    assert adaptive["cores"]["server_other_threads"] > 0.0, adaptive
