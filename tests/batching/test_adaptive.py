@@ -431,6 +431,31 @@ def test_overload_with_jittery_batches(seed: int) -> None:
     assert adaptive.throughput(1.0, 4.0) >= 0.9 * capacity(CNN, 32)
 
 
+def bursts(seed: int, *, size: int = 200, spread: float = 0.004, seconds: float = 5.0) -> list[float]:
+    """Poisson arrivals at half the CNN's capacity, and every second a burst of `size`
+    requests within `spread` seconds (clients refused together come back together)."""
+    rng = random.Random(seed)
+    times = [a.time for a in poisson(0.5 * capacity(CNN, 32), seconds, seed)]
+    for k in range(1, int(seconds)):
+        times += [k + rng.uniform(0.0, spread) for _ in range(size)]
+    return sorted(times)
+
+
+@pytest.mark.parametrize("slower", [1.0, 1.5])
+def test_bursts_admit_only_what_the_batches_of_the_burst_finish_in_time(slower: float) -> None:
+    # A burst comes while both interpreters are busy, so no decision runs until one frees:
+    # admission must count the burst's arrivals itself. With the keep-up size of the light
+    # load before it, it predicted small batches for the first few dozen and admitted them,
+    # then the arrivals outpaced every size, the batches had the backlog size, and 1.4-1.7%
+    # of the admitted requests ended late on an exact curve.
+    truth = curve(slower * 0.0027, slower * 0.0031)
+    for seed in (1, 2, 3):
+        result = simulate(policy(CNN, budget=0.05, delay=0.001), bursts(seed), truth, interpreters=2,
+                          max_batch_size=32)
+        assert len(result.refused) > 500  # each burst is far more than 50 ms of work
+        assert result.over(0.05, admitted=True) <= 0.005, seed
+
+
 def test_overload_at_full_load_keeps_throughput_and_bounds_latency() -> None:
     for requests in ("single", "multi"):
         adaptive, fixed = summary("cnn", requests, 1.0, "adaptive"), summary("cnn", requests, 1.0, "fixed10")

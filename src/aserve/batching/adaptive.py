@@ -56,7 +56,10 @@ The rules, in order (the queue is never empty; "budget" is the head request's):
 
 Admission control: the batcher calls `admit(now, queued_samples, samples, budget)`
 before queueing a request that must wait (others are queued or every interpreter is
-busy). The request's finish is predicted from the queue ahead of it, drained in
+busy). It counts the arrival in the rate at once and brings the keep-up size up to
+date: while every interpreter is busy no decision runs, and in a burst the keep-up
+size of the lighter load before it would predict small batches where the ones that
+run have the backlog size. The request's finish is predicted from the queue ahead of it, drained in
 batches of one size b on the interpreters as they free: its batch is the
 (position / samples per batch)-th, where whole requests of m samples on average fill
 a batch of b to about b - 0.75 (m - 1), and every batch holds an interpreter for
@@ -198,7 +201,6 @@ class AdaptivePolicy:
         self._arrivals = 0  # arrivals counted
         self._last_arrival: float | None = None
         self._tail: object | None = None  # the newest request already counted
-        self._refused: list[tuple[float, int]] = []  # (arrival, samples) refused, not yet counted
         self._keep_up: int | None = None  # the keep-up size at the last decision
         self._outpaced_since: float | None = None  # since when no batch size keeps up (None: one does)
         self._flight: list[tuple[float, float]] = []  # batches in flight: (dispatched, predicted L(b))
@@ -214,24 +216,19 @@ class AdaptivePolicy:
     # ---- arrival rate ----
 
     def _see(self, queue: Sequence[Pending]) -> None:
-        """Fold the arrivals not yet seen (at the queue's tail, and those refused since the
-        last call) into the rate estimate, in order of arrival."""
+        """Fold the arrivals not yet seen at the queue's tail (those queued without an
+        admission check, which folds its own) into the rate estimate, in order of arrival."""
         new: list[tuple[float, int]] = []
         last = self._last_arrival
         tail = None
         for p in reversed(queue):
-            if p is self._tail or (last is not None and p.arrival < last):
+            if p is self._tail or (last is not None and p.arrival <= last):  # folded (admit folds its own)
                 break
             if tail is None:
                 tail = p
             new.append((p.arrival, p.samples))
         if tail is not None:
             self._tail = tail
-        refused = self._refused
-        if refused:
-            new.extend(refused)
-            refused.clear()
-            new.sort(key=lambda e: -e[0])
         self._fold(reversed(new))
 
     def _fold(self, arrivals: Iterable[tuple[float, int]]) -> None:
@@ -357,11 +354,7 @@ class AdaptivePolicy:
             total += p.samples
             sizes.append(total)
         backlog = self.backlog_batch(budget, max_batch_size)
-        keep_up = self._keep_up = self.keep_up_batch(now, max_batch_size)
-        if keep_up is not None:
-            self._outpaced_since = None
-        elif self._outpaced_since is None:
-            self._outpaced_since = now
+        keep_up = self._update_keep_up(now, max_batch_size)
         if self.batching_pays() and running > 0 and keep_up is not None and queued < keep_up \
                 and self._samples < keep_up:
             wake = self._fill_by(now, queue, queued, keep_up)  # rule 2
@@ -375,6 +368,15 @@ class AdaptivePolicy:
         floor = backlog if keep_up is None else max(1, min(keep_up, backlog))
         take = self._best_take(queue, sizes, self._frees(now, idle), low, top, floor)
         return self._dispatch(now, take, sizes[take - 1])
+
+    def _update_keep_up(self, now: float, max_batch_size: int) -> int | None:
+        """The keep-up size now, remembered for admission, and since when none keeps up."""
+        keep_up = self._keep_up = self.keep_up_batch(now, max_batch_size)
+        if keep_up is not None:
+            self._outpaced_since = None
+        elif self._outpaced_since is None:
+            self._outpaced_since = now
+        return keep_up
 
     def _dispatch(self, now: float, take: int, samples: int) -> Decision:
         """Dispatch `take` requests (`samples` samples), remembering the batch."""
@@ -517,6 +519,12 @@ class AdaptivePolicy:
         arrivals have outpaced every batch size for OVERLOAD_SUSTAINED_S; the
         Retry-After is how much later it would be predicted to finish (at least one
         interpreter's turn)."""
+        # The arrival counts in the rate at once, admitted or not, and the keep-up size is
+        # brought up to date: while every interpreter is busy no decision runs, and in a
+        # burst a keep-up size from before it would predict the small batches of a light
+        # load, where the batches that will run have the backlog size.
+        self._fold(((now, samples),))
+        self._update_keep_up(now, self.cost.max_batch_size)
         factor = self.admit_factor
         since = self._outpaced_since  # set only while no batch size keeps up
         if since is not None and now - since >= OVERLOAD_SUSTAINED_S:
@@ -525,11 +533,6 @@ class AdaptivePolicy:
         finish = self.predicted_finish(now, queued_samples, samples, within=limit)
         if finish <= limit:
             return None
-        refused = self._refused
-        refused.append((now, samples))  # arrivals all the same, for the rate estimate
-        if len(refused) >= 256:  # no decision for a long while (a stuck model): fold them now
-            self._fold(refused)
-            refused.clear()
         c = self.backlog_batch(self.latency_budget_s, self.cost.max_batch_size)
         return max(finish - limit, self.effective(c) / self.interpreters)
 
