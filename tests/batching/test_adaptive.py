@@ -31,11 +31,12 @@ class Req:
     """A queued request as the policy sees it."""
 
     def __init__(self, arrival: float, samples: int = 1, deadline: float | None = None,
-                 budget: float | None = None) -> None:
+                 budget: float | None = None, waited: float = 0.0) -> None:
         self.arrival = arrival
         self.samples = samples
         self.deadline = deadline
         self.budget = budget
+        self.waited = waited
 
 
 def queue(*arrivals: float, samples: int = 1, budget: float | None = None) -> list[Req]:
@@ -198,6 +199,10 @@ def test_admission_judges_each_request_by_its_own_budget() -> None:
     assert p.admit(0.1, 3, 1, None) is None
     assert p.admit(0.1, 3, 1, 12.0) is not None  # its own, tighter budget
     assert p.admit(0.1, 3, 1, 20.0) is None
+    # time it spent in the server before the batcher saw it counts against its budget
+    assert p.admit(0.1, 3, 1, None, 0.5) is None  # ends at 13 <= 0.1 - 0.5 + 14
+    assert p.admit(0.1, 3, 1, None, 1.5) is not None  # 13 > 0.1 - 1.5 + 14
+    assert p.limit_of(Req(5.0, waited=1.5)) == pytest.approx(17.5)
     assert p.admit(0.1, 7, 1, None) == pytest.approx(3 + 2 * 7 + 7 - 14.1)  # batches of 3: ends at 24
 
 

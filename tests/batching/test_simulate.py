@@ -96,7 +96,8 @@ def test_admission_refusals_and_summaries() -> None:
             super().__init__({1: Decision(1, None)}, default=WAIT)
             self.asked: list[tuple[float, int, int, float | None]] = []
 
-        def admit(self, now: float, queued_samples: int, samples: int, budget: float | None) -> float | None:
+        def admit(self, now: float, queued_samples: int, samples: int, budget: float | None,
+                  waited: float) -> float | None:
             self.asked.append((now, queued_samples, samples, budget))
             return 2.5 if queued_samples + samples > 2 else None
 

@@ -4,6 +4,7 @@ a request may carry its own `parameters.latency_budget_ms`, within (0, the model
 from __future__ import annotations
 
 import pathlib
+import time
 from collections.abc import Sequence
 
 import aiohttp
@@ -111,3 +112,31 @@ async def test_budget_reaches_the_batcher_in_seconds(server_url, http: aiohttp.C
     async with http.post(f"{url}/v2/models/add/infer", json=body()) as r:
         assert r.status == 200
     assert seeing.budgets == [pytest.approx(0.0075), None]
+
+
+class _Timing(WindowPolicy):
+    """The window policy, also noting when each request it is shown arrived in the server."""
+
+    def __init__(self) -> None:
+        super().__init__(max_queue_delay=0.001)
+        self.seen: list[tuple[float, float]] = []  # (queued at, seconds it waited before)
+
+    def decide(self, now: float, queue: Sequence[Pending], *, idle: int, running: int,
+               max_batch_size: int) -> Decision:
+        self.seen.extend((p.arrival, p.waited) for p in queue)
+        return super().decide(now, queue, idle=idle, running=running, max_batch_size=max_batch_size)
+
+
+async def test_the_budget_counts_from_the_first_bytes_read(server_url, http: aiohttp.ClientSession) -> None:
+    # the time a request spends in the server before it reaches the batcher (read, decoded,
+    # behind other requests on the event loop) is passed on, so its budget counts it
+    server, url = server_url
+    batcher = server.plane.registry.get("add").batcher
+    timing = _Timing()
+    batcher.policy = timing
+    sent = time.monotonic()
+    async with http.post(f"{url}/v2/models/add/infer", json=body(latency_budget_ms=7.5)) as r:
+        assert r.status == 200
+    [(queued, waited)] = timing.seen
+    assert waited > 0.0
+    assert sent <= queued - waited <= queued <= time.monotonic()

@@ -276,8 +276,9 @@ class AdaptivePolicy:
         return self.latency_budget_s if request.budget is None else request.budget
 
     def limit_of(self, request: Pending) -> float:
-        """When the request must finish: arrival + its budget, or its deadline if sooner."""
-        limit = request.arrival + self.budget_of(request)
+        """When the request must finish: its arrival in the server (queued, less the time
+        it waited before) + its budget, or its deadline if sooner."""
+        limit = request.arrival - request.waited + self.budget_of(request)
         return limit if request.deadline is None else min(limit, request.deadline)
 
     def batching_pays(self) -> bool:
@@ -510,12 +511,13 @@ class AdaptivePolicy:
                 break
         return finish
 
-    def admit(self, now: float, queued_samples: int, samples: int = 1, budget: float | None = None
-              ) -> float | None:
+    def admit(self, now: float, queued_samples: int, samples: int = 1, budget: float | None = None,
+              waited: float = 0.0) -> float | None:
         """None to admit a new request, or a Retry-After in seconds to refuse it (503).
 
         Refuses when the request's predicted finish is beyond admit_factor x its own
-        budget (`budget`, else the policy's), less overload_reserve of it once the
+        budget (`budget`, else the policy's) from its arrival in the server (`waited`
+        seconds before now), less overload_reserve of it once the
         arrivals have outpaced every batch size for OVERLOAD_SUSTAINED_S; the
         Retry-After is how much later it would be predicted to finish (at least one
         interpreter's turn)."""
@@ -529,7 +531,7 @@ class AdaptivePolicy:
         since = self._outpaced_since  # set only while no batch size keeps up
         if since is not None and now - since >= OVERLOAD_SUSTAINED_S:
             factor *= 1.0 - self.overload_reserve
-        limit = now + factor * (self.latency_budget_s if budget is None else budget)
+        limit = now - waited + factor * (self.latency_budget_s if budget is None else budget)
         finish = self.predicted_finish(now, queued_samples, samples, within=limit)
         if finish <= limit:
             return None

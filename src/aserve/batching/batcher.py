@@ -83,14 +83,16 @@ _NEVER = math.inf
 
 
 class _Request:
-    """A queued request; `arrival`, `samples`, `deadline` and `budget` are what the policy sees."""
+    """A queued request; `arrival`, `samples`, `deadline`, `budget` and `waited` are what the policy sees."""
 
-    __slots__ = ("arrival", "budget", "deadline", "future", "inputs", "samples", "state", "trace")
+    __slots__ = ("arrival", "budget", "deadline", "future", "inputs", "samples", "state", "trace", "waited")
 
     def __init__(self, arrival: float, samples: int, deadline: float | None, inputs: Sequence[Tensor],
-                 future: asyncio.Future[dict[str, Tensor]], budget: float | None, trace: Any = None) -> None:
+                 future: asyncio.Future[dict[str, Tensor]], budget: float | None, trace: Any = None,
+                 waited: float = 0.0) -> None:
         self.trace = trace  # the request's RequestTrace when it is sampled (aserve.tracing)
         self.arrival = arrival
+        self.waited = waited
         self.samples = samples
         self.deadline = deadline
         self.budget = budget
@@ -314,7 +316,8 @@ class Batcher:
         self._staged: list[_Staged] = []
         # optional admission control: a policy with admit(now, queued_samples, samples, budget)
         # -> Retry-After seconds | None
-        self._admit: Callable[[float, int, int, float | None], float | None] | None = getattr(policy, "admit", None)
+        self._admit: Callable[[float, int, int, float | None, float], float | None] | None = getattr(
+            policy, "admit", None)
         self._queue: collections.deque[_Request] = collections.deque()
         self._queued_samples = 0
         self._running = 0
@@ -384,7 +387,7 @@ class Batcher:
 
     def submit(
         self, inputs: Sequence[Tensor], samples: int, /, *, deadline: float | None = None,
-        budget: float | None = None, trace: Any = None,
+        budget: float | None = None, trace: Any = None, waited: float = 0.0,
     ) -> asyncio.Future[dict[str, Tensor]]:
         """Queue one request; the future resolves to its outputs (split from its batch's outputs).
 
@@ -393,7 +396,9 @@ class Batcher:
         deadline: the clock time after which the request fails with RequestTimeout;
         budget: this request's latency budget in seconds (None: the policy's own);
         trace: the request's RequestTrace when it is sampled (its queue span and its
-        batch's spans are recorded).
+        batch's spans are recorded);
+        waited: seconds the request already spent in the server (reading, decoding, behind
+        other requests on the event loop): its budget counts them.
 
         Raises InvalidInput (over max_batch_size), Overloaded (queue full), RequestTimeout
         (deadline already passed) and EngineError (closing). The future fails with
@@ -412,7 +417,7 @@ class Batcher:
         queue = self._queue
         # admission: only a request that must wait (others queued, or every interpreter busy)
         if self._admit is not None and (queue or self._running >= self.interpreters):
-            wait = self._admit(now, self._queued_samples, samples, budget)
+            wait = self._admit(now, self._queued_samples, samples, budget, waited)
             if wait is not None:
                 self.refused += 1
                 raise Overloaded(
@@ -433,7 +438,7 @@ class Batcher:
             if deadline < self._expiry_at:
                 self._arm_expiry(loop, deadline)
         future: asyncio.Future[dict[str, Tensor]] = loop.create_future()
-        queue.append(_Request(now, samples, deadline, inputs, future, budget, trace))
+        queue.append(_Request(now, samples, deadline, inputs, future, budget, trace, max(0.0, waited)))
         if trace is not None:
             self._traced += 1
         self._queued_samples += samples
@@ -759,7 +764,7 @@ class Batcher:
     # ---- layer-level joining ----
 
     def _limit(self, req: _Request, join: Joining) -> float:
-        return tightest(req.arrival, req.budget if req.budget is not None else join.budget, req.deadline)
+        return tightest(req.arrival - req.waited, req.budget if req.budget is not None else join.budget, req.deadline)
 
     async def _run_staged(self, batch: list[_Request], join: Joining, loop: asyncio.AbstractEventLoop) -> None:
         try:

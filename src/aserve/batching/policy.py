@@ -6,11 +6,13 @@ and dispatches `take` requests from the head of the queue as one batch, or waits
 until `wake_at` (or the next arrival/completion when `wake_at` is None). After each
 batch it reports `observe(samples, seconds)`.
 
-A policy may also define `admit(now, queued_samples, samples, budget) -> float | None`:
+A policy may also define `admit(now, queued_samples, samples, budget, waited) -> float | None`:
 the batcher calls it before queueing a request that must wait (others are queued, or
 every interpreter of the model is busy), with the samples queued ahead of it, its own
-samples and its latency budget in seconds (None: the policy's own), and refuses the
-request with 503 and that Retry-After (seconds) unless it returns None.
+samples, its latency budget in seconds (None: the policy's own) and the seconds it
+already spent in the server before it reached the batcher (they count against the
+budget), and refuses the request with 503 and that Retry-After (seconds) unless it
+returns None.
 
 `idle` is how many more batches of this model may start now (the model's
 interpreters minus `running`, its batches in flight); the batcher never calls
@@ -28,6 +30,7 @@ class Pending(Protocol):  # what a policy sees of one queued request
     samples: int
     deadline: float | None  # time.monotonic() by which it must finish, if any
     budget: float | None  # this request's latency budget in seconds (None: the policy's own)
+    waited: float  # seconds it spent in the server before it was queued (they count against its budget)
 
 
 class Decision(NamedTuple):

@@ -100,13 +100,16 @@ class DataPlane:
             tracked.samples = request.samples
             return await self.run(handle, request)
 
-    async def run(self, handle: ModelHandle, request: InferRequest, *, trace: Any = None) -> InferResponse:
+    async def run(self, handle: ModelHandle, request: InferRequest, *, trace: Any = None,
+                  received: float | None = None) -> InferResponse:
         """Queue one request on the model's batcher and wait for its outputs.
 
         The request's timeout may only shorten the model's; its latency budget must be
         in (0, the model's timeout]. Raises what the batcher raises: InvalidInput,
         Overloaded (503), RequestTimeout (504), ModelError, ModelNotReady. `trace`: the
-        request's RequestTrace when it is sampled (aserve.tracing)."""
+        request's RequestTrace when it is sampled (aserve.tracing); `received`: the
+        time.monotonic() at which the front read its first bytes (its latency budget
+        counts from then: a burst can hold it on the event loop before it is queued)."""
         batcher = handle.batcher
         if batcher is None or handle.state != "READY":
             handle.require_ready()
@@ -126,9 +129,11 @@ class DataPlane:
         timeout = request.timeout_ms
         if timeout is not None and timeout < limit:
             limit = timeout
+        now = time.monotonic()
         future = batcher.submit(
-            request.inputs, request.samples, deadline=time.monotonic() + limit / 1000.0,
+            request.inputs, request.samples, deadline=now + limit / 1000.0,
             budget=None if budget is None else budget / 1000.0, trace=trace,
+            waited=0.0 if received is None else now - received,
         )
         try:
             outputs = await future

@@ -371,7 +371,7 @@ async def infer(plane: DataPlane, request: HttpRequest, model: str, version: str
         req = decode_infer(body, content_type=content_type, header_length=length, schema=schema)
         if trace is not None:
             trace.stamp(recorder.DECODE_END)
-        response = await plane.run(handle, req, trace=trace)
+        response = await plane.run(handle, req, trace=trace, received=getattr(request, "received", None))
         if trace is not None:
             trace.stamp(recorder.ENCODE_START)
         chunks, out_headers = encode_infer(response, req, accept=headers.get("Accept"), content_type=content_type,
@@ -414,7 +414,7 @@ async def predict(plane: DataPlane, request: HttpRequest, model: str, version: s
         req = decode_predict(body, schema=schema)
         if trace is not None:
             trace.stamp(recorder.DECODE_END)
-        response = await plane.run(handle, req, trace=trace)
+        response = await plane.run(handle, req, trace=trace, received=getattr(request, "received", None))
         if trace is not None:
             trace.stamp(recorder.ENCODE_START)
         answer = encode_predict(response.outputs, columnar=req.form is True, batched=schema.max_batch_size > 0)

@@ -90,11 +90,12 @@ class _Body:
 class WireRequest:
     """A request the wire front parsed: the members of `request.HttpRequest`."""
 
-    __slots__ = ("close", "content", "headers", "method", "protocol", "raw_path")
+    __slots__ = ("close", "content", "headers", "method", "protocol", "raw_path", "received")
     version = HttpVersion11
 
     def __init__(self, target: str, headers: CIMultiDictProxy[str], body: bytes, protocol: WireProtocol,
-                 close: bool) -> None:
+                 close: bool, received: float | None = None) -> None:
+        self.received = received  # time.monotonic() when its first bytes were read (None: unknown)
         self.method = "POST"
         self.raw_path = target
         self.headers = headers
@@ -247,6 +248,7 @@ class WireProtocol(asyncio.Protocol):
         self._eof = False
         self._counted = False
         self._began = 0.0  # loop time the request being read began
+        self._received = 0.0  # time.monotonic() then (loop time counts whole milliseconds on uvloop)
         self._timer: asyncio.TimerHandle | None = None  # the request timeout, while a request is incomplete
         self._idle_timer: asyncio.TimerHandle | None = None
         self._idle_since = 0.0
@@ -291,6 +293,7 @@ class WireProtocol(asyncio.Protocol):
             self._have = len(data)
             if not self._busy:
                 self._began = self.loop.time()
+                self._received = time.monotonic()
         if self._busy or self._paused:
             if self._have > PIPELINE_LIMIT and self._reading and self.transport is not None:
                 self.transport.pause_reading()
@@ -380,7 +383,7 @@ class WireProtocol(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        request = WireRequest(target, CIMultiDictProxy(CIMultiDict(fields)), body, self, close)
+        request = WireRequest(target, CIMultiDictProxy(CIMultiDict(fields)), body, self, close, self._received)
         self.front.stats.wire += 1
         self._busy = True
         self._task = self.loop.create_task(self._serve(request, route))
@@ -443,6 +446,7 @@ class WireProtocol(asyncio.Protocol):
             return
         if self._pending is None and (self._buf or self._more):
             self._began = self.loop.time()
+            self._received = time.monotonic()
         self._next()
 
     # ---- timers ----
