@@ -121,7 +121,7 @@ async def test_timeout_504_and_overload_503(base_url: str, http: aiohttp.ClientS
     await gauge_until(http, base_url, "slow", "aserve_queue_requests", 2)
     refused = await call(1)
     assert not running.done(), "the running request ended before the queue could be seen full"
-    assert refused.status == 503 and refused.headers["Retry-After"] == "1"
+    assert refused.status == 503 and refused.headers["Retry-After"] in ("1", "2")  # 1 s, half of them one more
     assert "max_queue_size 2" in (await refused.json())["error"]
     assert (await running).status == 200
     assert [(await w).status for w in waiting] == [200, 200]
@@ -150,3 +150,11 @@ async def test_broken_model_is_unavailable_others_serve(start_server, tmp_path: 
     async with http.post(f"{url}/v2/models/badcode/infer", json={"inputs": []}) as r:
         assert r.status == 503 and "cannot import me" in (await r.json())["error"]
     await still_serving(http, url)
+
+
+def test_retry_after_is_whole_seconds_spread_over_two() -> None:
+    # clients refused together (a burst) are told to come back over two seconds, not all at once
+    from aserve.server.errors import retry_after
+
+    assert {retry_after(0.02) for _ in range(200)} == {"1", "2"}
+    assert {retry_after(2.2) for _ in range(200)} == {"3", "4"}

@@ -46,8 +46,9 @@ WWW_AUTHENTICATE = 'Bearer realm="aserve"'
 
 
 def retry_after(seconds: float) -> str:
-    """A Retry-After header value: whole seconds, at least 1."""
-    return str(max(1, math.ceil(seconds)))
+    """A Retry-After header value: whole seconds, at least 1, and one more for half of the
+    requests at random: clients refused together (in a burst) come back over two seconds."""
+    return str(max(1, math.ceil(seconds)) + (os.urandom(1)[0] & 1))
 
 
 def new_error_id() -> str:
