@@ -15,8 +15,8 @@ The client is a keep-alive HTTP/1.1 client of its
 own on uvloop that sends one prepared request and reads only the status line, the
 headers and the body's length: it shares the 2 cores with the server, and every
 request it sends that the server refuses costs it as much as one it answers (aiohttp's
-client on asyncio spent 0.36-0.5 cores at 3x the capacity, a fifth of the machine
-taken from the interpreters; this one about a fifth of that).
+client on asyncio spent 0.36-0.5 cores at 3x the capacity, taken from the
+interpreters; this one 0.17-0.21).
 
 Prints JSON: per policy, the requests sent, answered 200 (OK/s over the drive), their
 p50/p99 latency against the budget and the share within it (as the client saw it, from
