@@ -54,7 +54,7 @@ The rules, in order (the queue is never empty; "budget" is the head request's):
      request alone; batches grow only as the arrivals or a backlog require. Where
      batching pays it is everything queued, up to C.
 
-Admission control: the batcher calls `admit(now, queued_samples, samples, budget)`
+Admission control: the batcher calls `admit(now, queued_samples, samples, budget, waited)`
 before queueing a request that must wait (others are queued or every interpreter is
 busy). It counts the arrival in the rate at once and brings the keep-up size up to
 date: while every interpreter is busy no decision runs, and in a burst the keep-up

@@ -314,7 +314,7 @@ class Batcher:
         self._clock = clock
         self._join = join if max_batch_size > 0 else None
         self._staged: list[_Staged] = []
-        # optional admission control: a policy with admit(now, queued_samples, samples, budget)
+        # optional admission control: a policy with admit(now, queued_samples, samples, budget, waited)
         # -> Retry-After seconds | None
         self._admit: Callable[[float, int, int, float | None, float], float | None] | None = getattr(
             policy, "admit", None)
