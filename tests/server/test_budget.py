@@ -90,15 +90,16 @@ async def test_good_budgets_are_served(server_url, http: aiohttp.ClientSession) 
 
 
 class _Seeing(WindowPolicy):
-    """The window policy, also noting the budget of every request it is shown."""
+    """The window policy, also noting what it is shown of every request: (budget, queued
+    at, seconds it waited in the server before)."""
 
     def __init__(self) -> None:
         super().__init__(max_queue_delay=0.001)
-        self.budgets: list[float | None] = []
+        self.seen: list[tuple[float | None, float, float]] = []
 
     def decide(self, now: float, queue: Sequence[Pending], *, idle: int, running: int,
                max_batch_size: int) -> Decision:
-        self.budgets.extend(p.budget for p in queue)
+        self.seen.extend((p.budget, p.arrival, p.waited) for p in queue)
         return super().decide(now, queue, idle=idle, running=running, max_batch_size=max_batch_size)
 
 
@@ -111,20 +112,7 @@ async def test_budget_reaches_the_batcher_in_seconds(server_url, http: aiohttp.C
         assert r.status == 200
     async with http.post(f"{url}/v2/models/add/infer", json=body()) as r:
         assert r.status == 200
-    assert seeing.budgets == [pytest.approx(0.0075), None]
-
-
-class _Timing(WindowPolicy):
-    """The window policy, also noting when each request it is shown arrived in the server."""
-
-    def __init__(self) -> None:
-        super().__init__(max_queue_delay=0.001)
-        self.seen: list[tuple[float, float]] = []  # (queued at, seconds it waited before)
-
-    def decide(self, now: float, queue: Sequence[Pending], *, idle: int, running: int,
-               max_batch_size: int) -> Decision:
-        self.seen.extend((p.arrival, p.waited) for p in queue)
-        return super().decide(now, queue, idle=idle, running=running, max_batch_size=max_batch_size)
+    assert [budget for budget, _, _ in seeing.seen] == [pytest.approx(0.0075), None]
 
 
 async def test_the_budget_counts_from_the_first_bytes_read(server_url, http: aiohttp.ClientSession) -> None:
@@ -132,11 +120,11 @@ async def test_the_budget_counts_from_the_first_bytes_read(server_url, http: aio
     # behind other requests on the event loop) is passed on, so its budget counts it
     server, url = server_url
     batcher = server.plane.registry.get("add").batcher
-    timing = _Timing()
-    batcher.policy = timing
+    seeing = _Seeing()
+    batcher.policy = seeing
     sent = time.monotonic()
     async with http.post(f"{url}/v2/models/add/infer", json=body(latency_budget_ms=7.5)) as r:
         assert r.status == 200
-    [(queued, waited)] = timing.seen
+    [(_, queued, waited)] = seeing.seen
     assert waited > 0.0
     assert sent <= queued - waited <= queued <= time.monotonic()
