@@ -62,7 +62,24 @@ static int set_sys_path(const as_init *cfg)
     return rc;
 }
 
+/* Subinterpreters start and end one at a time in the process. CPython 3.13 creating
+ * several at once from different threads intermittently fails ("Failed to import
+ * encodings module", python/cpython#128381, #131485): a pool starts its workers'
+ * interpreters in parallel, and several pools may start together. Taken before any
+ * GIL (workers call create and destroy holding none), so it is the outermost lock. */
+static pthread_mutex_t sub_lifecycle = PTHREAD_MUTEX_INITIALIZER;
+
+static int sub_create_locked(const as_init *cfg, as_interp **out, char *err, size_t errlen);
+
 static int sub_create(const as_init *cfg, as_interp **out, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&sub_lifecycle);
+    int rc = sub_create_locked(cfg, out, err, errlen);
+    pthread_mutex_unlock(&sub_lifecycle);
+    return rc;
+}
+
+static int sub_create_locked(const as_init *cfg, as_interp **out, char *err, size_t errlen)
 {
     as_interp *ip = PyMem_RawCalloc(1, sizeof(as_interp));
     if (ip == NULL) {
@@ -117,6 +134,7 @@ fail:
 /* Subinterpreters must end before the host finalizes (3.12 aborts otherwise). */
 static void sub_destroy(as_interp *ip)
 {
+    pthread_mutex_lock(&sub_lifecycle);
     PyEval_RestoreThread(ip->ts);
     Py_CLEAR(ip->fn_load);
     Py_CLEAR(ip->fn_unload);
@@ -128,6 +146,7 @@ static void sub_destroy(as_interp *ip)
     Py_CLEAR(ip->input_type);
     Py_CLEAR(ip->exc_cancel);
     Py_EndInterpreter(ip->ts);
+    pthread_mutex_unlock(&sub_lifecycle);
     PyMem_RawFree(ip);
 }
 

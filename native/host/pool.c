@@ -18,6 +18,8 @@
  * connection put a ~90 us step into the latency for seconds at a time.
  *
  * Locks, outermost first. Never take one while holding a later one.
+ *   0. engines.c's subinterpreter lifecycle mutex: a worker creating or ending a PEP
+ *      684 subinterpreter, before it takes any GIL (one at a time in the process).
  *   1. A GIL: the host's (any Python-facing method here, and drain) or an
  *      interpreter's (a worker running a job or giving back an owner). A worker of
  *      the `main` engine and subinterpreter creation (engines.c) take the host GIL
