@@ -317,7 +317,6 @@ class Client:
         self.idle: list[Connection] = []
         self.open = 0
         self.waiting: collections.deque[asyncio.Future[Connection | None]] = collections.deque()
-        self.closed_idle = 0  # connections found closed when taken (the server closes idle ones)
 
     def _lost(self, conn: Connection) -> None:
         if conn in self.idle:
@@ -360,8 +359,7 @@ class Client:
 
     async def post(self, data: bytes, sent: Callable[[], None] | None = None) -> Answer:
         conn = await self.acquire()
-        while conn.transport is None or conn.transport.is_closing():  # closed while it was idle
-            self.closed_idle += 1
+        while conn.transport is None or conn.transport.is_closing():  # the server closed it while idle
             conn = await self.acquire()
         if sent is not None:
             sent()

@@ -69,16 +69,6 @@ static int set_sys_path(const as_init *cfg)
  * GIL (workers call create and destroy holding none), so it is the outermost lock. */
 static pthread_mutex_t sub_lifecycle = PTHREAD_MUTEX_INITIALIZER;
 
-static int sub_create_locked(const as_init *cfg, as_interp **out, char *err, size_t errlen);
-
-static int sub_create(const as_init *cfg, as_interp **out, char *err, size_t errlen)
-{
-    pthread_mutex_lock(&sub_lifecycle);
-    int rc = sub_create_locked(cfg, out, err, errlen);
-    pthread_mutex_unlock(&sub_lifecycle);
-    return rc;
-}
-
 static int sub_create_locked(const as_init *cfg, as_interp **out, char *err, size_t errlen)
 {
     as_interp *ip = PyMem_RawCalloc(1, sizeof(as_interp));
@@ -129,6 +119,14 @@ fail:
     PyThreadState_DeleteCurrent();
     PyMem_RawFree(ip);
     return -1;
+}
+
+static int sub_create(const as_init *cfg, as_interp **out, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&sub_lifecycle);
+    int rc = sub_create_locked(cfg, out, err, errlen);
+    pthread_mutex_unlock(&sub_lifecycle);
+    return rc;
 }
 
 /* Subinterpreters must end before the host finalizes (3.12 aborts otherwise). */
