@@ -98,6 +98,32 @@ def test_largest_batch_within_a_time() -> None:
     assert cost.largest_batch_within(10.0) == 32  # never past max_batch_size
 
 
+def test_affine_sizes_match_a_scan_of_every_size() -> None:
+    # the affine form solves for the sizes in closed form: it must agree with checking each
+    # size, rounding included (exact boundaries, no size, every size)
+    rng = random.Random(11)
+    for _ in range(300):
+        top = rng.choice([1, 2, 7, 32, 64])
+        a, c = rng.uniform(1e-5, 5e-3), rng.uniform(1e-4, 5e-3)
+        cost = CostModel([(b, a + c * b) for b in ladder(top)], max_batch_size=top)
+        curve = [cost.predict(b) for b in range(1, top + 1)]
+        for seconds in (curve[rng.randrange(top)], rng.uniform(0.0, 1.2 * curve[-1]), 1e-6, 10.0):
+            within = [b for b in range(1, top + 1) if curve[b - 1] <= seconds]
+            assert cost.largest_batch_within(seconds) == (within[-1] if within else 1)
+        best = cost.throughput_optimal_batch()
+        for rate in (cost.throughput(rng.randint(1, best)), rng.uniform(0.0, 1.1 * cost.throughput(best)), 0.0):
+            serving = [b for b in range(1, best + 1) if cost.throughput(b) >= rate]
+            assert cost.smallest_batch_for(rate) == (serving[0] if serving else None)
+
+
+def test_refinement_keeps_the_curve_monotone() -> None:
+    # a neighbour moves further than the rest: a point close below the next one may pass it
+    cost = CostModel([(1, 1.0), (2, 1.001), (4, 3.0)], max_batch_size=4, form="interp", alpha=1.0)
+    cost.observe(1, 1.2)
+    times = [t for _, t in cost.points]
+    assert times == sorted(times) and times[0] > 1.0
+
+
 def test_online_refinement_converges_to_a_shifted_curve() -> None:
     cost = CostModel([(b, affine(b)) for b in ladder(32)], max_batch_size=32)
     rng = random.Random(3)

@@ -246,6 +246,7 @@ class CostModel:
         self.clip = clip
         self.observations = 0
         self._knots = monotone(pts)
+        self._xs = [b for b, _ in self._knots]  # the sizes (fixed: refinement moves only the seconds)
         self._scale = 0.0  # running mean absolute (clipped) residual, seconds
         self._since_refit = 0
         self._affine = (0.0, 0.0)
@@ -311,6 +312,14 @@ class CostModel:
         """Largest batch size (1..max_batch_size) predicted to take at most `seconds`;
         1 when even a single sample takes longer."""
         lo, hi = 1, self.max_batch_size
+        a, c = self._affine
+        if self.form == "affine" and c > 0.0:  # solve a + c b <= seconds, then settle rounding
+            b = min(hi, max(lo, math.floor((seconds - a) / c)))
+            while b < hi and self.predict(b + 1) <= seconds:
+                b += 1
+            while b > lo and self.predict(b) > seconds:
+                b -= 1
+            return b
         # latency never falls as the batch grows (the points are made monotone): bisect
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -328,6 +337,14 @@ class CostModel:
         if self.throughput(top) < rate:
             return None
         lo, hi = 1, top
+        a, c = self._affine
+        if self.form == "affine" and rate * c < 1.0:  # solve b / (a + c b) >= rate, then settle rounding
+            b = min(hi, max(lo, math.ceil(rate * a / (1.0 - rate * c))))
+            while b > lo and self.throughput(b - 1) >= rate:
+                b -= 1
+            while b < hi and self.throughput(b) < rate:
+                b += 1
+            return b
         # throughput rises up to the optimum for every form used here: bisect
         while lo < hi:
             mid = (lo + hi) // 2
@@ -351,25 +368,34 @@ class CostModel:
         r = max(-limit, min(limit, residual))
         self._scale += self.alpha * (abs(r) - self._scale)
         knots = self._knots
-        xs = [k[0] for k in knots]
+        xs = self._xs
         i = bisect.bisect_left(xs, samples)
-        if i < len(xs) and xs[i] == samples:
-            weights = [(i, 1.0)]
-        elif i == 0:
-            weights = [(0, 1.0)]
+        # the points next to the batch's size and their shares of the step
+        if i < len(xs) and xs[i] == samples or i == 0:
+            lo_i, hi_i, w_hi = i, i, 1.0
         elif i == len(xs):
-            weights = [(len(xs) - 1, 1.0)]
+            lo_i, hi_i, w_hi = i - 1, i - 1, 1.0
         else:
-            w_hi = (samples - xs[i - 1]) / (xs[i] - xs[i - 1])
-            weights = [(i - 1, 1.0 - w_hi), (i, w_hi)]
+            lo_i, hi_i, w_hi = i - 1, i, (samples - xs[i - 1]) / (xs[i] - xs[i - 1])
         # every point moves by the same relative step, the neighbours by their share of it
         # and the others by GLOBAL_SHARE: relative to its own size, so both ends scale
-        share = dict(weights)
         step = self.alpha * r / predicted
+        rest = 1.0 + step * GLOBAL_SHARE
+        ordered = True
+        previous = 0.0
         for j, (b, t) in enumerate(knots):
-            w = share.get(j, 0.0)
-            knots[j] = (b, max(t * (1.0 + step * (w + GLOBAL_SHARE * (1.0 - w))), 1e-9))
-        self._knots = monotone(knots)
+            if j == hi_i:
+                t *= 1.0 + step * (w_hi + GLOBAL_SHARE * (1.0 - w_hi))
+            elif j == lo_i:
+                t *= 1.0 + step * (1.0 - w_hi + GLOBAL_SHARE * w_hi)
+            else:
+                t *= rest
+            t = max(t, 1e-9)
+            knots[j] = (b, t)
+            ordered = ordered and t >= previous
+            previous = t
+        if not ordered:
+            self._knots = monotone(knots)
         self._since_refit += 1
         if self.form != "logistic" or self._since_refit >= LOGISTIC_REFIT_EVERY:
             self._refit()
