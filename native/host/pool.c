@@ -462,6 +462,13 @@ static void *worker_main(void *arg)
     hjob *sj = w->start_job;
     const size_t errlen = 1024;
     int rc = 0;
+    /* SCHED_BATCH: a worker woken by the loop's submit never preempts the loop (the
+     * kernel skips wake-up preemption for batch threads), so the submit returns at once
+     * instead of, now and then, after the woken worker's whole batch when both CPUs
+     * are busy. Threads the model starts inherit it. Best effort: where the policy is
+     * refused the worker runs as before. */
+    struct sched_param batch = {.sched_priority = 0};
+    (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
     if (p->library != NULL)
         rc = as_private_open(p->library, &w->engine, sj->start_error, errlen);
     if (rc == 0 && w->engine.thread_init != NULL)

@@ -372,6 +372,21 @@ async def test_worker_threads_leave_signals_to_the_host(engine: str) -> None:
                 assert not mask >> (sig - 1) & 1, f"{sig.name} is blocked in worker thread {tid}"
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_worker_threads_do_not_preempt_the_loop(engine: str) -> None:
+    # batch-scheduled workers: waking one to run a batch never preempts the event loop's
+    # thread (which stays a normal one), whatever the model's threads are doing
+    import os
+    import threading
+
+    async with Pool(engine=engine, interpreters=2) as pool:
+        ids = [int(await pool.execute(i, "import threading; result = threading.get_native_id()")) for i in range(2)]
+        assert threading.get_native_id() not in ids
+        for tid in ids:
+            assert os.sched_getscheduler(tid) == os.SCHED_BATCH, tid
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
 def test_engine_errors_are_aserves_own() -> None:
     from aserve import _native
 
