@@ -54,7 +54,8 @@
  * Workers live as long as the process: an interpreter holding torch cannot be torn
  * down and recreated in the same namespace, so a pool that is closed keeps its
  * interpreters parked and a later pool of the same engine reuses them. Worker
- * threads block every asynchronous signal: signals belong to the host's loop.
+ * threads block every asynchronous signal: signals belong to the host's loop. They
+ * run as SCHED_BATCH, so that waking one never preempts the loop's thread.
  *
  * Faults. Every job has an id. `cancel` fails a queued job at once and raises the
  * interpreter's Cancelled in a running one (engine.cancel, on a thread of its own,

@@ -344,6 +344,12 @@ class AdaptivePolicy:
             return WAIT
         if max_batch_size <= 0:
             return self._dispatch(now, 1, queue[0].samples)
+        if len(queue) == 1 and (running == 0 or not self.batching_pays()):
+            # a lone request, and no reason to wait for company (rule 2 needs both a batch
+            # that pays and one running): rule 3 takes it alone. The common case at low
+            # load, decided without the batch sizes.
+            self._update_keep_up(now, max_batch_size)
+            return self._dispatch(now, 1, queue[0].samples)
         head = queue[0]
         budget = self.budget_of(head)
         queued = sum(p.samples for p in queue)
