@@ -3,6 +3,8 @@ refuses with 503 + Retry-After, answers no other 5xx, and its memory stays bound
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.conftest import load_script, needs_torch
@@ -36,8 +38,12 @@ async def test_closed_loop_clients_wait_out_retry_after() -> None:
     # Retry-After says before it sends again, so no client is refused twice in a second
     overload = load_script("overload")
     args = overload.parse(["--policies", "adaptive", "--closed", "--duration", "2.5", "--connections", "64"])
-    result = await overload.run(args)
+    with overload.scheduled(args.client_sched):  # as its main() runs it: the client a batch thread
+        assert args.client_sched == "batch" and os.sched_getscheduler(0) == os.SCHED_BATCH
+        result = await overload.run(args)
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
     adaptive = result["policies"]["adaptive"]
+    assert adaptive["server_loop_sched"] == "normal", adaptive  # the server's loop is not
     assert result["load"] == "closed" and overload.problems(result, args.max_pss_growth_mb) == [], adaptive
     assert adaptive["refused_503"] > 0 and adaptive["refused_503_with_retry_after"] == adaptive["refused_503"]
     assert adaptive["refused_503"] <= 64 * 3, adaptive  # at most one refusal per client per second (and one more)
