@@ -58,3 +58,24 @@ def test_a_plot_without_matplotlib_fails_before_measuring(tmp_path: pathlib.Path
     assert not out.exists()
     assert batching.main(["--simulate", "2.7,3.1", "--seconds", "0.5", "--loads", "0.25", "--json", str(out),
                           "--plot", ""]) == 0
+
+
+def test_a_subset_of_policies_takes_the_turns_alone(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "two.json"
+    argv = ["--simulate", "2.7,3.1", "--seconds", "2", "--loads", "0.5", "--policies", "serial,adaptive",
+            "--json", str(out), "--plot", str(tmp_path / "two.png") if _has_matplotlib() else ""]
+    assert batching.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert sorted({r["policy"] for r in result["records"]}) == ["adaptive", "serial"]
+    summary = result["summary"]["single@0.5"]["adaptive"]
+    assert "mean_cut_vs_fixed10" not in summary and summary["mean_vs_serial"] > 0  # no fixed10 to compare with
+    with pytest.raises(SystemExit):
+        batching.parse(["--policies", "serial,greedy"])
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True

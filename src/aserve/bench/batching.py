@@ -69,6 +69,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--window-ms", type=float, default=10.0, help="fixed10's batching window")
     ap.add_argument("--loads", default=",".join(str(x) for x in LOADS), help="fractions of capacity")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="the policies to compare, of " + ", ".join(POLICIES) + " (fewer: longer turns for the same time)")
     ap.add_argument("--admission-reserve", type=float, default=BatchingConfig().admission_reserve,
                     help="adaptive: share of the budget admission keeps back under overload (default: the "
                          "server's, %(default)s)")
@@ -79,7 +81,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="run in virtual time on the curve A + C * b ms instead of the real model")
     ap.add_argument("--stage-shares", default="0.45,0.33,0.20,0.02",
                     help="--simulate: the stage shares of adaptive_join's simulated staged model")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.policies = tuple(p for p in args.policies.split(",") if p)
+    unknown = [p for p in args.policies if p not in POLICIES]
+    if unknown or not args.policies:
+        ap.error(f"--policies: expected some of {', '.join(POLICIES)}, got {','.join(args.policies) or 'none'}")
+    return args
 
 
 # ---- fit comparison ----
@@ -309,14 +316,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 arrivals = poisson(load * cap, args.seconds, args.seed, _ten if multi else None)
                 rounds = max(1, args.rounds)
                 window = args.seconds / rounds
-                batchers = {policy: make_batcher(policy, **common) for policy in POLICIES}
-                points = {policy: Point() for policy in POLICIES}
+                policies = args.policies
+                batchers = {policy: make_batcher(policy, **common) for policy in policies}
+                points = {policy: Point() for policy in policies}
                 for r in range(rounds):  # the same arrivals for every policy, in turns that rotate
                     part = [Arrival(a.time - r * window, a.samples) for a in arrivals
                             if r * window <= a.time < (r + 1) * window]
-                    for policy in POLICIES[r % len(POLICIES):] + POLICIES[:r % len(POLICIES)]:
+                    for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
                         await drive(batchers[policy], inputs, part, points[policy])
-                for policy in POLICIES:
+                for policy in policies:
                     batcher, point = batchers[policy], points[policy]
                     lat = sorted(point.latencies)
                     rec = record(policy, kind, load, arrivals, args.seconds, lat, point.errors, point.span,
@@ -433,7 +441,7 @@ def simulate_run(args: argparse.Namespace) -> dict[str, Any]:
         caps[kind] = cap
         for load in loads:
             arrivals = poisson(load * cap, args.seconds, args.seed, _ten if multi else None)
-            for policy in POLICIES:
+            for policy in args.policies:
                 model = CostModel([(b, cost(b)) for b in ladder(max_batch_size)], max_batch_size=max_batch_size)
                 join = None
                 mb = max_batch_size
@@ -488,19 +496,17 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     by = {(r["policy"], r["requests"], r["load"]): r for r in records}
     for (policy, kind, load), r in by.items():
-        if not policy.startswith("adaptive") or ("fixed10", kind, load) not in by:
+        if not policy.startswith("adaptive") or not r["mean_ms"]:
             continue
-        f = by[("fixed10", kind, load)]
-        if r["mean_ms"] and f["mean_ms"] and r["throughput_rps"] and f["throughput_rps"]:
-            entry = {
-                "mean_cut_vs_fixed10": round(1 - r["mean_ms"] / f["mean_ms"], 3),
-                "throughput_ratio_vs_fixed10": round(r["throughput_rps"] / f["throughput_rps"], 3),
-                "over_budget": r["over_budget"],
-            }
-            s = by.get(("serial", kind, load))
-            if s is not None and s["mean_ms"]:
-                entry["mean_vs_serial"] = round(r["mean_ms"] / s["mean_ms"], 3)
-            out.setdefault(f"{kind}@{load}", {})[policy] = entry
+        entry: dict[str, Any] = {"over_budget": r["over_budget"]}
+        f = by.get(("fixed10", kind, load))
+        if f is not None and f["mean_ms"] and r["throughput_rps"] and f["throughput_rps"]:
+            entry["mean_cut_vs_fixed10"] = round(1 - r["mean_ms"] / f["mean_ms"], 3)
+            entry["throughput_ratio_vs_fixed10"] = round(r["throughput_rps"] / f["throughput_rps"], 3)
+        s = by.get(("serial", kind, load))
+        if s is not None and s["mean_ms"]:
+            entry["mean_vs_serial"] = round(r["mean_ms"] / s["mean_ms"], 3)
+        out.setdefault(f"{kind}@{load}", {})[policy] = entry
     return out
 
 
@@ -525,6 +531,8 @@ def plot(result: dict[str, Any], path: str) -> None:
     for ax, kind in zip(axes, ("single", "multi")):
         for policy in POLICIES:
             rs = [r for r in result["records"] if r["policy"] == policy and r["requests"] == kind]
+            if not rs:
+                continue
             xs = [100 * r["load"] for r in rs]
             name = f"{policy} ({result['join_rule']} rule)" if policy == "adaptive_join" else policy
             (line,) = ax.plot(xs, [r["mean_ms"] for r in rs], marker="o", label=f"{name} mean")
