@@ -469,3 +469,16 @@ def test_overload_at_full_load_keeps_throughput_and_bounds_latency() -> None:
         assert adaptive.p99 <= budget  # admitted requests keep the budget
         assert fixed.p99 > 0.3  # the window's queue grows
         assert statistics.fmean(r.over(budget, admitted=True) for r in runs("cnn", requests, 1.0, "adaptive")) <= 0.01
+
+
+def test_backlog_size_follows_whether_batching_pays_for_the_requests_seen() -> None:
+    # 10 ms + 3 ms per sample: a second single-sample request costs less than a first
+    # (batching pays, the backlog batch is the largest within the budget, 32), a second
+    # request of 5 samples does not (the backlog batch stops at the efficient size, 21)
+    p = policy(lambda b: 0.010 + 0.003 * b, budget=0.2)
+    assert p.batching_pays() and p.backlog_batch(0.2, 32) == 32
+    t = 0.0
+    for _ in range(200):  # requests of 5 samples arrive
+        t += 0.05
+        p.admit(t, 0, 5)
+    assert not p.batching_pays() and p.backlog_batch(0.2, 32) == 21

@@ -208,7 +208,7 @@ class AdaptivePolicy:
         self._spread = 0.0  # mean absolute deviation of a batch's ratio from the slowdown
         self._cautious = 1.0  # the slowdown of a slow spell: slowdown + CAUTION x spread
         self._slowdown = 1.0  # batches' seconds over the cost model's prediction, averaged
-        self._sizes_key: tuple[float, int, int, float] | None = None
+        self._sizes_key: tuple[float, int, int, float, int] | None = None
         self._sizes_cached = (1, 1)
         self._pays_key: tuple[int, int] | None = None
         self._pays = False
@@ -304,8 +304,9 @@ class AdaptivePolicy:
         return self._sizes(budget, max_batch_size)[1]
 
     def _sizes(self, budget: float, max_batch_size: int) -> tuple[int, int]:
-        """(G, C), recomputed only when the budget, the curve or the slowdown changed."""
-        key = (budget, max_batch_size, self.cost.observations, self._cautious)
+        """(G, C), recomputed only when the budget, the curve, the slowdown or the mean
+        request's samples (whether batching pays) changed."""
+        key = (budget, max_batch_size, self.cost.observations, self._cautious, max(1, round(self._samples)))
         if self._sizes_key != key:
             top = max(1, max_batch_size)
             turn = 1.0 + 1.0 / self.interpreters
