@@ -44,7 +44,7 @@ be), the server as a normal process: a remote client never takes the server's CP
 one on the same cores that is woken by an answer preempted the server's event loop
 thread in the middle of its callbacks (the answers the adaptive policy writes come
 one by one, 1500 a second, not in batches of 30), which cost adaptive a tenth of its
-throughput here (0.71 of the window's OK/s instead of 0.81 in one run).
+throughput here (0.71 of the window's OK/s in one round against 0.77 in three).
 The client's cyclic garbage collector is off while it drives (its thousands of pending
 tasks made each full collection stall it for about 90 ms, charged to the requests
 scheduled meanwhile).

@@ -531,7 +531,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     for ax, kind in zip(axes, ("single", "multi")):
         for policy in POLICIES:
             rs = [r for r in result["records"] if r["policy"] == policy and r["requests"] == kind]
-            if not rs:
+            if not rs:  # not among --policies
                 continue
             xs = [100 * r["load"] for r in rs]
             name = f"{policy} ({result['join_rule']} rule)" if policy == "adaptive_join" else policy
@@ -544,8 +544,9 @@ def plot(result: dict[str, Any], path: str) -> None:
                 color=line.get_color(),
                 label=f"{name} p99",
             )
-        if rs:
-            ax.axhline(rs[0]["budget_ms"], color="grey", linewidth=0.8, label="budget")
+        budgets = [r["budget_ms"] for r in result["records"] if r["requests"] == kind]
+        if budgets:
+            ax.axhline(budgets[0], color="grey", linewidth=0.8, label="budget")
         ax.set_yscale("log")
         ax.set_xlabel("load (% of capacity)")
         ax.set_ylabel("latency (ms)")
