@@ -414,6 +414,7 @@ class Batcher:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         now = self._clock()
+        waited = max(0.0, waited)
         queue = self._queue
         # admission: only a request that must wait (others queued, or every interpreter busy)
         if self._admit is not None and (queue or self._running >= self.interpreters):
@@ -438,7 +439,7 @@ class Batcher:
             if deadline < self._expiry_at:
                 self._arm_expiry(loop, deadline)
         future: asyncio.Future[dict[str, Tensor]] = loop.create_future()
-        queue.append(_Request(now, samples, deadline, inputs, future, budget, trace, max(0.0, waited)))
+        queue.append(_Request(now, samples, deadline, inputs, future, budget, trace, waited))
         if trace is not None:
             self._traced += 1
         self._queued_samples += samples
