@@ -19,7 +19,8 @@ import struct
 import aiohttp
 import pytest
 
-from aserve.server.wire import WireServer, parse_head
+from aserve.server.handlers import Answer
+from aserve.server.wire import MAX_KNOWN_HEAD, MAX_KNOWN_HEADS, WireServer, encode_response, parse_head
 
 from ..conftest import until
 from .hardened_models import add_body
@@ -382,6 +383,76 @@ async def test_metrics_count_what_each_front_answered(start_server, repository: 
     writer.close()
     last = await scrape(http, url)
     assert last["aserve_http_handoffs_total", "head"] - after["aserve_http_handoffs_total", "head"] == 1
+
+
+async def test_a_head_met_again_is_looked_up_and_each_request_keeps_its_own_body(
+        start_server, repository: pathlib.Path) -> None:
+    server, _ = await start_server(repository)
+    low = wire_server(server)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    firsts = [10, 20, 30, 41, 52]  # one Content-Length: one head, sent five times
+    requests = [add_request(f) for f in firsts]
+    heads = {r.partition(b"\r\n\r\n")[0] for r in requests}
+    assert len(heads) == 1
+    writer.write(requests[0])  # met once: parsed and remembered
+    status, _, body = await read_response(reader)
+    assert status == 200 and json.loads(body)["outputs"][0]["data"] == expected_sum(firsts[0])
+    head = heads.pop()
+    assert head in low.heads
+    known = low.heads[head]
+    writer.write(b"".join(requests[1:]))  # met again: looked up, and each body is its own
+    for first in firsts[1:]:
+        status, _, body = await read_response(reader)
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == expected_sum(first)
+    assert low.heads[head] is known
+    # the same head but Connection: close is another head: its answer closes the connection
+    writer.write(add_request(10, extra="Connection: close\r\n"))
+    status, headers, body = await read_response(reader)
+    assert status == 200 and headers["connection"] == "close"
+    assert json.loads(body)["outputs"][0]["data"] == expected_sum(10)
+    assert await asyncio.wait_for(reader.read(), 30) == b""
+    writer.close()
+    # a long head is answered but not remembered; the table forgets everything once full
+    long_head = add_request(5, extra=f"X-Pad: {'p' * MAX_KNOWN_HEAD}\r\n")
+    status, _, body = await raw_exchange(server.port, long_head)
+    assert status == 200 and json.loads(body)["outputs"][0]["data"] == expected_sum(5)
+    assert all(len(h) <= MAX_KNOWN_HEAD for h in low.heads)
+    for i in range(MAX_KNOWN_HEADS + 10):
+        assert low.learn(f"POST {ADD_PATH} HTTP/1.1\r\nHost: x\r\nX-N: {i}\r\nContent-Length: 3".encode())
+        assert len(low.heads) <= MAX_KNOWN_HEADS
+    assert low.learn(b"POST /a HTTP/1.0\r\nHost: a\r\nContent-Length: 0") is None  # aiohttp's to read
+
+
+async def raw_exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """One request on a new connection, and its answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        return await read_response(reader)
+    finally:
+        writer.close()
+
+
+def test_answer_heads_are_remembered_by_what_they_say() -> None:
+    def head(answer: Answer, close: bool) -> bytes:
+        data = encode_response(answer, close=close)
+        assert b"".join(data[1:]) == b"".join(answer.chunks)
+        return data[0]
+
+    json_type = {"Content-Type": "application/json"}
+    first = head(Answer([b"x" * 10], json_type), False)
+    same = head(Answer([b"y" * 10], dict(json_type)), False)  # the same head (looked up)
+    assert re.sub(rb"Date: [^\r]*", b"", same) == re.sub(rb"Date: [^\r]*", b"", first)
+    assert b"\r\nContent-Length: 10\r\n" in first and b"Connection" not in first
+    other = head(Answer([b"x" * 4, b"y" * 7], json_type), False)
+    assert b"\r\nContent-Length: 11\r\n" in other
+    closing = head(Answer([b"x" * 10], json_type), True)
+    assert closing.endswith(b"\r\nConnection: close\r\n\r\n")
+    binary = head(Answer([b"x" * 10], {"Content-Type": "application/octet-stream",
+                                       "Inference-Header-Content-Length": "4"}), False)
+    assert b"\r\nInference-Header-Content-Length: 4\r\n" in binary and b"octet-stream" in binary
+    for h in (first, other, closing, binary):
+        assert h.startswith(b"HTTP/1.1 200 OK\r\nServer: aserve\r\nDate: ") and h.endswith(b"\r\n\r\n")
 
 
 def test_parse_head() -> None:

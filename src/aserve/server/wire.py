@@ -39,7 +39,7 @@ import re
 import socket
 import time
 from email.utils import formatdate
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from aiohttp import web
 from aiohttp.http import HttpVersion11
@@ -68,6 +68,14 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"
 MAX_FIELDS = 128  # aiohttp's limit on header fields (more: its 431)
 HEAD_LIMIT = 1 << 16  # a header block not ended within this many bytes goes to aiohttp (its 431)
 PIPELINE_LIMIT = 1 << 20  # buffered bytes behind a request in progress before the connection stops being read
+# request heads remembered once parsed (a shared, read-only header mapping each): at most this many,
+# each at most this long; a head met again is looked up, not parsed (then all are forgotten at once)
+MAX_KNOWN_HEADS = 256
+MAX_KNOWN_HEAD = 1024
+
+Route = tuple[int, str, str | None]  # front.hot_route's (kind, model, version)
+# a parsed head: route (None: not an infer or predict POST), target, headers, Content-Length, Connection: close
+Head = tuple[Route | None, str, CIMultiDictProxy[str], int, bool]
 
 
 class _Body:
@@ -168,10 +176,12 @@ def parse_head(head: str) -> tuple[str, str, list[tuple[str, str]], int, bool] |
 
 
 class _Date:
-    """The Date header, formatted once a second."""
+    """The Date header, formatted once a second, and the heads of this second's 200 answers."""
 
     second = -1
     value = b""
+    # (body size, Connection: close, header fields...) -> the head: answers to one client repeat it
+    heads: ClassVar[dict[tuple[Any, ...], bytes]] = {}
 
     @classmethod
     def now(cls) -> bytes:
@@ -179,6 +189,7 @@ class _Date:
         if second != cls.second:
             cls.value = formatdate(second, usegmt=True).encode()
             cls.second = second
+            cls.heads = {}
         return cls.value
 
 
@@ -188,10 +199,17 @@ SERVER_NAME_BYTES = SERVER_NAME.encode()
 
 def encode_response(response: Answer | web.Response, *, close: bool) -> list[Any]:
     """The bytes of `response` on the wire: its head, then its body's buffers as they are."""
-    head = [b"", b"\r\nServer: ", SERVER_NAME_BYTES, b"\r\nDate: ", _Date.now(), b"\r\nContent-Length: ", b""]
+    date = _Date.now()
+    key: tuple[Any, ...] = ()
     if isinstance(response, Answer):
         chunks = response.chunks
         size = len(chunks[0]) if len(chunks) == 1 else sum(map(len, chunks))
+        key = (size, close, *response.headers.items())
+        known = _Date.heads.get(key)
+        if known is not None:
+            return [known, *chunks]
+    head = [b"", b"\r\nServer: ", SERVER_NAME_BYTES, b"\r\nDate: ", date, b"\r\nContent-Length: ", b""]
+    if isinstance(response, Answer):
         head[0] = b"HTTP/1.1 200 OK"
         for name, value in response.headers.items():
             head += (b"\r\n", name.encode(), b": ", value.encode())
@@ -213,7 +231,10 @@ def encode_response(response: Answer | web.Response, *, close: bool) -> list[Any
     if close:
         head.append(b"\r\nConnection: close")
     head.append(b"\r\n\r\n")
-    return [b"".join(head), *chunks]
+    encoded = b"".join(head)
+    if key and len(_Date.heads) < MAX_KNOWN_HEADS:
+        _Date.heads[key] = encoded
+    return [encoded, *chunks]
 
 
 class _Sent:
@@ -237,9 +258,9 @@ class WireProtocol(asyncio.Protocol):
         self._buf = b""
         self._more: list[bytes] = []  # what arrived while a body was awaited (joined once it is whole)
         self._have = 0  # bytes in _buf and _more
-        # a head whose body is awaited: route (None: another route), target, fields, Content-Length,
+        # a head whose body is awaited: route (None: another route), target, headers, Content-Length,
         # Connection: close, request size
-        self._pending: tuple[tuple[int, str, str | None] | None, str, list[tuple[str, str]], int, bool, int] | None
+        self._pending: tuple[Route | None, str, CIMultiDictProxy[str], int, bool, int] | None
         self._pending = None
         self._busy = False  # a request is being answered
         self._paused = False  # the transport's write buffer is full
@@ -358,21 +379,23 @@ class WireProtocol(asyncio.Protocol):
             if end > self.server.limits.max_header_bytes:
                 self._handoff("header_size")
                 return
-            parsed = parse_head(buf[:end].decode("utf-8", "surrogateescape"))
-            if parsed is None:
-                self._handoff("head")
-                return
-            method, target, fields, length, close = parsed
+            head = buf[:end]
+            known = self.server.heads.get(head)
+            if known is None:
+                known = self.server.learn(head)
+                if known is None:
+                    self._handoff("head")
+                    return
+            route, target, headers, length, close = known
             if length > self.front.max_body_bytes:
                 self._handoff("body_size")  # aiohttp's 413
                 return
-            route = hot_route(target) if method == "POST" else None
-            pending = (route, target, fields, length, close, end + 4 + length)
+            pending = (route, target, headers, length, close, end + 4 + length)
             if len(buf) < pending[5]:
                 self._pending = pending
                 self._wait()
                 return
-        route, target, fields, length, close, total = pending
+        route, target, headers, length, close, total = pending
         self._pending = None
         if route is None:
             self._lend(total)  # another route: aiohttp answers it, and the connection comes back
@@ -383,12 +406,12 @@ class WireProtocol(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        request = WireRequest(target, CIMultiDictProxy(CIMultiDict(fields)), body, self, close, self._received)
+        request = WireRequest(target, headers, body, self, close, self._received)
         self.front.stats.wire += 1
         self._busy = True
         self._task = self.loop.create_task(self._serve(request, route))
 
-    async def _serve(self, request: WireRequest, route: tuple[int, str, str | None]) -> None:
+    async def _serve(self, request: WireRequest, route: Route) -> None:
         access = self.server.access_logger
         began = time.perf_counter() if access is not None else 0.0  # uvloop's loop.time() counts whole ms
         try:
@@ -468,7 +491,7 @@ class WireProtocol(asyncio.Protocol):
             transport.write(header_timeout_body(limit))
             log.info("closed a connection whose request header took longer than %g s", limit)
         else:
-            request = WireRequest(pending[1], CIMultiDictProxy(CIMultiDict(pending[2])), b"", self, True)
+            request = WireRequest(pending[1], pending[2], b"", self, True)
             response = from_exception(request, body_timeout(limit), self.front.policy)
             transport.writelines(encode_response(response, close=True))
         self._closing = True
@@ -616,6 +639,7 @@ class WireServer(LimitedServer):
         self.keepalive_s = keepalive_s
         self.loop = self._loop
         self.wired: set[WireProtocol] = set()
+        self.heads: dict[bytes, Head] = {}  # request heads met before, and what they say (see `learn`)
         self.closing = False
         logger = kwargs.get("access_log")
         self.access_logger: Any = None  # the access log's writer, when it is on (aiohttp's access_log_class)
@@ -624,6 +648,22 @@ class WireServer(LimitedServer):
 
     def __call__(self) -> Any:
         return WireProtocol(self)
+
+    def learn(self, head: bytes) -> Head | None:
+        """What `WireProtocol` needs of a request head it has not met (None: aiohttp's to read),
+        remembered when the head is short: a client sends the same head on every request
+        (same target, Host, Content-Type, Content-Length), and the next one is looked up."""
+        parsed = parse_head(head.decode("utf-8", "surrogateescape"))
+        if parsed is None:
+            return None
+        method, target, fields, length, close = parsed
+        route = hot_route(target) if method == "POST" else None
+        known = (route, target, CIMultiDictProxy(CIMultiDict(fields)), length, close)
+        if len(head) <= MAX_KNOWN_HEAD:
+            if len(self.heads) >= MAX_KNOWN_HEADS:
+                self.heads.clear()
+            self.heads[head] = known
+        return known
 
     def aiohttp_handler(self) -> LimitedHandler:
         return super().__call__()
