@@ -40,8 +40,8 @@ class ModelSchema:
     `max_latency_budget_ms`: the largest per-request latency budget accepted (the
     model's timeout)."""
 
-    __slots__ = ("by_name", "inputs", "max_batch_size", "max_latency_budget_ms", "name", "outputs", "plans",
-                 "uniform", "version")
+    __slots__ = ("by_name", "checked", "inputs", "max_batch_size", "max_latency_budget_ms", "name", "outputs",
+                 "plans", "uniform", "version")
 
     def __init__(self, name: str, version: str, *, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
                  max_batch_size: int, max_latency_budget_ms: float | None = None) -> None:
@@ -58,6 +58,8 @@ class ModelSchema:
         skip = 1 if max_batch_size > 0 else 0
         self.uniform = all(-1 not in s.shape[skip:] for s in self.inputs)
         self.plans: dict[bytes | memoryview, Any] = {}  # a codec's checked decodings of repeated headers (aserve.protocol.v2)
+        # (name, datatype, shape) of a request's input -> its spec, once checked against it (aserve.protocol.v2)
+        self.checked: dict[tuple[str, str, tuple[int, ...]], InputSpec] = {}
 
     @property
     def input_names(self) -> list[str]:

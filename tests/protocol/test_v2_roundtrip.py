@@ -383,3 +383,34 @@ def test_headers_that_vary_are_not_remembered() -> None:
     ]}).encode()
     decode_infer(header + data, content_type=None, header_length=len(header), schema=text)
     assert s.plans == {} and text.plans == {}
+
+
+def test_inputs_checked_before_are_still_checked_together() -> None:
+    # (name, datatype, shape) of an input is checked once per model load; what involves
+    # the other inputs (duplicates, a common batch size) is checked on every request
+    s = schema(model([("A", "INT32", (-1, 2)), ("B", "FP32", (-1, 2))]), 8)
+
+    def body(*inputs: tuple[str, str, list[int]]) -> bytes:
+        items = [{"name": n, "datatype": d, "shape": shape, "data": [1] * (shape[0] * shape[1])}
+                 for n, d, shape in inputs]
+        return json.dumps({"inputs": items}).encode()
+
+    def decode_s(b: bytes) -> InferRequest:
+        return decode_infer(b, content_type=None, header_length=None, schema=s)
+
+    two = decode_s(body(("A", "INT32", [2, 2]), ("B", "FP32", [2, 2])))
+    one = decode_s(body(("B", "FP32", [1, 2]), ("A", "INT32", [1, 2])))
+    assert (two.samples, one.samples) == (2, 1)
+    assert [t.shape for t in one.inputs] == [(1, 2), (1, 2)]  # in the schema's order
+    assert len(s.checked) == 4
+    with pytest.raises(InvalidInput, match=r"inputs\[1\].shape\[0\]: batch size 1 of input 'B' differs from 2"):
+        decode_s(body(("A", "INT32", [2, 2]), ("B", "FP32", [1, 2])))
+    with pytest.raises(InvalidInput, match=r"inputs\[1\].name: duplicate input 'A' \(also inputs\[0\]\)"):
+        decode_s(body(("A", "INT32", [2, 2]), ("A", "INT32", [2, 2])))
+    with pytest.raises(InvalidInput, match=r"inputs: missing input 'B'"):
+        decode_s(body(("A", "INT32", [1, 2])))
+    with pytest.raises(InvalidInput, match=r"inputs\[0\].datatype: input 'A' of model 'm' is INT32, got FP32"):
+        decode_s(body(("A", "FP32", [1, 2]), ("B", "FP32", [1, 2])))
+    with pytest.raises(InvalidInput, match=r"inputs\[0\].shape\[0\]: batch size of input 'A' must be 1..8, got 9"):
+        decode_s(body(("A", "INT32", [9, 2]), ("B", "FP32", [9, 2])))
+    assert len(s.checked) == 4  # refused inputs are not remembered

@@ -151,52 +151,29 @@ def _decode(header: memoryview, blobs: memoryview, fmt: Format, header_length: i
     (and none is BYTES, whose element counts depend on the data): a plan to reuse."""
     wire = _decode_header(header, fmt, header_length)
     specs = schema.inputs
-    by_name = schema.by_name
     max_batch_size = schema.max_batch_size
     inputs: list[Any] = [None] * len(specs)
     spans: list[Any] | None = [None] * len(specs) if header_length is not None and fmt == "json" else None
     samples = 0
     first = ""
     offset = 0
+    checked = schema.checked
     for index, item in enumerate(wire.inputs):
         name = item.name
-        spec = by_name.get(name)
+        datatype = item.datatype
+        shape = tuple(item.shape)
+        key = (name, datatype, shape)
+        spec = checked.get(key)
         if spec is None:
-            raise InvalidInput(
-                f"inputs[{index}].name: model {schema.name!r} has no input {name!r}; "
-                f"expected one of {_names(specs)}"
-            )
+            spec = _check_input(index, name, datatype, shape, schema)
+            if len(checked) >= MAX_PLANS:
+                checked.clear()
+            checked[key] = spec
         if inputs[spec.position] is not None:
             earlier = next(i for i, w in enumerate(wire.inputs) if w.name == name)
             raise InvalidInput(f"inputs[{index}].name: duplicate input {name!r} (also inputs[{earlier}])")
-        datatype = item.datatype
-        if datatype != spec.datatype:
-            if datatype not in DATATYPES:
-                raise InvalidInput(
-                    f"inputs[{index}].datatype: expected one of {', '.join(DATATYPES)}, got {datatype!r}"
-                )
-            raise InvalidInput(
-                f"inputs[{index}].datatype: input {name!r} of model {schema.name!r} is {spec.datatype}, "
-                f"got {datatype}"
-            )
-        shape = tuple(item.shape)
-        want = spec.shape
-        if len(shape) != len(want):
-            if len(shape) > MAX_RANK:
-                raise InvalidInput(f"inputs[{index}].shape: at most {MAX_RANK} dimensions, got {len(shape)}")
-            _bad_shape(index, spec, schema, shape)
-        for w, g in zip(want, shape):
-            if w != g and w != -1:
-                _bad_shape(index, spec, schema, shape)
-        if 0 in shape:
-            arrays.check_empty_shape(shape, spec.itemsize, field=f"inputs[{index}].shape")
         if max_batch_size > 0 and shape:
             rows = shape[0]
-            if not 1 <= rows <= max_batch_size:
-                raise InvalidInput(
-                    f"inputs[{index}].shape[0]: batch size of input {name!r} must be 1..{max_batch_size}, "
-                    f"got {rows}"
-                )
             if not first:
                 first, samples = name, rows
             elif rows != samples:
@@ -258,6 +235,43 @@ def _decode(header: memoryview, blobs: memoryview, fmt: Format, header_length: i
         form=default_binary,
     )
     return request, plan
+
+
+def _check_input(index: int, name: str, datatype: str, shape: tuple[int, ...], schema: ModelSchema) -> InputSpec:
+    """The spec of the input `inputs[index]` gives, once its name, datatype and shape are
+    checked against it (InvalidInput naming the field otherwise)."""
+    spec = schema.by_name.get(name)
+    if spec is None:
+        raise InvalidInput(
+            f"inputs[{index}].name: model {schema.name!r} has no input {name!r}; "
+            f"expected one of {_names(schema.inputs)}"
+        )
+    if datatype != spec.datatype:
+        if datatype not in DATATYPES:
+            raise InvalidInput(
+                f"inputs[{index}].datatype: expected one of {', '.join(DATATYPES)}, got {datatype!r}"
+            )
+        raise InvalidInput(
+            f"inputs[{index}].datatype: input {name!r} of model {schema.name!r} is {spec.datatype}, "
+            f"got {datatype}"
+        )
+    want = spec.shape
+    if len(shape) != len(want):
+        if len(shape) > MAX_RANK:
+            raise InvalidInput(f"inputs[{index}].shape: at most {MAX_RANK} dimensions, got {len(shape)}")
+        _bad_shape(index, spec, schema, shape)
+    for w, g in zip(want, shape):
+        if w != g and w != -1:
+            _bad_shape(index, spec, schema, shape)
+    if 0 in shape:
+        arrays.check_empty_shape(shape, spec.itemsize, field=f"inputs[{index}].shape")
+    max_batch_size = schema.max_batch_size
+    if max_batch_size > 0 and shape and not 1 <= shape[0] <= max_batch_size:
+        raise InvalidInput(
+            f"inputs[{index}].shape[0]: batch size of input {name!r} must be 1..{max_batch_size}, "
+            f"got {shape[0]}"
+        )
+    return spec
 
 
 def _names(specs: tuple[InputSpec, ...]) -> str:
