@@ -33,6 +33,26 @@ def test_writes_a_record_per_policy_kind_and_load(tmp_path: pathlib.Path) -> Non
     assert all({"joins", "joined_requests", "offers_turned_away"} <= r.keys() for r in joined)
     assert result["stage_profile"]["stages"] == 4
     assert set(result["summary"]) == {"single@0.5", "multi@0.5"}
+    for r in records:  # a mean per round (None: no answer in it), the rounds paired across policies
+        assert len(r["round_mean_ms"]) == 4 and all(m is None or m > 0 for m in r["round_mean_ms"])
+    for entry in result["summary"].values():
+        lo, hi = entry["adaptive"]["mean_vs_serial_ci95"]
+        assert 0 < lo <= hi
+        won, rounds = map(int, entry["adaptive"]["rounds_not_slower_than_serial"].split("/"))
+        assert 0 <= won <= rounds <= 4
+
+
+def test_paired_ratio_interval() -> None:
+    serial = [5.0, 7.0, 6.0, 9.0, 5.5, 6.5, 8.0, 7.5]
+    assert batching.paired_ratio_ci(serial, serial) == (1.0, 1.0)
+    lo, hi = batching.paired_ratio_ci([1.1 * x for x in serial], serial)
+    assert lo == pytest.approx(1.1) and hi == pytest.approx(1.1)
+    # noise that is not paired with the rounds' drift widens the interval around the ratio of sums
+    noisy = [x * f for x, f in zip(serial, (0.9, 1.15, 1.0, 0.95, 1.1, 0.92, 1.05, 1.0))]
+    lo, hi = batching.paired_ratio_ci(noisy, serial)
+    assert lo < sum(noisy) / sum(serial) < hi and lo < 1.0 < hi
+    nan = float("nan")  # a round where one policy answered nothing is left out
+    assert batching.paired_ratio_ci([nan, *serial], [4.0, *serial]) == (1.0, 1.0)
 
 
 def test_simulated_run_on_a_given_curve(tmp_path: pathlib.Path) -> None:

@@ -13,7 +13,11 @@ capacity (requests/s with the queue never empty), then sends Poisson arrivals at
 Each record: policy, requests (single|multi), load, mean_ms, p99_ms,
 throughput_rps, over_budget (fraction of requests over the budget, refusals
 included), refused (503s), admitted_over_budget (fraction of the admitted requests
-over the budget).
+over the budget), round_mean_ms (the mean of each round's answers: every policy gets
+the same arrivals in round i, so rounds pair up). The summary gives, per adaptive
+policy, `mean_vs_serial` with `mean_vs_serial_ci95` (a bootstrap interval over the
+paired rounds: a ratio whose interval holds 1 is not told apart from serial by the
+run) and how many rounds it was not slower than serial in.
 
 `--simulate A_MS,C_MS` runs the same table in virtual time instead: the real Batcher
 and policies on a `VirtualLoop` with a simulated engine whose batches of b take
@@ -154,6 +158,7 @@ class Point:
         self.errors = 0  # requests not answered (refusals included)
         self.refused = 0  # refused by admission control (503)
         self.span = 0.0  # seconds from each round's start to its last answer, summed
+        self.round_means: list[float] = []  # mean latency (s) of each round's answers, in round order
 
 
 def _ten(rng: random.Random) -> int:
@@ -323,12 +328,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     part = [Arrival(a.time - r * window, a.samples) for a in arrivals
                             if r * window <= a.time < (r + 1) * window]
                     for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
-                        await drive(batchers[policy], inputs, part, points[policy])
+                        point = points[policy]
+                        before = len(point.latencies)
+                        await drive(batchers[policy], inputs, part, point)
+                        answered = point.latencies[before:]
+                        point.round_means.append(statistics.fmean(answered) if answered else math.nan)
                 for policy in policies:
                     batcher, point = batchers[policy], points[policy]
                     lat = sorted(point.latencies)
                     rec = record(policy, kind, load, arrivals, args.seconds, lat, point.errors, point.span,
                                  batcher.requests / max(1, batcher.batches), budget, point.refused)
+                    rec["round_mean_ms"] = [None if math.isnan(m) else round(1e3 * m, 3) for m in point.round_means]
                     if policy == "adaptive_join":
                         stats = batcher.stats()
                         rec["joins"] = stats["joins"]
@@ -506,8 +516,37 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         s = by.get(("serial", kind, load))
         if s is not None and s["mean_ms"]:
             entry["mean_vs_serial"] = round(r["mean_ms"] / s["mean_ms"], 3)
+            ours, theirs = r.get("round_mean_ms"), s.get("round_mean_ms")
+            if ours and theirs and len(ours) == len(theirs) and len(ours) > 1:
+                lo, hi = paired_ratio_ci([math.nan if a is None else a for a in ours],
+                                         [math.nan if b is None else b for b in theirs])
+                entry["mean_vs_serial_ci95"] = [round(lo, 3), round(hi, 3)]
+                paired = [(a, b) for a, b in zip(ours, theirs) if a is not None and b is not None]
+                entry["rounds_not_slower_than_serial"] = f"{sum(a <= b for a, b in paired)}/{len(paired)}"
         out.setdefault(f"{kind}@{load}", {})[policy] = entry
     return out
+
+
+def paired_ratio_ci(ours: Sequence[float], theirs: Sequence[float], *, resamples: int = 4000,
+                    seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of sum(ours) / sum(theirs) over paired rounds (the same arrivals
+    in round i for both): rounds are resampled whole, so what drifts from one round to the
+    next (other load on the machine) stays paired. Rounds where either answered nothing are left out."""
+    pairs = [(a, b) for a, b in zip(ours, theirs) if not (math.isnan(a) or math.isnan(b))]
+    if not pairs:
+        return math.nan, math.nan
+    rng = random.Random(seed)
+    n = len(pairs)
+    ratios = []
+    for _ in range(resamples):
+        pick = [pairs[rng.randrange(n)] for _ in range(n)]
+        below = sum(b for _, b in pick)
+        if below > 0:
+            ratios.append(sum(a for a, _ in pick) / below)
+    ratios.sort()
+    if not ratios:
+        return math.nan, math.nan
+    return ratios[int(0.025 * (len(ratios) - 1))], ratios[int(0.975 * (len(ratios) - 1))]
 
 
 def require_matplotlib() -> None:
