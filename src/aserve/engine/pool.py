@@ -131,6 +131,22 @@ _parked: dict[str, list[_native.Pool]] = {}
 _subinterp_pools: list[Any] = []
 
 
+def _settle_shared_statics() -> None:
+    """Fill, from the host, the process-wide state that extensions shared with subinterpreters
+    fill lazily and without a lock, before interpreters with their own GIL race to fill it.
+
+    ctypes: `_ctypes_get_fielddesc` (CPython 3.12, 3.13) marks its table of type codes
+    initialized *before* filling it, so the second of two interpreters defining their first
+    ctypes type at once reads an unfilled entry and crashes (SIGSEGV in ctypes/__init__.py,
+    `class py_object`). Every interpreter of a pool loads its model at once, and the runtime
+    (`memory`) and models import ctypes while loading. Importing it here defines its
+    types, which fills the table once for the process."""
+    try:
+        import ctypes  # noqa: F401
+    except ImportError:  # a Python built without _ctypes: nothing to fill
+        pass
+
+
 @atexit.register
 def _end_subinterpreters() -> None:
     # a host that finalizes with live subinterpreters aborts (3.12): end them first
@@ -324,6 +340,8 @@ class Pool:
             library: str | None = interpreter_library()
         else:
             library = None
+        if self.engine == "subinterp":
+            _settle_shared_statics()
         try:
             native = _native.Pool(
                 self.engine, executable=sys.executable, path=[p for p in sys.path if p], bootstrap=BOOTSTRAP,
