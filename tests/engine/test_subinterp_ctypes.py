@@ -62,6 +62,6 @@ asyncio.run(main())
 @pytest.mark.parametrize("start", range(3))
 def test_interpreters_loading_ctypes_at_once(model_dir, start: int) -> None:
     folder: pathlib.Path = model_dir(CTYPES_MODEL, name=f"widths{start}")
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), str(folder)], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), str(folder)], check=False, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "answered", done.stderr[-3000:]
