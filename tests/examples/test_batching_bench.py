@@ -51,8 +51,8 @@ def test_paired_ratio_interval() -> None:
     noisy = [x * f for x, f in zip(serial, (0.9, 1.15, 1.0, 0.95, 1.1, 0.92, 1.05, 1.0))]
     lo, hi = batching.paired_ratio_ci(noisy, serial)
     assert lo < sum(noisy) / sum(serial) < hi and lo < 1.0 < hi
-    nan = float("nan")  # a round where one policy answered nothing is left out
-    assert batching.paired_ratio_ci([nan, *serial], [4.0, *serial]) == (1.0, 1.0)
+    # a round where one policy answered nothing is left out
+    assert batching.paired_ratio_ci([None, *serial], [4.0, *serial]) == (1.0, 1.0)
 
 
 def test_simulated_run_on_a_given_curve(tmp_path: pathlib.Path) -> None:

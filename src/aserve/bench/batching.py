@@ -158,7 +158,7 @@ class Point:
         self.errors = 0  # requests not answered (refusals included)
         self.refused = 0  # refused by admission control (503)
         self.span = 0.0  # seconds from each round's start to its last answer, summed
-        self.round_means: list[float] = []  # mean latency (s) of each round's answers, in round order
+        self.round_means: list[float | None] = []  # mean latency (s) of each round's answers (None: none)
 
 
 def _ten(rng: random.Random) -> int:
@@ -332,13 +332,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         before = len(point.latencies)
                         await drive(batchers[policy], inputs, part, point)
                         answered = point.latencies[before:]
-                        point.round_means.append(statistics.fmean(answered) if answered else math.nan)
+                        point.round_means.append(statistics.fmean(answered) if answered else None)
                 for policy in policies:
                     batcher, point = batchers[policy], points[policy]
                     lat = sorted(point.latencies)
                     rec = record(policy, kind, load, arrivals, args.seconds, lat, point.errors, point.span,
                                  batcher.requests / max(1, batcher.batches), budget, point.refused)
-                    rec["round_mean_ms"] = [None if math.isnan(m) else round(1e3 * m, 3) for m in point.round_means]
+                    rec["round_mean_ms"] = [None if m is None else round(1e3 * m, 3) for m in point.round_means]
                     if policy == "adaptive_join":
                         stats = batcher.stats()
                         rec["joins"] = stats["joins"]
@@ -518,21 +518,25 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             entry["mean_vs_serial"] = round(r["mean_ms"] / s["mean_ms"], 3)
             ours, theirs = r.get("round_mean_ms"), s.get("round_mean_ms")
             if ours and theirs and len(ours) == len(theirs) and len(ours) > 1:
-                lo, hi = paired_ratio_ci([math.nan if a is None else a for a in ours],
-                                         [math.nan if b is None else b for b in theirs])
+                paired = _paired(ours, theirs)
+                lo, hi = paired_ratio_ci(ours, theirs)
                 entry["mean_vs_serial_ci95"] = [round(lo, 3), round(hi, 3)]
-                paired = [(a, b) for a, b in zip(ours, theirs) if a is not None and b is not None]
                 entry["rounds_not_slower_than_serial"] = f"{sum(a <= b for a, b in paired)}/{len(paired)}"
         out.setdefault(f"{kind}@{load}", {})[policy] = entry
     return out
 
 
-def paired_ratio_ci(ours: Sequence[float], theirs: Sequence[float], *, resamples: int = 4000,
+def _paired(ours: Sequence[float | None], theirs: Sequence[float | None]) -> list[tuple[float, float]]:
+    """The rounds where both answered something (None: a round without an answer)."""
+    return [(a, b) for a, b in zip(ours, theirs) if a is not None and b is not None]
+
+
+def paired_ratio_ci(ours: Sequence[float | None], theirs: Sequence[float | None], *, resamples: int = 4000,
                     seed: int = 0) -> tuple[float, float]:
     """95% bootstrap interval of sum(ours) / sum(theirs) over paired rounds (the same arrivals
     in round i for both): rounds are resampled whole, so what drifts from one round to the
     next (other load on the machine) stays paired. Rounds where either answered nothing are left out."""
-    pairs = [(a, b) for a, b in zip(ours, theirs) if not (math.isnan(a) or math.isnan(b))]
+    pairs = _paired(ours, theirs)
     if not pairs:
         return math.nan, math.nan
     rng = random.Random(seed)
