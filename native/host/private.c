@@ -5,7 +5,9 @@
  * modules imported there later bind to that libpython. See interp/namespace.c for
  * what the library fixes inside the namespace.
  */
+#ifndef _GNU_SOURCE  /* setup.py defines it for every file */
 #define _GNU_SOURCE
+#endif
 #include "common.h"
 
 #include <dlfcn.h>

@@ -12,7 +12,9 @@
  *   global scope (torch loads libtorch_global_deps.so that way and crashes in
  *   add_to_global_resize). Inside a namespace RTLD_GLOBAL is dropped.
  */
+#ifndef _GNU_SOURCE  /* setup.py defines it for every file */
 #define _GNU_SOURCE
+#endif
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
