@@ -306,8 +306,8 @@ class Connection(asyncio.Protocol):
                 for line in lines[1:]:
                     name, _, value = line.partition(":")
                     fields[name.strip().lower()] = value.strip()
-                retry = fields.get("retry-after")
-                self.head = (int(lines[0].split(" ", 2)[1]), None if retry is None else float(retry),
+                retry_field = fields.get("retry-after")
+                self.head = (int(lines[0].split(" ", 2)[1]), None if retry_field is None else float(retry_field),
                              int(fields.get("content-length", "0")), fields.get("connection", "").lower() == "close")
                 self.buf = self.buf[end + 4:]
             status, retry, length, close = self.head
@@ -611,7 +611,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                "duration_s": args.duration, "connections": args.connections,
                                "client_sched": args.client_sched,
                                "loadavg_1m_start": os.getloadavg()[0], "policies": {}}
-    rate = None
+    rate: float | None = None  # offered requests/s, from the capacity measured on the first server
     timeout = aiohttp.ClientTimeout(total=120)
     with tempfile.TemporaryDirectory(prefix="aserve-overload-") as tmp:
         for policy in policies:
@@ -638,6 +638,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         if args.closed:
                             tally, sent, seconds = await drive_closed(client, args.duration, args.connections)
                         else:
+                            assert rate is not None, "the open loop measured the capacity first"
                             tally, sent, seconds = await drive(client, rate, args.duration, args.seed)
                     finally:
                         watch.cancel()

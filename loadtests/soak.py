@@ -130,7 +130,7 @@ class Server:
         raise RuntimeError(f"the server was not ready after {timeout} s")
 
     def pss_mb(self) -> float:
-        return self.process.memory_full_info().pss / 2**20
+        return float(self.process.memory_full_info().pss) / 2**20
 
     def memory_mb(self) -> tuple[float, float]:
         """(PSS, USS) in MiB."""
