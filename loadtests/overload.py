@@ -26,7 +26,9 @@ generator shares the cores: its p99 says how much of the first figure is the
 client's), 503s and how many carried Retry-After,
 other 5xx (must be 0), other failures, the server's PSS before the drive, at its peak
 (sampled every 0.25 s) and after it, the cores its event loop, its other threads (the
-interpreters) and the client used while the requests arrived; and adaptive's OK/s over
+interpreters) and the client used while the requests arrived, the batcher's counters
+(mean queueing and batch time per request, requests per batch, layer joins, the
+adaptive policy's state) and how many batches of each size ran; and adaptive's OK/s over
 each other policy's (`window-N`, the window policy held to batches of at most N, shows
 what batches small enough for the budget serve without admission control). The exit
 status is 1 when a policy answered another 5xx, a 503 without Retry-After, or its PSS
@@ -226,7 +228,7 @@ async def batcher_state(session: aiohttp.ClientSession, url: str) -> dict[str, f
         if line.startswith("#") or f'model="{MODEL}"' not in line or "{" not in line:
             continue
         name = line.split("{", 1)[0]
-        if name.startswith(("aserve_batcher_", "aserve_batching_", "aserve_inference_exec_count",
+        if name.startswith(("aserve_batcher_", "aserve_batching_", "aserve_layer_joins", "aserve_inference_exec_count",
                             "aserve_inference_queue_duration", "aserve_inference_compute_duration")):
             values[name] = float(line.rsplit(" ", 1)[1])
     out: dict[str, float] = {}
@@ -235,10 +237,20 @@ async def batcher_state(session: aiohttp.ClientSession, url: str) -> dict[str, f
         out["queue_ms_mean"] = round(values.get("aserve_inference_queue_duration_us_total", 0.0) / requests / 1e3, 2)
         out["batch_ms_mean"] = round(values.get("aserve_inference_compute_duration_us_total", 0.0) / requests / 1e3, 2)
         out["requests_per_batch"] = round(requests / max(1.0, values.get("aserve_inference_exec_count_total", 1.0)), 2)
+    if "aserve_layer_joins_total" in values:
+        out["joins"] = values["aserve_layer_joins_total"]
     for name, value in values.items():
         if name.startswith("aserve_batching_") and name != "aserve_batching_interpreters":
             out[name.removeprefix("aserve_batching_")] = round(value, 4)
     return out
+
+
+async def batch_sizes(session: aiohttp.ClientSession, url: str) -> dict[str, int]:
+    """How many batches of each size ran (the statistics extension's batch_stats)."""
+    async with session.get(f"{url}/v2/models/{MODEL}/stats") as r:
+        body = await r.json()
+    stats = body["model_stats"][0]["batch_stats"]
+    return {str(s["batch_size"]): int(s["compute_infer"]["count"]) for s in stats}
 
 
 # ---- the client ----
@@ -649,6 +661,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     results["policies"][policy]["pss_mb"] = {
                         "before": round(before, 1), "peak": round(max(peak), 1), "after": round(server.pss_mb(), 1)}
                     results["policies"][policy]["batcher"] = await batcher_state(session, server.url)
+                    results["policies"][policy]["batch_sizes"] = await batch_sizes(session, server.url)
                     results["policies"][policy]["cores"] = cores
                     results["policies"][policy]["server_loop_sched"] = SCHED_NAMES.get(
                         os.sched_getscheduler(server.proc.pid), "other")
