@@ -13,7 +13,9 @@ finish at max(now, F_k L(2)) + F_k L(n) + (1 - F_k) L(2 + n):
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -166,6 +168,37 @@ def test_an_interpreter_freeing_before_the_batch_ends_lowers_the_gain() -> None:
     assert plan(p, now=0.005, elapsed=0.005, limit=1.0, free_at=0.017) is None
     # an interpreter due already (free_at before now) frees now: gain 0.005 + 0.0205 - 0.0295 < 0
     assert plan(p, now=0.005, elapsed=0.005, limit=1.0, free_at=0.001) is None
+
+
+@pytest.mark.parametrize(("overhead", "per_sample"), [(0.0027, 0.0031), (0.002, 0.002), (0.0, 0.004)])
+def test_no_join_pays_where_the_overhead_is_at_most_the_per_sample_cost(overhead: float, per_sample: float) -> None:
+    # the batcher does not ask the planner when may_pay() is False: no state of a running
+    # batch, its earlier groups, the queue and the other interpreters may pass the check
+    p = planner(overhead=overhead, per_sample=per_sample, max_batch_size=32)
+    assert not p.may_pay()
+    rng = random.Random(7)
+    unit = overhead + per_sample
+    for _ in range(3000):
+        samples = rng.randint(1, 20)
+        offered = [rng.randint(1, 3) for _ in range(rng.randint(0, 2))]
+        done = rng.randint(0, 2)
+        elapsed = rng.uniform(0.0, 3.0) * unit * samples
+        now = 10.0
+        own = p.own_end(start=now - elapsed, now=now, samples=samples, offered=offered, done=done)
+        free_at = rng.choice([own, own - rng.uniform(0.0, own - now + unit), now - unit])
+        sizes = list(itertools.accumulate(rng.randint(1, 3) for _ in range(rng.randint(1, 6))))
+        found = plan(p, sizes=sizes, limit=math.inf, limits=[math.inf] * len(sizes), done=done, now=now,
+                     elapsed=elapsed, samples=samples, max_batch_size=64, offered=offered,
+                     requests=rng.randint(1, samples), free_at=free_at)
+        assert found is None
+
+
+def test_joins_may_pay_where_the_overhead_exceeds_the_per_sample_cost() -> None:
+    assert planner(overhead=0.020, per_sample=0.0005).may_pay()
+    assert planner(overhead=0.0021, per_sample=0.002).may_pay()
+    # other curve forms are not bounded in closed form: the planner is asked
+    cost = CostModel([(1, 0.003), (2, 0.005), (4, 0.011)], max_batch_size=4, form="interp")
+    assert JoinPlanner(cost, StageProfile(2, [0.5, 0.5])).may_pay()
 
 
 # ---- the stage profile ----

@@ -28,7 +28,10 @@ With `join` (a staged model, layer-level joining, see join.py) every batch runs
 staged, and while no interpreter is free the head of the queue is offered to a
 running batch whenever the planner predicts the joined batch still meets every
 budget. A group the engine turns away (the batch moved past the offer's last
-stage) returns to the head of the queue.
+stage) returns to the head of the queue. Under the benefit rule, while the model's
+curve is one on which no join can pay (`JoinPlanner.may_pay`), batches run whole
+as a model without stages does, and nothing is offered: the staged run and the
+offers cost the event loop time and buy nothing there.
 """
 
 from __future__ import annotations
@@ -614,8 +617,9 @@ class Batcher:
             self._wake.cancel()
             self._wake = None
             self._wake_at = _NEVER
-        if self._join is not None:
-            self._spawn(self._run_staged(batch, self._join, loop))
+        join = self._join
+        if join is not None and (not join.benefit or join.planner.may_pay()):
+            self._spawn(self._run_staged(batch, join, loop))
             return
         if len(batch) == 1:
             samples = batch[0].samples
@@ -833,7 +837,7 @@ class Batcher:
         """No interpreter is free: offer the head of the queue to running staged batches."""
         join = self._join
         queue = self._queue
-        if join is None or not self._staged:
+        if join is None or not self._staged or (join.benefit and not join.planner.may_pay()):
             return
         assert self._loop is not None
         now = self._clock()

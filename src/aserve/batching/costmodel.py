@@ -276,6 +276,11 @@ class CostModel:
             return logistic_latency(self._logistic, b)
         return interpolate(self._knots, b)
 
+    @property
+    def affine(self) -> tuple[float, float] | None:
+        """(a, c) of the fitted line a + c b where the form is affine, else None."""
+        return self._affine if self.form == "affine" else None
+
     def throughput(self, samples: int) -> float:
         """Samples per second one interpreter serves in batches of `samples`."""
         b = max(1, samples)

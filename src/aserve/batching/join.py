@@ -43,6 +43,13 @@ to the per-sample cost c (LBCI's CPU models), and not for a model whose latency 
 nearly proportional to its batch (where waiting for a free interpreter and batching
 there costs less). Without `free_at` only the budgets are checked (LBCI's rule).
 
+Where a <= c no join ever passes the check, so the planner is not asked (`may_pay`):
+free_at <= E gives gain <= L(n) - D, and D >= c n whatever the boundary and `now`,
+so a join needs g L(n) > (g + r) c n, that is g a > r c n, for a group of g requests
+of n >= g samples joining a batch of r >= 1 requests: a > c. Under load the queue is
+offered to every running batch at each arrival: on the bundled CNN (a < c) under
+overload, asking anyway cost the event loop a sixth of its time per request.
+
 `StageProfile` learns F from the stage timings of batches that ran without joiners.
 """
 
@@ -110,6 +117,12 @@ class JoinPlanner:
     def __init__(self, cost: CostModel, profile: StageProfile) -> None:
         self.cost = cost
         self.profile = profile
+
+    def may_pay(self) -> bool:
+        """False where no join can lower the total latency: an affine curve whose
+        per-batch overhead a is at most its per-sample cost c (see the module doc)."""
+        line = self.cost.affine
+        return line is None or line[0] > line[1]
 
     def finish(self, *, start: float, now: float, samples: int, joining: int, k: int,
                offered: Sequence[int] = ()) -> float:
