@@ -28,7 +28,8 @@ other 5xx (must be 0), other failures, the server's PSS before the drive, at its
 (sampled every 0.25 s) and after it, the cores its event loop, its other threads (the
 interpreters) and the client used while the requests arrived, the batcher's counters
 (mean queueing and batch time per request, requests per batch, layer joins, the
-adaptive policy's state) and how many batches of each size ran; and adaptive's OK/s over
+adaptive policy's state) and, per batch size, how many batches ran and their mean
+milliseconds; and adaptive's OK/s over
 each other policy's (`window-N`, the window policy held to batches of at most N, shows
 what batches small enough for the budget serve without admission control). The exit
 status is 1 when a policy answered another 5xx, a 503 without Retry-After, or its PSS
@@ -245,12 +246,16 @@ async def batcher_state(session: aiohttp.ClientSession, url: str) -> dict[str, f
     return out
 
 
-async def batch_sizes(session: aiohttp.ClientSession, url: str) -> dict[str, int]:
-    """How many batches of each size ran (the statistics extension's batch_stats)."""
+async def batch_sizes(session: aiohttp.ClientSession, url: str) -> dict[str, list[float]]:
+    """Per batch size: how many batches ran and their mean milliseconds (the statistics
+    extension's batch_stats)."""
     async with session.get(f"{url}/v2/models/{MODEL}/stats") as r:
         body = await r.json()
-    stats = body["model_stats"][0]["batch_stats"]
-    return {str(s["batch_size"]): int(s["compute_infer"]["count"]) for s in stats}
+    out: dict[str, list[float]] = {}
+    for s in body["model_stats"][0]["batch_stats"]:
+        count = int(s["compute_infer"]["count"])
+        out[str(s["batch_size"])] = [count, round(s["compute_infer"]["ns"] / max(1, count) / 1e6, 2)]
+    return out
 
 
 # ---- the client ----
