@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import statistics
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -19,7 +19,7 @@ from aserve.batching.adaptive import AdaptivePolicy
 from aserve.batching.costmodel import CostModel, ladder
 from aserve.batching.join import JoinPlanner, StageProfile
 from aserve.batching.policy import Decision, Pending, WindowPolicy
-from aserve.batching.simulation import Arrival, SimBatch, SimJoin, SimResult, poisson, simulate
+from aserve.batching.simulation import Arrival, SimBatch, SimJoin, SimResult, Simulation, poisson, simulate
 
 SHARES = [0.4, 0.3, 0.2, 0.1]
 
@@ -390,6 +390,48 @@ def test_the_benefit_rule_is_never_worse_than_adaptive_alone_on_the_cnn_curve(re
     assert joined.over <= alone.over
     assert joined.served == alone.served
     assert summary(requests, load, "budget").joined > 0  # there were groups to turn away
+
+
+def low_overhead(b: int) -> float:
+    return 0.0027 + 0.0031 * b
+
+
+@pytest.mark.parametrize(("benefit", "staged"), [(True, False), (False, True)])
+def test_where_no_join_can_pay_batches_run_whole_and_nothing_is_offered(benefit: bool, staged: bool) -> None:
+    # L(b) = 2.7 ms + 3.1 ms x b (the bundled CNN's fit on this machine): per-batch overhead
+    # below the per-sample cost, so the benefit rule can accept no join (join.py) and the
+    # batcher neither runs batches stage by stage nor asks the planner, even at full load;
+    # the budget rule still joins. Either way every request is answered.
+    cost = CostModel([(b, low_overhead(b)) for b in ladder(32)], max_batch_size=32)
+    planner = JoinPlanner(cost, StageProfile(4, CNN_SHARES))
+    assert not planner.may_pay()
+    sim = Simulation(interpreters=2)
+    policy = AdaptivePolicy(cost, latency_budget_s=0.05, interpreters=2, max_queue_delay_s=0.025)
+    sim.model("cnn", policy, low_overhead, max_batch_size=32, join=planner, stages=CNN_SHARES, budget=0.05,
+              benefit=benefit)
+    runs = {"staged": 0, "plans": 0}
+    engine_staged, batcher = sim.engine.infer_staged, sim._models["cnn"].batcher
+    assert batcher._join is not None
+    planned = batcher._join.planner.plan
+
+    def count_staged(model: str, inputs: Sequence[Any], /) -> Any:
+        runs["staged"] += 1
+        return engine_staged(model, inputs)
+
+    def count_plans(now: float, **kw: Any) -> Any:
+        runs["plans"] += 1
+        return planned(now, **kw)
+
+    sim.engine.infer_staged = count_staged  # type: ignore[method-assign]
+    batcher._join.planner.plan = count_plans  # type: ignore[method-assign]
+    arrivals = poisson(1.0 * 2 * 32 / low_overhead(32), 2.0, 1)
+    sim.arrive("cnn", arrivals)
+    result = sim.run()["cnn"]
+    assert len(result.served()) + len(result.refused) == len(arrivals) and result.served()
+    assert (runs["staged"] > 0) is staged and (runs["plans"] > 0) is staged
+    assert (len(result.joins) > 0) is staged
+    if not staged:
+        assert result.stats["joins"] == 0 and len(result.batches) > len(arrivals) / 8
 
 
 @pytest.mark.parametrize("load", [0.25, 0.5])
