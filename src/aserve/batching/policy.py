@@ -46,12 +46,13 @@ class BatchPolicy(Protocol):
     def observe(self, samples: int, seconds: float) -> None: ...  # a batch of `samples` took `seconds`
 
 
-def fitting(queue: Sequence[Pending], max_batch_size: int) -> int:
-    """How many requests from the head fit in one batch of at most max_batch_size samples (at least 1).
+def fitting(queue: Sequence[Pending], max_batch_size: int) -> tuple[int, int]:
+    """How many requests from the head fit in one batch of at most max_batch_size samples (at
+    least 1), and their samples.
 
     With max_batch_size 0 (the model does not batch) every request goes alone."""
     if max_batch_size <= 0:
-        return 1
+        return 1, queue[0].samples
     total = 0
     n = 0
     for p in queue:
@@ -59,7 +60,7 @@ def fitting(queue: Sequence[Pending], max_batch_size: int) -> int:
             break
         total += p.samples
         n += 1
-    return n
+    return n, total
 
 
 WAIT = Decision(0, None)
@@ -97,11 +98,10 @@ class WindowPolicy:
             return WAIT
         if max_batch_size <= 0:
             return Decision(1, None)
-        n = fitting(queue, max_batch_size)
-        if n < len(queue) or running == 0:
-            # more than one batch's worth is queued (rule 3), or nothing is running (rule 4)
-            return Decision(n, None)
-        if sum(p.samples for p in queue) >= max_batch_size:
+        n, samples = fitting(queue, max_batch_size)
+        if n < len(queue) or running == 0 or samples >= max_batch_size:
+            # more than one batch's worth is queued, or exactly one (rule 3), or nothing is
+            # running (rule 4)
             return Decision(n, None)
         head = queue[0]
         close = head.arrival + self.max_queue_delay
