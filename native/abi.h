@@ -12,13 +12,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define AS_ABI_VERSION 5
+#define AS_ABI_VERSION 6
 #define AS_MAX_DIMS 16
 #define AS_MAX_STAGES 64
 
 enum as_job_kind {
     AS_JOB_LOAD = 1,   /* model = key, text = JSON spec; result = JSON metadata */
-    AS_JOB_UNLOAD = 2, /* model = key */
+    AS_JOB_UNLOAD = 2, /* model = key, text = NULL (collect the garbage now) or "later" (a later unload will) */
     AS_JOB_INFER = 3,  /* model = key, inputs; outputs + owner */
     AS_JOB_EXEC = 4,   /* text = Python source; result = repr(result) */
 };

@@ -342,7 +342,7 @@ static void run_attached(as_interp *ip, as_job *job)
             Py_CLEAR(res);
         break;
     case AS_JOB_UNLOAD:
-        res = PyObject_CallFunction(ip->fn_unload, "s", job->model);
+        res = PyObject_CallFunction(ip->fn_unload, "sz", job->model, job->text);
         break;
     case AS_JOB_EXEC:
         res = PyObject_CallFunction(ip->fn_exec, "s", job->text);

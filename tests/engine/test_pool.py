@@ -442,3 +442,76 @@ async def test_a_private_interpreter_keeps_an_environment_of_its_own(monkeypatch
             "result = (os.getenv('ASERVE_INNER_99'), 'ASERVE_TEST_GROW_1' in os.environ)"
         ))
     assert seen == "('99', False)"  # its own copy, taken when it started
+
+
+COUNT_COLLECTIONS = """
+import gc, os, weakref
+from aserve.runtime import _worker
+_models_seen = [weakref.ref(loaded.model) for loaded in _worker._models.values()]
+
+def _count(phase, info, flag={flag!r}, out={out!r}, seen=_models_seen):
+    # one line per full collection: how many of the models loaded above are still alive
+    if phase != "stop" or info["generation"] != 2:
+        return
+    if not os.path.exists(flag):  # the test is over: this interpreter may serve other pools
+        gc.callbacks.remove(_count)
+        return
+    with open(out, "a") as f:
+        f.write(f"{{sum(ref() is not None for ref in seen)}}\\n")
+
+gc.callbacks.append(_count)
+result = len(_models_seen)
+"""
+
+
+async def test_closing_collects_once_per_interpreter_after_its_last_model(model_dir, tmp_path) -> None:
+    # a full collection takes ~100 ms with torch imported: a pool that closes with several
+    # models collects once per interpreter, after the last model unloaded from it, and frees
+    # every model then. "a" runs on both interpreters, "b" on the first only: interpreter 1's
+    # collection comes with a's unload, interpreter 0's with b's.
+    flag = tmp_path / "counting"
+    flag.touch()
+    async with Pool(engine="private", interpreters=2) as pool:
+        await pool.load(ModelSpec(name="a", path=str(model_dir(ECHO, name="a"))))
+        await pool.load(ModelSpec(name="b", path=str(model_dir(ECHO, name="b"))), interpreters=1)
+        for i, models in ((0, 2), (1, 1)):
+            source = COUNT_COLLECTIONS.format(flag=str(flag), out=str(tmp_path / f"collections{i}"))
+            assert await pool.execute(i, source) == str(models)
+    flag.unlink()
+    for i in range(2):
+        assert (tmp_path / f"collections{i}").read_text().split() == ["0"], i
+
+
+async def test_closing_the_main_engine_collects_the_servers_heap_once(model_dir) -> None:
+    # the main engine's models live in this (the host's) heap, where a full collection is
+    # the whole server's: three models closed, one collection, every model freed by it
+    import gc
+    import weakref
+
+    from aserve.runtime import _worker
+
+    full: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full.append(sum(ref() is not None for ref in seen))
+
+    pool = Pool(engine="main", interpreters=2)
+    await pool.start()
+    try:
+        for name in ("a", "b", "c"):
+            await pool.load(ModelSpec(name=name, path=str(model_dir(ECHO, name=name))))
+        seen = [weakref.ref(_worker._models[name].model) for name in ("a", "b", "c")]
+    except BaseException:
+        await pool.close()
+        raise
+    automatic = gc.isenabled()
+    gc.disable()  # count only the collections closing asks for
+    gc.callbacks.append(count)
+    try:
+        await pool.close()
+    finally:
+        gc.callbacks.remove(count)
+        if automatic:
+            gc.enable()
+    assert full == [0]

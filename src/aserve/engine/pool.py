@@ -34,7 +34,7 @@ import platform
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any, Self
 
 import msgspec
@@ -369,8 +369,14 @@ class Pool:
         try:
             if not await self._quiesce(timeout):
                 await self._abandon(min(self.cancel_grace_s, 1.0))
+            # one full collection per interpreter, after the last model unloaded from it
+            # (~100 ms each with torch imported; the main engine's is the whole server's heap)
+            last: dict[int, str] = {}
+            for name in self._models:
+                for i in self._targets(name):
+                    last[i] = name
             for name in list(self._models):
-                await self._unload(name)
+                await self._unload(name, collect={i for i, m in last.items() if m == name})
         finally:
             native.set_active(0)
             native.set_spin(0, 0)  # parked interpreters do not poll
@@ -583,7 +589,9 @@ class Pool:
                               f"that did not return after it was cancelled: {self.lost})")
         return usable
 
-    async def _unload(self, name: str, *, staggered: bool = False) -> None:
+    async def _unload(self, name: str, *, staggered: bool = False, collect: Container[int] | None = None) -> None:
+        """Drop `name` from its interpreters; those in `collect` (default: all) then collect
+        the garbage, the others leave it to a later unload ("later", see _worker.unload)."""
         targets: range | list[int] = self._targets(name)
         if self.lost_mask:
             try:
@@ -591,11 +599,13 @@ class Pool:
             except EngineError:  # every interpreter of it is lost: nothing to unload from
                 targets = []
         self._models.pop(name, None)
+        jobs = [(i, None if collect is None or i in collect else "later") for i in targets]
         if staggered:
-            for i in targets:
-                await self._submit(_native.JOB_UNLOAD, model=name, target=i)
+            for i, garbage in jobs:
+                await self._submit(_native.JOB_UNLOAD, model=name, text=garbage, target=i)
             return
-        await asyncio.gather(*(self._submit(_native.JOB_UNLOAD, model=name, target=i) for i in targets))
+        await asyncio.gather(*(self._submit(_native.JOB_UNLOAD, model=name, text=garbage, target=i)
+                               for i, garbage in jobs))
 
     async def unload(self, name: str, *, staggered: bool = False) -> None:
         """Drop a model from its interpreters: all at once, or (`staggered`) one interpreter

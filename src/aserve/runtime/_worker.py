@@ -283,9 +283,13 @@ def _encode_example(example: Any, declared: dict[str, TensorSpec]) -> list[dict[
     return out
 
 
-def unload(key: str) -> None:
+def unload(key: str, garbage: str | None = None) -> None:
     """Drop a model: its instance, its module (or its package's importer), then collect
-    the cycles they leave and give the freed memory back to the system (memory.trim)."""
+    the cycles they leave and give the freed memory back to the system (memory.trim).
+
+    garbage "later": leave the collection to a later unload in this interpreter (a full
+    collection takes ~100 ms with torch imported; a pool that closes with several models
+    collects once, after the last of them, and its finalizers run under that model's name)."""
     loaded = _models.pop(key, None)
     if loaded is None:
         return
@@ -296,8 +300,9 @@ def unload(key: str) -> None:
         if loaded.source is not None and all(m.source != loaded.source for m in _models.values()):
             linecache.cache.pop(loaded.source, None)
         del loaded  # the last reference: the collection below frees the model
-        gc.collect()
-        memory.trim()
+        if garbage != "later":
+            gc.collect()
+            memory.trim()
     except SystemExit as e:
         raise faults.exit_error(label, e) from e
     finally:
