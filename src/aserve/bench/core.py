@@ -113,8 +113,7 @@ async def _run_point(plane: DataPlane, case: Case, path: str, clients: int, dura
         "loop_cpu_us_per_request": round(cpu / n * 1e6, 2) if n else None,
         "requests_per_core_s": round(n / cpu, 1) if cpu > 0 else None,
         "loop_cpu_cores": round(cpu / wall, 3),
-        "mean_batch": (round((batcher.requests - requests0) / batches, 2) if batches else None)
-        if path == "plane" else None,
+        "mean_batch": round((batcher.requests - requests0) / batches, 2) if path == "plane" and batches else None,
         "requests": n,
         "duration_s": round(wall, 3),
     }
