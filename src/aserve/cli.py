@@ -74,9 +74,6 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         help="connections served at once; the requests of more get 503 (default 0: no limit)")
     limits.add_argument("--keepalive-timeout", type=float, dest="keepalive_timeout_s",
                         help="close a connection idle for this many seconds (default 75)")
-    limits.add_argument("--wire-front", action=argparse.BooleanOptionalAction, default=None, dest="wire_front",
-                        help="answer plain HTTP/1.1 infer and predict requests with aserve's own HTTP parser, "
-                             "everything else with aiohttp (default on; --no-wire-front: aiohttp for every request)")
     limits.add_argument("--request-timeout", type=float, dest="request_timeout_s",
                         help="seconds a client has to send a whole request, headers and body; slower gets 408 "
                              "(default 60; 0 = no limit)")
@@ -111,7 +108,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     }
     overrides.update({name: getattr(args, name, None) for name in (
         "expose_model_errors", "admin_token", "api_token", "cors_origins", "max_header_bytes", "max_connections",
-        "keepalive_timeout_s", "request_timeout_s", "wire_front")})
+        "keepalive_timeout_s", "request_timeout_s")})
     return load_settings(file=args.config, overrides=overrides)
 
 

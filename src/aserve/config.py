@@ -51,8 +51,6 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         float, msgspec.Meta(ge=0, description="on SIGTERM, longest wait for accepted requests to finish")
     ] = 60.0
     access_log: Annotated[bool, _doc("log one line per request, in the common log format (costs throughput)")] = False
-    wire_front: Annotated[bool, _doc("answer plain HTTP/1.1 infer and predict requests with aserve's own parser "
-                                     "(everything else goes to aiohttp); false: aiohttp answers every request")] = True
     spin_us: Annotated[
         int, msgspec.Meta(ge=0, le=1_000_000, description="microseconds an interpreter's thread that ran out of "
                                                            "work polls for the next batch before it blocks, and the "

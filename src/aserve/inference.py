@@ -1,20 +1,22 @@
-"""What a front hands the data plane and gets back, and what it decodes against.
+"""What a front hands the data plane and gets back, and what requests are decoded against.
 
-`ModelSchema` is a loaded model's contract, prepared once per load: its interned
-name and input names, the declared inputs in order, the batching limit. A codec
-decodes a request body straight into an `InferRequest` whose inputs are already in
-that order and whose sample count it derived from them (and checked); the data plane
-answers with an `InferResponse`. Neither type knows HTTP.
+A front (HTTP, a test, a benchmark, gRPC) hands the data plane an `InferCall`: which
+model, the body as it arrived and the few headers the codec reads, and the `Codec`
+that reads and writes that body. The data plane decodes it with the codec into an
+`InferRequest` checked against the model's `ModelSchema` (a loaded model's contract,
+prepared once per load), runs it, and encodes the `InferResponse` into an `Answer`:
+the body's buffers and headers. None of these types knows HTTP.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
+from .bounded import Bounded
 from .runtime.datatypes import DATATYPES
 from .runtime.model import TensorSpec
 from .tensor import Tensor
@@ -29,6 +31,9 @@ class InputSpec(NamedTuple):
     datatype: str
     shape: tuple[int, ...]
     itemsize: int
+
+
+MAX_REMEMBERED = 64  # distinct request headers / inputs remembered per model load
 
 
 class ModelSchema:
@@ -57,9 +62,10 @@ class ModelSchema:
         self.max_latency_budget_ms = max_latency_budget_ms
         skip = 1 if max_batch_size > 0 else 0
         self.uniform = all(-1 not in s.shape[skip:] for s in self.inputs)
-        self.plans: dict[bytes | memoryview, Any] = {}  # a codec's checked decodings of repeated headers (aserve.protocol.v2)
-        # (name, datatype, shape) of a request's input -> its spec, once checked against it (aserve.protocol.v2)
-        self.checked: dict[tuple[str, str, tuple[int, ...]], InputSpec] = {}
+        # a codec's checked decodings of repeated binary headers (aserve.protocol.v2)
+        self.plans: Bounded[bytes, Any] = Bounded(MAX_REMEMBERED)
+        # (name, datatype, shape) of a request's input -> its spec, once checked (aserve.protocol.validate)
+        self.checked: Bounded[tuple[str, str, tuple[int, ...]], InputSpec] = Bounded(MAX_REMEMBERED)
 
     @property
     def input_names(self) -> list[str]:
@@ -94,7 +100,8 @@ class InferRequest(msgspec.Struct, kw_only=True, gc=False):
     outputs: the outputs asked for, in order (empty: every output the model returns).
     timeout_ms: the caller's deadline (it may only shorten the model's).
     latency_budget_ms: this request's latency budget (None: the model's own).
-    form: how the codec answers (V2: the default binary flag; TF-Serving: columnar).
+    binary_outputs: V2: outputs not named in `outputs` are sent as binary tensors.
+    columnar: TF-Serving: the request came in the columnar format, and is answered in it.
     """
 
     schema: ModelSchema
@@ -105,7 +112,8 @@ class InferRequest(msgspec.Struct, kw_only=True, gc=False):
     parameters: dict[str, Any] = {}
     timeout_ms: float | None = None
     latency_budget_ms: float | None = None
-    form: Any = None
+    binary_outputs: bool = False
+    columnar: bool = False
 
     def named(self) -> dict[str, Tensor]:
         """The inputs by name."""
@@ -119,3 +127,57 @@ class InferResponse(msgspec.Struct, kw_only=True, gc=False):
     model_version: str
     outputs: dict[str, Tensor]
     id: str | None = None
+
+
+Labels = Callable[[str], Sequence[str] | None]  # an output's class labels (Triton's classification extension)
+
+
+class Answer:
+    """A successful answer, as a codec encoded it: the body's buffers (bytes and flat byte
+    views, written in order, never joined) and its headers (Content-Type among them)."""
+
+    __slots__ = ("chunks", "headers")
+
+    def __init__(self, chunks: list[Any], headers: dict[str, str]) -> None:
+        self.chunks = chunks
+        self.headers = headers
+
+
+class Codec(Protocol):
+    """Reads one wire format's infer requests and writes its answers (aserve.protocol)."""
+
+    def decode(self, call: InferCall, schema: ModelSchema, /) -> InferRequest:
+        """The request in `call.body`, checked against `schema`; InvalidInput names the field."""
+        ...
+
+    def encode(self, call: InferCall, request: InferRequest, response: InferResponse, labels: Labels, /) -> Answer:
+        """The answer to `request`; `labels(output)` reads an output's class labels."""
+        ...
+
+    def protocol(self, call: InferCall, /) -> str:
+        """What a trace names the call's protocol (`v2-json`, `v2-binary`, `tfserving`, ...)."""
+        ...
+
+
+class InferCall(msgspec.Struct, kw_only=True, gc=False):
+    """An infer request as a front received it, for `DataPlane.infer`.
+
+    codec: reads the body and writes the answer. model, version: what the caller named
+    (version None: the latest; a number or a label). body: the whole body, any buffer.
+    content_type, accept, header_length: the headers a codec reads (header_length: V2's
+    Inference-Header-Content-Length). headers: where a trace context is read from
+    (`traceparent`, lower-case names). received: time.monotonic() when the request's first
+    bytes arrived (its latency budget counts from then). route, host: the route template
+    and Host a trace's server span names."""
+
+    codec: Codec
+    model: str
+    version: str | None = None
+    body: Any = b""
+    content_type: str | None = None
+    accept: str | None = None
+    header_length: int | None = None
+    headers: Mapping[str, str] = {}
+    received: float | None = None
+    route: str = ""
+    host: str = ""

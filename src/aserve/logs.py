@@ -16,8 +16,6 @@ import json
 import logging
 from typing import Any
 
-from aiohttp.abc import AbstractAccessLogger
-
 # The trace of the request being answered, set by the infer handlers while tracing is on and
 # the log format writes trace ids (setting a context variable per request is not free).
 current_trace: contextvars.ContextVar[Any] = contextvars.ContextVar("aserve_trace", default=None)
@@ -70,19 +68,22 @@ def configure(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
 
 
-class AccessLogger(AbstractAccessLogger):
+class AccessLogger:
     """One line per request: the common log format, with its fields also as record attributes
     (so that the JSON formatter writes them as keys)."""
 
-    def log(self, request: Any, response: Any, time: float) -> None:
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+
+    def log(self, request: Any, status: int, size: int, seconds: float) -> None:
+        """`request` (aserve.server.http.Request) was answered `status` in `size` bytes, head included."""
         if not self.logger.isEnabledFor(logging.INFO):
             return
         now = datetime.datetime.now(datetime.UTC).strftime("%d/%b/%Y:%H:%M:%S +0000")
         remote = request.remote or "-"
-        line = f'{request.method} {request.path_qs} HTTP/{request.version.major}.{request.version.minor}'
-        size = response.body_length
+        line = f"{request.method} {request.target} HTTP/{request.version}"
         self.logger.info(
-            '%s - - [%s] "%s" %d %d', remote, now, line, response.status, size,
-            extra={"remote": remote, "request": line, "status": response.status, "bytes": size,
-                   "duration_ms": round(time * 1000, 3)},
+            '%s - - [%s] "%s" %d %d', remote, now, line, status, size,
+            extra={"remote": remote, "request": line, "status": status, "bytes": size,
+                   "duration_ms": round(seconds * 1000, 3)},
         )

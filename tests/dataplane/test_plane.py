@@ -1,4 +1,4 @@
-"""The data plane without HTTP: decode against a schema, infer, read the typed response."""
+"""The data plane without HTTP: an infer call in, the encoded answer out, each step once."""
 
 from __future__ import annotations
 
@@ -6,16 +6,17 @@ import array
 import asyncio
 import json
 import pathlib
+import struct
 import sys
 
+import msgspec
 import pytest
 
 from aserve.config import ServerSettings
 from aserve.dataplane import DataPlane
 from aserve.errors import InvalidInput, ModelNotFound, ModelNotReady, RequestTimeout
-from aserve.inference import InferRequest
-from aserve.protocol import decode_infer, decode_predict
-from aserve.tensor import Tensor
+from aserve.inference import Answer, InferCall
+from aserve.protocol import PREDICT, V2
 
 from ..conftest import until
 from ..server.conftest import MODELS, write_repository
@@ -37,7 +38,7 @@ async def plane(tmp_path: pathlib.Path, request: pytest.FixtureRequest):
         await p.close(timeout=5)
 
 
-def add_request(plane: DataPlane, a: list[list[int]], b: list[list[int]], **parameters: object) -> InferRequest:
+def add_call(a: list[list[int]], b: list[list[int]], **parameters: object) -> InferCall:
     rows = len(a)
     body = json.dumps({
         "id": "r1",
@@ -47,79 +48,97 @@ def add_request(plane: DataPlane, a: list[list[int]], b: list[list[int]], **para
         ],
         "parameters": parameters,
     }).encode()
-    return decode_infer(body, content_type="application/json", header_length=None, schema=plane.schema("add"))
+    return InferCall(codec=V2, model="add", body=body, content_type="application/json")
 
 
-def ints(t: Tensor) -> list[int]:
-    return array.array("i", bytes(t.view())).tolist()
+def outputs(answer: Answer) -> dict[str, list[int]]:
+    message = json.loads(b"".join(answer.chunks))
+    return {o["name"]: o["data"] for o in message["outputs"]}
 
 
 @pytest.mark.parametrize("plane", ENGINES, indirect=True)
-async def test_infer_answers_a_decoded_request(plane: DataPlane) -> None:
-    request = add_request(plane, [[1, 2, 3, 4], [5, 6, 7, 8]], [[1, 1, 1, 1], [2, 2, 2, 2]])
-    assert request.samples == 2  # derived from the inputs' batch dimension
-    response = await plane.infer("add", None, request)
-    assert (response.model_name, response.model_version, response.id) == ("add", "1", "r1")
-    assert ints(response.outputs["SUM"]) == [2, 3, 4, 5, 7, 8, 9, 10]
-    assert ints(response.outputs["DIFF"]) == [0, 1, 2, 3, 3, 4, 5, 6]
-    assert response.outputs["SUM"].shape == (2, 4)
+async def test_infer_answers_a_call(plane: DataPlane) -> None:
+    answer = await plane.infer(add_call([[1, 2, 3, 4], [5, 6, 7, 8]], [[1, 1, 1, 1], [2, 2, 2, 2]]))
+    assert answer.headers == {"Content-Type": "application/json"}
+    message = json.loads(b"".join(answer.chunks))
+    assert (message["model_name"], message["model_version"], message["id"]) == ("add", "1", "r1")
+    assert outputs(answer) == {"SUM": [2, 3, 4, 5, 7, 8, 9, 10], "DIFF": [0, 1, 2, 3, 3, 4, 5, 6]}
+    assert message["outputs"][0]["shape"] == [2, 4]
     stats = plane.metrics.stats("add", "1")
-    assert (stats.success, stats.samples) == (1, 2)
+    assert (stats.success, stats.samples) == (1, 2)  # the samples derived from the inputs' batch dimension
 
 
-async def test_many_concurrent_requests_each_get_their_own_answer(plane: DataPlane) -> None:
-    requests = [add_request(plane, [[i, i, i, i]], [[1, 2, 3, 4]]) for i in range(200)]
-    responses = await asyncio.gather(*(plane.infer("add", None, r) for r in requests))
-    assert [ints(r.outputs["SUM"]) for r in responses] == [[i + 1, i + 2, i + 3, i + 4] for i in range(200)]
+async def test_binary_and_msgpack_calls_take_the_same_path(plane: DataPlane) -> None:
+    a, b = struct.pack("<4i", 1, 2, 3, 4), struct.pack("<4i", 10, 10, 10, 10)
+    header = json.dumps({"inputs": [
+        {"name": "A", "datatype": "INT32", "shape": [1, 4], "parameters": {"binary_data_size": 16}},
+        {"name": "B", "datatype": "INT32", "shape": [1, 4], "parameters": {"binary_data_size": 16}}],
+        "outputs": [{"name": "SUM", "parameters": {"binary_data": True}}]}).encode()
+    answer = await plane.infer(InferCall(codec=V2, model="add", body=header + a + b, header_length=len(header),
+                                         content_type="application/octet-stream"))
+    length = int(answer.headers["Inference-Header-Content-Length"])
+    assert bytes(b"".join(answer.chunks)[length:]) == struct.pack("<4i", 11, 12, 13, 14)
+    packed = msgspec.msgpack.encode({"inputs": [{"name": "A", "datatype": "INT32", "shape": [1, 4], "data": a},
+                                                {"name": "B", "datatype": "INT32", "shape": [1, 4], "data": b}]})
+    answer = await plane.infer(InferCall(codec=V2, model="add", body=packed, content_type="application/msgpack"))
+    assert answer.headers["Content-Type"] == "application/msgpack"
+    message = msgspec.msgpack.decode(b"".join(answer.chunks))
+    assert array.array("i", message["outputs"][1]["data"]).tolist() == [-9, -8, -7, -6]
+
+
+async def test_many_concurrent_calls_each_get_their_own_answer(plane: DataPlane) -> None:
+    answers = await asyncio.gather(*(plane.infer(add_call([[i, i, i, i]], [[1, 2, 3, 4]])) for i in range(200)))
+    assert [outputs(a)["SUM"] for a in answers] == [[i + 1, i + 2, i + 3, i + 4] for i in range(200)]
     batcher = plane.model("add").batcher
     assert batcher is not None and batcher.batches < 200  # they shared batches
 
 
-async def test_tf_serving_requests_take_the_same_path(plane: DataPlane) -> None:
+async def test_tf_serving_calls_take_the_same_path(plane: DataPlane) -> None:
     body = json.dumps({"instances": [{"A": [1, 2, 3, 4], "B": [4, 3, 2, 1]}]}).encode()
-    request = decode_predict(body, schema=plane.schema("add"))
-    response = await plane.infer("add", None, request)
-    assert ints(response.outputs["SUM"]) == [5, 5, 5, 5]
+    answer = await plane.infer(InferCall(codec=PREDICT, model="add", body=body))
+    assert json.loads(b"".join(answer.chunks)) == {"predictions": [{"SUM": [5, 5, 5, 5], "DIFF": [-3, -1, 1, 3]}]}
 
 
 async def test_unknown_and_unready_models_are_named(plane: DataPlane) -> None:
     with pytest.raises(ModelNotFound, match="unknown model 'nope'"):
-        plane.schema("nope")
+        await plane.infer(InferCall(codec=V2, model="nope", body=b"{}"))
     with pytest.raises(ModelNotReady, match="model 'broken' is unavailable: .*cannot load"):
-        plane.schema("broken")
+        await plane.infer(InferCall(codec=V2, model="broken", body=b"{}"))
+    assert plane.metrics.stats("broken", "1").failures["unavailable"] == 1
     assert not plane.ready  # one model failed to load
 
 
-async def test_budget_outside_the_timeout_is_refused(plane: DataPlane) -> None:
-    request = add_request(plane, [[1, 2, 3, 4]], [[1, 2, 3, 4]])
-    request.latency_budget_ms = 10_000_000.0  # a front that skipped the codec's check
+async def test_invalid_calls_are_refused_and_counted(plane: DataPlane) -> None:
     with pytest.raises(InvalidInput, match=r"parameters.latency_budget_ms: expected milliseconds in \(0, "):
-        await plane.infer("add", None, request)
+        await plane.infer(add_call([[1, 2, 3, 4]], [[1, 2, 3, 4]], latency_budget_ms=10_000_000))
+    with pytest.raises(InvalidInput, match=r"inputs\[0\].shape\[0\]: batch size of input 'A' must be 1..8, got 9"):
+        await plane.infer(add_call([[1, 2, 3, 4]] * 9, [[1, 2, 3, 4]] * 9))
+    assert plane.metrics.stats("add", "1").failures["invalid"] == 2
 
 
-def slow_request(plane: DataPlane, ms: float, **parameters: object) -> InferRequest:
+def slow_call(ms: float, **parameters: object) -> InferCall:
     body = json.dumps({"inputs": [{"name": "MS", "datatype": "FP32", "shape": [1], "data": [ms]}],
                        "parameters": parameters}).encode()
-    return decode_infer(body, content_type=None, header_length=None, schema=plane.schema("slow"))
+    return InferCall(codec=V2, model="slow", body=body)
 
 
 async def test_the_request_timeout_becomes_a_deadline(plane: DataPlane) -> None:
-    running = asyncio.ensure_future(plane.infer("slow", None, slow_request(plane, 300)))
+    running = asyncio.ensure_future(plane.infer(slow_call(300)))
     batcher = plane.model("slow").batcher
     assert batcher is not None
     await until(lambda: batcher.running == 1, what="the slow request to run")
     with pytest.raises(RequestTimeout, match="in the queue"):  # parameters.timeout is in microseconds
-        await plane.infer("slow", None, slow_request(plane, 1, timeout=20_000))
-    assert (await running).outputs["MS"].shape == (1,)
+        await plane.infer(slow_call(1, timeout=20_000))
+    assert json.loads(b"".join((await running).chunks))["outputs"][0]["shape"] == [1]
     assert plane.metrics.stats("slow", "1").failures["timeout"] == 1
 
 
 async def test_a_caller_that_goes_away_frees_its_place(plane: DataPlane) -> None:
     batcher = plane.model("slow").batcher
     assert batcher is not None
-    running = asyncio.ensure_future(plane.infer("slow", None, slow_request(plane, 200)))
+    running = asyncio.ensure_future(plane.infer(slow_call(200)))
     await until(lambda: batcher.running == 1, what="the slow request to run")
-    waiting = asyncio.ensure_future(plane.infer("slow", None, slow_request(plane, 1)))
+    waiting = asyncio.ensure_future(plane.infer(slow_call(1)))
     await until(lambda: batcher.queued == 1, what="the second request to queue")
     waiting.cancel()
     await until(lambda: batcher.queued == 0, what="the cancelled request to leave the queue")

@@ -172,29 +172,39 @@ def tfserving() -> dict[str, bytes]:
     return {name: json.dumps(value).encode() for name, value in requests.items()}
 
 
-def http_head() -> dict[str, bytes]:
-    """Request heads as clients send them to the infer routes (tritonclient, aiohttp, curl, wrk)."""
-    heads = {
-        "aiohttp_json": ["POST /v2/models/simple/infer HTTP/1.1", "Host: 127.0.0.1:8000", "Accept: */*",
-                         "Accept-Encoding: gzip, deflate", "User-Agent: Python/3.11 aiohttp/3.14.5",
-                         "Content-Length: 160", "Content-Type: application/json"],
-        "triton_binary": ["POST /v2/models/mlp/versions/1/infer HTTP/1.1", "Host: localhost:8000",
-                          "Content-Type: application/octet-stream", "Inference-Header-Content-Length: 210",
-                          "Content-Length: 338", "Connection: keep-alive"],
-        "curl_predict": ["POST /v1/models/cnn:predict HTTP/1.1", "Host: localhost:8000", "User-Agent: curl/8.5.0",
-                         "Accept: */*", "Content-Type: application/json", "Content-Length: 42"],
-        "traced_close": ["POST /v2/models/textclass/infer HTTP/1.1", "Host: a",
-                         "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-                         "Authorization: Bearer t0ken", "Content-Length: 0", "Connection: close"],
-        "chunked": ["POST /v2/models/simple/infer HTTP/1.1", "Host: a", "Transfer-Encoding: chunked"],
-    }
-    return {name: "\r\n".join(lines).encode() + b"\r\n\r\n" for name, lines in heads.items()}
+def http_front() -> dict[str, bytes]:
+    """What clients send on one connection to the infer routes (tritonclient, aiohttp, curl, wrk):
+    single requests, pipelined ones, chunked and compressed bodies, Expect, Connection: close."""
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 2], "data": [1, 2]}]})
+
+    def request(lines: list[str], data: bytes = b"") -> bytes:
+        return "\r\n".join(lines).encode() + b"\r\n\r\n" + data
+
+    aiohttp_json = request(["POST /v2/models/simple/infer HTTP/1.1", "Host: 127.0.0.1:8000", "Accept: */*",
+                            "Accept-Encoding: gzip, deflate", "User-Agent: Python/3.11 aiohttp/3.14.5",
+                            f"Content-Length: {len(body)}", "Content-Type: application/json"], body.encode())
+    triton = request(["POST /v2/models/mlp/versions/1/infer HTTP/1.1", "Host: localhost:8000",
+                      "Content-Type: application/octet-stream", "Inference-Header-Content-Length: 4",
+                      "Content-Length: 12", "Connection: keep-alive"], b"{}  \x00\x00\x80?\x00\x00\x00@")
+    curl = request(["POST /v1/models/cnn:predict HTTP/1.1", "Host: localhost:8000", "User-Agent: curl/8.5.0",
+                    "Accept: */*", "Content-Type: application/json", "Content-Length: 20"], b'{"instances": [[1]]}')
+    close = request(["POST /v2/models/textclass/infer HTTP/1.1", "Host: a",
+                     "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                     "Authorization: Bearer t0ken", "Content-Length: 0", "Connection: close"])
+    chunked = request(["POST /v2/models/simple/infer HTTP/1.1", "Host: a", "Transfer-Encoding: chunked"],
+                      b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+    expect = request(["POST /v2/models/simple/infer HTTP/1.1", "Host: a", "Expect: 100-continue",
+                      "Content-Length: 2"], b"{}")
+    live = request(["GET /v2/health/live HTTP/1.1", "Host: a"])
+    return {"aiohttp_json": aiohttp_json, "triton_binary": triton, "curl_predict": curl, "traced_close": close,
+            "chunked": chunked, "expect": expect, "pipelined": aiohttp_json + live + triton + chunked + curl,
+            "http10": request(["GET /v2/health/ready HTTP/1.0"]), "pipelined_close": live + close + live}
 
 
 def main() -> None:
     random.seed(12)
     for target, make in (("v2_json", v2_json), ("v2_binary", v2_binary), ("msgpack", msgpack),
-                         ("tfserving", tfserving), ("http_head", http_head)):
+                         ("tfserving", tfserving), ("http_front", http_front)):
         folder = CORPUS / target
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)

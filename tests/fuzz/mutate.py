@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -171,7 +172,7 @@ def _binary(data: bytes, rng: random.Random) -> bytes | None:
 _HTTP_BYTES = b" \t\r\n:\x00\x0b\x7f\x80\xff,;=\"\\/?#%+-_.aZ09"
 
 
-def _http_head(data: bytes, rng: random.Random) -> bytes | None:
+def _head(data: bytes, rng: random.Random) -> bytes:
     """A request head changed line by line: a field repeated (as it is or with its name's
     case swapped), dropped or moved, a field of interesting bytes added, or a separator,
     space or control byte put into the request line or a field."""
@@ -195,8 +196,32 @@ def _http_head(data: bytes, rng: random.Random) -> bytes | None:
     return b"\r\n".join(lines)
 
 
+def _http_stream(data: bytes, rng: random.Random) -> bytes | None:
+    """A stream of pipelined requests changed where parsers disagree: one request's head
+    (`_head`), a request repeated or dropped, the stream cut short, or a body's length or
+    chunk framing changed."""
+    requests = re.findall(rb"(?s).*?\r\n\r\n(?:(?:[0-9a-fA-F]+\r\n.*?\r\n)*0\r\n\r\n)?", data) or [data]
+    k = rng.randrange(len(requests))
+    choice = rng.random()
+    if choice < 0.5:
+        head, sep, body = requests[k].partition(b"\r\n\r\n")
+        requests[k] = _head(head, rng) + sep + body
+    elif choice < 0.65:
+        requests.insert(rng.randrange(len(requests) + 1), requests[k])
+    elif choice < 0.75 and len(requests) > 1:
+        del requests[k]
+    elif choice < 0.85:
+        return data[:rng.randrange(len(data) + 1)]
+    else:
+        request = requests[k]
+        requests[k] = re.sub(rb"\r\n[0-9a-fA-F]+\r\n", lambda m: b"\r\n%x\r\n" % rng.randint(0, 70), request,
+                             count=1) if rng.random() < 0.5 else request + bytes(rng.choice(_HTTP_BYTES)
+                                                                                   for _ in range(rng.randint(1, 8)))
+    return b"".join(requests)
+
+
 STRUCTURED: dict[str, Callable[[bytes, random.Random], bytes | None]] = {
-    "v2_json": _json, "tfserving": _json, "msgpack": _msgpack, "v2_binary": _binary, "http_head": _http_head,
+    "v2_json": _json, "tfserving": _json, "msgpack": _msgpack, "v2_binary": _binary, "http_front": _http_stream,
 }
 
 

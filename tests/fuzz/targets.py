@@ -21,27 +21,29 @@ A violated property raises `Failure` (or lets the unexpected exception through):
 fuzzer records the input as a crash. No fuzzer is imported here (the standard library,
 msgspec, msgpack and aserve), so that the pytest suite runs the targets without one.
 
-`http_head` is the wire front's HTTP/1.1 request-head parser (`aserve.server.wire.
-parse_head`, which decides which requests the wire front answers, and where the others it
-lends to aiohttp end): whatever it accepts, aiohttp's own parser must read as the same
-request: method, target, version, header fields in order, Content-Length, keep-alive, no
-chunked body, no upgrade. A head the wire front takes and
-aiohttp refuses or reads otherwise would let the two fronts disagree on where a request
-ends.
+`http_front` is the HTTP front's connection (`aserve.server.connection`, llhttp) fed a
+stream of pipelined requests, malformed or not, in pieces: nothing escapes it; what it
+writes back is a sequence of well-formed HTTP/1.1 answers (100 Continue only as 1xx), one
+per request it answered, nothing after an answer that closes the connection; and every
+request it hands a handler is the request h11 (an independent HTTP/1.1 parser) reads at
+the same place in the stream, with the same method, target and body. A stream the two
+parsers split differently is the request-smuggling setup.
 
 Input formats: `v2_json`, `msgpack` and `tfserving` take a request body as it is;
 `v2_binary` takes `<Inference-Header-Content-Length value>\\n<body>` (a first line that
-is not an integer means the header is absent); `http_head` takes the bytes of a request
-head up to its first CRLF CRLF.
+is not an integer means the header is absent); `http_front` takes the bytes a client sends
+on one connection (its first byte also chooses how they are cut into reads).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import functools
 import json
 import math
+import re
 import struct
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -53,7 +55,10 @@ from aserve.inference import InferRequest, ModelSchema
 from aserve.protocol import arrays, decode_infer, decode_predict
 from aserve.runtime.datatypes import decode_bytes, element_count
 from aserve.runtime.model import TensorSpec
-from aserve.server.wire import parse_head
+from aserve.server.app import HttpStats
+from aserve.server.connection import Connection, HttpServer, Limits
+from aserve.server.errors import ErrorPolicy
+from aserve.server.http import Response
 
 INT64_MAX = 2**63 - 1
 MAX_DIMS = 16  # native/abi.h AS_MAX_DIMS: dimensions a tensor may have on its way to a model
@@ -180,7 +185,7 @@ def summary(request: InferRequest) -> tuple[Any, ...]:
     return (
         [(t.datatype, t.shape, bytes(memoryview(t.data))) for t in request.inputs],
         request.samples, request.id, [msgspec.structs.astuple(o) for o in request.outputs],
-        repr(request.parameters), request.timeout_ms, request.latency_budget_ms, request.form,
+        repr(request.parameters), request.timeout_ms, request.latency_budget_ms, request.binary_outputs, request.columnar,
     )
 
 
@@ -374,51 +379,181 @@ def v2_binary(data: bytes) -> None:
             raise Failure(f"model {schema.name!r}: decodings differ (first, cached, uncached): {outcomes}")
 
 
-@functools.cache
-def _aiohttp_parsing() -> tuple[Any, Any, Any]:
-    """aiohttp's request parser class, with the (never run) loop and protocol it is built with."""
-    import asyncio
+class _Transport(asyncio.Transport):
+    """What a connection writes, kept; closing it ends the connection."""
 
-    from aiohttp.base_protocol import BaseProtocol
-    from aiohttp.http_parser import HttpRequestParser
+    def __init__(self, protocol: Any) -> None:
+        super().__init__()
+        self.protocol = protocol
+        self.writes: list[bytes] = []  # one per write call: an answer, or 100 Continue
+        self.closed = False
+        self.eof = False
 
-    loop = asyncio.new_event_loop()
-    return HttpRequestParser, BaseProtocol(loop), loop
+    def write(self, data: Any) -> None:
+        if self.closed or self.eof:
+            raise Failure("the connection wrote after closing")
+        self.writes.append(bytes(data))
+
+    def writelines(self, chunks: Any) -> None:
+        self.write(b"".join(chunks))
+
+    def write_eof(self) -> None:
+        self.eof = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def is_closing(self) -> bool:
+        return self.closed or self.eof
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.protocol.connection_lost(None)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 1) if name == "peername" else default
 
 
-def aiohttp_head(data: bytes) -> Any:
-    """The RawRequestMessage aiohttp's C parser reads from a request head (with its CRLF CRLF)."""
-    parser_class, protocol, loop = _aiohttp_parsing()
-    parser = parser_class(protocol, loop, 2**16, max_line_size=8190, max_field_size=8190)
-    messages, _, _ = parser.feed_data(data)
-    if len(messages) != 1:
-        raise Failure(f"aiohttp read {len(messages)} requests from one head")
-    return messages[0][0]
+class _Dispatcher:
+    """Every request's head passes; its handler answers 200 and the request is kept."""
+
+    def __init__(self) -> None:
+        self.app = types.SimpleNamespace(stats=HttpStats(), policy=ErrorPolicy(), draining=False)
+        self.served: list[tuple[str, str, bytes]] = []
+
+    def head(self, request: Any, length: int | None) -> None:
+        return None
+
+    async def respond(self, request: Any) -> Any:
+        self.served.append((request.method, request.target, bytes(request.body)))
+        return Response(200, b"ok", content_type="text/plain")
 
 
-def http_head(data: bytes) -> None:
-    """The wire front's request-head parser agrees with aiohttp's wherever it accepts a head."""
-    head = data.split(b"\r\n\r\n", 1)[0]
-    parsed = parse_head(head.decode("utf-8", "surrogateescape"))
-    if parsed is None:
-        return
-    method, target, fields, length, close = parsed
-    try:
-        message = aiohttp_head(head + b"\r\n\r\n")
-    except Failure:
-        raise
-    except Exception as exc:  # noqa: BLE001 - aiohttp refused what the wire front took
-        raise Failure(f"the wire front accepted a head aiohttp refuses ({exc!r}): {head[:300]!r}") from None
-    theirs = (message.method, message.path, tuple(message.version), [(k.lower(), v) for k, v in message.headers.items()],
-              int(message.headers.get("Content-Length", "0")), message.should_close, message.chunked,
-              message.upgrade, message.compression)
-    ours = (method, target, (1, 1), [(k.lower(), v) for k, v in fields], length, close, False, False, None)
-    if theirs != ours:
-        raise Failure(f"the fronts read {head[:300]!r} differently: wire {ours}, aiohttp {theirs}")
+_LOOP: list[asyncio.AbstractEventLoop] = []
+
+
+def _h11_requests(data: bytes) -> list[tuple[str, str, bytes]]:
+    """The requests h11 reads from a stream, up to the first it refuses or that stays incomplete."""
+    import h11
+
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(data)
+    conn.receive_data(b"")
+    out: list[tuple[str, str, bytes]] = []
+    current: list[Any] = []
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError:
+            return out
+        if event is h11.NEED_DATA or event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
+            if event is h11.PAUSED and conn.our_state is h11.SEND_RESPONSE:
+                conn.send(h11.Response(status_code=200, headers=[("Content-Length", "0")]))
+                conn.send(h11.EndOfMessage())
+                try:
+                    conn.start_next_cycle()
+                except h11.LocalProtocolError:
+                    return out
+                continue
+            return out
+        if isinstance(event, h11.Request):
+            current = [event.method.decode("latin-1"), event.target.decode("latin-1"), b""]
+        elif isinstance(event, h11.Data):
+            current[2] += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            out.append((current[0], current[1], current[2]))
+
+
+async def _feed(data: bytes) -> tuple[_Dispatcher, _Transport, Any]:
+    dispatcher = _Dispatcher()
+    server = HttpServer(dispatcher, Limits(max_header_bytes=512, max_body_bytes=1 << 14,  # type: ignore[arg-type]
+                                           request_timeout_s=5.0, keepalive_timeout_s=5.0))
+    conn = Connection(server)
+    transport = _Transport(conn)
+    conn.connection_made(transport)
+    step = 1 + (data[0] % 64 if data else 0) * 7  # how the stream is cut into reads
+    for i in range(0, len(data), step):
+        if transport.closed:
+            break
+        conn.data_received(data[i:i + step])
+        for _ in range(3):
+            await asyncio.sleep(0)
+    if not transport.closed:
+        conn.eof_received()
+    for _ in range(20):
+        if not conn.busy:
+            break
+        await asyncio.sleep(0)
+    transport.close()
+    return dispatcher, transport, conn
+
+
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def _answers(writes: list[bytes]) -> list[tuple[int, bool]]:
+    """(status, closes) of each answer the connection wrote, 100 Continue left out; Failure
+    unless each is one well-formed HTTP/1.1 answer whose body is as long as its
+    Content-Length says (or absent: the answer to a HEAD request)."""
+    import httptools
+
+    class Heads:
+        def __init__(self) -> None:
+            self.parser = httptools.HttpResponseParser(self)
+            self.found: list[tuple[int, bool]] = []
+
+        def on_headers_complete(self) -> None:
+            self.found.append((self.parser.get_status_code(), not self.parser.should_keep_alive()))
+
+    answers: list[tuple[int, bool]] = []
+    for data in writes:
+        if data == CONTINUE:
+            continue
+        heads = Heads()
+        found = heads.found
+        head, sep, body = data.partition(b"\r\n\r\n")
+        try:
+            heads.parser.feed_data(head + sep)
+        except httptools.HttpParserError as exc:
+            raise Failure(f"the connection wrote a malformed answer ({exc}): {data[:300]!r}") from None
+        length = re.search(rb"\r\nContent-Length: (\d+)\r\n", head + b"\r\n")
+        if len(found) != 1 or length is None or len(body) not in (0, int(length[1])):
+            raise Failure(f"not one whole answer: {data[:300]!r}")
+        answers += found
+    return answers
+
+
+def http_front(data: bytes) -> None:
+    """The HTTP front's connection on a stream of requests (see the module's docstring)."""
+    if not _LOOP:
+        _LOOP.append(asyncio.new_event_loop())
+    loop = _LOOP[0]
+    dispatcher, transport, _ = loop.run_until_complete(_feed(data))
+    answers = _answers(transport.writes)
+    answered = dispatcher.app.stats.requests
+    if len(answers) != answered:
+        raise Failure(f"{answered} answers counted, {len(answers)} written: {transport.writes[:3]!r}")
+    for k, (status, closes) in enumerate(answers):
+        if not 200 <= status < 600:
+            raise Failure(f"answer {k} has status {status}")
+        if closes and k != len(answers) - 1:
+            raise Failure(f"answer {k} closed the connection, yet {len(answers) - k - 1} more followed")
+    theirs = _h11_requests(data)
+    ours = dispatcher.served
+    n = min(len(ours), len(theirs))
+    if ours[:n] != theirs[:n]:
+        raise Failure(f"llhttp and h11 read the stream differently: {ours[:n]!r} against {theirs[:n]!r}")
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
-    "http_head": http_head,
+    "http_front": http_front,
     "v2_json": v2_json,
     "v2_binary": v2_binary,
     "msgpack": msgpack,

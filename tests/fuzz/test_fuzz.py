@@ -27,7 +27,7 @@ def seeds(target: str) -> list[bytes]:
     return [f.read_bytes() for f in files]
 
 
-DECODERS = [t for t in run.TARGETS if t != "http_head"]
+DECODERS = [t for t in run.TARGETS if t != "http_front"]
 
 
 @pytest.mark.parametrize("target", DECODERS)
@@ -45,15 +45,22 @@ def test_seeds_decode_to_runnable_requests(target: str) -> None:
         assert len(accepted) == 1, (target, data[:80], accepted)
 
 
-def test_http_seeds_are_heads_both_fronts_read() -> None:
-    """Every HTTP seed is a head aiohttp reads; all but the chunked one the wire front takes too."""
-    from aserve.server.wire import parse_head
+def test_http_seeds_are_requests_both_parsers_read() -> None:
+    """Every HTTP seed is a stream of requests h11 reads whole, and the front answers each."""
+    for data in seeds("http_front"):
+        targets.http_front(data)
+        assert targets._h11_requests(data), data
 
-    for data in seeds("http_head"):
-        targets.http_head(data)
-        message = targets.aiohttp_head(data)
-        taken = parse_head(data.split(b"\r\n\r\n")[0].decode())
-        assert (taken is None) == message.chunked, data
+
+def test_the_http_target_catches_a_front_that_splits_a_stream_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The property holds only where the front and h11 agree on where requests end: a front
+    that handed a handler a wrong body would be caught."""
+    data = b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabcGET /b HTTP/1.1\r\nHost: x\r\n\r\n"
+    targets.http_front(data)
+    original = targets._h11_requests
+    monkeypatch.setattr(targets, "_h11_requests", lambda d: [(m, t, b + b"!") for m, t, b in original(d)])
+    with pytest.raises(targets.Failure, match="read the stream differently"):
+        targets.http_front(data)
 
 
 @pytest.mark.parametrize("target", run.TARGETS)

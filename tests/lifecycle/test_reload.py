@@ -267,9 +267,8 @@ async def test_request_whose_body_arrives_after_a_reload(start_server, repo: pat
     pending = asyncio.ensure_future(send())
     registry = server.plane.registry
     first = registry.get("vm")
-    # the request's handler has started (it looks the model up before it reads the body)
-    await until(lambda: server._runner is not None and server._runner.server is not None
-                and server._runner.server.requests_count == 1, what="the request to arrive")
+    # the request's head has arrived (the model is looked up from it, before the body is read)
+    await until(lambda: any(c.queue for c in server.http.connections), what="the request's head to arrive")
     write_version(repo, "vm", 2)
     await server.plane.rescan()
     await until(lambda: first.state == "UNAVAILABLE", what="version 1 to be unloaded")

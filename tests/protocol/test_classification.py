@@ -11,6 +11,7 @@ from aserve.errors import InvalidInput
 from aserve.inference import InferResponse
 from aserve.protocol import decode_infer, encode_infer
 from aserve.protocol.classification import top_classes
+from aserve.runtime.datatypes import decode_bytes
 from aserve.tensor import Tensor
 
 from .helpers import model, schema
@@ -99,6 +100,5 @@ def test_classification_of_a_bytes_or_bool_output_is_400() -> None:
 def test_ties_and_nan() -> None:
     t = Tensor("FP32", (5,), np.array([1.0, np.nan, 1.0, 3.0, -np.inf], np.float32).tobytes())
     out = top_classes(t, 5, batched=False)
-    from aserve.protocol import arrays
 
-    assert arrays.split_bytes(out.data) == [b"3.000000:3", b"1.000000:0", b"1.000000:2", b"-inf:4", b"nan:1"]
+    assert decode_bytes(out.data) == [b"3.000000:3", b"1.000000:0", b"1.000000:2", b"-inf:4", b"nan:1"]

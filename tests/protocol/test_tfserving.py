@@ -39,7 +39,7 @@ def test_rows_and_columns_of_every_numeric_datatype(datatype: str) -> None:
     values = VALUES[datatype]
     rows = decode({"instances": [values[:3], values[3:]]}, m)
     columns = decode({"inputs": {"X": [values[:3], values[3:]]}}, m)
-    assert not rows.form and columns.form
+    assert not rows.columnar and columns.columnar
     for request in (rows, columns):
         assert request.samples == 2
         assert request.named()["X"].shape == (2, 3) and as_bytes(request.named()["X"]) == raw(datatype)
@@ -57,7 +57,7 @@ def test_rows_of_named_inputs_with_bytes() -> None:
         },
         TWO,
     )
-    assert request.samples == 2 and not request.form
+    assert request.samples == 2 and not request.columnar
     assert as_bytes(request.named()["X"]) == raw("INT32", [1, 2, 3, 4])
     assert request.named()["S"].shape == (2,)
     assert as_bytes(request.named()["S"]) == raw("BYTES", ["caf\u00e9".encode(), b"\x00\xff"])
@@ -71,7 +71,7 @@ def test_single_input_rows_may_name_it() -> None:
 
 def test_columns_of_a_single_input_may_be_bare() -> None:
     request = decode({"inputs": [[1, 2]]})
-    assert request.form and request.named()["X"].shape == (1, 2)
+    assert request.columnar and request.named()["X"].shape == (1, 2)
 
 
 def test_model_without_batching_takes_one_instance() -> None:

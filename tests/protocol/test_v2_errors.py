@@ -378,7 +378,7 @@ def test_binary_bytes_tensors_are_checked() -> None:
         "inputs[0] binary data: BYTES element 1: 4-byte length prefix truncated at byte 5 of 7"
     )
     assert decode(raw("BYTES", ["a", "b"]), [3]) == (
-        "inputs[0].parameters.binary_data_size: BYTES [3] needs 3 elements, binary data holds 2"
+        "inputs[0].parameters.binary_data_size: BYTES [3] needs 3 elements, got 2"
     )
 
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import array
 import asyncio
+import json
 import pathlib
 
 import aiohttp
 import pytest
 
-from aserve.inference import InferRequest
-from aserve.tensor import Tensor
+from aserve.inference import InferCall
+from aserve.protocol import V2
 
 from .conftest import write_repository
 
@@ -92,7 +92,6 @@ async def test_a_flooded_pool_serves_a_quiet_model_at_the_next_free_interpreter(
     pool = registry.pools["main"]
     hot = [b for b in (registry.get("hot1").batcher, registry.get("hot2").batcher) if b is not None]
     assert len(hot) == 2
-    quiet = registry.get("quiet")
     stop = asyncio.Event()
     clients = [asyncio.ensure_future(flood(http, url, name, stop, 1000 * i))
                for i in range(16) for name in ("hot1", "hot2")]
@@ -120,11 +119,10 @@ async def test_a_flooded_pool_serves_a_quiet_model_at_the_next_free_interpreter(
                 await asyncio.sleep(0.0005)
             mark = len(lines)
             value = 7000 + k
-            x = Tensor("INT32", (1, 1), array.array("i", [value]).tobytes())
-            assert quiet.schema is not None
-            request = InferRequest(schema=quiet.schema, inputs=[x], samples=1)
-            out = (await server.plane.infer("quiet", None, request)).outputs  # queued before the loop goes on
-            assert array.array("i", bytes(out["Y"].view())).tolist() == [value]
+            body = json.dumps({"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 1], "data": [[value]]}]})
+            call = InferCall(codec=V2, model="quiet", body=body.encode())
+            answer = await server.plane.infer(call)  # queued before the loop goes on
+            assert json.loads(b"".join(answer.chunks))["outputs"][0]["data"] == [value]
             starts = [w for w in read_log(log)[mark:] if w[0] == "start"]
             assert starts[0] == ["start", "quiet", str(value)], starts[:4]
     finally:

@@ -9,21 +9,17 @@ from typing import Any
 
 import msgspec
 import pytest
-from multidict import CIMultiDict, CIMultiDictProxy
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from aserve._native import otlp_encode
 from aserve.batching.batcher import _Request, trace_batch
-from aserve.server import handlers
+from aserve.dataplane.plane import end_trace, start_trace
+from aserve.inference import InferCall
+from aserve.protocol import V2
 from aserve.tracing import Resolved, Tracer, recorder
 from aserve.tracing.exporter import TraceExporter
 
 from .test_traces import attrs
-
-
-class _Request_:
-    def __init__(self, host: str) -> None:
-        self.headers = CIMultiDictProxy(CIMultiDict({"Host": host, "Content-Type": "application/json"}))
 
 
 def _export(tracer: Tracer) -> list[Any]:
@@ -52,14 +48,15 @@ def _export(tracer: Tracer) -> list[Any]:
 
 
 async def _one_request(tracer: Tracer, host: str, status: int, error: BaseException | None) -> Any:
-    trace = tracer.start({})
+    call = InferCall(codec=V2, model="add", content_type="application/json", route="/v2/models/{model}/infer",
+                     host=host)
+    trace = start_trace(tracer, call)
     assert trace is not None
-    handlers._describe_trace(trace, _Request_(host), handlers.V2_ROUTE, "add", None, None)
     trace.decode = (trace.start + 10, trace.start + 20)
     request = _Request(0.0, 2, None, None, None, None, trace)
     trace_batch(tracer, "add", [request], 2, 0.0, (1, 5, 9, None), None)  # numbers only: no model spans
     trace.encode = (trace.start + 30, trace.start + 40)
-    handlers._end_trace(trace, f"POST {handlers.V2_ROUTE}", error)
+    end_trace(trace, call, error)
     return trace
 
 

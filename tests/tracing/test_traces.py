@@ -238,7 +238,7 @@ async def test_json_logs_carry_the_trace_of_the_request(
     (failure,) = [r for r in records if r["logger"] == "aserve.server" and "model error" in r["message"]]
     assert failure["trace_id"] == span.trace_id.hex() and failure["span_id"] == span.span_id.hex()
     assert failure["level"] == "info" and failure["time"].endswith("+00:00")
-    (access,) = [r for r in records if r["logger"] == "aiohttp.access"]
+    (access,) = [r for r in records if r["logger"] == "aserve.access"]
     assert access["status"] == 500 and access["request"] == "POST /v2/models/add/infer HTTP/1.1"
     assert access["trace_id"] == span.trace_id.hex() and access["duration_ms"] > 0  # from a slow line to its trace
     assert '"POST /v2/models/add/infer HTTP/1.1" 500' in access["message"]  # the common log format

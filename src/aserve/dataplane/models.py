@@ -18,7 +18,7 @@ from ..batching.batcher import Joining
 from ..engine import ModelInfo, Pool
 from ..errors import ModelNotReady
 from ..inference import ModelSchema
-from ..repository import BatchingConfig, ModelConfig, VersionSource
+from ..repository import BatchingConfig, ModelConfig, VersionSource, read_labels
 from .stats import RequestStats
 
 
@@ -87,6 +87,7 @@ class ModelHandle:
         self.memory_bytes = 0  # the process PSS its load (every interpreter) and warm-up added
         self.batcher: Batcher | None = None
         self.pool: Pool | None = None  # the pool it is loaded in: readiness asks it which interpreters still serve
+        self._labels: dict[str, list[str] | None] = {}  # output -> its class labels, read once per load
 
     @property
     def ready(self) -> bool:
@@ -162,6 +163,13 @@ class ModelHandle:
                 summary["stage_profile"] = stats["join"]["stage_profile"]  # type: ignore[index]
         out["batching"] = summary
         return out
+
+    def labels(self, output: str) -> list[str] | None:
+        """The class labels of `output` (the file config.toml's `[parameters.classification_labels]`
+        names for it), read once per load; None when it names none."""
+        if output not in self._labels:
+            self._labels[output] = read_labels(self.name, self.source.directory, self.config, output)
+        return self._labels[output]
 
     def require_ready(self) -> ModelSchema:
         """The loaded model's schema, or ModelNotReady saying why it cannot answer."""

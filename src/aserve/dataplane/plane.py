@@ -1,17 +1,18 @@
-"""The data plane: the whole infer path behind any front, with no web framework.
+"""The data plane: every model of a repository, and the one path an infer call takes to them.
 
-A front (the aiohttp server, a test, `aserve bench core`, a future gRPC or in-process
-front) looks a model up, decodes the request body against its schema with a codec
-from `aserve.protocol`, and hands the typed request here:
+Every front (HTTP, gRPC, a test, a benchmark) hands `DataPlane.infer` an `InferCall`:
+the model it names, the body as it arrived and the codec that reads it. `infer` owns
+the call from there to the encoded answer, each step once:
 
-    schema = plane.schema("simple")                      # 404 / 503 as aserve errors
-    request = decode_infer(body, content_type=..., header_length=..., schema=schema)
-    response = await plane.infer("simple", None, request)
+1. the model's handle (`registry.get`: 404 naming what is missing), and its readiness
+   (`ModelHandle.require_ready`: 503 with the reason);
+2. decoding with the call's codec, which checks the inputs against the model's schema
+   (`protocol.validate`: names, datatypes, shapes, batch size, parameters, budget);
+3. the deadline and latency budget on the clock the batcher counts in, and the submit;
+4. the outputs encoded by the same codec;
+5. the outcome counted (`RequestStats`) and, when the request is sampled, traced.
 
-`infer` checks readiness, turns the request's timeout and latency budget into a
-deadline and a budget on the loop's clock, queues it on the model's batcher, and
-counts its outcome. A front that also wants its decode and encode counted (as the
-HTTP front does) uses the same parts: `model()`, `handle.stats.track()`, `run()`.
+Nothing here imports a web framework.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ import pathlib
 import time
 from typing import Any
 
+from .. import logs
 from ..config import ServerSettings
-from ..errors import InvalidInput, ModelNotReady
-from ..inference import InferRequest, InferResponse, ModelSchema
+from ..errors import AserveError, ModelError
+from ..inference import Answer, InferCall, InferRequest, InferResponse
+from ..tracing import recorder
 from .models import ModelHandle
 from .registry import ModelRegistry
-from .stats import Metrics
+from .stats import Metrics, failure_reason
 
 
 class DataPlane:
@@ -81,54 +84,67 @@ class DataPlane:
         """Stop serving a model once the requests it accepted are answered."""
         await self.registry.unload(name)
 
-    # ---- models ----
-
     def model(self, name: str, version: str | None = None) -> ModelHandle:
         """A model's handle, loaded or not; ModelNotFound names what is missing."""
         return self.registry.get(name, version)
 
-    def schema(self, name: str, version: str | None = None) -> ModelSchema:
-        """What a request to a ready model is decoded against; ModelNotFound / ModelNotReady."""
-        return self.registry.get(name, version).require_ready()
+    # ---- the infer path ----
 
-    # ---- inference ----
+    async def infer(self, call: InferCall, /, *, handle: ModelHandle | None = None) -> Answer:
+        """Answer one infer call, or raise the AserveError that says why not (its status is
+        the HTTP status: 400, 404, 503, 504, 500 for a model's failure, ...).
 
-    async def infer(self, model: str, version: str | None, request: InferRequest) -> InferResponse:
-        """Answer one request decoded against `schema(model, version)`, counting its outcome."""
-        handle = self.registry.get(model, version)
-        with handle.stats.track() as tracked:
-            tracked.samples = request.samples
-            return await self.run(handle, request)
+        `handle`: the model's handle when the front already looked it up (the HTTP front
+        does, from the request head, to refuse an unknown model before reading the body)."""
+        if handle is None or handle.retired:  # retired: a reload or unload took it out while the body arrived
+            handle = self.registry.get(call.model, call.version)
+        stats = handle.stats
+        start = time.perf_counter()
+        trace = None
+        request: InferRequest | None = None
+        try:
+            if self.tracer is not None:
+                trace = start_trace(self.tracer, call)
+            schema = handle.require_ready()
+            if trace is None:
+                request = call.codec.decode(call, schema)
+                response = await self._run(handle, request, None, call.received)
+                answer = call.codec.encode(call, request, response, handle.labels)
+            else:
+                trace.stamp(recorder.DECODE_START)
+                request = call.codec.decode(call, schema)
+                trace.stamp(recorder.DECODE_END)
+                response = await self._run(handle, request, trace, call.received)
+                trace.stamp(recorder.ENCODE_START)
+                answer = call.codec.encode(call, request, response, handle.labels)
+                trace.stamp(recorder.ENCODE_END)
+        except BaseException as exc:
+            stats.failed(failure_reason(exc), time.perf_counter() - start)
+            if isinstance(exc, ModelError):
+                exc.model, exc.version = handle.name, handle.version
+            if trace is not None:
+                end_trace(trace, call, exc)
+            raise
+        stats.succeeded(time.perf_counter() - start, request.samples)
+        if trace is not None and not trace.end(200):
+            end_trace(trace, call, None)
+        return answer
 
-    async def run(self, handle: ModelHandle, request: InferRequest, *, trace: Any = None,
-                  received: float | None = None) -> InferResponse:
-        """Queue one request on the model's batcher and wait for its outputs.
+    async def _run(self, handle: ModelHandle, request: InferRequest, trace: Any,
+                   received: float | None) -> InferResponse:
+        """Queue the request on the model's batcher and wait for its outputs.
 
-        The request's timeout may only shorten the model's; its latency budget must be
-        in (0, the model's timeout]. Raises what the batcher raises: InvalidInput,
-        Overloaded (503), RequestTimeout (504), ModelError, ModelNotReady. `trace`: the
-        request's RequestTrace when it is sampled (aserve.tracing); `received`: the
-        time.monotonic() at which the front read its first bytes (its latency budget
-        counts from then: a burst can hold it on the event loop before it is queued)."""
+        Its deadline is the model's timeout, or the request's own when shorter; its
+        latency budget (checked by the codec against the model's timeout) counts from
+        `received`, the time.monotonic() its first bytes arrived: a burst can hold it on the
+        event loop before it is queued."""
         batcher = handle.batcher
-        if batcher is None or handle.state != "READY":
-            handle.require_ready()
-        assert batcher is not None
-        if request.schema is not handle.schema and (handle.schema is None or not handle.schema.accepts(request.schema)):
-            raise ModelNotReady(
-                f"model {handle.name!r} version {handle.version} was reloaded with other inputs or outputs while "
-                "the request was decoded; retry"
-            )
+        assert batcher is not None  # require_ready checked it
         limit = handle.timeout_ms
-        budget = request.latency_budget_ms
-        if budget is not None and not 0 < budget <= limit:
-            raise InvalidInput(
-                f"parameters.latency_budget_ms: expected milliseconds in (0, {limit:g}] (the model's "
-                f"timeout_ms), got {budget}"
-            )
         timeout = request.timeout_ms
         if timeout is not None and timeout < limit:
             limit = timeout
+        budget = request.latency_budget_ms
         now = time.monotonic()
         future = batcher.submit(
             request.inputs, request.samples, deadline=now + limit / 1000.0,
@@ -141,3 +157,46 @@ class DataPlane:
             batcher.withdraw(future)  # the caller went away: free its place if it has not run
             raise
         return InferResponse(model_name=handle.name, model_version=handle.version, outputs=outputs, id=request.id)
+
+
+def start_trace(tracer: Any, call: InferCall) -> Any:
+    """The call's RequestTrace when it is sampled, with its OpenTelemetry HTTP server
+    attributes (the same for every call to a model, route and address: made once, kept in
+    the tracer's table)."""
+    trace = tracer.start(call.headers)
+    if trace is None:
+        return None
+    protocol = call.codec.protocol(call)
+    key = (call.route, call.model, call.version, protocol, call.host)
+    index = tracer.route(key)
+    if index < 0:
+        host = call.host
+        address, _, port = host.rpartition(":") if ":" in host else (host, "", "")
+        version = call.version or ""
+        path = call.route.replace("{model}", call.model).replace("{version}", version).replace("{label}", version)
+        attributes: dict[str, Any] = {
+            "http.request.method": "POST", "http.route": call.route, "url.scheme": "http",
+            "url.path": path, "server.address": address or host,
+            "network.protocol.version": "1.1", "aserve.model": call.model,
+            "aserve.version": call.version or "latest", "aserve.protocol": protocol,
+        }
+        if port.isdigit():
+            attributes["server.port"] = int(port)
+        index = tracer.add_route(key, f"POST {call.route}", attributes)
+        if index < 0:  # the table is full (a client sending many Host names): as a span
+            trace.common = recorder.shared(attributes)
+    trace.route = index
+    if logs.trace_ids_logged:
+        logs.current_trace.set(trace)  # this request's task: its log records carry the ids
+    return trace
+
+
+def end_trace(trace: Any, call: InferCall, error: BaseException | None) -> None:
+    """Record a sampled call's server span as a span (it failed, or the tracer's table could
+    not hold it as numbers)."""
+    status = 200
+    if error is not None:
+        status = error.status if isinstance(error, AserveError) else 500
+        if isinstance(error, asyncio.CancelledError):
+            status = 499  # the client went away
+    recorder.finish(trace, f"POST {call.route}", status, error)

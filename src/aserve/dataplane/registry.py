@@ -182,6 +182,11 @@ class ModelRegistry:
         return out
 
     @property
+    def closed(self) -> bool:
+        """True once `close()` began: nothing more is loaded or served."""
+        return self._closed
+
+    @property
     def ready(self) -> bool:
         """True once every version the repository aspires to serves (models unloaded by request aside)."""
         if self._closed or not self.records:

@@ -38,9 +38,6 @@ def failure_reason(exc: BaseException) -> str:
         return "unavailable"
     if isinstance(exc, (InvalidInput, PayloadTooLarge)):
         return "invalid"
-    status = getattr(exc, "status", None)  # aiohttp's own (body too large, ...)
-    if isinstance(status, int) and 400 <= status < 500:
-        return "invalid"
     return "other"
 
 

@@ -17,13 +17,17 @@ from .formats import (
     request_format,
 )
 from .metadata import ModelMetadata, ServerMetadata, TensorMetadata, model_metadata
-from .tfserving import decode_predict, encode_predict
-from .v2 import HEADER_LENGTH, decode_infer, encode_infer
-from .validate import validate_inputs
+from .tfserving import PREDICT, decode_predict, encode_predict
+from .tfsignature import CLASSIFY, REGRESS
+from .v2 import HEADER_LENGTH, V2, decode_infer, encode_infer
 
 __all__ = [
+    "CLASSIFY",
     "CONTENT_TYPES",
     "HEADER_LENGTH",
+    "PREDICT",
+    "REGRESS",
+    "V2",
     "Format",
     "InferRequest",
     "ModelMetadata",
@@ -40,5 +44,4 @@ __all__ = [
     "model_metadata",
     "negotiate",
     "request_format",
-    "validate_inputs",
 ]

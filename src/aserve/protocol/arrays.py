@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import msgspec
 
 from ..errors import InvalidInput
-from ..runtime.datatypes import DATATYPES, element_count
+from ..runtime.datatypes import DATATYPES, bytes_ends, decode_bytes, element_count, encode_bytes
 from .formats import decode_error
 
 # Python element type of each datatype in a JSON/msgpack list, with the value range
@@ -113,21 +113,19 @@ def _pack(datatype: str, values: list[Any]) -> bytes | array[Any]:
 
 
 def pack_bytes(values: Iterable[str | bytes], *, field: str) -> bytes:
-    """V2 binary BYTES layout (4-byte little-endian length + bytes per element)."""
-    parts: list[bytes] = []
+    """The V2 BYTES layout of string (UTF-8 encoded) or bytes elements; InvalidInput names
+    an element that is neither."""
+    items: list[bytes] = []
     for i, v in enumerate(values):
         if isinstance(v, str):
             try:
                 v = v.encode()
             except UnicodeEncodeError as exc:
-                raise InvalidInput(
-                    f"{field}[{i}]: BYTES element is not valid Unicode: {exc.reason}"
-                ) from None
+                raise InvalidInput(f"{field}[{i}]: BYTES element is not valid Unicode: {exc.reason}") from None
         elif not isinstance(v, (bytes, bytearray, memoryview)):
             raise InvalidInput(f"{field}[{i}]: BYTES element must be a string, got {type(v).__name__}")
-        parts.append(len(v).to_bytes(4, "little"))
-        parts.append(bytes(v))
-    return b"".join(parts)
+        items.append(bytes(v))
+    return encode_bytes(items)
 
 
 def check_empty_shape(shape: Sequence[int], itemsize: int, *, field: str) -> None:
@@ -146,34 +144,11 @@ def check_empty_shape(shape: Sequence[int], itemsize: int, *, field: str) -> Non
 
 
 def count_bytes_elements(buf: Any, *, field: str) -> int:
-    """Number of elements in a V2 BYTES buffer; InvalidInput if the layout is broken."""
-    mv = memoryview(buf).cast("B")
-    n, pos, end = 0, 0, len(mv)
-    while pos < end:
-        if pos + 4 > end:
-            raise InvalidInput(
-                f"{field}: BYTES element {n}: 4-byte length prefix truncated at byte {pos} of {end}"
-            )
-        size = int.from_bytes(mv[pos : pos + 4], "little")
-        pos += 4 + size
-        if pos > end:
-            raise InvalidInput(
-                f"{field}: BYTES element {n}: length {size} runs past the end of the data ({end} bytes)"
-            )
-        n += 1
-    return n
-
-
-def split_bytes(buf: Any) -> list[bytes]:
-    """The elements of a well-formed V2 BYTES buffer."""
-    mv = memoryview(buf).cast("B")
-    out: list[bytes] = []
-    pos, end = 0, len(mv)
-    while pos < end:
-        size = int.from_bytes(mv[pos : pos + 4], "little")
-        out.append(mv[pos + 4 : pos + 4 + size].tobytes())
-        pos += 4 + size
-    return out
+    """Number of elements in a V2 BYTES buffer; InvalidInput naming where the layout breaks."""
+    try:
+        return len(bytes_ends(buf))
+    except ValueError as exc:
+        raise InvalidInput(f"{field}: {exc}") from None
 
 
 def unpack(datatype: str, data: Any) -> list[Any]:
@@ -194,7 +169,7 @@ def unpack(datatype: str, data: Any) -> list[Any]:
         memoryview(wide).cast("H")[1::2] = mv.cast("H")
         return memoryview(wide).cast("f").tolist()
     if datatype == "BYTES":
-        return split_bytes(mv)
+        return decode_bytes(mv)
     raise ValueError(f"unknown datatype {datatype!r}")
 
 

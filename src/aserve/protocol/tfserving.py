@@ -15,11 +15,11 @@ from typing import Any
 import msgspec
 
 from ..errors import InvalidInput, ModelError
-from ..inference import InferRequest, ModelSchema
+from ..inference import Answer, InferCall, InferRequest, InferResponse, Labels, ModelSchema
 from ..tensor import Tensor
 from . import arrays
 from .formats import DECODE_ERRORS, decode_error
-from .validate import validate_inputs
+from .validate import Inputs, check_data
 
 ROW_FIELD = "instances[*].{name}"
 COLUMN_FIELD = "inputs.{name}"
@@ -37,7 +37,7 @@ _ENCODER = msgspec.json.Encoder()
 
 def decode_predict(body: bytes | bytearray | memoryview, /, *, schema: ModelSchema) -> InferRequest:
     """Decode and validate a predict body against a model's schema; raises InvalidInput
-    naming the field. The request's `form` is True for the columnar format."""
+    naming the field. The request's `columnar` says which format it came in."""
     try:
         wire = _DECODER.decode(body)
     except DECODE_ERRORS as exc:
@@ -54,19 +54,20 @@ def decode_predict(body: bytes | bytearray | memoryview, /, *, schema: ModelSche
         values, field = _rows(wire.instances, schema, max_batch_size), ROW_FIELD
     else:
         values, field = _columns(wire.inputs, schema), COLUMN_FIELD
+    checked = Inputs(schema, field=lambda index, name: field.format(name=name), group="instances" if rows else "inputs")
     specs = schema.by_name
-    inputs: dict[str, Tensor] = {}
-    for name, value in values.items():
+    for index, (name, value) in enumerate(values.items()):
         where = field.format(name=name)
         try:
-            inputs[name] = _tensor(value, specs[name].datatype, where)
+            tensor = _tensor(value, specs[name].datatype, where)
         except InvalidInput as exc:
             if rows:
                 raise _per_instance(exc, where, name, batched=max_batch_size > 0) from None
             raise
-    samples = validate_inputs(inputs, schema, max_batch_size=max_batch_size, field=field)
-    return InferRequest(schema=schema, inputs=[inputs[s.name] for s in schema.inputs], samples=samples,
-                        form=columnar)
+        spec = checked.check(index, name, tensor.datatype, tensor.shape)
+        check_data(where, tensor.datatype, tensor.shape, tensor.data)
+        checked.place(spec, tensor)
+    return InferRequest(schema=schema, inputs=checked.done(), samples=checked.batch, columnar=columnar)
 
 
 def _per_instance(exc: InvalidInput, where: str, name: str, *, batched: bool) -> InvalidInput:
@@ -212,3 +213,20 @@ def _json_values(tensor: Tensor) -> list[Any]:
         except UnicodeDecodeError:
             out.append({"b64": base64.b64encode(v).decode()})
     return out
+
+
+class PredictCodec:
+    """TF-Serving's predict: rows or columns in, answered in the same format."""
+
+    def decode(self, call: InferCall, schema: ModelSchema, /) -> InferRequest:
+        return decode_predict(call.body, schema=schema)
+
+    def encode(self, call: InferCall, request: InferRequest, response: InferResponse, labels: Labels, /) -> Answer:
+        body = encode_predict(response.outputs, columnar=request.columnar, batched=request.schema.max_batch_size > 0)
+        return Answer([body], {"Content-Type": "application/json"})
+
+    def protocol(self, call: InferCall, /) -> str:
+        return "tfserving"
+
+
+PREDICT = PredictCodec()

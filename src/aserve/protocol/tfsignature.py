@@ -22,12 +22,13 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from ..errors import InvalidInput, NotSupported
-from ..inference import ModelSchema
+from ..inference import Answer, InferCall, InferRequest, InferResponse, Labels, ModelSchema
 from ..runtime.datatypes import element_count
 from ..runtime.model import TensorSpec
 from ..tensor import Tensor
 from . import arrays
 from .formats import DECODE_ERRORS, decode_error
+from .tfserving import decode_predict
 
 Method = Literal["classify", "regress"]
 
@@ -219,3 +220,34 @@ def encode_classify(outputs: dict[str, Tensor], samples: int, labels: Sequence[s
             pairs.append((label, float(score)))
         result.append(pairs)
     return _ENCODER.encode(ClassifyResponse(result))
+
+
+class ExamplesCodec:
+    """TF-Serving's classify or regress: examples in, one result per example out, for a model
+    whose outputs fit the method (else NotSupported, 501, naming what it needs)."""
+
+    def __init__(self, method: Method) -> None:
+        self.method = method
+
+    def decode(self, call: InferCall, schema: ModelSchema, /) -> InferRequest:
+        check_fits(self.method, schema)
+        try:
+            return decode_predict(examples_to_predict(call.body, schema), schema=schema)
+        except InvalidInput as e:
+            raise InvalidInput(str(e).replace("instances", "examples")) from None
+
+    def encode(self, call: InferCall, request: InferRequest, response: InferResponse, labels: Labels, /) -> Answer:
+        outputs = response.outputs
+        if self.method == "regress":
+            body = encode_regress(outputs, request.samples)
+        else:
+            scores = "scores" if "scores" in outputs else next(iter(outputs))
+            body = encode_classify(outputs, request.samples, labels(scores))
+        return Answer([body], {"Content-Type": "application/json"})
+
+    def protocol(self, call: InferCall, /) -> str:
+        return "tfserving"
+
+
+CLASSIFY = ExamplesCodec("classify")
+REGRESS = ExamplesCodec("regress")

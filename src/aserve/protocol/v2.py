@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, NamedTuple, NoReturn
+from typing import Annotated, Any, NamedTuple
 
 import msgspec
 
 from ..errors import InvalidInput, ModelError
-from ..inference import InferRequest, InferResponse, InputSpec, ModelSchema, RequestedOutput
-from ..runtime.datatypes import DATATYPES, element_count
+from ..inference import Answer, InferCall, InferRequest, InferResponse, Labels, ModelSchema, RequestedOutput
+from ..runtime.datatypes import DATATYPES, decode_bytes, element_count
 from ..tensor import Tensor
 from . import arrays
 from .classification import top_classes
@@ -29,11 +29,11 @@ from .formats import (
     request_format,
 )
 from .formats import content_type as _content_type
+from .validate import Inputs, check_data
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 Dimension = Annotated[int, msgspec.Meta(ge=0, le=arrays.INT64_MAX)]  # the pool and models count in int64
 HEADER_LENGTH = "Inference-Header-Content-Length"
-MAX_RANK = arrays.MAX_RANK
 
 
 # ---- the request as it arrives ----
@@ -80,21 +80,29 @@ _REQUEST_DECODERS: dict[str, _Decoder] = {
 # ---- the decoded request ----
 
 
+class _Slice(NamedTuple):
+    """Where a binary request's input lies in the binary data after its JSON header."""
+
+    datatype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+
 class _Plan(NamedTuple):
     """What a binary request's JSON header decodes to, checked: every request whose header
     has the same bytes gets the same inputs (over its own binary data) and parameters."""
 
-    inputs: tuple[tuple[str, tuple[int, ...], int, int], ...]  # (datatype, shape, start, end) in schema order
+    inputs: tuple[_Slice, ...]  # in schema order
     size: int  # bytes of binary data after the header
     samples: int
     outputs: list[RequestedOutput]
     parameters: dict[str, Any]
     timeout_ms: float | None
     latency_budget_ms: float | None
-    form: Any
+    binary_outputs: bool
 
 
-MAX_PLANS = 64  # distinct binary headers remembered per model load (then forgotten all at once)
 MAX_PLAN_HEADER = 4096  # bytes: longer headers are decoded every time
 
 
@@ -107,7 +115,7 @@ def decode_infer(
     schema: ModelSchema,
 ) -> InferRequest:
     """Decode a V2 infer request body against a model's schema, checking each input once
-    as it is decoded; raises InvalidInput naming the field.
+    as it is decoded (`validate.Inputs`); raises InvalidInput naming the field.
 
     The request's inputs come out in the schema's order and its sample count is the
     inputs' common batch dimension (1 if the model does not batch). A binary request
@@ -129,58 +137,30 @@ def decode_infer(
                 schema=schema,
                 inputs=[Tensor(datatype, shape, blobs[start:end]) for datatype, shape, start, end in plan.inputs],
                 samples=plan.samples, outputs=plan.outputs, parameters=plan.parameters,
-                timeout_ms=plan.timeout_ms, latency_budget_ms=plan.latency_budget_ms, form=plan.form,
+                timeout_ms=plan.timeout_ms, latency_budget_ms=plan.latency_budget_ms,
+                binary_outputs=plan.binary_outputs,
             )
-    request, spans = _decode(header, blobs, fmt, header_length, schema)
-    if reusable and spans is not None and request.id is None:
-        if len(plans) >= MAX_PLANS:
-            plans.clear()
-        plans[key] = _Plan(
-            spans, len(blobs), request.samples, request.outputs, request.parameters, request.timeout_ms,
-            request.latency_budget_ms, request.form,
-        )
+    request, slices = _decode(header, blobs, fmt, header_length, schema)
+    if reusable and slices is not None and request.id is None:
+        plans.remember(key, _Plan(
+            slices, len(blobs), request.samples, request.outputs, request.parameters, request.timeout_ms,
+            request.latency_budget_ms, request.binary_outputs,
+        ))
     return request
 
 
-Span = tuple[str, tuple[int, ...], int, int]
-
-
 def _decode(header: memoryview, blobs: memoryview, fmt: Format, header_length: int | None,
-            schema: ModelSchema) -> tuple[InferRequest, tuple[Span, ...] | None]:
+            schema: ModelSchema) -> tuple[InferRequest, tuple[_Slice, ...] | None]:
     """The request, and where each input lies in the binary data when every input is there
     (and none is BYTES, whose element counts depend on the data): a plan to reuse."""
     wire = _decode_header(header, fmt, header_length)
-    specs = schema.inputs
-    max_batch_size = schema.max_batch_size
-    inputs: list[Any] = [None] * len(specs)
-    spans: list[Any] | None = [None] * len(specs) if header_length is not None and fmt == "json" else None
-    samples = 0
-    first = ""
+    checked = Inputs(schema)
+    slices: list[Any] | None = [None] * len(schema.inputs) if header_length is not None and fmt == "json" else None
     offset = 0
-    checked = schema.checked
     for index, item in enumerate(wire.inputs):
-        name = item.name
         datatype = item.datatype
         shape = tuple(item.shape)
-        key = (name, datatype, shape)
-        spec = checked.get(key)
-        if spec is None:
-            spec = _check_input(index, name, datatype, shape, schema)
-            if len(checked) >= MAX_PLANS:
-                checked.clear()
-            checked[key] = spec
-        if inputs[spec.position] is not None:
-            earlier = next(i for i, w in enumerate(wire.inputs) if w.name == name)
-            raise InvalidInput(f"inputs[{index}].name: duplicate input {name!r} (also inputs[{earlier}])")
-        if max_batch_size > 0 and shape:
-            rows = shape[0]
-            if not first:
-                first, samples = name, rows
-            elif rows != samples:
-                raise InvalidInput(
-                    f"inputs[{index}].shape[0]: batch size {rows} of input {name!r} differs from {samples} "
-                    f"of input {first!r}"
-                )
+        spec = checked.check(index, item.name, datatype, shape)
         params = item.parameters
         if params is not None and params.shared_memory_region is not None:
             raise InvalidInput(f"inputs[{index}].parameters.shared_memory_region: shared memory is not supported")
@@ -192,32 +172,26 @@ def _decode(header: memoryview, blobs: memoryview, fmt: Format, header_length: i
             if item.data:
                 raise InvalidInput(f"inputs[{index}]: has both data and parameters.binary_data_size")
             size = params.binary_data_size
-            data: Any = _binary_data(spec, shape, size, blobs, offset, index)
-            if spans is not None:
-                spans[spec.position] = (datatype, shape, offset, offset + size) if spec.itemsize else None
+            data: Any = _binary_data(datatype, shape, size, blobs, offset, index)
+            if slices is not None:
+                slices[spec.position] = _Slice(datatype, shape, offset, offset + size) if spec.itemsize else None
             offset += size
         elif item.data:
             data = _decode_data(item.data, datatype, shape, fmt, f"inputs[{index}].data")
-            spans = None
+            slices = None
         else:
             raise InvalidInput(f"inputs[{index}].data: missing (give data or parameters.binary_data_size)")
-        inputs[spec.position] = Tensor(datatype, shape, data)
+        checked.place(spec, Tensor(datatype, shape, data))
     if offset != len(blobs):
         raise InvalidInput(
             f"{HEADER_LENGTH}: inputs' binary_data_size add up to {offset} bytes, but "
             f"{len(blobs)} bytes follow the {len(header)}-byte header"
         )
-    if len(wire.inputs) != len(specs):
-        missing = [s.name for s in specs if inputs[s.position] is None]
-        raise InvalidInput(
-            f"inputs: missing input{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} of model "
-            f"{schema.name!r} (expects {_names(specs)})"
-        )
-
-    plan = None if spans is None or None in spans else tuple(spans)
+    inputs = checked.done()
+    plan = None if slices is None or None in slices else tuple(slices)
     parameters = wire.parameters
     if parameters is None:
-        request = InferRequest(schema=schema, inputs=inputs, samples=samples or 1, id=wire.id,
+        request = InferRequest(schema=schema, inputs=inputs, samples=checked.batch, id=wire.id,
                                outputs=_requested_outputs(wire.outputs, schema, False))
         return request, plan
     default_binary = parameters.get("binary_data_output", False)
@@ -226,68 +200,15 @@ def _decode(header: memoryview, blobs: memoryview, fmt: Format, header_length: i
     request = InferRequest(
         schema=schema,
         inputs=inputs,
-        samples=samples or 1,
+        samples=checked.batch,
         id=wire.id,
         outputs=_requested_outputs(wire.outputs, schema, default_binary),
         parameters=parameters,
         timeout_ms=_timeout_ms(parameters.get("timeout")),
         latency_budget_ms=_latency_budget_ms(parameters.get("latency_budget_ms"), schema.max_latency_budget_ms),
-        form=default_binary,
+        binary_outputs=default_binary,
     )
     return request, plan
-
-
-def _check_input(index: int, name: str, datatype: str, shape: tuple[int, ...], schema: ModelSchema) -> InputSpec:
-    """The spec of the input `inputs[index]` gives, once its name, datatype and shape are
-    checked against it (InvalidInput naming the field otherwise)."""
-    spec = schema.by_name.get(name)
-    if spec is None:
-        raise InvalidInput(
-            f"inputs[{index}].name: model {schema.name!r} has no input {name!r}; "
-            f"expected one of {_names(schema.inputs)}"
-        )
-    if datatype != spec.datatype:
-        if datatype not in DATATYPES:
-            raise InvalidInput(
-                f"inputs[{index}].datatype: expected one of {', '.join(DATATYPES)}, got {datatype!r}"
-            )
-        raise InvalidInput(
-            f"inputs[{index}].datatype: input {name!r} of model {schema.name!r} is {spec.datatype}, "
-            f"got {datatype}"
-        )
-    want = spec.shape
-    if len(shape) != len(want):
-        if len(shape) > MAX_RANK:
-            raise InvalidInput(f"inputs[{index}].shape: at most {MAX_RANK} dimensions, got {len(shape)}")
-        _bad_shape(index, spec, schema, shape)
-    for w, g in zip(want, shape):
-        if w != g and w != -1:
-            _bad_shape(index, spec, schema, shape)
-    if 0 in shape:
-        arrays.check_empty_shape(shape, spec.itemsize, field=f"inputs[{index}].shape")
-    max_batch_size = schema.max_batch_size
-    if max_batch_size > 0 and shape and not 1 <= shape[0] <= max_batch_size:
-        raise InvalidInput(
-            f"inputs[{index}].shape[0]: batch size of input {name!r} must be 1..{max_batch_size}, "
-            f"got {shape[0]}"
-        )
-    return spec
-
-
-def _names(specs: tuple[InputSpec, ...]) -> str:
-    return ", ".join(repr(s.name) for s in specs) or "none"
-
-
-def _bad_shape(index: int, spec: InputSpec, schema: ModelSchema, shape: tuple[int, ...]) -> NoReturn:
-    want = spec.shape
-    if schema.max_batch_size:
-        note = f" (-1: any size; the first is the batch, at most {schema.max_batch_size})"
-    else:
-        note = " (-1: any size)" if -1 in want else ""
-    raise InvalidInput(
-        f"inputs[{index}].shape: input {spec.name!r} of model {schema.name!r} expects {list(want)}{note}, "
-        f"got {list(shape)}"
-    )
 
 
 def _split(body: bytes | bytearray | memoryview, header_length: int | None) -> tuple[memoryview, memoryview]:
@@ -317,7 +238,7 @@ def _decode_header(header: memoryview, fmt: Format, header_length: int | None) -
     return wire
 
 
-def _binary_data(spec: InputSpec, shape: tuple[int, ...], size: int, blobs: memoryview, offset: int,
+def _binary_data(datatype: str, shape: tuple[int, ...], size: int, blobs: memoryview, offset: int,
                  index: int) -> memoryview:
     """The input's bytes in the binary data after the header: a view, no copy."""
     if offset + size > len(blobs):
@@ -326,19 +247,8 @@ def _binary_data(spec: InputSpec, shape: tuple[int, ...], size: int, blobs: memo
             f"binary data after the header ({len(blobs)} bytes)"
         )
     data = blobs[offset : offset + size]
-    count = element_count(shape)
-    if spec.itemsize == 0:
-        got = arrays.count_bytes_elements(data, field=f"inputs[{index}] binary data")
-        if got != count:
-            raise InvalidInput(
-                f"inputs[{index}].parameters.binary_data_size: BYTES {list(shape)} needs {count} "
-                f"elements, binary data holds {got}"
-            )
-    elif size != count * spec.itemsize:
-        raise InvalidInput(
-            f"inputs[{index}].parameters.binary_data_size: {spec.datatype} {list(shape)} needs "
-            f"{count * spec.itemsize} bytes, got {size}"
-        )
+    check_data(f"inputs[{index}].parameters.binary_data_size", datatype, shape, data,
+               data_field=f"inputs[{index}] binary data")
     return data
 
 
@@ -374,14 +284,7 @@ def _decode_nested(raw: msgspec.Raw, datatype: str, shape: tuple[int, ...], fmt:
 
 def _raw_data(value: memoryview, datatype: str, shape: tuple[int, ...], field: str) -> memoryview:
     """msgpack `data` given as bytes: the tensor's little-endian bytes (a view, no copy)."""
-    dt = DATATYPES[datatype]
-    count = element_count(shape)
-    if dt.itemsize == 0:
-        got = arrays.count_bytes_elements(value, field=field)
-        if got != count:
-            raise InvalidInput(f"{field}: BYTES {list(shape)} needs {count} elements, got {got}")
-    elif len(value) != count * dt.itemsize:
-        raise InvalidInput(f"{field}: {datatype} {list(shape)} needs {count * dt.itemsize} bytes, got {len(value)}")
+    check_data(field, datatype, shape, value)
     return value
 
 
@@ -509,7 +412,7 @@ def encode_infer(
         if any(r.classification for r in request.outputs):
             outputs = _classified(outputs, request, labels)
     else:
-        default_binary = request.form is True
+        default_binary = request.binary_outputs
         selected = [(name, default_binary) for name in outputs]
     wire: list[_WireOutputTensor] = []
     blobs: list[bytes | memoryview] = []
@@ -521,7 +424,7 @@ def encode_infer(
             )
         view = _output_view(model_name, name, tensor)
         if fmt == "msgpack":
-            data: Any = arrays.split_bytes(view) if tensor.datatype == "BYTES" else view
+            data: Any = decode_bytes(view) if tensor.datatype == "BYTES" else view
             wire.append(_WireOutputTensor(name, tensor.datatype, tensor.shape, data))
         elif binary:
             blobs.append(view)
@@ -583,3 +486,40 @@ def _json_data(name: str, tensor: Tensor, view: memoryview) -> list[Any]:
             f"outputs: BYTES output {name!r} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
             f"request it with parameters.binary_data = true"
         ) from None
+
+
+# ---- the codec the data plane runs (aserve.inference.Codec) ----
+
+
+def header_length(value: str | None) -> int | None:
+    """The Inference-Header-Content-Length header's byte count (None when absent)."""
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise InvalidInput(f"header {HEADER_LENGTH}: expected a byte count, got {value!r}") from None
+    if n < 0:
+        raise InvalidInput(f"header {HEADER_LENGTH}: expected >= 0, got {n}")
+    return n
+
+
+class V2Codec:
+    """V2 infer requests and answers: JSON, JSON with binary tensors after it, or msgpack."""
+
+    def decode(self, call: InferCall, schema: ModelSchema, /) -> InferRequest:
+        return decode_infer(call.body, content_type=call.content_type, header_length=call.header_length,
+                            schema=schema)
+
+    def encode(self, call: InferCall, request: InferRequest, response: InferResponse, labels: Labels, /) -> Answer:
+        chunks, headers = encode_infer(response, request, accept=call.accept, content_type=call.content_type,
+                                       labels=labels if request.outputs else None)
+        return Answer(chunks, headers)
+
+    def protocol(self, call: InferCall, /) -> str:
+        if request_format(call.content_type) == "msgpack":
+            return "v2-msgpack"
+        return "v2-binary" if call.header_length is not None else "v2-json"
+
+
+V2 = V2Codec()

@@ -1,129 +1,137 @@
-"""Checks a request's tensors against the model's declared inputs."""
+"""The one check of a request's inputs against the model's schema, for every codec.
+
+A codec (V2 JSON, binary or msgpack; TF-Serving rows or columns) decodes each input's
+name, datatype and shape, asks `Inputs.check` for its spec, and places its data; the
+checks are the same whichever format the request came in, and only the field names in
+the messages differ (`inputs[1].shape`, `instances[*].X.shape`, `inputs.X.shape`). An
+input's (name, datatype, shape) that passed once for a model load is looked up, not
+checked again: clients send the same inputs on every request.
+"""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from ..errors import InvalidInput
+from ..inference import InputSpec, ModelSchema
 from ..runtime.datatypes import DATATYPES, element_count
 from ..tensor import Tensor
-from .arrays import count_bytes_elements
+from .arrays import MAX_RANK, check_empty_shape, count_bytes_elements
 
-if TYPE_CHECKING:
-    from ..inference import InputSpec, ModelSchema
-
-# How a message names the tensor at position `index` called `name`.
-V2_FIELD = "inputs[{index}]"
-_GROUP = re.compile(r"[A-Za-z_]*")
+Field = Callable[[int, str], str]  # (index in the request, input name) -> the field a message names
 
 
-def validate_inputs(
-    inputs: Mapping[str, Tensor],
-    model: ModelSchema,
-    *,
-    max_batch_size: int,
-    field: str = V2_FIELD,
-) -> int:
-    """Check names, datatypes, shapes and byte sizes; return the batch's sample count.
-
-    When the model batches (max_batch_size > 0) the declared shapes start with the batch
-    dimension: every input must have the same leading size, 1..max_batch_size. Other -1
-    dimensions take any size. `field` formats the name of each input in messages, from
-    its `index` in the request and its `name`.
-    """
-    specs = model.inputs
-    samples = 1
-    first: str | None = None
-    for index, (name, tensor) in enumerate(inputs.items()):
-        for spec in specs:
-            if spec.name == name:
-                break
-        else:
-            raise InvalidInput(
-                f"{_where(field, index, name)}.name: model {model.name!r} has no input {name!r}; "
-                f"expected one of {_names(specs)}"
-            )
-        if tensor.datatype != spec.datatype:
-            raise InvalidInput(
-                f"{_where(field, index, name)}.datatype: input {name!r} of model {model.name!r} is "
-                f"{spec.datatype}, got {tensor.datatype}"
-            )
-        shape, want = tensor.shape, spec.shape
-        if len(shape) != len(want):
-            _bad_shape(field, index, name, model, want, shape, max_batch_size)
-        for w, g in zip(want, shape):
-            if w != g and w != -1:
-                _bad_shape(field, index, name, model, want, shape, max_batch_size)
-        if max_batch_size > 0 and shape:
-            batch_size = shape[0]
-            if not 1 <= batch_size <= max_batch_size:
-                raise InvalidInput(
-                    f"{_where(field, index, name)}.shape[0]: batch size of input {name!r} must be "
-                    f"1..{max_batch_size}, got {batch_size}"
-                )
-            if first is None:
-                first, samples = name, batch_size
-            elif batch_size != samples:
-                raise InvalidInput(
-                    f"{_where(field, index, name)}.shape[0]: batch size {batch_size} of input {name!r} "
-                    f"differs from {samples} of input {first!r}"
-                )
-        _check_size(field, index, name, tensor)
-    if len(inputs) != len(specs):
-        missing = [s.name for s in specs if s.name not in inputs]
-        raise InvalidInput(
-            f"{_group(field)}: missing input{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(map(repr, missing))} of model {model.name!r} (expects {_names(specs)})"
-        )
-    return samples
+def v2_field(index: int, name: str) -> str:
+    return f"inputs[{index}]"
 
 
-def _where(field: str, index: int, name: str) -> str:
-    return field.format(index=index, name=name)
+class Inputs:
+    """One request's inputs, checked as a codec decodes them: each input's name, datatype and
+    shape, no input twice, the same batch size in every input (1..max_batch_size when the
+    model batches), and, once all are placed, none missing. `samples` is the batch size."""
+
+    __slots__ = ("_first", "_index", "field", "group", "samples", "schema", "tensors")
+
+    def __init__(self, schema: ModelSchema, *, field: Field = v2_field, group: str = "inputs") -> None:
+        self.schema = schema
+        self.field = field
+        self.group = group  # what the missing-input message names
+        self.tensors: list[Tensor | None] = [None] * len(schema.inputs)
+        self._index = [-1] * len(schema.inputs)  # where in the request each input came
+        self.samples = 0
+        self._first = ""
+
+    def check(self, index: int, name: str, datatype: str, shape: tuple[int, ...]) -> InputSpec:
+        """The spec of input `name` as the request declares it; InvalidInput names the field."""
+        schema = self.schema
+        key = (name, datatype, shape)
+        spec = schema.checked.get(key)
+        if spec is None:
+            spec = schema.checked.remember(key, _check(self.field(index, name), name, datatype, shape, schema))
+        earlier = self._index[spec.position]
+        if earlier >= 0:
+            raise InvalidInput(f"{self.field(index, name)}.name: duplicate input {name!r} (also "
+                               f"{self.field(earlier, name)})")
+        self._index[spec.position] = index
+        if schema.max_batch_size > 0 and shape:
+            rows = shape[0]
+            if not self._first:
+                self._first, self.samples = name, rows
+            elif rows != self.samples:
+                raise InvalidInput(f"{self.field(index, name)}.shape[0]: batch size {rows} of input {name!r} differs "
+                                   f"from {self.samples} of input {self._first!r}")
+        return spec
+
+    def place(self, spec: InputSpec, tensor: Tensor) -> None:
+        self.tensors[spec.position] = tensor
+
+    def done(self) -> list[Tensor]:
+        """Every input in the schema's order; InvalidInput names those missing."""
+        tensors = self.tensors
+        if None in tensors:
+            specs = self.schema.inputs
+            missing = [s.name for s in specs if tensors[s.position] is None]
+            raise InvalidInput(f"{self.group}: missing input{'s' if len(missing) > 1 else ''} "
+                               f"{', '.join(map(repr, missing))} of model {self.schema.name!r} (expects "
+                               f"{names(specs)})")
+        return tensors  # type: ignore[return-value]
+
+    @property
+    def batch(self) -> int:
+        """The request's sample count (1 for a model that does not batch)."""
+        return self.samples or 1
 
 
-def _group(field: str) -> str:
-    m = _GROUP.match(field)
-    return m[0] if m else field
+def _check(field: str, name: str, datatype: str, shape: tuple[int, ...], schema: ModelSchema) -> InputSpec:
+    spec = schema.by_name.get(name)
+    if spec is None:
+        raise InvalidInput(f"{field}.name: model {schema.name!r} has no input {name!r}; expected one of "
+                           f"{names(schema.inputs)}")
+    if datatype != spec.datatype:
+        if datatype not in DATATYPES:
+            raise InvalidInput(f"{field}.datatype: expected one of {', '.join(DATATYPES)}, got {datatype!r}")
+        raise InvalidInput(f"{field}.datatype: input {name!r} of model {schema.name!r} is {spec.datatype}, "
+                           f"got {datatype}")
+    want = spec.shape
+    if len(shape) > MAX_RANK:
+        raise InvalidInput(f"{field}.shape: at most {MAX_RANK} dimensions, got {len(shape)}")
+    if len(shape) != len(want) or any(w != g and w != -1 for w, g in zip(want, shape)):
+        _bad_shape(field, spec, schema, shape)
+    if 0 in shape:
+        check_empty_shape(shape, spec.itemsize, field=f"{field}.shape")
+    max_batch_size = schema.max_batch_size
+    if max_batch_size > 0 and shape and not 1 <= shape[0] <= max_batch_size:
+        raise InvalidInput(f"{field}.shape[0]: batch size of input {name!r} must be 1..{max_batch_size}, "
+                           f"got {shape[0]}")
+    return spec
 
 
-def _names(specs: Sequence[InputSpec]) -> str:
+def _bad_shape(field: str, spec: InputSpec, schema: ModelSchema, shape: tuple[int, ...]) -> NoReturn:
+    want = spec.shape
+    if schema.max_batch_size:
+        note = f" (-1: any size; the first is the batch, at most {schema.max_batch_size})"
+    else:
+        note = " (-1: any size)" if -1 in want else ""
+    raise InvalidInput(f"{field}.shape: input {spec.name!r} of model {schema.name!r} expects {list(want)}{note}, "
+                       f"got {list(shape)}")
+
+
+def names(specs: tuple[InputSpec, ...]) -> str:
     return ", ".join(repr(s.name) for s in specs) or "none"
 
 
-def _bad_shape(
-    field: str,
-    index: int,
-    name: str,
-    model: ModelSchema,
-    want: tuple[int, ...],
-    shape: tuple[int, ...],
-    max_batch_size: int,
-) -> NoReturn:
-    if max_batch_size:
-        note = f" (-1: any size; the first is the batch, at most {max_batch_size})"
-    else:
-        note = " (-1: any size)" if -1 in want else ""
-    raise InvalidInput(
-        f"{_where(field, index, name)}.shape: input {name!r} of model {model.name!r} expects "
-        f"{list(want)}{note}, got {list(shape)}"
-    )
-
-
-def _check_size(field: str, index: int, name: str, tensor: Tensor) -> None:
-    itemsize = DATATYPES[tensor.datatype].itemsize
-    count = element_count(tensor.shape)
+def check_data(field: str, datatype: str, shape: tuple[int, ...], data: Any, *, data_field: str = "") -> None:
+    """InvalidInput unless `data` holds a `datatype` tensor of `shape`: its byte size, or
+    for BYTES its element count (walking the length prefixes; a broken layout is named
+    `data_field` when given)."""
+    count = element_count(shape)
+    itemsize = DATATYPES[datatype].itemsize
     if itemsize:
-        nbytes = memoryview(tensor.data).nbytes
+        nbytes = memoryview(data).nbytes
         if nbytes != count * itemsize:
-            raise InvalidInput(
-                f"{_where(field, index, name)}: {tensor.datatype} {list(tensor.shape)} needs "
-                f"{count * itemsize} bytes, got {nbytes}"
-            )
-    else:
-        where = _where(field, index, name)
-        got = count_bytes_elements(tensor.data, field=where)
-        if got != count:
-            raise InvalidInput(f"{where}: BYTES {list(tensor.shape)} needs {count} elements, got {got}")
+            raise InvalidInput(f"{field}: {datatype} {list(shape)} needs {count * itemsize} bytes, got {nbytes}")
+        return
+    got = count_bytes_elements(data, field=data_field or field)
+    if got != count:
+        raise InvalidInput(f"{field}: BYTES {list(shape)} needs {count} elements, got {got}")

@@ -12,6 +12,7 @@ from .config import (
     parse_config,
     to_config,
 )
+from .labels import LABELS_PARAMETER, read_labels
 from .scan import (
     ModelSource,
     RepositoryError,
@@ -23,7 +24,7 @@ from .scan import (
 )
 
 __all__ = [
-    "BatchingConfig", "ConfigError", "ModelConfig", "ModelSource", "PackageConfig", "RepositoryError",
+    "LABELS_PARAMETER", "BatchingConfig", "ConfigError", "ModelConfig", "ModelSource", "PackageConfig", "RepositoryError",
     "RepositoryScan", "Skipped", "TensorConfig", "VersionPolicy", "VersionSource", "load_config", "merge_tables",
-    "parse_config", "scan_model", "scan_repository", "to_config",
+    "parse_config", "read_labels", "scan_model", "scan_repository", "to_config",
 ]

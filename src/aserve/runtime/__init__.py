@@ -2,7 +2,7 @@
 
 Pure Python, standard library only at import time, so that it loads in a private
 libpython copy, in an isolated PEP 684 subinterpreter and in the host alike. It must
-never import host-side packages (aiohttp, msgspec, the server).
+never import host-side packages (httptools, msgspec, the server).
 """
 
 from .datatypes import DATATYPES, DataType

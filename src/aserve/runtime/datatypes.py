@@ -7,7 +7,7 @@ it; it imports nothing but the standard library so it loads in any interpreter.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class DataType(NamedTuple):
@@ -63,8 +63,11 @@ def element_count(shape: tuple[int, ...] | list[int]) -> int:
     return n
 
 
+# ---- BYTES: the V2 binary layout, each element a 4-byte little-endian length and its bytes ----
+
+
 def encode_bytes(items: list[bytes]) -> bytes:
-    """V2 binary BYTES layout: each element as a 4-byte little-endian length + data."""
+    """The V2 binary BYTES layout of `items`."""
     parts = []
     for item in items:
         parts.append(len(item).to_bytes(4, "little"))
@@ -72,22 +75,32 @@ def encode_bytes(items: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def decode_bytes(buf: memoryview | bytes, count: int | None = None) -> list[bytes]:
-    """Split a V2 binary BYTES buffer into its elements (ValueError if it is malformed)."""
+def bytes_ends(buf: Any) -> list[int]:
+    """Where each element of a V2 BYTES buffer ends (byte offsets); ValueError naming the
+    element and the byte where the layout breaks."""
     mv = memoryview(buf).cast("B")
-    out: list[bytes] = []
+    ends: list[int] = []
     pos, end = 0, len(mv)
     while pos < end:
         if pos + 4 > end:
-            raise ValueError(f"BYTES element {len(out)}: 4-byte length prefix truncated")
-        n = int.from_bytes(mv[pos : pos + 4], "little")
-        pos += 4
-        if pos + n > end:
-            raise ValueError(
-                f"BYTES element {len(out)}: length {n} runs past the end of the buffer"
-            )
-        out.append(bytes(mv[pos : pos + n]))
-        pos += n
+            raise ValueError(f"BYTES element {len(ends)}: 4-byte length prefix truncated at byte {pos} of {end}")
+        size = int.from_bytes(mv[pos : pos + 4], "little")
+        pos += 4 + size
+        if pos > end:
+            raise ValueError(f"BYTES element {len(ends)}: length {size} runs past the end of the data ({end} bytes)")
+        ends.append(pos)
+    return ends
+
+
+def decode_bytes(buf: Any, count: int | None = None) -> list[bytes]:
+    """The elements of a V2 BYTES buffer (ValueError if it is malformed, or does not hold
+    `count` elements)."""
+    mv = memoryview(buf).cast("B")
+    out: list[bytes] = []
+    start = 0
+    for end in bytes_ends(mv):
+        out.append(bytes(mv[start + 4 : end]))
+        start = end
     if count is not None and len(out) != count:
         raise ValueError(f"BYTES tensor holds {len(out)} elements, shape says {count}")
     return out

@@ -1,7 +1,11 @@
-"""The HTTP front: Open Inference Protocol (V2) and TensorFlow-Serving REST on aiohttp/uvloop."""
+"""The HTTP front: Open Inference Protocol (V2) and TensorFlow-Serving REST, on llhttp and uvloop.
 
-from .app import build_app
-from .front import Front, FrontRunner
+`connection.py` parses every request with llhttp; `router.py` matches it against the one
+route table (`routes.py`) and decides what its head alone decides; the handlers (`infer.py`,
+`v2.py`, `tfserving.py`, `admin.py`, `metrics.py`, `openapi.py`) translate HTTP to the data
+plane and back; `serve.py` listens, drains and shuts down.
+"""
+
 from .serve import Server, serve
 
-__all__ = ["Front", "FrontRunner", "Server", "build_app", "serve"]
+__all__ = ["Server", "serve"]

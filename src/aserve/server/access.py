@@ -22,21 +22,16 @@ expose the headers clients read (Inference-Header-Content-Length, Retry-After, .
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
 from typing import Literal
-
-from aiohttp import web
 
 from ..errors import Forbidden, Unauthorized
 from .errors import error_response
-from .request import HttpRequest
+from .http import Request, Response
 
 Level = Literal["open", "api", "admin"]
 OPEN: Level = "open"
 API: Level = "api"
 ADMIN: Level = "admin"
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class Access:
@@ -60,7 +55,7 @@ class Access:
     def guards_anything(self) -> bool:
         return bool(self._api or self._admin)
 
-    def check(self, request: HttpRequest, level: Level) -> None:
+    def check(self, request: Request, level: Level) -> None:
         """Raise Unauthorized (no bearer token) or Forbidden (another token) unless the
         request may call an endpoint of `level`."""
         if level == OPEN:
@@ -70,7 +65,7 @@ class Access:
             return
         flag = self.api_flag if level == API else self.admin_flag
         what = "inference and metadata" if level == API else "the repository and trace-setting endpoints"
-        header = request.headers.get("Authorization")
+        header = request.headers.get("authorization")
         if header is None:
             raise Unauthorized(f"{what} need a bearer token: send `Authorization: Bearer <token>` with the token the "
                                f"server was started with ({flag})")
@@ -101,24 +96,25 @@ class Cors:
     def allows(self, origin: str) -> bool:
         return self.any or origin in self.origins
 
-    def add(self, request: HttpRequest, response: web.StreamResponse) -> None:
+    def add(self, request: Request, response: Response) -> None:
         """The CORS headers of a response to an allowed origin."""
-        origin = request.headers.get("Origin")
-        if origin is None or not self.allows(origin) or response.prepared:
+        origin = request.headers.get("origin")
+        if origin is None or not self.allows(origin):
             return
         headers = response.headers
         headers["Access-Control-Allow-Origin"] = "*" if self.any else origin
         headers["Access-Control-Expose-Headers"] = EXPOSED
         if not self.any:
-            headers.add("Vary", "Origin")
+            headers["Vary"] = "Origin"
 
-    def preflight(self, request: web.BaseRequest) -> web.StreamResponse:
-        origin = request.headers.get("Origin", "")
+    def preflight(self, request: Request) -> Response:
+        """The answer to a preflight (OPTIONS with Access-Control-Request-Method)."""
+        origin = request.headers.get("origin", "")
         if not self.allows(origin):
             return error_response(request, 403, f"CORS: origin {origin!r} is not allowed (the server's --cors-origin "
                                                 f"list does not name it)")
-        wanted = request.headers.get("Access-Control-Request-Headers")
-        response = web.Response(status=204, headers={
+        wanted = request.headers.get("access-control-request-headers")
+        response = Response(204, headers={
             "Access-Control-Allow-Origin": "*" if self.any else origin,
             "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
             "Access-Control-Allow-Headers": wanted or ALLOWED_HEADERS,
@@ -127,25 +123,3 @@ class Cors:
         if not self.any:
             response.headers["Vary"] = "Origin"
         return response
-
-
-ACCESS_KEY: web.AppKey[Access] = web.AppKey("access", Access)
-CORS_KEY: web.AppKey[Cors] = web.AppKey("cors", Cors)
-LEVELS_KEY: web.AppKey[dict[object, Level]] = web.AppKey("access_levels", dict)
-
-
-@web.middleware
-async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    cors = request.app[CORS_KEY]
-    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
-        return cors.preflight(request)
-    response = await handler(request)
-    cors.add(request, response)
-    return response
-
-
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    level = request.app[LEVELS_KEY].get(request.match_info.handler, OPEN)  # unknown routes: their 404/405
-    request.app[ACCESS_KEY].check(request, level)
-    return await handler(request)

@@ -23,7 +23,8 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..dataplane.stats import DURATION_BUCKETS_US, REASONS, Metrics, RequestStats, failure_reason
-from .httpstats import HANDOFF_REASONS, HttpStats
+from .app import REFUSALS, App, HttpStats
+from .http import Request, Response
 
 if TYPE_CHECKING:
     from ..dataplane import ModelHandle
@@ -238,7 +239,7 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
            schedulers: Mapping[str, Any] | None = None, http: HttpStats | None = None,
            tracing: Mapping[str, int] | None = None) -> str:
     """The exposition text: every model (requests, batcher, policy), then every pool
-    (with its fair scheduler's slots), then the HTTP fronts (`httpstats.HttpStats`), then
+    (with its fair scheduler's slots), then the HTTP front (`app.HttpStats`), then
     the tracer's records (`Tracer.stats()`, when tracing is on)."""
     out = Exposition()
     for handle in sorted(models, key=lambda h: h.name):
@@ -271,19 +272,14 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
             out.add("aserve_pool_batch_slots_in_use", "gauge", "Batch slots held by running batches.",
                     state["in_flight"], {"engine": engine})
     if http is not None:
-        for front, count in (("wire", http.wire), ("aiohttp", http.aiohttp)):
-            out.add("aserve_http_requests_total", "counter",
-                    "HTTP requests answered, by front: aserve's wire front (plain infer and predict requests) or "
-                    "aiohttp (every other one).", count, {"front": front})
-        out.add("aserve_http_lent_total", "counter",
-                "Requests to other routes (metadata, health, ...) the wire front lent its connection to aiohttp "
-                "for; the connection came back after each answer.", http.lent)
-        for reason in HANDOFF_REASONS:
-            out.add("aserve_http_handoffs_total", "counter",
-                    "Connections the wire front handed to aiohttp for good, by the reason of the request it could not "
-                    "read: head (HTTP/1.0, a chunked or compressed body, Expect, Upgrade, a malformed head), "
-                    "header_size, body_size, connection_limit.",
-                    http.handoffs.get(reason, 0), {"reason": reason})
+        out.add("aserve_http_requests_total", "counter", "HTTP requests answered (refusals included).",
+                http.requests)
+        out.add("aserve_http_connections", "gauge", "HTTP connections open and served now.", http.connections)
+        for reason in REFUSALS:
+            out.add("aserve_http_refused_total", "counter",
+                    "Requests refused before a handler saw them, by reason: malformed (400), header_size (431), "
+                    "body_size (413), timeout (408: not received within --request-timeout), connection_limit "
+                    "(503: over --max-connections).", http.refused[reason], {"reason": reason})
     if tracing is not None:
         for key, help in _TRACE_COUNTERS.items():
             out.add(f"aserve_trace_{key}_total", "counter", help, tracing[key])
@@ -295,3 +291,12 @@ _TRACE_COUNTERS = {
     "exported": "Trace records the exporter sent to the OTLP endpoint.",
     "dropped": "Trace records dropped because OTEL_BSP_MAX_QUEUE_SIZE records were waiting for export.",
 }
+
+
+async def metrics(app: App, request: Request) -> Response:
+    """GET /metrics"""
+    plane = app.plane
+    registry = plane.registry
+    text = render(registry.handles(), registry.pools, plane.metrics, registry.schedulers, http=app.stats,
+                  tracing=plane.tracer.stats() if plane.tracer else None)
+    return Response(200, text.encode(), content_type=CONTENT_TYPE)

@@ -1,12 +1,13 @@
-"""The OpenAPI 3.1 document of every route, generated from the msgspec types the codec and
-the handlers use, and a Swagger UI page for it (its files ship in `static/swagger-ui`).
+"""The OpenAPI 3.1 document of the route table, and a Swagger UI page for it (its files ship in
+`static/swagger-ui`).
 
-Request and response bodies are the codec's own Structs (`protocol.v2`, `protocol.tfserving`
-for infer and predict; `protocol.messages`, `protocol.metadata`, `protocol.tfsignature`
-for the rest), turned into JSON Schema by `msgspec.json.schema_components`. The codec's
-private wire Structs are documented under public names through doc twins built field by
-field from them (`_twin`), so a field added to the codec appears here too. `ROUTES`
-lists every operation; `tests/server/test_openapi.py` checks it against the router.
+The document is made from `routes.ROUTES`: every route with an operation id, its path
+parameters, the access it needs, and its bodies, which are the codec's own Structs
+(`protocol.v2`, `protocol.tfserving` for infer and predict; `protocol.messages`,
+`protocol.metadata`, `protocol.tfsignature` for the rest) turned into JSON Schema by
+`msgspec.json.schema_components`. The codec's private wire Structs are documented under
+public names through doc twins built field by field from them (`_twin`), so a field
+added to the codec appears here too.
 """
 
 from __future__ import annotations
@@ -14,17 +15,18 @@ from __future__ import annotations
 import pathlib
 import types
 import typing
-from functools import lru_cache
-from typing import Annotated, Any, NamedTuple
+from collections.abc import Sequence
+from typing import Annotated, Any
 
 import msgspec
-from aiohttp import web
 
 from .. import __version__
 from ..protocol import messages as m
-from ..protocol import tfserving, tfsignature, v2
 from ..protocol.formats import ErrorMessage
-from .access import ADMIN, API, OPEN, Level
+from .access import ADMIN, API, Level
+from .app import App
+from .errors import RouteNotFound
+from .http import Request, Response
 
 STATIC = pathlib.Path(__file__).resolve().parent / "static" / "swagger-ui"
 JSON, MSGPACK, OCTET = "application/json", "application/msgpack", "application/octet-stream"
@@ -35,98 +37,6 @@ PUBLIC_NAMES = {
     "_WireOutput": "InferRequestedOutput", "_OutputParameters": "InferRequestedOutputParameters",
     "_WireResponse": "InferResponse", "_WireOutputTensor": "InferOutputTensor", "_WirePredict": "PredictRequest",
 }
-
-
-class Route(NamedTuple):
-    method: str
-    path: str
-    operation: str
-    summary: str
-    tag: str
-    level: Level
-    request: Any = None  # a Struct type; None: no body
-    response: Any = None  # a Struct type (or list[...]); None: see `content`
-    formats: tuple[str, ...] = (JSON, MSGPACK)  # the media types of the JSON-like bodies
-    content: str | None = None  # a non-JSON response (text/plain, text/html, JS, CSS)
-    statuses: tuple[int, ...] = ()  # documented error statuses besides the default
-
-
-def _v2(path: str) -> list[str]:
-    return [f"/v2/models/{{model}}{path}", f"/v2/models/{{model}}/versions/{{version}}{path}"]
-
-
-def _v1(path: str) -> list[str]:
-    return [f"/v1/models/{{model}}{path}", f"/v1/models/{{model}}/versions/{{version}}{path}",
-            f"/v1/models/{{model}}/labels/{{label}}{path}"]
-
-
-def _routes() -> list[Route]:
-    routes = [
-        Route("GET", "/v2/health/live", "live", "Is the server running", "health", OPEN, None, m.LiveResponse),
-        Route("GET", "/v2/health/ready", "ready", "Does every model version the repository asks for serve (503 "
-              "names which do not, and why)", "health", OPEN, None, m.ReadyResponse, statuses=(503,)),
-        Route("GET", "/v2", "server_metadata", "Server name, version and protocol extensions", "metadata", API,
-              None, m.ServerMetadata),
-        Route("GET", "/metrics", "metrics", "Prometheus metrics (text format 0.0.4)", "health", OPEN,
-              content="text/plain"),
-        Route("GET", "/v2/models/stats", "statistics", "Statistics of every model version (Triton's statistics "
-              "extension)", "metadata", API, None, m.StatisticsResponse),
-        Route("POST", "/v2/repository/index", "repository_index", "Every model version, its state and why",
-              "repository", ADMIN, m.IndexRequest, list[m.IndexEntry], formats=(JSON,)),
-        Route("POST", "/v2/repository/models/{model}/load", "repository_load", "Load or reload a model from its "
-              "folder", "repository", ADMIN, m.LoadRequest, m.EmptyResponse, formats=(JSON,), statuses=(400,)),
-        Route("POST", "/v2/repository/models/{model}/unload", "repository_unload", "Stop serving a model once "
-              "it has answered what it accepted", "repository", ADMIN, m.UnloadRequest, m.EmptyResponse,
-              formats=(JSON,)),
-        Route("GET", "/v2/trace/setting", "trace_setting", "The trace settings", "trace", ADMIN, None,
-              m.TraceSetting),
-        Route("POST", "/v2/trace/setting", "trace_setting_update", "Change the trace settings", "trace", ADMIN,
-              m.TraceSettingRequest, m.TraceSetting, formats=(JSON,)),
-        Route("GET", "/v2/models/{model}/trace/setting", "model_trace_setting", "The trace settings (server-wide)",
-              "trace", ADMIN, None, m.TraceSetting),
-        Route("POST", "/v2/models/{model}/trace/setting", "model_trace_setting_update", "Change the trace settings "
-              "(server-wide)", "trace", ADMIN, m.TraceSettingRequest, m.TraceSetting, formats=(JSON,)),
-        Route("GET", "/v2/openapi.json", "openapi", "This document", "docs", OPEN, content=JSON),
-        Route("GET", "/v2/docs", "docs", "The API's documentation page (Swagger UI)", "docs", OPEN,
-              content="text/html"),
-    ]
-    for i, path in enumerate(_v2("")):
-        version = "_version" if i else ""
-        routes += [
-            Route("POST", path + "/infer", f"infer{version}", "Run the model on a request (JSON, msgpack, or JSON "
-                  "with binary tensors after it)", "inference", API, v2._WireRequest, v2._WireResponse,
-                  statuses=(400, 404, 415, 503, 504)),
-            Route("GET", path, f"model_metadata{version}", "The model's inputs, outputs and parameters",
-                  "metadata", API, None, m.ModelMetadataResponse, statuses=(404,)),
-            Route("GET", path + "/ready", f"model_ready{version}", "Does the model answer requests", "health",
-                  OPEN, None, m.ModelReadyResponse, statuses=(404, 503)),
-            Route("GET", path + "/config", f"model_config{version}", "The model's configuration (config.toml)",
-                  "metadata", API, None, m.ModelConfigResponse, statuses=(404,)),
-            Route("GET", path + "/stats", f"model_statistics{version}", "The model's statistics", "metadata", API,
-                  None, m.StatisticsResponse, statuses=(404,)),
-        ]
-    for i, path in enumerate(_v1("")):
-        version = ("", "_version", "_label")[i]
-        routes += [
-            Route("POST", path + ":predict", f"tf_predict{version}", "TF-Serving predict (row or columnar format)",
-                  "tensorflow-serving", API, tfserving._WirePredict, m.TFPredictResponse, formats=(JSON,),
-                  statuses=(400, 404, 415, 503, 504)),
-            Route("POST", path + ":classify", f"tf_classify{version}", "TF-Serving classify (501 for a model "
-                  "without class scores)", "tensorflow-serving", API, tfsignature.ExamplesRequest,
-                  tfsignature.ClassifyResponse, formats=(JSON,), statuses=(400, 404, 501)),
-            Route("POST", path + ":regress", f"tf_regress{version}", "TF-Serving regress (501 for a model "
-                  "without one value per example)", "tensorflow-serving", API, tfsignature.ExamplesRequest,
-                  tfsignature.RegressResponse, formats=(JSON,), statuses=(400, 404, 501)),
-            Route("GET", path, f"tf_status{version}", "TF-Serving model status", "tensorflow-serving", API, None,
-                  m.TFStatusResponse, formats=(JSON,), statuses=(404,)),
-            Route("GET", path + "/metadata", f"tf_metadata{version}", "TF-Serving model metadata (signatures)",
-                  "tensorflow-serving", API, None, tfsignature.TFMetadataResponse, formats=(JSON,),
-                  statuses=(404,)),
-        ]
-    return routes
-
-
-ROUTES = _routes()
 
 
 # ---- doc twins of the codec's private Structs ----
@@ -208,11 +118,11 @@ def _security(level: Level) -> list[dict[str, list[str]]] | None:
     return None
 
 
-@lru_cache(maxsize=1)
-def document() -> dict[str, Any]:
-    """The OpenAPI 3.1 document (built once)."""
+def document(routes: Sequence[Any]) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of `routes` (routes.Route; those without an operation id are left out)."""
+    routes = [r for r in routes if r.operation]
     bodies: list[Any] = [ErrorMessage]
-    for r in ROUTES:
+    for r in routes:
         for t in (r.request, r.response):
             if t is not None:
                 bodies.append(_public(t))
@@ -220,7 +130,7 @@ def document() -> dict[str, Any]:
     ref = dict(zip(bodies, schemas))
     error = ref[ErrorMessage]
     paths: dict[str, dict[str, Any]] = {}
-    for r in ROUTES:
+    for r in routes:
         op: dict[str, Any] = {"operationId": r.operation, "summary": r.summary, "tags": [r.tag]}
         params = _parameters(r.path)
         if params:
@@ -292,14 +202,8 @@ _STATUS = {400: "invalid request: the message names the field, the expected and 
 
 # ---- handlers ----
 
-_DOCUMENT_BODY: bytes | None = None
-
-
-async def openapi_document(request: web.Request) -> web.Response:
-    global _DOCUMENT_BODY
-    if _DOCUMENT_BODY is None:
-        _DOCUMENT_BODY = msgspec.json.encode(document())
-    return web.Response(body=_DOCUMENT_BODY, content_type=JSON)
+async def openapi_document(app: App, request: Request) -> Response:
+    return Response(200, app.openapi, content_type=JSON)
 
 
 DOCS_PAGE = """<!doctype html>
@@ -320,19 +224,19 @@ window.ui = SwaggerUIBundle({url: "/v2/openapi.json", dom_id: "#swagger-ui", dee
 """
 
 
-async def docs_page(request: web.Request) -> web.Response:
-    return web.Response(text=DOCS_PAGE, content_type="text/html")
+async def docs_page(app: App, request: Request) -> Response:
+    return Response(200, DOCS_PAGE.encode(), content_type="text/html; charset=utf-8")
 
 
 _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".txt": "text/plain"}
 
 
-async def static_files(request: web.Request) -> web.StreamResponse:
+async def static_files(app: App, request: Request) -> Response:
     """The Swagger UI files shipped in the package (no CDN), by name only."""
-    name = request.match_info["file"]
+    name = request.params["file"]
     files = {p.name: p for p in STATIC.iterdir() if p.is_file()} if STATIC.is_dir() else {}
     path = files.get(name)
     if path is None:
-        raise web.HTTPNotFound(text=f"no file {name!r} under /v2/docs/; there are: {', '.join(sorted(files))}")
+        raise RouteNotFound(f"no file {name!r} under /v2/docs/; there are: {', '.join(sorted(files))}")
     kind = _STATIC_TYPES.get(path.suffix, "text/plain")
-    return web.FileResponse(path, headers={"Content-Type": kind, "Cache-Control": "public, max-age=86400"})
+    return Response(200, path.read_bytes(), {"Content-Type": kind, "Cache-Control": "public, max-age=86400"})

@@ -8,23 +8,23 @@ import os
 import pathlib
 import signal
 import sys
-from typing import Any
 
-from aiohttp import web
+import msgspec
 
 from ..config import ServerSettings
 from ..dataplane import DataPlane
+from ..engine.pool import describe_key
 from ..logs import AccessLogger
-from ..protocol import encode_message, negotiate
-from ..protocol.formats import CONTENT_TYPES
 from ..tracing import Tracing
-from .app import build_app
-from .front import Front, FrontRunner
-from .httpstats import HTTP_STATS_KEY
-
-log = logging.getLogger("aserve.server")
+from .app import App
+from .connection import HttpServer, Limits
+from .openapi import document
+from .router import Dispatcher, Router
+from .routes import ROUTES
 
 READY_PATH = "/v2/health/ready"
+
+log = logging.getLogger("aserve.server")
 
 
 class Server:
@@ -38,12 +38,15 @@ class Server:
     def __init__(self, settings: ServerSettings, *, repository: str | pathlib.Path) -> None:
         self.settings = settings
         self.plane = DataPlane(repository, settings)
-        self.app = build_app(self.plane, settings)
-        self._front = Front(self.plane, max_body_bytes=settings.max_body_bytes)
-        self.app[HTTP_STATS_KEY] = self._front.stats
+        self.app = App(self.plane, settings)
+        self.app.openapi = msgspec.json.encode(document(ROUTES))
+        limits = Limits(max_connections=settings.max_connections, request_timeout_s=settings.request_timeout_s,
+                        keepalive_timeout_s=settings.keepalive_timeout_s, max_header_bytes=settings.max_header_bytes,
+                        max_body_bytes=settings.max_body_bytes)
+        access_log = AccessLogger(logging.getLogger("aserve.access")) if settings.access_log else None
+        self.http = HttpServer(Dispatcher(self.app, Router(ROUTES)), limits, access_log=access_log)
         self.tracing = Tracing(settings.tracing)
-        self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
+        self._listener: asyncio.Server | None = None
         self._loading: asyncio.Task[None] | None = None
         self._polling: asyncio.Task[None] | None = None
         self._rescans: set[asyncio.Task[None]] = set()
@@ -51,19 +54,10 @@ class Server:
 
     async def start(self) -> None:
         self.plane.scan()
-        runner = FrontRunner(
-            self.app, self._front, wire=self.settings.wire_front, handle_signals=False, shutdown_timeout=self.settings.shutdown_timeout_s,
-            access_log=logging.getLogger("aiohttp.access") if self.settings.access_log else None,
-            access_log_class=AccessLogger,
-        )
-        await runner.setup()
-        self._runner = runner
-        self._drain_aware(runner.server)
-        site = web.TCPSite(runner, self.settings.host, self.settings.port, reuse_address=True,
-                           backlog=self.settings.backlog)
-        await site.start()
-        self._site = site
-        self._loading = asyncio.get_running_loop().create_task(self._load())
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(self.http, self.settings.host, self.settings.port,
+                                                  reuse_address=True, backlog=self.settings.backlog)
+        self._loading = loop.create_task(self._load())
 
     async def _load(self) -> None:
         """Start tracing (its exporter's interpreter), then load the models."""
@@ -104,34 +98,13 @@ class Server:
 
     # ---- draining: unready while serving on, before the listener closes ----
 
-    def _drain_aware(self, server: web.Server | None) -> None:
-        """While draining, /v2/health/ready answers 503 and every response closes its
-        connection (`Connection: close`), so that keep-alive clients and proxies reconnect
-        elsewhere before the listener closes. Otherwise it costs one attribute test and one call
-        per request."""
-        assert server is not None
-        handler = server.request_handler
-
-        async def handle(request: web.BaseRequest) -> web.StreamResponse:
-            if self._drain_began is None:
-                return await handler(request)
-            response: web.StreamResponse
-            if request.path == READY_PATH:
-                fmt = negotiate(request.headers.get("Accept"), request.headers.get("Content-Type"))
-                response = web.Response(status=503, body=encode_message({"ready": False}, fmt),
-                                        content_type=CONTENT_TYPES[fmt])
-            else:
-                response = await handler(request)
-            response.force_close()
-            return response
-
-        server.request_handler = handle
-
     def drain(self) -> None:
-        """Begin draining (once; later calls change nothing): readiness false, requests still served."""
+        """Begin draining (once; later calls change nothing): /v2/health/ready answers 503 and
+        every answer closes its connection (`Connection: close`), so that keep-alive clients and
+        proxies reconnect elsewhere before the listener closes; requests are still served."""
         if self._drain_began is None:
             self._drain_began = asyncio.get_running_loop().time()
-            self._front.draining = True
+            self.app.draining = True
             log.info("draining: %s answers 503 while requests are still served", READY_PATH)
 
     @property
@@ -157,10 +130,8 @@ class Server:
     @property
     def port(self) -> int:
         """The port actually bound (useful with port 0)."""
-        assert self._site is not None and self._site._server is not None
-        server: Any = self._site._server
-        sockets: Any = server.sockets
-        port: int = sockets[0].getsockname()[1]
+        assert self._listener is not None
+        port: int = self._listener.sockets[0].getsockname()[1]
         return port
 
     async def close(self) -> None:
@@ -168,8 +139,9 @@ class Server:
         if self._polling is not None:
             self._polling.cancel()
         try:
-            if self._runner is not None:
-                await self._runner.cleanup()
+            if self._listener is not None:
+                self._listener.close()
+                await self.http.shutdown(self.settings.shutdown_timeout_s)
         finally:
             if self._loading is not None and not self._loading.done():
                 try:
@@ -207,8 +179,6 @@ async def serve(settings: ServerSettings, *, repository: str | pathlib.Path) -> 
 
 def _running(server: Server, *, stuck_only: bool) -> list[str]:
     """The jobs running in the server's pools (only those given up on: `stuck_only`), described."""
-    from ..engine.pool import describe_key
-
     jobs = []
     for engine, pool in server.plane.registry.pools.items():
         for index, key, seconds in pool.stuck() if stuck_only else pool.running_jobs():

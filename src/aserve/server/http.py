@@ -1,0 +1,134 @@
+"""HTTP/1.1 messages as the server sees them: a parsed request, a response, its bytes on the wire.
+
+`connection.Connection` fills a `Request` from llhttp's callbacks (header names lower-case,
+the body whole, decoded from its Content-Encoding); handlers answer a `Response`, whose
+body is a list of buffers written as they are (a binary tensor goes out from the
+interpreter's memory, never joined into a new buffer). `encode` writes the head.
+"""
+
+from __future__ import annotations
+
+import time
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any
+
+from ..bounded import Bounded
+from ..protocol.formats import CONTENT_TYPES, encode_message, negotiate
+
+SERVER_NAME = "aserve"  # the Server header: no versions
+SERVER_NAME_BYTES = SERVER_NAME.encode()
+
+
+class Request:
+    """One request: its line, headers (names lower-case; a repeated field's values joined
+    with ", "), body, and what the route table and the head checks found.
+
+    `received`: time.monotonic() when its first byte was read. `params`: the route's path
+    parameters (percent-decoded). `state`: what the route's head check prepared for its
+    handler (an infer call)."""
+
+    __slots__ = ("body", "headers", "keep_alive", "method", "params", "path", "query", "received", "remote",
+                 "route", "state", "target", "version")
+
+    def __init__(self, method: str, target: str, version: str, headers: dict[str, str], *, keep_alive: bool = True,
+                 received: float = 0.0, remote: str | None = None) -> None:
+        self.method = method
+        self.target = target
+        path, _, query = target.partition("?")
+        self.path = path
+        self.query = query
+        self.version = version  # "1.1" or "1.0"
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.received = received
+        self.remote = remote
+        self.body: Any = b""
+        self.params: dict[str, str] = {}
+        self.route: Any = None  # routes.Route, once matched
+        self.state: Any = None
+
+
+class Response:
+    """What a handler answers: a status, headers (Content-Type among them) and a body of
+    buffers; `close`: the connection closes after it."""
+
+    __slots__ = ("chunks", "close", "headers", "status")
+
+    def __init__(self, status: int = 200, body: bytes | list[Any] = b"", headers: dict[str, str] | None = None, *,
+                 content_type: str | None = None, close: bool = False) -> None:
+        self.status = status
+        self.chunks = body if isinstance(body, list) else [body] if body else []
+        self.headers = headers if headers is not None else {}
+        if content_type is not None:
+            self.headers["Content-Type"] = content_type
+        self.close = close
+
+    @property
+    def body(self) -> bytes:
+        """The body joined (tests, small answers)."""
+        return b"".join(bytes(c) for c in self.chunks)
+
+
+# ---- the wire ----
+
+_STATUS_LINES: dict[int, bytes] = {}
+# the head of a 200 answer, by (body size, close, header fields): clients repeat their requests, and the
+# answers' heads repeat with them; the Date changes once a second and the table with it
+_HEADS: Bounded[tuple[Any, ...], bytes] = Bounded(256)
+_date = [0, b""]  # (second, the Date header's value)
+
+
+def status_line(status: int) -> bytes:
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        try:
+            reason = HTTPStatus(status).phrase
+        except ValueError:
+            reason = "Unknown"
+        line = _STATUS_LINES[status] = f"HTTP/1.1 {status} {reason}".encode()
+    return line
+
+
+def http_date() -> bytes:
+    second = int(time.time())
+    if second != _date[0]:
+        _date[0], _date[1] = second, formatdate(second, usegmt=True).encode()
+        _HEADS.clear()
+    return _date[1]  # type: ignore[return-value]
+
+
+def encode(response: Response, *, close: bool, head_only: bool = False) -> list[Any]:
+    """The response on the wire: its head, then its body's buffers as they are (none for HEAD)."""
+    chunks = response.chunks
+    size = len(chunks[0]) if len(chunks) == 1 else sum(map(len, chunks))
+    date = http_date()
+    status = response.status
+    key: tuple[Any, ...] = ()
+    if status == 200:
+        key = (size, close, *response.headers.items())
+        known = _HEADS.get(key)
+        if known is not None:
+            return [known] if head_only else [known, *chunks]
+    head = [status_line(status), b"\r\nServer: ", SERVER_NAME_BYTES, b"\r\nDate: ", date, b"\r\nContent-Length: ",
+            str(size).encode()]
+    for name, value in response.headers.items():
+        head += (b"\r\n", name.encode("latin-1"), b": ", value.encode("latin-1"))
+    if close:
+        head.append(b"\r\nConnection: close")
+    head.append(b"\r\n\r\n")
+    encoded = b"".join(head)
+    if key:
+        _HEADS.remember(key, encoded)
+    return [encoded] if head_only else [encoded, *chunks]
+
+
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def message(request: Request, obj: Any, status: int = 200) -> Response:
+    """`obj` (a Struct, dict or list) as JSON or msgpack, as the client's Accept header asks
+    (else as its request came)."""
+    h = request.headers
+    fmt = negotiate(h.get("accept"), h.get("content-type"))
+    return Response(status, encode_message(obj, fmt), content_type=CONTENT_TYPES[fmt])

@@ -1,0 +1,39 @@
+"""The infer routes (V2 infer, TF-Serving predict, classify and regress): HTTP to the data plane and back.
+
+The route's head check runs as soon as the request's head has arrived, before its body:
+it looks the model up (404 at once for an unknown model or version) and prepares the
+`InferCall` the handler completes with the body and hands to `DataPlane.infer`.
+"""
+
+from __future__ import annotations
+
+from ..inference import InferCall
+from ..protocol import V2
+from ..protocol.v2 import HEADER_LENGTH, header_length
+from .app import App
+from .http import Request, Response
+
+_HEADER_LENGTH = HEADER_LENGTH.lower()
+
+
+def prepare(app: App, request: Request) -> None:
+    """The head check of an infer route: the model's handle and the call, without its body."""
+    route = request.route
+    params = request.params
+    model = params["model"]
+    version = params.get("version") or params.get("label")
+    handle = app.plane.model(model, version)
+    h = request.headers
+    codec = route.codec
+    request.state = handle, InferCall(
+        codec=codec, model=model, version=version, content_type=h.get("content-type"), accept=h.get("accept"),
+        header_length=header_length(h.get(_HEADER_LENGTH)) if codec is V2 else None, headers=h,
+        received=request.received, route=route.path, host=h.get("host", ""),
+    )
+
+
+async def infer(app: App, request: Request) -> Response:
+    handle, call = request.state
+    call.body = request.body
+    answer = await app.plane.infer(call, handle=handle)
+    return Response(200, answer.chunks, answer.headers)

@@ -1,0 +1,153 @@
+"""From a request to its route and its answer: matching, the checks its head gets, the handler.
+
+`Router.head` runs as soon as a request's head has arrived, before its body: it matches
+the route (404, 405), checks access (401, 403), the body's announced size (413), its
+Content-Type and Content-Encoding (415), an `Expect` (417), and the route's own head
+check (an infer route looks its model up: 404). What it refuses is answered at once,
+without reading the body. `Router.respond` runs the handler once the body is whole and
+maps whatever it raises to an error answer (`errors.from_exception`); with CORS on,
+every answer (errors too) carries its headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from urllib.parse import unquote
+
+from ..bounded import Bounded
+from ..errors import AserveError, PayloadTooLarge
+from ..protocol.formats import ACCEPTED, MSGPACK, body_format, check_encoding
+from .app import App
+from .errors import ExpectationFailed, MethodNotAllowed, RouteNotFound, from_exception
+from .http import Request, Response
+from .routes import Route
+
+# what a route template's segment is: ("", literal) | (name, "") | (name, ":suffix")
+Segment = tuple[str, str]
+
+
+def _segments(template: str) -> tuple[Segment, ...]:
+    out: list[Segment] = []
+    for part in template.split("/")[1:]:
+        if part.startswith("{"):
+            name, _, suffix = part[1:].partition("}")
+            out.append((name, suffix))
+        else:
+            out.append(("", part))
+    return tuple(out)
+
+
+def too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"request body exceeds the server's limit of {limit} bytes (--max-body-bytes)")
+
+
+class Router:
+    """Matches requests to `routes` (earlier routes win), remembering the paths clients repeat."""
+
+    def __init__(self, routes: Sequence[Route]) -> None:
+        self.routes = tuple(routes)
+        self._by_length: dict[int, list[tuple[Route, tuple[Segment, ...]]]] = {}
+        for route in self.routes:
+            segments = _segments(route.path)
+            self._by_length.setdefault(len(segments), []).append((route, segments))
+        # (method, raw path) -> (route, params): the infer paths clients send again and again
+        self._known: Bounded[tuple[str, str], tuple[Route, dict[str, str]]] = Bounded(1024)
+
+    def match(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
+        """The route for `method` and the raw (still percent-encoded) `path`, with its
+        parameters; RouteNotFound, or MethodNotAllowed naming the methods the path has."""
+        key = (method, path)
+        known = self._known.get(key)
+        if known is not None:
+            return known
+        parts = [unquote(p, errors="strict") if "%" in p else p for p in path.split("/")[1:]]
+        allowed: list[str] = []
+        look = "GET" if method == "HEAD" else method
+        for route, segments in self._by_length.get(len(parts), ()):
+            params = _bind(segments, parts)
+            if params is None:
+                continue
+            if route.method == look:
+                return self._known.remember(key, (route, params))
+            if route.method not in allowed:
+                allowed.append(route.method)
+        if allowed:
+            raise MethodNotAllowed(f"Method Not Allowed: {method} {path}", allowed)
+        raise RouteNotFound(f"Not Found: {method} {path}")
+
+
+def _bind(segments: tuple[Segment, ...], parts: list[str]) -> dict[str, str] | None:
+    params: dict[str, str] = {}
+    for (name, text), part in zip(segments, parts):
+        if not name:
+            if part != text:
+                return None
+        elif text:
+            if not part.endswith(text) or len(part) == len(text):
+                return None
+            params[name] = part[: -len(text)]
+        elif part:
+            params[name] = part
+        else:
+            return None
+    return params
+
+
+class Dispatcher:
+    """The HTTP front's answer to each request, from its head on."""
+
+    def __init__(self, app: App, router: Router) -> None:
+        self.app = app
+        self.router = router
+
+    def head(self, request: Request, length: int | None) -> Response | None:
+        """The answer the head alone decides (a refusal, or a CORS preflight), or None when the
+        request goes on to its handler. `length`: the body's announced size (None: chunked)."""
+        app = self.app
+        try:
+            cors = app.cors
+            if cors is not None and request.method == "OPTIONS" and \
+                    "access-control-request-method" in request.headers:
+                return self._cors(request, cors.preflight(request))
+            route, request.params = self.router.match(request.method, request.path)
+            request.route = route
+            app.access.check(request, route.level)
+            headers = request.headers
+            if length is None or length > 0:
+                if length is not None and length > app.max_body_bytes:
+                    raise too_large(app.max_body_bytes)
+                if route.request is not None:
+                    content_type = headers.get("content-type")
+                    if content_type is not None and content_type not in ACCEPTED[MSGPACK in route.formats]:
+                        body_format(content_type, msgpack=MSGPACK in route.formats)
+                encoding = headers.get("content-encoding")
+                if encoding is not None:
+                    check_encoding(encoding)
+            expect = headers.get("expect")
+            if expect is not None and expect.lower() != "100-continue":
+                raise ExpectationFailed(f"Expect: expected 100-continue, got {expect!r}")
+            if route.head is not None:
+                route.head(app, request)
+        except (AserveError, UnicodeDecodeError) as exc:
+            if isinstance(exc, UnicodeDecodeError):
+                exc = RouteNotFound(f"Not Found: {request.method} {request.path} (malformed percent-escape)")
+            return self._cors(request, from_exception(request, exc, app.policy))
+        return None
+
+    async def respond(self, request: Request) -> Response:
+        """The handler's answer to a request whose head passed and whose body is whole."""
+        app = self.app
+        try:
+            response = await request.route.handler(app, request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure gets an answer; the server goes on
+            response = from_exception(request, exc, app.policy)
+        return self._cors(request, response)
+
+    def _cors(self, request: Request, response: Response) -> Response:
+        cors = self.app.cors
+        if cors is not None:
+            cors.add(request, response)
+        return response

@@ -1,0 +1,95 @@
+"""The Open Inference Protocol's routes besides infer (`infer.py`): health, server and model
+metadata, model configuration and statistics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from .. import __version__
+from ..errors import AserveError
+from ..protocol import messages as m
+from ..protocol.metadata import ServerMetadata, TensorMetadata
+from .access import API
+from .app import App
+from .http import Request, Response, message
+
+EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload_dependents)", "msgpack",
+              "statistics", "trace"]
+
+
+def _handle(app: App, request: Request) -> Any:
+    params = request.params
+    return app.plane.model(params["model"], params.get("version"))
+
+
+async def server_metadata(app: App, request: Request) -> Response:
+    return message(request, ServerMetadata(name="aserve", version=__version__, extensions=EXTENSIONS))
+
+
+async def live(app: App, request: Request) -> Response:
+    return message(request, m.LiveResponse(True))
+
+
+async def ready(app: App, request: Request) -> Response:
+    """200 when every model version the repository asks for serves; 503 naming which do
+    not and why (to callers that may see the models: with an api token, those that send it)."""
+    plane = app.plane
+    if app.draining:
+        return message(request, m.ReadyResponse(False, "draining: the server is about to stop"), 503)
+    if plane.ready:
+        return message(request, m.ReadyResponse(True))
+    registry = plane.registry
+    waiting = [m.NotReady(**row) for row in registry.not_ready()]
+    for row in waiting:
+        row.reason = app.policy.redact(row.reason)
+    if waiting:
+        reason = f"{len(waiting)} model version{'s' if len(waiting) > 1 else ''} not ready"
+    else:
+        reason = "shutting down" if registry.closed else "the repository holds no model to serve"
+    try:
+        app.access.check(request, API)
+    except AserveError:
+        return message(request, m.ReadyResponse(False, reason + " (send the api token for which and why)"), 503)
+    return message(request, m.ReadyResponse(False, reason, waiting or None), 503)
+
+
+def _tensor_metadata(specs: Any) -> list[TensorMetadata]:
+    return [TensorMetadata(s.name, s.datatype, list(s.shape)) for s in specs]
+
+
+async def model_metadata(app: App, request: Request) -> Response:
+    handle = _handle(app, request)
+    inputs = handle.info.inputs if handle.info else handle.config.input_specs
+    outputs = handle.info.outputs if handle.info else handle.config.output_specs
+    routes = app.plane.registry.routes[handle.name]
+    parameters = app.policy.redactor().value(handle.parameters())
+    parameters["labels"] = dict(routes.labels)
+    return message(request, m.ModelMetadataResponse(
+        name=handle.name,
+        versions=list(routes.versions),  # the versions serving now
+        platform="aserve",
+        inputs=_tensor_metadata(inputs),
+        outputs=_tensor_metadata(outputs),
+        parameters=parameters,
+    ))
+
+
+async def model_ready(app: App, request: Request) -> Response:
+    handle = _handle(app, request)
+    return message(request, m.ModelReadyResponse(handle.name, handle.ready), 200 if handle.ready else 503)
+
+
+async def model_config(app: App, request: Request) -> Response:
+    handle = _handle(app, request)
+    config = app.policy.redactor().value(msgspec.to_builtins(handle.config))
+    config["name"] = handle.name
+    return message(request, msgspec.convert(config, m.ModelConfigResponse))
+
+
+async def model_statistics(app: App, request: Request) -> Response:
+    """GET /v2/models[/{model}[/versions/{version}]]/stats, in Triton's statistics format."""
+    params = request.params
+    stats = app.plane.registry.statistics(params.get("model"), params.get("version"))
+    return message(request, m.StatisticsResponse(msgspec.convert(stats, list[m.ModelStatistics])))
