@@ -47,8 +47,7 @@ from time import monotonic
 from typing import Any, NamedTuple, Protocol
 
 from ..errors import EngineError, InvalidInput, ModelError, Overloaded, RequestTimeout
-from ..runtime.datatypes import element_count
-from ..tensor import Tensor
+from ..tensor import Tensor, concat_inputs, same_sample_shapes, split_outputs, wrong_rows
 from .fair import FairScheduler, Seat
 from .join import JoinPlanner, tightest
 from .policy import BatchPolicy
@@ -112,86 +111,6 @@ class _Request:
             future.set_exception(error)
         else:
             future.set_result(result)  # type: ignore[arg-type]
-
-
-def _compatible(head: Sequence[Tensor], other: Sequence[Tensor]) -> bool:
-    """Whether two requests' inputs can share a batch: the same per-sample shapes."""
-    for t, o in zip(head, other):
-        if o.shape[1:] != t.shape[1:]:
-            return False
-    return True
-
-
-def concat_inputs(requests: Sequence[Sequence[Tensor]], samples: int) -> list[Tensor]:
-    """Each input of `requests` concatenated along the batch dimension: one copy into a fresh bytearray.
-
-    BYTES inputs concatenate the same way: their length-prefixed layout has no header."""
-    out: list[Tensor] = []
-    for i, first in enumerate(requests[0]):
-        views = [r[i].view() for r in requests]
-        buf = bytearray(sum(v.nbytes for v in views))
-        mv = memoryview(buf)
-        offset = 0
-        for v in views:
-            end = offset + v.nbytes
-            mv[offset:end] = v
-            offset = end
-        out.append(Tensor(first.datatype, (samples, *first.shape[1:]), buf))
-    return out
-
-
-def _bytes_boundaries(view: memoryview, elements: int, per_sample: int, model: str, name: str) -> list[int]:
-    """Byte offsets of each sample's start in a BYTES buffer, found by walking the length prefixes."""
-    bounds = [0]
-    pos, end = 0, len(view)
-    for i in range(elements):
-        if pos + 4 > end:
-            raise ModelError(f"model {model!r}: BYTES output {name!r} ends inside element {i}'s length prefix")
-        pos += 4 + int.from_bytes(view[pos:pos + 4], "little")
-        if pos > end:
-            raise ModelError(f"model {model!r}: BYTES output {name!r}: element {i} runs past the buffer")
-        if (i + 1) % per_sample == 0:
-            bounds.append(pos)
-    return bounds
-
-
-def _wrong_rows(model: str, name: str, shape: tuple[int, ...], total: int) -> ModelError:
-    return ModelError(
-        f"model {model!r}: output {name!r} has shape {list(shape)}, but the batch holds {total} "
-        f"samples: its first dimension must be {total}"
-    )
-
-
-def split_outputs(outputs: Mapping[str, Tensor], samples: Sequence[int], model: str) -> list[dict[str, Tensor]]:
-    """Per-request outputs: zero-copy slices of each output along the batch dimension."""
-    total = sum(samples)
-    results: list[dict[str, Tensor]] = [{} for _ in samples]
-    for name, t in outputs.items():
-        shape = t.shape
-        if not shape or shape[0] != total:
-            raise _wrong_rows(model, name, shape, total)
-        view = t.view()
-        rest = shape[1:]
-        if t.datatype == "BYTES":
-            per = element_count(rest)
-            if per == 0:
-                starts = [0] * (len(samples) + 1)
-            else:
-                bounds = _bytes_boundaries(view, total * per, per, model, name)
-                starts = [0]
-                k = 0
-                for s in samples:
-                    k += s
-                    starts.append(bounds[k])
-        else:
-            stride = view.nbytes // total if total else 0
-            starts = [0]
-            for s in samples:
-                starts.append(starts[-1] + s * stride)
-        datatype = t.datatype
-        for i, s in enumerate(samples):
-            results[i][name] = Tensor(datatype, (s, *rest), view[starts[i]:starts[i + 1]])
-    return results
 
 
 class _Batch:
@@ -594,7 +513,7 @@ class Batcher:
                 nxt.state = _DONE
                 continue
             if batch and (limit <= 0 or total + nxt.samples > limit
-                          or not (uniform or _compatible(batch[0].inputs, nxt.inputs))):
+                          or not (uniform or same_sample_shapes(batch[0].inputs, nxt.inputs))):
                 break
             batch.append(queue.popleft())
             total += nxt.samples
@@ -746,7 +665,7 @@ class Batcher:
             if self.max_batch_size > 0:
                 for name, t in outputs.items():
                     if not t.shape or t.shape[0] != r.samples:
-                        r.finish(error=_wrong_rows(self.model, name, t.shape, r.samples))
+                        r.finish(error=wrong_rows(self.model, name, t.shape, r.samples))
                         return
             r.finish(outputs if isinstance(outputs, dict) else dict(outputs))
             self.requests += 1
@@ -866,7 +785,7 @@ class Batcher:
             total, limit = 0, math.inf
             for r in queue:
                 if (staged.samples + total + r.samples > self.max_batch_size
-                        or not (self._uniform or _compatible(staged.requests[0].inputs, r.inputs))):
+                        or not (self._uniform or same_sample_shapes(staged.requests[0].inputs, r.inputs))):
                     break
                 total += r.samples
                 limit = min(limit, self._limit(r, join))

@@ -45,7 +45,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..runtime.datatypes import DATATYPES, element_count, encode_bytes
-from ..tensor import Tensor
+from ..tensor import Tensor, concat_inputs, split_outputs
 
 if TYPE_CHECKING:
     from ..engine import ModelInfo, Pool
@@ -468,8 +468,6 @@ def sample_inputs(model_info: ModelInfo, batch: int, *, batched: bool = True) ->
 
 def _from_example(example: dict[str, Tensor], batch: int) -> dict[str, Tensor]:
     """A batch of `batch` samples cycling through the example request's samples."""
-    from .batcher import concat_inputs, split_outputs
-
     have = next(iter(example.values())).shape[0]
     if have < 1:
         raise ValueError("the example request holds no sample")
