@@ -39,15 +39,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import json
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from time import monotonic
 from typing import Any, NamedTuple, Protocol
 
 from ..errors import EngineError, InvalidInput, ModelError, Overloaded, RequestTimeout
 from ..tensor import Tensor, concat_inputs, same_sample_shapes, split_outputs, wrong_rows
+from ..tracing.batches import trace_batch
 from .fair import FairScheduler, Seat
 from .join import JoinPlanner, tightest
 from .policy import BatchPolicy
@@ -129,65 +128,6 @@ class _Batch:
 
     def done(self, outputs: dict[str, Tensor] | None, error: BaseException | None, ran: Any = None) -> None:
         self.batcher._batch_done(self, outputs, error, ran)
-
-
-def trace_batch(tracer: Any, model: str, requests: list[_Request], samples: int, started: float, ran: Any,
-                error: BaseException | None, *, stages: tuple[float, ...] = (), joined: int = 0) -> None:
-    """Record a batch's spans: its own (a trace of its own, linked to the request spans it
-    served), the run in the interpreter (the native worker's clock) with the spans the
-    model opened, each sampled request's queue span, and the batch's facts on the
-    requests' server spans. `stages`: a staged run's stage seconds (events)."""
-    from ..tracing import recorder as rec
-
-    if ran is not None and error is None and not stages and not joined and not ran[3]:  # numbers only
-        model_entry = tracer.route(("batch", model))
-        if model_entry < 0:
-            model_entry = tracer.add_route(("batch", model), f"batch {model}", {"aserve.model": model})
-        if model_entry >= 0:
-            tracer.core.batch(model_entry, requests, samples, started, ran)
-            return
-    now = time.time_ns()
-    offset = tracer.offset
-    start = int(started * 1e9) + offset
-    hi, lo = tracer.new_span_id(), tracer.new_span_id()
-    batch_id = tracer.new_span_id()
-    interpreter = ran[0] if ran is not None else -1
-    facts = (len(requests), samples, (now - start) // 100, interpreter + 1)  # on each request's span
-    traced = []
-    for r in requests:
-        t = r.trace
-        if t is not None:
-            t.queue = (int(r.arrival * 1e9) + offset, start)
-            t.batch = facts
-            traced.append(t)
-    span_links = [(t.trace_id >> 64, t.trace_id & 0xFFFFFFFFFFFFFFFF, t.span_id, None) for t in traced]
-    attributes = {"aserve.model": model, "aserve.batch_size": len(requests), "aserve.batch_samples": samples}
-    if interpreter >= 0:
-        attributes["aserve.interpreter"] = interpreter
-    if joined:
-        attributes["aserve.joined_requests"] = joined
-    events = []
-    at = start
-    for k, seconds in enumerate(stages):
-        at += int(seconds * 1e9)
-        events.append([f"stage {k + 1} done", at, {"aserve.stage": k + 1, "aserve.stage_us": round(seconds * 1e6, 1)}])
-    status, message = rec.UNSET, ""
-    if error is not None:
-        status, message = rec.ERROR, f"{type(error).__name__}: {error}"
-        events.append(["exception", now, {"exception.type": type(error).__name__, "exception.message": str(error)}])
-    tracer.record([hi, lo, batch_id, 0, False, f"batch {model}", rec.INTERNAL, start, now, attributes, status,
-                   message, events, span_links])
-    if ran is None:
-        return
-    interpreter, ran_from, ran_to, model_spans = ran
-    run_id = tracer.new_span_id()
-    tracer.record([hi, lo, run_id, batch_id, False, "run in interpreter", rec.INTERNAL, tracer.to_epoch(ran_from),
-                   tracer.to_epoch(ran_to), {"aserve.interpreter": interpreter, "aserve.model": model}, rec.UNSET,
-                   "", [], []])
-    if model_spans:
-        for name, s_from, s_to, attrs, failed in json.loads(model_spans):
-            tracer.record([hi, lo, tracer.new_span_id(), run_id, False, name, rec.INTERNAL, tracer.to_epoch(s_from),
-                           tracer.to_epoch(s_to), attrs, rec.ERROR if failed else rec.UNSET, failed or "", [], []])
 
 
 class _Staged:

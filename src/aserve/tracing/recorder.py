@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -55,15 +56,8 @@ DECODE_START, DECODE_END, ENCODE_START, ENCODE_END = 0, 1, 4, 5  # RequestTrace.
 MAX_FLUSH_SECONDS = 0.2
 _MASK64 = (1 << 64) - 1
 
-# A span as the exporter reads it (msgpack): (trace_hi, trace_lo, span_id, parent_id, remote_parent, name,
-# kind, start_ns, end_ns, attributes, status, status_message, events ((name, ns, attrs), ...), links
-# ((trace_hi, trace_lo, span_id, attrs), ...)). attributes: a dict, None, or a tuple of dicts (one shared
-# by many spans, then the span's own). A request is a span of 20 fields: its server span's 14, then
-# (start, end) of its decode, queue and encode children, which the encoder (aserve._native.otlp_encode)
-# writes as spans of their own with ids derived from the request's.
-Span = tuple[Any, ...]
-# The numeric records (unsigned 64-bit, native byte order), which the exporter turns into spans of the
-# form above:
+# The numeric records (unsigned 64-bit, native byte order), which the exporter's encoder writes as spans
+# (a request as its server span and three children, as a RequestSpan; a batch as its span and its run's):
 # a request: trace_hi, trace_lo, span_id, parent_id, remote, status, start, end, decode start, end, queue
 #   start, end, encode start, end, route (table index), batch size, batch samples, batch compute (0.1 us),
 #   interpreter + 1 (the last four 0: not batched);
@@ -74,6 +68,47 @@ REQUEST_FIELDS, BATCH_FIELDS, LINK_FIELDS = TRACE_REQUEST_FIELDS, TRACE_BATCH_FI
 MAX_ROUTES = 1024  # table entries; requests beyond it carry their attributes as a span does
 NO_EVENTS: tuple[Any, ...] = ()
 _encode = msgspec.msgpack.Encoder().encode  # spans, and attributes shared by many of them
+
+
+Event = tuple[str, int, dict[str, Any]]  # (name, time in ns since the epoch, attributes)
+Link = tuple[int, int, int, dict[str, Any] | None]  # (trace_hi, trace_lo, span_id, attributes)
+
+
+class Span(msgspec.Struct, array_like=True, gc=False):
+    """A span recorded whole: one that does not fit the numeric records.
+
+    It travels to the exporter as a msgpack array of its fields in this order, which
+    the OTLP encoder reads (`put_span` in native/host/otlp.c). Not tracked by the
+    garbage collector: it is encoded as soon as it is recorded, and holds no cycle."""
+
+    trace_hi: int
+    trace_lo: int
+    span_id: int
+    parent_id: int  # 0: a root
+    remote: bool  # the parent is the caller's span (a traceparent header)
+    name: str
+    kind: int  # INTERNAL or SERVER
+    start: int  # ns since the epoch
+    end: int
+    # a dict, None, or a tuple of them (what many spans share first, e.g. `shared(...)`, then the span's own)
+    attributes: Any
+    status: int  # UNSET, OK or ERROR
+    message: str  # the status message
+    events: Sequence[Event]
+    links: Sequence[Link]
+
+
+class RequestSpan(Span, array_like=True, gc=False):
+    """A request's server span, then (start, end) in ns of its decode, queue and encode
+    phases, which the encoder writes as child spans with ids derived from the request's
+    (start 0: the request never got there)."""
+
+    decode_start: int
+    decode_end: int
+    queue_start: int
+    queue_end: int
+    encode_start: int
+    encode_end: int
 
 
 def shared(attributes: dict[str, Any]) -> msgspec.Raw:
@@ -111,7 +146,7 @@ def finish(trace: RequestTrace, name: str, status: int, error: BaseException | N
         queued, dispatched = trace.queue
         attributes["aserve.queue_us"] = round((dispatched - queued) / 1e3, 1)
     common = tracer.route_attributes(trace.route) if trace.route >= 0 else trace.common
-    events: Any = NO_EVENTS
+    events: Sequence[Event] = NO_EVENTS
     code, message = UNSET, ""
     if status >= 500:
         code = ERROR
@@ -122,9 +157,9 @@ def finish(trace: RequestTrace, name: str, status: int, error: BaseException | N
     elif error is not None:
         attributes["error.type"] = type(error).__name__
     trace_id = trace.trace_id
-    tracer.record((trace_id >> 64, trace_id & _MASK64, trace.span_id, trace.parent_id, trace.remote, name,
-                   SERVER, trace.start, end, (common, batch, attributes), code, message, events, NO_EVENTS,
-                   *trace.decode, *trace.queue, *trace.encode))
+    tracer.record(RequestSpan(trace_id >> 64, trace_id & _MASK64, trace.span_id, trace.parent_id, trace.remote,
+                              name, SERVER, trace.start, end, (common, batch, attributes), code, message, events,
+                              NO_EVENTS, *trace.decode, *trace.queue, *trace.encode))
 
 
 class Tracer:
