@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from ..batching import Batcher, BatchPolicy, WindowPolicy
-from ..batching.batcher import Joining
+from ..batching.joining import Joining
 from ..engine import ModelInfo, Pool
 from ..errors import ModelNotReady
 from ..inference import ModelSchema
