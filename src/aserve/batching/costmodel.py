@@ -42,13 +42,11 @@ import math
 import statistics
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..engine import ModelInfo, Pool
 from ..runtime.datatypes import DATATYPES, element_count, encode_bytes
 from ..tensor import Tensor, concat_inputs, split_outputs
-
-if TYPE_CHECKING:
-    from ..engine import ModelInfo, Pool
 
 FORMS = ("interp", "affine", "logistic")
 # Smallest residual scale, relative to the prediction: timings on a shared machine

@@ -58,12 +58,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
+from ..engine import ModelInfo, Pool
 from .costmodel import CostModel, sample_inputs
-
-if TYPE_CHECKING:
-    from ..engine import ModelInfo, Pool
 
 
 class StageProfile:

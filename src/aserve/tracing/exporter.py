@@ -28,8 +28,10 @@ import logging
 import os
 from typing import Any
 
+import msgspec
+
+from aserve._native import TRACE_BATCH_FIELDS, TRACE_REQUEST_FIELDS, otlp_encode
 from aserve.runtime import Model, TensorSpec
-from aserve.tracing.recorder import BATCH_FIELDS, REQUEST_FIELDS
 
 log = logging.getLogger("aserve.tracing")
 COLLECT_EVERY = 256
@@ -41,11 +43,9 @@ class TraceExporter(Model):
 
     def load(self) -> None:
         os.environ.update(self.parameters.get("env", {}))
-        import msgspec
+        # here, not at the top: the SDK is optional (aserve[otel]), and it reads the OTEL_* variables set above
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
-
-        from aserve._native import otlp_encode
 
         self._decode = msgspec.msgpack.Decoder().decode
         self._encode = otlp_encode
@@ -73,8 +73,8 @@ class TraceExporter(Model):
         if self._own_gc and self.exports % COLLECT_EVERY == 0:
             gc.collect()
         message = self._decode(bytes(inputs["SPANS"]))
-        requests = len(message["requests"]) // (8 * REQUEST_FIELDS)
-        batches = len(message["batches"]) // (8 * BATCH_FIELDS)
+        requests = len(message["requests"]) // (8 * TRACE_REQUEST_FIELDS)
+        batches = len(message["batches"]) // (8 * TRACE_BATCH_FIELDS)
         records = len(message["spans"]) + requests + batches
         if records and not self._send(self.encode(message)):
             self.failures += 1
