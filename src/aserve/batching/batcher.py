@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from time import monotonic
 from typing import Any
 
-from ..errors import EngineError, InvalidInput, ModelError, Overloaded, RequestTimeout
+from ..errors import EngineError, ModelError, Overloaded, RequestTimeout
 from ..tensor import Tensor, concat_inputs, same_sample_shapes, split_outputs, wrong_rows
 from ..tracing.batches import trace_batch
 from ..tracing.recorder import Tracer
@@ -184,7 +184,8 @@ class Batcher:
         """Queue one request; the future resolves to its outputs (split from its batch's outputs).
 
         inputs: the model's inputs in declared order, each `samples` rows long when the
-        model batches (the codec derived `samples` from them and checked it);
+        model batches (the codec derived `samples` from them and checked it against
+        max_batch_size: aserve.protocol decides that, once per request);
         deadline: the clock time after which the request fails with RequestTimeout;
         budget: this request's latency budget in seconds (None: the policy's own);
         trace: the request's RequestTrace when it is sampled (its queue span and its
@@ -192,16 +193,13 @@ class Batcher:
         waited: seconds the request already spent in the server (reading, decoding, behind
         other requests on the event loop): its budget counts them.
 
-        Raises InvalidInput (over max_batch_size), Overloaded (queue full), RequestTimeout
-        (deadline already passed) and EngineError (closing). The future fails with
+        Raises Overloaded (queue full), RequestTimeout (deadline already passed) and
+        EngineError (closing). The future fails with
         RequestTimeout (deadline passed) or ModelError (the model raised on it).
         Cancelling the future withdraws the request if it has not run yet."""
         if self._closed:
             raise EngineError(f"model {self.model!r} is shutting down")
-        if self.max_batch_size > 0 and samples > self.max_batch_size:
-            raise InvalidInput(
-                f"model {self.model!r}: the request holds {samples} samples, max_batch_size is {self.max_batch_size}"
-            )
+        assert self.max_batch_size <= 0 or samples <= self.max_batch_size, (samples, self.max_batch_size)
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
