@@ -1,37 +1,15 @@
 """Spans recorded on the event loop, exported in batches from an interpreter of their own.
 
-The OpenTelemetry SDK spends about 20 us of Python on every span it starts and ends, and
-twice that encoding it for OTLP, on the thread and GIL that call it: five spans a
-request would cost more than the request. So the loop only records numbers, in C
-(`aserve._native.Recorder`, native/host/trace.c): a sampled request is a
-`RequestTrace` holding its ids and the times of its phases (from the system clock, read
-there), and when it is answered `end(status)` appends one record of 19 unsigned 64-bit
-numbers to an array: its ids, times, the times of its decode, queue and encode, its
-status, the index of its route's attributes in a table (made once per route, model and
-address), and the facts of the batch that served it. A batch is one record of 12 (with
-the run in the interpreter, timed by the native worker's clock) and one link record per
-sampled request it served (`Recorder.batch`). What does not fit (errors with their
-exception, the spans model code opened, staged runs) is recorded here as a span: a
-msgpack-encoded list. Every `OTEL_BSP_SCHEDULE_DELAY` milliseconds (at most 200 here),
-or as soon as `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` records wait, what waits is handed over in
-one msgpack message to the exporter: a small model (`aserve.tracing.exporter`) loaded in
-a private interpreter, with its own GIL, which turns the records into spans, encodes the
-OTLP request in C and sends it with the SDK's OTLP/HTTP exporter. This is the batch span
-processor of the OpenTelemetry specification, split across two interpreters: export never
-blocks the loop, and records beyond `OTEL_BSP_MAX_QUEUE_SIZE` waiting are dropped
-(counted) rather than slowing requests down. (Recording the same numbers from Python,
-with a Python object per request and the array extended from a tuple, cost the loop about
-6 us per sampled request; spans kept as tuples of dicts kept the garbage collector busy on
-the loop; encoding each span as it was recorded cost about 4 us of the loop per request.)
-
-Sampling happens at the start of a request, as the SDK's samplers decide:
-`parentbased_*` follow a `traceparent` header's sampled flag, `traceidratio` keeps the
-traces whose low 64 bits of trace id fall under the ratio. A root (no `traceparent`) is
-sampled with that probability, and its id is drawn with its low bits under the bound, so
-the rule holds for every id the server sends on; the decisions are drawn as the number
-of roots until the next sampled one (a geometric run of Bernoulli trials), so that an
-unsampled root costs one decrement in C. Triton's trace setting (`/v2/trace/setting`)
-changes the ratio at run time.
+The OpenTelemetry SDK's Python costs more per span, on the loop's GIL, than serving a
+request does. So the loop records numbers in C (`aserve._native.Recorder`): one record
+per sampled request and per batch, and here, as a `Span`, only what does not fit
+(errors, the spans model code opened, staged runs). What waits goes every
+`OTEL_BSP_SCHEDULE_DELAY` ms (at most 200), or when `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`
+records wait, in one message to the exporter (`aserve.tracing.exporter`), which
+encodes and sends it under its own GIL: the SDK's batch span processor, split across
+two interpreters, so export never blocks the loop (past `OTEL_BSP_MAX_QUEUE_SIZE`,
+records are dropped and counted). Sampling follows the SDK's samplers, decided in C
+at the start of a request.
 """
 
 from __future__ import annotations
@@ -221,7 +199,10 @@ class Tracer:
         self.core.seed(seed)
 
     def _set_bound(self) -> None:
-        """A root trace is sampled when the low 64 bits of its id are below the bound."""
+        """Set the native sampler: a trace is sampled when the low 64 bits of its id are below
+        the bound (a root's id is drawn under it when it is sampled; `parentbased_*` follow a
+        traceparent's sampled flag instead). It draws how many roots pass until the next
+        sampled one, so that an unsampled root costs one decrement."""
         name = self._sampler
         always = name.endswith("always_on")
         bound = 0 if always or name.endswith("always_off") else min(_MASK64, round(self.ratio * (1 << 64)))
