@@ -22,13 +22,14 @@ KNOWN_CYCLES: set[tuple[str, ...]] = {
 
 
 def modules() -> dict[str, pathlib.Path]:
-    """Every module of the package, by dotted name (a package by its own name)."""
+    """Every module of the package, by dotted name (a package by its own name); an
+    extension module by its stub (`_native.pyi`), as a module that imports nothing."""
     out = {}
-    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+    for path in sorted([*(SRC / PACKAGE).rglob("*.py"), *(SRC / PACKAGE).rglob("*.pyi")]):
         parts = list(path.relative_to(SRC).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
-        out[".".join(parts)] = path
+        out.setdefault(".".join(parts), path)
     return out
 
 
@@ -60,6 +61,8 @@ def graph() -> dict[str, set[str]]:
     known = modules()
     edges: dict[str, set[str]] = {name: set() for name in known}
     for name, path in known.items():
+        if path.suffix == ".pyi":
+            continue
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in _imports(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
@@ -120,6 +123,8 @@ def test_the_graph_sees_imports_inside_functions_and_skips_type_checking() -> No
     edges = graph()
     assert "aserve.engine" in edges["aserve.cli"]  # imported inside a function
     assert "aserve.tensor" in edges["aserve.batching.batcher"]
+    assert "aserve.engine" not in edges["aserve"]  # only under TYPE_CHECKING
+    assert "aserve._native" in edges["aserve.engine.tunables"]  # `from .. import _native`: the extension
 
 
 def test_no_import_cycle_in_the_package() -> None:
