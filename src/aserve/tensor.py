@@ -1,11 +1,17 @@
-"""The host's view of a tensor: datatype, shape and a buffer over its bytes."""
+"""The host's view of a tensor (datatype, shape and a buffer over its bytes), and batches of them.
+
+A batch's inputs are its requests' tensors concatenated along the first (batch)
+dimension, with one copy; its outputs go back to the requests as zero-copy slices.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
+from .errors import ModelError
 from .runtime.datatypes import DATATYPES, element_count
 
 
@@ -46,3 +52,84 @@ class Tensor(msgspec.Struct, gc=False):
 
     def __repr__(self) -> str:
         return f"Tensor({self.datatype!r}, {list(self.shape)}, <{self.nbytes} bytes>)"
+
+
+def same_sample_shapes(head: Sequence[Tensor], other: Sequence[Tensor]) -> bool:
+    """Whether two requests' inputs can share a batch: the same per-sample shapes."""
+    for t, o in zip(head, other):
+        if o.shape[1:] != t.shape[1:]:
+            return False
+    return True
+
+
+def concat_inputs(requests: Sequence[Sequence[Tensor]], samples: int) -> list[Tensor]:
+    """Each input of `requests` concatenated along the batch dimension: one copy into a fresh bytearray.
+
+    BYTES inputs concatenate the same way: their length-prefixed layout has no header."""
+    out: list[Tensor] = []
+    for i, first in enumerate(requests[0]):
+        views = [r[i].view() for r in requests]
+        buf = bytearray(sum(v.nbytes for v in views))
+        mv = memoryview(buf)
+        offset = 0
+        for v in views:
+            end = offset + v.nbytes
+            mv[offset:end] = v
+            offset = end
+        out.append(Tensor(first.datatype, (samples, *first.shape[1:]), buf))
+    return out
+
+
+def _bytes_boundaries(view: memoryview, elements: int, per_sample: int, model: str, name: str) -> list[int]:
+    """Byte offsets of each sample's start in a BYTES buffer, found by walking the length prefixes."""
+    bounds = [0]
+    pos, end = 0, len(view)
+    for i in range(elements):
+        if pos + 4 > end:
+            raise ModelError(f"model {model!r}: BYTES output {name!r} ends inside element {i}'s length prefix")
+        pos += 4 + int.from_bytes(view[pos:pos + 4], "little")
+        if pos > end:
+            raise ModelError(f"model {model!r}: BYTES output {name!r}: element {i} runs past the buffer")
+        if (i + 1) % per_sample == 0:
+            bounds.append(pos)
+    return bounds
+
+
+def wrong_rows(model: str, name: str, shape: tuple[int, ...], total: int) -> ModelError:
+    """The error of an output whose first dimension is not the batch's samples."""
+    return ModelError(
+        f"model {model!r}: output {name!r} has shape {list(shape)}, but the batch holds {total} "
+        f"samples: its first dimension must be {total}"
+    )
+
+
+def split_outputs(outputs: Mapping[str, Tensor], samples: Sequence[int], model: str) -> list[dict[str, Tensor]]:
+    """Per-request outputs: zero-copy slices of each output along the batch dimension."""
+    total = sum(samples)
+    results: list[dict[str, Tensor]] = [{} for _ in samples]
+    for name, t in outputs.items():
+        shape = t.shape
+        if not shape or shape[0] != total:
+            raise wrong_rows(model, name, shape, total)
+        view = t.view()
+        rest = shape[1:]
+        if t.datatype == "BYTES":
+            per = element_count(rest)
+            if per == 0:
+                starts = [0] * (len(samples) + 1)
+            else:
+                bounds = _bytes_boundaries(view, total * per, per, model, name)
+                starts = [0]
+                k = 0
+                for s in samples:
+                    k += s
+                    starts.append(bounds[k])
+        else:
+            stride = view.nbytes // total if total else 0
+            starts = [0]
+            for s in samples:
+                starts.append(starts[-1] + s * stride)
+        datatype = t.datatype
+        for i, s in enumerate(samples):
+            results[i][name] = Tensor(datatype, (s, *rest), view[starts[i]:starts[i + 1]])
+    return results

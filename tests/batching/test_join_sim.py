@@ -397,7 +397,8 @@ def low_overhead(b: int) -> float:
 
 
 @pytest.mark.parametrize(("benefit", "staged"), [(True, False), (False, True)])
-def test_where_no_join_can_pay_batches_run_whole_and_nothing_is_offered(benefit: bool, staged: bool) -> None:
+def test_where_no_join_can_pay_batches_run_whole_and_nothing_is_offered(
+        benefit: bool, staged: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # L(b) = 2.7 ms + 3.1 ms x b (the bundled CNN's fit on this machine): per-batch overhead
     # below the per-sample cost, so the benefit rule can accept no join (join.py) and the
     # batcher neither runs batches stage by stage nor asks the planner, even at full load;
@@ -410,20 +411,18 @@ def test_where_no_join_can_pay_batches_run_whole_and_nothing_is_offered(benefit:
     sim.model("cnn", policy, low_overhead, max_batch_size=32, join=planner, stages=CNN_SHARES, budget=0.05,
               benefit=benefit)
     runs = {"staged": 0, "plans": 0}
-    engine_staged, batcher = sim.engine.infer_staged, sim._models["cnn"].batcher
-    assert batcher._join is not None
-    planned = batcher._join.planner.plan
+    engine_staged, planned = sim.engine.infer_staged, JoinPlanner.plan
 
     def count_staged(model: str, inputs: Sequence[Any], /) -> Any:
         runs["staged"] += 1
         return engine_staged(model, inputs)
 
-    def count_plans(now: float, **kw: Any) -> Any:
+    def count_plans(self: JoinPlanner, now: float, **kw: Any) -> Any:
         runs["plans"] += 1
-        return planned(now, **kw)
+        return planned(self, now, **kw)
 
     sim.engine.infer_staged = count_staged  # type: ignore[method-assign]
-    batcher._join.planner.plan = count_plans  # type: ignore[method-assign]
+    monkeypatch.setattr(JoinPlanner, "plan", count_plans)
     arrivals = poisson(1.0 * 2 * 32 / low_overhead(32), 2.0, 1)
     sim.arrive("cnn", arrivals)
     result = sim.run()["cnn"]

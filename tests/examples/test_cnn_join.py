@@ -7,9 +7,10 @@ import asyncio
 import pytest
 
 from aserve.batching.adaptive import AdaptivePolicy
-from aserve.batching.batcher import Batcher, Joining
+from aserve.batching.batcher import Batcher
 from aserve.batching.costmodel import warmup
 from aserve.batching.join import JoinPlanner, measure_stages
+from aserve.batching.joining import Joining
 from aserve.engine import Pool
 from aserve.tensor import Tensor
 

@@ -5,6 +5,7 @@ native OTLP encoder, read back with opentelemetry-proto."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -12,11 +13,11 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from aserve._native import otlp_encode
-from aserve.batching.batcher import _Request, trace_batch
 from aserve.dataplane.plane import end_trace, start_trace
 from aserve.inference import InferCall
 from aserve.protocol import V2
 from aserve.tracing import Resolved, Tracer, recorder
+from aserve.tracing.batches import trace_batch
 from aserve.tracing.exporter import TraceExporter
 
 from .test_traces import attrs
@@ -53,7 +54,7 @@ async def _one_request(tracer: Tracer, host: str, status: int, error: BaseExcept
     trace = start_trace(tracer, call)
     assert trace is not None
     trace.decode = (trace.start + 10, trace.start + 20)
-    request = _Request(0.0, 2, None, None, None, None, trace)
+    request = SimpleNamespace(trace=trace, arrival=0.0)  # what tracing reads of a queued request
     trace_batch(tracer, "add", [request], 2, 0.0, (1, 5, 9, None), None)  # numbers only: no model spans
     trace.encode = (trace.start + 30, trace.start + 40)
     end_trace(trace, call, error)
@@ -122,3 +123,12 @@ async def test_an_exporter_that_is_gone_drops_records_and_never_fails_a_request(
     assert tracer.stats() == {"recorded": 2, "exported": 0, "dropped": 2} and tracer.core.pending == 0
     tracer._export = None  # back: the route table the failed export did not carry goes with the next one
     assert tracer._table_sent == 0
+
+
+def test_a_span_travels_as_the_msgpack_array_the_encoder_reads() -> None:
+    fields = [1, 2, 3, 0, False, "batch m", recorder.INTERNAL, 10, 20, {"aserve.model": "m"}, recorder.UNSET, "",
+              [["stage 1 done", 15, {"aserve.stage": 1}]], [[1, 2, 5, None]]]
+    span = recorder.Span(*fields[:12], [("stage 1 done", 15, {"aserve.stage": 1})], [(1, 2, 5, None)])
+    assert msgspec.msgpack.encode(span) == msgspec.msgpack.encode(fields)
+    request = recorder.RequestSpan(*fields, 1, 2, 3, 4, 5, 6)
+    assert msgspec.msgpack.encode(request) == msgspec.msgpack.encode([*fields, 1, 2, 3, 4, 5, 6])

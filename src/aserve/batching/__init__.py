@@ -1,10 +1,7 @@
-"""Per-model micro-batching on the host: a queue, a dispatch policy, concatenation and split."""
+"""Per-model micro-batching on the host: a queue, a dispatch policy, fair shares of a pool."""
 
-from .batcher import Batcher, concat_inputs, split_outputs
+from .batcher import Batcher
 from .fair import FairScheduler
 from .policy import BatchPolicy, Decision, Pending, WindowPolicy
 
-__all__ = [
-    "BatchPolicy", "Batcher", "Decision", "FairScheduler", "Pending", "WindowPolicy", "concat_inputs",
-    "split_outputs",
-]
+__all__ = ["BatchPolicy", "Batcher", "Decision", "FairScheduler", "Pending", "WindowPolicy"]

@@ -1,98 +1,12 @@
 """Batch sizes chosen from a model's latency curve under a latency budget (LBCI).
 
-`AdaptivePolicy` answers the batcher's `decide` and `admit` from five quantities:
-  - the cost model: predicted seconds L(b) of a batch of b samples (`CostModel`);
-  - the slowdown s: how much longer than L the batches really hold an interpreter,
-    from dispatch until the event loop sees them end (an exponentially weighted mean
-    of each batch's seconds over its prediction). The policy plans with s * L(b), and
-    where a budget is at stake (the backlog size, admission) with a cautious s' = s +
-    3 x the mean absolute deviation of those ratios, since batch times jitter;
-  - the running batches: when each should end (dispatch time + s * L(b)), so it
-    knows when each interpreter frees;
-  - the arrival rate: an exponentially weighted mean of the gaps between arrivals,
-    refused ones included, and of their sample counts;
-  - the budget: every request should finish within its budget of arriving (its own
-    `budget` when it has one, else `latency_budget_s`), and before its deadline.
-
-Batching and latency. Running k queued samples as one batch finishes them all at
-L(k); one by one they finish at L(1), 2 L(1), ..., a mean of L(1) (k + 1) / 2. On an
-affine curve a + c b the batch wins only when a > c (a dominant per-batch overhead);
-with requests of s samples, only when a > c s. Otherwise (the bundled CNN: a =
-2.7 ms < c = 3.1 ms) batching the work already queued only raises its latency:
-batches pay only to keep up with the arrivals or to drain a backlog in time, and a
-second interpreter that frees soon serves the next request sooner than a bigger batch.
-
-Batch sizes (n is the number of interpreters):
-  - the keep-up size K: the smallest batch at which the interpreters serve the
-    arriving samples with `headroom` to spare (1 at low load; none when arrivals
-    outpace every size);
-  - the backlog size C: the largest batch that, started within one interpreter's turn
-    of a backlog (s' L(b) / n), still ends within the head request's budget,
-    (1 + 1/n) s' L(C) <= budget; where batching does not pay, at most the efficient
-    size (the smallest within `tolerance` of the best throughput): beyond it larger
-    batches buy no throughput, only latency. Under overload every batch has this size.
-
-The rules, in order (the queue is never empty; "budget" is the head request's):
-  1. no free interpreter: wait for a completion; a model that does not batch
-     (max_batch_size 0): dispatch the head request alone.
-  2. where batching pays (L(2m) < 1.5 L(m) for the mean request of m samples), wait
-     for a batch when that pays: fewer than K samples are queued, another batch of
-     the model is running (so more requests are on their way), the predicted arrivals
-     fill K before the head must start (its budget or deadline minus L(K)) and within
-     `max_queue_delay_s` of its arrival, and the wait costs the q queued requests
-     (q * fill time) no more than the overhead it saves, L(s) + L(K - s) - L(K) for s
-     queued samples: wait until the head's latest start.
-  3. otherwise dispatch now a FIFO prefix of whole requests (a request is never
-     split) of at most C samples and at least min(K, C) samples' worth of requests
-     (all of them with arrivals beyond every size). Among those prefixes it takes the
-     one whose plan is best for the requests queued now: the batch on the free
-     interpreter, then the rest of the queue in batches as large (at least K) on
-     the interpreters as they free (the busy ones when their batches end). Best is
-     fewest requests predicted past their limit, then the smallest sum of predicted
-     finishes (the mean latency). At low load on the CNN this is one request per
-     batch, spread over the free interpreters: never slower than dispatching every
-     request alone; batches grow only as the arrivals or a backlog require. Where
-     batching pays it is everything queued, up to C.
-
-Admission control: the batcher calls `admit(now, queued_samples, samples, budget, waited)`
-before queueing a request that must wait (others are queued or every interpreter is
-busy). It counts the arrival in the rate at once and brings the keep-up size up to
-date: while every interpreter is busy no decision runs, and in a burst the keep-up
-size of the lighter load before it would predict small batches where the ones that
-run have the backlog size. The request's finish is predicted from the queue ahead of it, drained in
-batches of one size b on the interpreters as they free: its batch is the
-(position / samples per batch)-th, where whole requests of m samples on average fill
-a batch of b to about b - 0.75 (m - 1), and every batch holds an interpreter for
-s' L(b) (the running ones from their dispatch). b is tried from K to C (only C when
-arrivals outpace every size). If no b finishes it within `admit_factor` times its own
-budget (default: exactly its budget), less `overload_reserve` of it once the arrivals
-have outpaced every size for OVERLOAD_SUSTAINED_S, it is refused with a Retry-After
-of how much later it would finish (at least one interpreter's turn). The reserve is
-for sustained overload alone: then the queue runs as long as admission lets it and
-the latest admitted sit at the limit, where a slow spell of the machine or the
-client's side of the connection (neither of which the prediction sees) pushes them
-past it; below it the queue is short and a reserve would only refuse requests that
-end in time. So what it admits meets its
-budget as long as the batches take at most s' L(b), and since batches under overload
-have the backlog size and a batch's worth waits when an interpreter frees, refusing
-costs little throughput. (The bound: a batch that ends within the budget holds at
-most L^-1(budget) samples; on the CNN with a 50 ms budget, batches of C = 9 serve 94%
-of what batches of 32 do.)
-
-The drain rate. Under a backlog the batcher starts the next batch inside the callback
-that sees one end, so an interpreter drains the queue at b samples per s L(b): the
-slowdown, measured per batch from its dispatch to its completion as the event loop saw
-it, is the drain rate measured from completions (`as_dict` reports n C / (s L(C))),
-and it includes what the warm-up curve misses when the loop and the interpreters share
-cores. (Counting served samples over backlogged wall time instead, window by window,
-was biased in simulation: a window opens only when requests are left queued, which
-happens more often just before the other interpreter frees; it read 0.89 for an
-engine exactly as predicted.)
-
-The rules were tuned by running the real `Batcher` in virtual time
-(`aserve.batching.simulation`, tests in tests/batching/test_adaptive.py) on the
-bundled CNN's measured curve, the slower one of a busier machine, and flat ones (a
-large per-batch overhead).
+`AdaptivePolicy` plans with the cost model's curve L(b), scaled by how much longer
+real batches hold an interpreter (the slowdown), the arrival rate, the batches in
+flight and each request's budget. It batches only as far as keeping up with the
+arrivals or draining a backlog within the budget needs: where the per-batch overhead
+is small next to the per-sample cost, a larger batch only adds latency. Its
+admission control refuses (503, Retry-After) a request predicted to finish past its
+budget, so that what it admits meets it.
 """
 
 from __future__ import annotations
@@ -109,14 +23,12 @@ WAIT = Decision(0, None)
 # moves the slowdown by a bounded step).
 SLOWDOWN_RANGE = (0.5, 4.0)
 # Admission and the backlog size plan with batches this many mean deviations slower than
-# the slowdown: batch times jitter (by 10% and more on a shared 2-core machine), and a
-# request admitted on the mean would miss its budget whenever its batch runs long. (In
-# simulation, with batch times uniform within +-10% (+-20%) of the curve, 3 keeps 99.5%
-# (99%) of the admitted requests within budget at 3x overload; 2 keeps 98%.)
+# the slowdown: batch times jitter, and a request admitted on the mean would miss its
+# budget whenever its batch runs long.
 CAUTION = 3.0
 # The overload reserve waits until the arrivals have outpaced every batch size this long:
-# at 75% load a burst lifts the rate estimate past the capacity for tens of milliseconds
-# at a time, and a reserve then only refuses requests that would end in time.
+# below capacity a burst lifts the rate estimate past it for a moment, and a reserve then
+# only refuses requests that would end in time.
 OVERLOAD_SUSTAINED_S = 0.5
 # Whole requests of s samples on average leave about this many times (s - 1) samples of
 # a batch unused (the next request does not fit), so a queue needs more batches than
@@ -135,7 +47,7 @@ def _prefix(sizes: Sequence[int], limit: int) -> int:
 
 
 class AdaptivePolicy:
-    """LBCI-style batching policy for one model (see the module doc).
+    """LBCI-style batching policy for one model.
 
     cost: the model's batch latency curve; `observe` refines it.
     latency_budget_s: target end-to-end (queue + execution) seconds of a request that
@@ -338,6 +250,19 @@ class AdaptivePolicy:
     def decide(
         self, now: float, queue: Sequence[Pending], *, idle: int, running: int, max_batch_size: int
     ) -> Decision:
+        """The rules, in order ("budget" is the head request's):
+          1. no free interpreter: wait for a completion; a model that does not batch:
+             dispatch the head request alone.
+          2. where batching pays (`batching_pays`) and a batch of the model runs, wait
+             for the keep-up size K (`keep_up_batch`) while the predicted arrivals fill
+             it before the head must start, within max_queue_delay_s, and the wait costs
+             the queued requests less than the overhead it saves (`_fill_by`).
+          3. otherwise dispatch a FIFO prefix of whole requests of at most the backlog
+             size C (`backlog_batch`) and at least min(K, C) samples: the one whose plan
+             for the queue (this batch, then batches of at least K as interpreters free)
+             has the fewest requests past their limits, then the earliest finishes in
+             sum (`_best_take`). At low load that is one request per batch, spread over
+             the free interpreters."""
         self._see(queue)
         while len(self._flight) > running:  # batches that ended without being observed (failed, joined)
             self._land()

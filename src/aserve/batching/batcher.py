@@ -24,34 +24,29 @@ If a batch of several requests fails with a model error, each of its requests is
 run again alone (in the same interpreter slot), so that only the request that makes
 the model fail gets the error.
 
-With `join` (a staged model, layer-level joining, see join.py) every batch runs
-staged, and while no interpreter is free the head of the queue is offered to a
-running batch whenever the planner predicts the joined batch still meets every
-budget. A group the engine turns away (the batch moved past the offer's last
-stage) returns to the head of the queue. Under the benefit rule, while the model's
-curve is one on which no join can pay (`JoinPlanner.may_pay`), batches run whole
-as a model without stages does, and nothing is offered: the staged run and the
-offers cost the event loop time and buy nothing there.
+With `join` (a model with stages), batches run stage by stage and, while no
+interpreter is free, the head of the queue is offered to running batches
+(layer-level joining: joining.py at run time, join.py plans). The batcher keeps the
+queue and answers every request, those that joined a batch included.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import functools
-import json
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from time import monotonic
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
-from ..errors import EngineError, InvalidInput, ModelError, Overloaded, RequestTimeout
-from ..runtime.datatypes import element_count
-from ..tensor import Tensor
+from ..errors import EngineError, ModelError, Overloaded, RequestTimeout
+from ..tensor import Tensor, concat_inputs, same_sample_shapes, split_outputs, wrong_rows
+from ..tracing.batches import trace_batch
+from ..tracing.recorder import Tracer
 from .fair import FairScheduler, Seat
-from .join import JoinPlanner, tightest
+from .joining import Joining, LayerJoin
 from .policy import BatchPolicy
+from .request import DONE, QUEUED, RUNNING, Request
 
 Done = Callable[[dict[str, Tensor] | None, BaseException | None], None]
 # Runs one batch: run(model, inputs in declared order, done); the engine calls done(outputs, None)
@@ -61,137 +56,7 @@ Runner = Callable[[str, Sequence[Tensor], Done], Any]
 Canceller = Callable[[Any], bool]
 
 
-class StagedPool(Protocol):
-    """What joining needs of the engine (aserve.engine.Pool has it)."""
-
-    def infer_staged(self, model: str, inputs: Sequence[Tensor], /) -> Any: ...
-
-    def offer(self, run: Any, inputs: Sequence[Tensor], last_stage: int, /) -> asyncio.Future[bool] | None: ...
-
-    def progress(self, run: Any, /) -> tuple[int, float] | None: ...
-
-
-class Joining(NamedTuple):
-    """Layer-level joining for one model: the engine, the planner, the default budget (s),
-    and whether a join must also lower total latency (benefit) or only fit the budgets."""
-
-    pool: StagedPool
-    planner: JoinPlanner
-    budget: float
-    benefit: bool = True
-
-
-_QUEUED, _RUNNING, _DONE = 0, 1, 2
 _NEVER = math.inf
-
-
-class _Request:
-    """A queued request; `arrival`, `samples`, `deadline`, `budget` and `waited` are what the policy sees."""
-
-    __slots__ = ("arrival", "budget", "deadline", "future", "inputs", "samples", "state", "trace", "waited")
-
-    def __init__(self, arrival: float, samples: int, deadline: float | None, inputs: Sequence[Tensor],
-                 future: asyncio.Future[dict[str, Tensor]], budget: float | None, trace: Any = None,
-                 waited: float = 0.0) -> None:
-        self.trace = trace  # the request's RequestTrace when it is sampled (aserve.tracing)
-        self.arrival = arrival
-        self.waited = waited
-        self.samples = samples
-        self.deadline = deadline
-        self.budget = budget
-        self.inputs = inputs
-        self.future = future
-        self.state = _QUEUED
-
-    def finish(self, result: dict[str, Tensor] | None = None, error: BaseException | None = None) -> None:
-        self.state = _DONE
-        future = self.future
-        if future.done():  # timed out or cancelled meanwhile
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
-
-
-def _compatible(head: Sequence[Tensor], other: Sequence[Tensor]) -> bool:
-    """Whether two requests' inputs can share a batch: the same per-sample shapes."""
-    for t, o in zip(head, other):
-        if o.shape[1:] != t.shape[1:]:
-            return False
-    return True
-
-
-def concat_inputs(requests: Sequence[Sequence[Tensor]], samples: int) -> list[Tensor]:
-    """Each input of `requests` concatenated along the batch dimension: one copy into a fresh bytearray.
-
-    BYTES inputs concatenate the same way: their length-prefixed layout has no header."""
-    out: list[Tensor] = []
-    for i, first in enumerate(requests[0]):
-        views = [r[i].view() for r in requests]
-        buf = bytearray(sum(v.nbytes for v in views))
-        mv = memoryview(buf)
-        offset = 0
-        for v in views:
-            end = offset + v.nbytes
-            mv[offset:end] = v
-            offset = end
-        out.append(Tensor(first.datatype, (samples, *first.shape[1:]), buf))
-    return out
-
-
-def _bytes_boundaries(view: memoryview, elements: int, per_sample: int, model: str, name: str) -> list[int]:
-    """Byte offsets of each sample's start in a BYTES buffer, found by walking the length prefixes."""
-    bounds = [0]
-    pos, end = 0, len(view)
-    for i in range(elements):
-        if pos + 4 > end:
-            raise ModelError(f"model {model!r}: BYTES output {name!r} ends inside element {i}'s length prefix")
-        pos += 4 + int.from_bytes(view[pos:pos + 4], "little")
-        if pos > end:
-            raise ModelError(f"model {model!r}: BYTES output {name!r}: element {i} runs past the buffer")
-        if (i + 1) % per_sample == 0:
-            bounds.append(pos)
-    return bounds
-
-
-def _wrong_rows(model: str, name: str, shape: tuple[int, ...], total: int) -> ModelError:
-    return ModelError(
-        f"model {model!r}: output {name!r} has shape {list(shape)}, but the batch holds {total} "
-        f"samples: its first dimension must be {total}"
-    )
-
-
-def split_outputs(outputs: Mapping[str, Tensor], samples: Sequence[int], model: str) -> list[dict[str, Tensor]]:
-    """Per-request outputs: zero-copy slices of each output along the batch dimension."""
-    total = sum(samples)
-    results: list[dict[str, Tensor]] = [{} for _ in samples]
-    for name, t in outputs.items():
-        shape = t.shape
-        if not shape or shape[0] != total:
-            raise _wrong_rows(model, name, shape, total)
-        view = t.view()
-        rest = shape[1:]
-        if t.datatype == "BYTES":
-            per = element_count(rest)
-            if per == 0:
-                starts = [0] * (len(samples) + 1)
-            else:
-                bounds = _bytes_boundaries(view, total * per, per, model, name)
-                starts = [0]
-                k = 0
-                for s in samples:
-                    k += s
-                    starts.append(bounds[k])
-        else:
-            stride = view.nbytes // total if total else 0
-            starts = [0]
-            for s in samples:
-                starts.append(starts[-1] + s * stride)
-        datatype = t.datatype
-        for i, s in enumerate(samples):
-            results[i][name] = Tensor(datatype, (s, *rest), view[starts[i]:starts[i + 1]])
-    return results
 
 
 class _Batch:
@@ -199,7 +64,7 @@ class _Batch:
 
     __slots__ = ("batcher", "job", "requests", "samples", "started", "traced")
 
-    def __init__(self, batcher: Batcher, requests: list[_Request], samples: int, started: float,
+    def __init__(self, batcher: Batcher, requests: list[Request], samples: int, started: float,
                  traced: bool = False) -> None:
         self.job: Any = None  # the engine's job id, until it is cancelled
         self.batcher = batcher
@@ -212,79 +77,6 @@ class _Batch:
         self.batcher._batch_done(self, outputs, error, ran)
 
 
-def trace_batch(tracer: Any, model: str, requests: list[_Request], samples: int, started: float, ran: Any,
-                error: BaseException | None, *, stages: tuple[float, ...] = (), joined: int = 0) -> None:
-    """Record a batch's spans: its own (a trace of its own, linked to the request spans it
-    served), the run in the interpreter (the native worker's clock) with the spans the
-    model opened, each sampled request's queue span, and the batch's facts on the
-    requests' server spans. `stages`: a staged run's stage seconds (events)."""
-    from ..tracing import recorder as rec
-
-    if ran is not None and error is None and not stages and not joined and not ran[3]:  # numbers only
-        model_entry = tracer.route(("batch", model))
-        if model_entry < 0:
-            model_entry = tracer.add_route(("batch", model), f"batch {model}", {"aserve.model": model})
-        if model_entry >= 0:
-            tracer.core.batch(model_entry, requests, samples, started, ran)
-            return
-    now = time.time_ns()
-    offset = tracer.offset
-    start = int(started * 1e9) + offset
-    hi, lo = tracer.new_span_id(), tracer.new_span_id()
-    batch_id = tracer.new_span_id()
-    interpreter = ran[0] if ran is not None else -1
-    facts = (len(requests), samples, (now - start) // 100, interpreter + 1)  # on each request's span
-    traced = []
-    for r in requests:
-        t = r.trace
-        if t is not None:
-            t.queue = (int(r.arrival * 1e9) + offset, start)
-            t.batch = facts
-            traced.append(t)
-    span_links = [(t.trace_id >> 64, t.trace_id & 0xFFFFFFFFFFFFFFFF, t.span_id, None) for t in traced]
-    attributes = {"aserve.model": model, "aserve.batch_size": len(requests), "aserve.batch_samples": samples}
-    if interpreter >= 0:
-        attributes["aserve.interpreter"] = interpreter
-    if joined:
-        attributes["aserve.joined_requests"] = joined
-    events = []
-    at = start
-    for k, seconds in enumerate(stages):
-        at += int(seconds * 1e9)
-        events.append([f"stage {k + 1} done", at, {"aserve.stage": k + 1, "aserve.stage_us": round(seconds * 1e6, 1)}])
-    status, message = rec.UNSET, ""
-    if error is not None:
-        status, message = rec.ERROR, f"{type(error).__name__}: {error}"
-        events.append(["exception", now, {"exception.type": type(error).__name__, "exception.message": str(error)}])
-    tracer.record([hi, lo, batch_id, 0, False, f"batch {model}", rec.INTERNAL, start, now, attributes, status,
-                   message, events, span_links])
-    if ran is None:
-        return
-    interpreter, ran_from, ran_to, model_spans = ran
-    run_id = tracer.new_span_id()
-    tracer.record([hi, lo, run_id, batch_id, False, "run in interpreter", rec.INTERNAL, tracer.to_epoch(ran_from),
-                   tracer.to_epoch(ran_to), {"aserve.interpreter": interpreter, "aserve.model": model}, rec.UNSET,
-                   "", [], []])
-    if model_spans:
-        for name, s_from, s_to, attrs, failed in json.loads(model_spans):
-            tracer.record([hi, lo, tracer.new_span_id(), run_id, False, name, rec.INTERNAL, tracer.to_epoch(s_from),
-                           tracer.to_epoch(s_to), attrs, rec.ERROR if failed else rec.UNSET, failed or "", [], []])
-
-
-class _Staged:
-    """A staged batch in flight: its requests, then the groups offered to it, in order."""
-
-    __slots__ = ("cancelled", "groups", "limit", "requests", "run", "samples")
-
-    def __init__(self, run: Any, requests: list[_Request], samples: int, limit: float) -> None:
-        self.cancelled = False
-        self.run = run
-        self.requests = requests
-        self.samples = samples  # with the groups offered and not turned away
-        self.limit = limit  # earliest finish limit among its requests and groups
-        self.groups: list[tuple[asyncio.Future[bool], list[_Request]]] = []
-
-
 class Batcher:
     """The queue and dispatcher of one model.
 
@@ -295,7 +87,8 @@ class Batcher:
     uniform: every request has the same per-sample shapes (no variable dimension but
     the batch), so any two may share a batch without comparing shapes.
     clock: what "now" is, in the seconds `loop.call_at` counts (time.monotonic; a
-    simulation on a virtual-time loop passes that loop's time).
+    simulation on a virtual-time loop passes that loop's time);
+    join: layer-level joining for a model with stages (ignored when max_batch_size is 0).
     """
 
     def __init__(
@@ -315,14 +108,16 @@ class Batcher:
         self._run_batch = run
         self._uniform = uniform
         self._clock = clock
-        self._join = join if max_batch_size > 0 else None
-        self._staged: list[_Staged] = []
         # optional admission control: a policy with admit(now, queued_samples, samples, budget, waited)
         # -> Retry-After seconds | None
         self._admit: Callable[[float, int, int, float | None, float], float | None] | None = getattr(
             policy, "admit", None)
-        self._queue: collections.deque[_Request] = collections.deque()
+        self._queue: collections.deque[Request] = collections.deque()
         self._queued_samples = 0
+        self._joiner = None if join is None or max_batch_size <= 0 else LayerJoin(
+            join, key=self.key, max_batch_size=max_batch_size, uniform=uniform, clock=clock, queue=self._queue,
+            drop_withdrawn=self._drop_withdrawn, take=self._take_into_batch, put_back=self._put_back,
+        )
         self._running = 0
         self._batches: set[_Batch] = set()  # plain batches in flight (for their deadlines)
         self._tasks: set[asyncio.Task[None]] = set()  # staged batches and failure isolation
@@ -332,7 +127,7 @@ class Batcher:
         self._expiry_at = _NEVER
         self._closed = False
         self._drained: asyncio.Future[None] | None = None  # close() waits on it
-        self.tracer: Any = None  # aserve.tracing.Tracer while tracing is on: batches of sampled requests get spans
+        self.tracer: Tracer | None = None  # while tracing is on: batches of sampled requests get spans
         self._traced = 0  # sampled requests queued (at least): a batch is searched for them only then
         self._loop: asyncio.AbstractEventLoop | None = None
         self.batches = 0  # batches dispatched
@@ -341,9 +136,6 @@ class Batcher:
         self.timed_out = 0  # requests whose deadline passed
         self.queue_seconds = 0.0  # summed over requests: from arrival to dispatch (or offer)
         self.compute_seconds = 0.0  # summed over requests: their batch's run time
-        self.joins = 0  # groups absorbed into running batches
-        self.joined_requests = 0
-        self.offers_turned_away = 0
         self.batch_sizes: dict[int, list[float]] = {}  # samples -> [batches that ran, their seconds summed]
         self._cancel = cancel  # cancels a running batch whose requests all timed out (Pool.cancel)
         self.cancelled = 0  # batches cancelled (their requests had all timed out)
@@ -376,11 +168,8 @@ class Batcher:
             "compute_seconds": self.compute_seconds,
             "cancelled": self.cancelled,
         }
-        if self._join is not None:
-            out["joins"] = self.joins
-            out["joined_requests"] = self.joined_requests
-            out["offers_turned_away"] = self.offers_turned_away
-            out["join"] = self._join.planner.as_dict()
+        if self._joiner is not None:
+            out.update(self._joiner.stats())
         state = getattr(self.policy, "as_dict", None)
         if state is not None:
             out["policy"] = state(self._clock())
@@ -395,7 +184,8 @@ class Batcher:
         """Queue one request; the future resolves to its outputs (split from its batch's outputs).
 
         inputs: the model's inputs in declared order, each `samples` rows long when the
-        model batches (the codec derived `samples` from them and checked it);
+        model batches (the codec derived `samples` from them and checked it against
+        max_batch_size: aserve.protocol decides that, once per request);
         deadline: the clock time after which the request fails with RequestTimeout;
         budget: this request's latency budget in seconds (None: the policy's own);
         trace: the request's RequestTrace when it is sampled (its queue span and its
@@ -403,16 +193,13 @@ class Batcher:
         waited: seconds the request already spent in the server (reading, decoding, behind
         other requests on the event loop): its budget counts them.
 
-        Raises InvalidInput (over max_batch_size), Overloaded (queue full), RequestTimeout
-        (deadline already passed) and EngineError (closing). The future fails with
+        Raises Overloaded (queue full), RequestTimeout (deadline already passed) and
+        EngineError (closing). The future fails with
         RequestTimeout (deadline passed) or ModelError (the model raised on it).
         Cancelling the future withdraws the request if it has not run yet."""
         if self._closed:
             raise EngineError(f"model {self.model!r} is shutting down")
-        if self.max_batch_size > 0 and samples > self.max_batch_size:
-            raise InvalidInput(
-                f"model {self.model!r}: the request holds {samples} samples, max_batch_size is {self.max_batch_size}"
-            )
+        assert self.max_batch_size <= 0 or samples <= self.max_batch_size, (samples, self.max_batch_size)
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -442,7 +229,7 @@ class Batcher:
             if deadline < self._expiry_at:
                 self._arm_expiry(loop, deadline)
         future: asyncio.Future[dict[str, Tensor]] = loop.create_future()
-        queue.append(_Request(now, samples, deadline, inputs, future, budget, trace, waited))
+        queue.append(Request(now, samples, deadline, inputs, future, budget, trace, waited))
         if trace is not None:
             self._traced += 1
         self._queued_samples += samples
@@ -453,7 +240,7 @@ class Batcher:
         """The caller stopped waiting for `future`: free its place if it has not run yet."""
         for r in self._queue:
             if r.future is future:
-                if r.state == _QUEUED:
+                if r.state == QUEUED:
                     self._queue.remove(r)
                     self._queued_samples -= r.samples
                     r.finish(error=asyncio.CancelledError())
@@ -497,8 +284,8 @@ class Batcher:
                 if r.deadline is not None and r.deadline < nearest:
                     nearest = r.deadline
         running = [r for b in self._batches for r in b.requests]
-        running.extend(r for s in self._staged for r in s.requests)
-        running.extend(r for s in self._staged for _, g in s.groups for r in g)
+        if self._joiner is not None:
+            running.extend(self._joiner.in_flight())
         for r in running:
             if r.deadline is None or r.future.done():
                 continue
@@ -525,11 +312,9 @@ class Batcher:
             if b.job is not None and all(r.future.done() for r in b.requests):
                 job, b.job = b.job, None
                 self.cancelled += self._cancel(job)
-        for s in self._staged:
-            if not s.cancelled and all(r.future.done() for r in s.requests) and \
-                    all(r.future.done() for _, g in s.groups for r in g):
-                s.cancelled = True
-                self.cancelled += self._cancel(s.run.id)
+        if self._joiner is not None:
+            for run in self._joiner.abandoned():
+                self.cancelled += self._cancel(run)
 
     # ---- scheduling ----
 
@@ -556,7 +341,8 @@ class Batcher:
             if seat is not None and idle > 0:
                 idle = min(idle, seat.room())
             if idle <= 0:
-                self._offer_joins()
+                if self._joiner is not None:
+                    self._joiner.offer()
                 return started  # a completion calls back (with a scheduler: offers a slot)
             loop = self._loop
             assert loop is not None
@@ -579,10 +365,10 @@ class Batcher:
                     return True
         return started
 
-    def _take(self, n: int) -> list[_Request]:
+    def _take(self, n: int) -> list[Request]:
         """Up to n requests from the head that fit one batch; withdrawn ones are dropped."""
         queue = self._queue
-        batch: list[_Request] = []
+        batch: list[Request] = []
         total = 0
         limit = self.max_batch_size
         uniform = self._uniform
@@ -591,22 +377,54 @@ class Batcher:
             if nxt.future.done():  # withdrawn (cancelled) while queued
                 queue.popleft()
                 self._queued_samples -= nxt.samples
-                nxt.state = _DONE
+                nxt.state = DONE
                 continue
             if batch and (limit <= 0 or total + nxt.samples > limit
-                          or not (uniform or _compatible(batch[0].inputs, nxt.inputs))):
+                          or not (uniform or same_sample_shapes(batch[0].inputs, nxt.inputs))):
                 break
             batch.append(queue.popleft())
             total += nxt.samples
         self._queued_samples -= total
         return batch
 
-    def _dispatch(self, batch: list[_Request]) -> None:
+    # the queue's part in layer-level joining (joining.LayerJoin reads the queue, moves requests through these)
+
+    def _drop_withdrawn(self) -> None:
+        """Drop the requests withdrawn (cancelled) while queued from the head of the queue."""
+        queue = self._queue
+        while queue and queue[0].future.done():
+            dropped = queue.popleft()
+            dropped.state = DONE
+            self._queued_samples -= dropped.samples
+
+    def _take_into_batch(self, n: int, now: float) -> list[Request]:
+        """The first n queued requests, offered to a running batch at `now`."""
+        queue = self._queue
+        group = [queue.popleft() for _ in range(n)]
+        self._queued_samples -= sum(r.samples for r in group)
+        for r in group:
+            r.state = RUNNING
+            self.queue_seconds += now - r.arrival
+        return group
+
+    def _put_back(self, group: list[Request], offered: float) -> None:
+        """An offer made at `offered` was turned away: its requests that still wait go back
+        to the head of the queue, in order, and are dispatched again."""
+        for r in reversed(group):
+            if r.state == RUNNING and not r.future.done():  # not timed out or cancelled meanwhile
+                r.state = QUEUED
+                self.queue_seconds -= offered - r.arrival  # counted again at its dispatch
+                self._queue.appendleft(r)
+                self._queued_samples += r.samples
+        self._check_drained()
+        self._schedule()
+
+    def _dispatch(self, batch: list[Request]) -> None:
         loop = self._loop
         assert loop is not None
         now = self._clock()
         for r in batch:
-            r.state = _RUNNING
+            r.state = RUNNING
             self.queue_seconds += now - r.arrival
         if self._seat is not None:
             self._seat.take()
@@ -617,9 +435,8 @@ class Batcher:
             self._wake.cancel()
             self._wake = None
             self._wake_at = _NEVER
-        join = self._join
-        if join is not None and (not join.benefit or join.planner.may_pay()):
-            self._spawn(self._run_staged(batch, join, loop))
+        if self._joiner is not None and self._joiner.active:
+            self._spawn(self._run_staged(batch, self._joiner))
             return
         if len(batch) == 1:
             samples = batch[0].samples
@@ -638,7 +455,7 @@ class Batcher:
         except Exception as e:  # noqa: BLE001 - the engine refused the batch: answer it from the loop
             loop.call_soon(run.done, None, e)
 
-    def _is_traced(self, batch: list[_Request]) -> bool:
+    def _is_traced(self, batch: list[Request]) -> bool:
         """Whether a sampled request is in the batch (counted off the queued ones)."""
         n = sum(r.trace is not None for r in batch)
         self._traced = max(0, self._traced - n)
@@ -698,7 +515,7 @@ class Batcher:
             self._schedule()
         else:
             self._seat.release()  # offers the slot round-robin, this model included
-            if self._queue and self._staged:
+            if self._queue and self._joiner is not None and self._joiner.running:
                 self._schedule()  # no slot came back to it: its running batches may take joins
 
     def _run_one(self, inputs: Sequence[Tensor]) -> asyncio.Future[dict[str, Tensor]]:
@@ -719,7 +536,7 @@ class Batcher:
             fut.set_exception(e)
         return fut
 
-    async def _isolate(self, requests: list[_Request]) -> None:
+    async def _isolate(self, requests: list[Request]) -> None:
         """Run each request of a failed batch alone, in the batch's slot."""
         try:
             for r in requests:
@@ -728,7 +545,7 @@ class Batcher:
         finally:
             self._release()
 
-    async def _run_alone(self, req: _Request) -> None:
+    async def _run_alone(self, req: Request) -> None:
         assert self._loop is not None
         started = self._clock()
         try:
@@ -739,14 +556,14 @@ class Batcher:
         self.policy.observe(req.samples, self._clock() - started)
         self._deliver([req], outputs)
 
-    def _deliver(self, requests: list[_Request], outputs: Mapping[str, Tensor]) -> None:
+    def _deliver(self, requests: list[Request], outputs: Mapping[str, Tensor]) -> None:
         """Answer each request of a batch with its slice of the outputs (all fail if they do not split)."""
         if len(requests) == 1:
             r = requests[0]
             if self.max_batch_size > 0:
                 for name, t in outputs.items():
                     if not t.shape or t.shape[0] != r.samples:
-                        r.finish(error=_wrong_rows(self.model, name, t.shape, r.samples))
+                        r.finish(error=wrong_rows(self.model, name, t.shape, r.samples))
                         return
             r.finish(outputs if isinstance(outputs, dict) else dict(outputs))
             self.requests += 1
@@ -766,35 +583,30 @@ class Batcher:
         if drained is not None and not self._queue and self._running == 0 and not drained.done():
             drained.set_result(None)
 
-    # ---- layer-level joining ----
+    # ---- a staged batch (layer-level joining) ----
 
-    def _limit(self, req: _Request, join: Joining) -> float:
-        return tightest(req.arrival - req.waited, req.budget if req.budget is not None else join.budget, req.deadline)
-
-    async def _run_staged(self, batch: list[_Request], join: Joining, loop: asyncio.AbstractEventLoop) -> None:
+    async def _run_staged(self, batch: list[Request], joiner: LayerJoin) -> None:
         try:
-            await self._run_staged_batch(batch, join, loop)
+            await self._run_staged_batch(batch, joiner)
         finally:
             self._release()
 
-    async def _run_staged_batch(self, batch: list[_Request], join: Joining,
-                                loop: asyncio.AbstractEventLoop) -> None:
+    async def _run_staged_batch(self, batch: list[Request], joiner: LayerJoin) -> None:
+        """Run a batch stage by stage; answer its requests and those of the groups that joined it."""
         total = sum(r.samples for r in batch)
         inputs = batch[0].inputs if len(batch) == 1 else concat_inputs([r.inputs for r in batch], total)
         started = self._clock()
         try:
-            run = join.pool.infer_staged(self.key, inputs)
+            staged = joiner.start(batch, inputs, total)
         except Exception as e:  # noqa: BLE001 - the engine refused the batch
             for r in batch:
                 r.finish(error=e)
             return
-        staged = _Staged(run, batch, total, min(self._limit(r, join) for r in batch))
-        self._staged.append(staged)
         traced = self._traced > 0 and self._is_traced(batch)
         try:
-            outputs, seconds = await run.result
+            outputs, seconds = await joiner.result(staged)
         except Exception as e:  # noqa: BLE001 - every request of the batch gets an answer
-            everyone = batch + [r for _, group in self._absorbed(staged) for r in group]
+            everyone = staged.everyone()
             self.compute_seconds += (self._clock() - started) * len(everyone)
             if isinstance(e, ModelError) and len(everyone) > 1:
                 for r in everyone:  # find the culprit: each alone, so only it fails
@@ -805,115 +617,19 @@ class Batcher:
                 r.finish(error=e)
             return
         finally:
-            self._staged.remove(staged)
-        absorbed = self._absorbed(staged)
-        requests = batch + [r for _, group in absorbed for r in group]
+            joiner.end(staged)
+        requests = staged.everyone()
+        joined = len(requests) - len(batch)
         if self.tracer is not None and (traced or any(r.trace is not None for r in requests)):
             trace_batch(self.tracer, self.model, requests, sum(r.samples for r in requests), started, None, None,
-                        stages=seconds, joined=len(requests) - len(batch))
+                        stages=seconds, joined=joined)
         elapsed = self._clock() - started
         self.compute_seconds += elapsed * len(requests)
         self._count_batch(sum(r.samples for r in requests), elapsed)
-        if absorbed:
-            self.joins += len(absorbed)
-            self.joined_requests += len(requests) - len(batch)
-        else:  # a batch that ran as it was dispatched teaches the curve and the stage shares
+        if not joined:  # a batch that ran as it was dispatched teaches the curve
             self.policy.observe(total, self._clock() - started)
-            join.planner.profile.observe(seconds)
         del inputs
         self._deliver(requests, outputs)
-
-    @staticmethod
-    def _absorbed(staged: _Staged) -> list[tuple[asyncio.Future[bool], list[_Request]]]:
-        # the engine completes every offer of a batch before the batch itself
-        return [(f, g) for f, g in staged.groups if f.done() and not f.cancelled() and f.result()]
-
-    @staticmethod
-    def _offered(staged: _Staged) -> list[tuple[asyncio.Future[bool], list[_Request]]]:
-        """Groups offered to a batch and not turned away (absorbed, or waiting at its join point)."""
-        return [(f, g) for f, g in staged.groups if not f.done() or (not f.cancelled() and f.result())]
-
-    def _offer_joins(self) -> None:
-        """No interpreter is free: offer the head of the queue to running staged batches."""
-        join = self._join
-        queue = self._queue
-        if join is None or not self._staged or (join.benefit and not join.planner.may_pay()):
-            return
-        assert self._loop is not None
-        now = self._clock()
-        planner = join.planner
-        running = []
-        free_at = math.inf  # the earliest predicted end of a running batch: when a slot frees
-        for staged in self._staged:
-            progress = join.pool.progress(staged.run)
-            if progress is None:
-                continue
-            running.append((staged, progress))
-            if progress[1] >= 0.0:
-                free_at = min(free_at, planner.own_end(
-                    start=now - progress[1], now=now, samples=staged.samples,
-                    offered=[sum(r.samples for r in g) for _, g in self._offered(staged)], done=progress[0],
-                ))
-        for staged, (done, elapsed) in running:
-            while queue and queue[0].future.done():  # withdrawn while queued
-                dropped = queue.popleft()
-                dropped.state = _DONE
-                self._queued_samples -= dropped.samples
-            if not queue:
-                return
-            sizes: list[int] = []
-            limits: list[float] = []
-            total, limit = 0, math.inf
-            for r in queue:
-                if (staged.samples + total + r.samples > self.max_batch_size
-                        or not (self._uniform or _compatible(staged.requests[0].inputs, r.inputs))):
-                    break
-                total += r.samples
-                limit = min(limit, self._limit(r, join))
-                sizes.append(total)
-                limits.append(limit)
-            if not sizes:
-                continue
-            groups = self._offered(staged)
-            plan = planner.plan(
-                now, done=done, elapsed=elapsed, samples=staged.samples, limit=staged.limit,
-                sizes=sizes, limits=limits, max_batch_size=self.max_batch_size,
-                offered=[sum(r.samples for r in g) for _, g in groups],
-                requests=len(staged.requests) + sum(len(g) for _, g in groups),
-                free_at=free_at if join.benefit else None,
-            )
-            if plan is None:
-                continue
-            group = [queue.popleft() for _ in range(plan.take)]
-            samples = sizes[plan.take - 1]
-            inputs = group[0].inputs if len(group) == 1 else concat_inputs([r.inputs for r in group], samples)
-            future = join.pool.offer(staged.run, inputs, plan.last_stage)
-            if future is None:  # the batch completed or moved on meanwhile
-                queue.extendleft(reversed(group))
-                continue
-            self._queued_samples -= samples
-            for r in group:
-                r.state = _RUNNING
-                self.queue_seconds += now - r.arrival
-            staged.samples += samples
-            staged.limit = min(staged.limit, limits[plan.take - 1])
-            staged.groups.append((future, group))
-            future.add_done_callback(functools.partial(self._offer_done, staged, group, samples, now))
-
-    def _offer_done(self, staged: _Staged, group: list[_Request], samples: int, offered: float,
-                    future: asyncio.Future[bool]) -> None:
-        if not future.cancelled() and future.result():
-            return  # absorbed: the batch's completion answers the group
-        self.offers_turned_away += 1
-        staged.samples -= samples
-        for r in reversed(group):
-            if r.state == _RUNNING and not r.future.done():  # not timed out or cancelled meanwhile
-                r.state = _QUEUED
-                self.queue_seconds -= offered - r.arrival  # counted again at its dispatch
-                self._queue.appendleft(r)
-                self._queued_samples += r.samples
-        self._check_drained()
-        self._schedule()
 
     # ---- lifecycle ----
 

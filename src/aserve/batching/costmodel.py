@@ -4,35 +4,16 @@
 starts from measured points (`warmup` runs a ladder 1, 2, 4, ..., max with generated
 inputs) and keeps learning from every batch the batcher runs (`observe`).
 
-Which curve. LBCI fits a four-parameter logistic to the per-sample time
-(p(b) = d + (a - d) / (1 + (b / c)^m), latency = b * p(b)). We compared it with an
-affine latency a + c*b and with piecewise-linear interpolation of the measured
-points (made monotone): each fitted on the ladder 1, 2, 4, ..., max and scored on
-held-out sizes between the rungs (3, 6, 12, 24, 48), median of 7 interleaved rounds,
-private engine, one interpreter, on this 2-core machine while other test suites ran
-on it (`aserve bench batching --fit-only`). Mean relative error on the held-out
-sizes, three runs:
+Three curves: an affine latency a + c b (the default), piecewise-linear interpolation
+of the points, and LBCI's four-parameter logistic per-sample time. Timing noise on a
+shared machine is larger than any bend the bundled models' curves show, and under it
+the two-parameter affine fit predicts sizes between the measured ones best; choose
+`form="interp"` or `form="logistic"` for a model whose curve does bend.
 
-    model   max   interp            affine            logistic
-    simple   64   14.2  19.6   5.5    7.3  11.6   6.5   13.2  11.9   6.6
-    mlp      64   16.8  26.0  18.1   15.4  24.0   9.0   16.6  25.4   5.8
-    cnn      32   18.5   5.9  20.3   21.7   2.9  23.0   19.5  10.6  23.6
-    average       16.3              13.5              15.5
-
-Timing noise dominates (a held-out point is off by 5-25% whichever curve), and the
-bundled models show no bend at these sizes: the CNN costs ~1 ms + ~4.1 ms per
-image, simple and mlp are flat (0.05-0.5 ms, all overhead). Under such noise the
-two-parameter affine fit has the lowest error on average: interpolation passes
-through every noisy point, and the logistic spends four parameters on a bend that
-is not there. So `form="affine"` is the default. Where a model's curve does bend
-(a synthetic logistic in tests/batching: the affine fit is off by >10%), choose
-`form="interp"` or `form="logistic"`; all three refine online the same way.
-
-Online refinement is an exponentially weighted update of the neighbouring points
-toward each observed batch time, with the residual clipped to a few times a running
-mean absolute residual (Huber-like): one stalled batch moves the curve by a bounded
-step, a lasting shift (another tenant on the machine) is followed within tens of
-batches.
+Online refinement moves the neighbouring points toward each observed batch time, with
+the residual clipped to a few times its running mean (Huber-like): one stalled batch
+moves the curve by a bounded step, a lasting shift (another tenant on the machine) is
+followed within tens of batches.
 """
 
 from __future__ import annotations
@@ -42,13 +23,11 @@ import math
 import statistics
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..engine import ModelInfo, Pool
 from ..runtime.datatypes import DATATYPES, element_count, encode_bytes
-from ..tensor import Tensor
-
-if TYPE_CHECKING:
-    from ..engine import ModelInfo, Pool
+from ..tensor import Tensor, concat_inputs, split_outputs
 
 FORMS = ("interp", "affine", "logistic")
 # Smallest residual scale, relative to the prediction: timings on a shared machine
@@ -468,8 +447,6 @@ def sample_inputs(model_info: ModelInfo, batch: int, *, batched: bool = True) ->
 
 def _from_example(example: dict[str, Tensor], batch: int) -> dict[str, Tensor]:
     """A batch of `batch` samples cycling through the example request's samples."""
-    from .batcher import concat_inputs, split_outputs
-
     have = next(iter(example.values())).shape[0]
     if have < 1:
         raise ValueError("the example request holds no sample")

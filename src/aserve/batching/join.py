@@ -47,8 +47,8 @@ Where a <= c no join ever passes the check, so the planner is not asked (`may_pa
 free_at <= E gives gain <= L(n) - D, and D >= c n whatever the boundary and `now`,
 so a join needs g L(n) > (g + r) c n, that is g a > r c n, for a group of g requests
 of n >= g samples joining a batch of r >= 1 requests: a > c. Under load the queue is
-offered to every running batch at each arrival: on the bundled CNN (a < c) under
-overload, asking anyway cost the event loop a sixth of its time per request.
+offered to every running batch at each arrival, so asking where no join can pay
+would cost the event loop much for nothing.
 
 `StageProfile` learns F from the stage timings of batches that ran without joiners.
 """
@@ -58,12 +58,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
+from ..engine import ModelInfo, Pool
 from .costmodel import CostModel, sample_inputs
-
-if TYPE_CHECKING:
-    from ..engine import ModelInfo, Pool
 
 
 class StageProfile:

@@ -46,9 +46,10 @@ from typing import Any, NamedTuple
 
 from ..errors import AserveError, Overloaded, RequestTimeout
 from ..tensor import Tensor
-from .batcher import Batcher, Done, Joining
+from .batcher import Batcher, Done
 from .fair import FairScheduler
 from .join import JoinPlan, JoinPlanner
+from .joining import Joining
 from .policy import BatchPolicy, Decision, Pending
 from .virtualtime import SimulationError, VirtualLoop
 

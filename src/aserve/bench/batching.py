@@ -220,8 +220,9 @@ def make_batcher(
     reserve: float = 0.0,
 ) -> Any:
     from ..batching.adaptive import AdaptivePolicy
-    from ..batching.batcher import Batcher, Joining
+    from ..batching.batcher import Batcher
     from ..batching.join import JoinPlanner
+    from ..batching.joining import Joining
     from ..batching.policy import WindowPolicy
 
     policy: Any

@@ -14,7 +14,10 @@ from typing import Any
 import msgspec
 
 from ..batching import Batcher, BatchPolicy, WindowPolicy
-from ..batching.batcher import Joining
+from ..batching.adaptive import AdaptivePolicy
+from ..batching.costmodel import warmup
+from ..batching.join import JoinPlanner, measure_stages
+from ..batching.joining import Joining
 from ..engine import ModelInfo, Pool
 from ..errors import ModelNotReady
 from ..inference import ModelSchema
@@ -41,10 +44,6 @@ async def make_policy(
     its stage shares measured, and joins running batches unless `layer_join` is off."""
     if batching.policy != "adaptive":
         return WindowPolicy(max_queue_delay=batching.max_queue_delay_ms / 1000.0), None
-    from ..batching.adaptive import AdaptivePolicy
-    from ..batching.costmodel import warmup
-    from ..batching.join import JoinPlanner, measure_stages
-
     cost = await warmup(pool, info, max_batch_size)
     budget = batching.latency_budget_ms / 1000.0
     policy = AdaptivePolicy(

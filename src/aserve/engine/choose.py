@@ -9,6 +9,7 @@ served by private libpython copies. Before 3.12 the answer is always private.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import sys
 
@@ -52,8 +53,6 @@ async def _probe(path: str) -> str:
 
 
 def model_file(path: str) -> str:
-    import os
-
     return os.path.join(path, "model.py") if os.path.isdir(path) else path
 
 

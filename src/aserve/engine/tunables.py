@@ -12,6 +12,8 @@ import logging
 import os
 import sys
 
+from .. import _native
+
 log = logging.getLogger("aserve.engine")
 
 REQUIRED = {"glibc.rtld.nns": "16", "glibc.rtld.optional_static_tls": "65536"}
@@ -36,8 +38,6 @@ def merged(value: str | None) -> str:
 
 def in_effect() -> bool:
     """Whether the process started with the tunables the private engine needs."""
-    from .. import _native
-
     have = _parse(_native.tunables_at_start())
     return all(k in have for k in REQUIRED)
 

@@ -16,7 +16,11 @@ import logging
 import pathlib
 from typing import Any
 
+from .. import __version__
 from .._native import RequestTrace
+from ..engine import ModelSpec, Pool
+from ..errors import AserveError
+from ..tensor import Tensor
 from .config import Resolved, TracingSettings, resolve
 from .recorder import ERROR, INTERNAL, OK, SERVER, UNSET, Tracer, parse_traceparent, traceparent
 
@@ -41,11 +45,6 @@ class Tracing:
         resolved = resolve(self.settings)
         if resolved is None:
             return None
-        from .. import __version__
-        from ..engine import ModelSpec, Pool
-        from ..errors import AserveError
-        from ..tensor import Tensor
-
         for engine in ("private", "main"):  # its own GIL where private interpreters exist
             pool = Pool(engine=engine, interpreters=1)
             try:

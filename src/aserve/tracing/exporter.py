@@ -1,24 +1,17 @@
 """The trace exporter: a model loaded in an interpreter of its own, sending OTLP/HTTP.
 
-It takes what the loop recorded (one msgpack message, see recorder.py): spans, and the
-numeric records of requests, batches and links, with the table of route attributes the
-loop sends each entry of once. It encodes them into one OTLP ExportTraceServiceRequest
-with `aserve._native.otlp_encode`, which writes the numeric records as spans without
-making a Python object of them (about a microsecond a span, where the SDK's Python
-encoder takes forty; turning each record into Python lists first took this interpreter
-more than the encoding), and sends it
-with the OpenTelemetry SDK's OTLP/HTTP span exporter, which resolves the endpoint,
-headers, timeout, compression, TLS files and retries from the OTEL_EXPORTER_OTLP_*
-variables (passed as the model's `env` parameter). The resource is the SDK's
-(`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, telemetry.sdk.*). All of it runs in
-this interpreter, under its own GIL, never on the event loop.
+It takes what the loop recorded (one msgpack message, see recorder.py: spans, the
+numeric records of requests, batches and links, and the new entries of the table of
+shared attributes) and encodes it into one OTLP ExportTraceServiceRequest with
+`aserve._native.otlp_encode`, which writes the numeric records as spans without making
+Python objects of them. The OpenTelemetry SDK's OTLP/HTTP exporter sends it, configured
+by the OTEL_EXPORTER_OTLP_* variables (the model's `env` parameter), with the SDK's
+resource. None of it runs on the event loop.
 
-The decoded spans are lists and dicts without cycles, freed by their reference counts;
-the cyclic garbage collector, left on, traversed them again and again while a batch
-was encoded (the largest share of this interpreter's time at full sampling, on a core
-the event loop shares). So in an interpreter of its own (`own_gc`: not when it runs on
-a thread of the host's) it is off, and a collection runs every COLLECT_EVERY exports
-for whatever cycles the HTTP client leaves.
+In an interpreter of its own (`own_gc`) the cyclic garbage collector is off: the
+decoded spans hold no cycles, and collections walked them over and over while a batch
+was encoded. A collection runs every COLLECT_EVERY exports, for what the HTTP client
+leaves.
 """
 
 from __future__ import annotations
@@ -28,8 +21,10 @@ import logging
 import os
 from typing import Any
 
+import msgspec
+
+from aserve._native import TRACE_BATCH_FIELDS, TRACE_REQUEST_FIELDS, otlp_encode
 from aserve.runtime import Model, TensorSpec
-from aserve.tracing.recorder import BATCH_FIELDS, REQUEST_FIELDS
 
 log = logging.getLogger("aserve.tracing")
 COLLECT_EVERY = 256
@@ -41,11 +36,9 @@ class TraceExporter(Model):
 
     def load(self) -> None:
         os.environ.update(self.parameters.get("env", {}))
-        import msgspec
+        # here, not at the top: the SDK is optional (aserve[otel]), and it reads the OTEL_* variables set above
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
-
-        from aserve._native import otlp_encode
 
         self._decode = msgspec.msgpack.Decoder().decode
         self._encode = otlp_encode
@@ -73,8 +66,8 @@ class TraceExporter(Model):
         if self._own_gc and self.exports % COLLECT_EVERY == 0:
             gc.collect()
         message = self._decode(bytes(inputs["SPANS"]))
-        requests = len(message["requests"]) // (8 * REQUEST_FIELDS)
-        batches = len(message["batches"]) // (8 * BATCH_FIELDS)
+        requests = len(message["requests"]) // (8 * TRACE_REQUEST_FIELDS)
+        batches = len(message["batches"]) // (8 * TRACE_BATCH_FIELDS)
         records = len(message["spans"]) + requests + batches
         if records and not self._send(self.encode(message)):
             self.failures += 1

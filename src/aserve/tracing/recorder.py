@@ -1,37 +1,15 @@
 """Spans recorded on the event loop, exported in batches from an interpreter of their own.
 
-The OpenTelemetry SDK spends about 20 us of Python on every span it starts and ends, and
-twice that encoding it for OTLP, on the thread and GIL that call it: five spans a
-request would cost more than the request. So the loop only records numbers, in C
-(`aserve._native.Recorder`, native/host/trace.c): a sampled request is a
-`RequestTrace` holding its ids and the times of its phases (from the system clock, read
-there), and when it is answered `end(status)` appends one record of 19 unsigned 64-bit
-numbers to an array: its ids, times, the times of its decode, queue and encode, its
-status, the index of its route's attributes in a table (made once per route, model and
-address), and the facts of the batch that served it. A batch is one record of 12 (with
-the run in the interpreter, timed by the native worker's clock) and one link record per
-sampled request it served (`Recorder.batch`). What does not fit (errors with their
-exception, the spans model code opened, staged runs) is recorded here as a span: a
-msgpack-encoded list. Every `OTEL_BSP_SCHEDULE_DELAY` milliseconds (at most 200 here),
-or as soon as `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` records wait, what waits is handed over in
-one msgpack message to the exporter: a small model (`aserve.tracing.exporter`) loaded in
-a private interpreter, with its own GIL, which turns the records into spans, encodes the
-OTLP request in C and sends it with the SDK's OTLP/HTTP exporter. This is the batch span
-processor of the OpenTelemetry specification, split across two interpreters: export never
-blocks the loop, and records beyond `OTEL_BSP_MAX_QUEUE_SIZE` waiting are dropped
-(counted) rather than slowing requests down. (Recording the same numbers from Python,
-with a Python object per request and the array extended from a tuple, cost the loop about
-6 us per sampled request; spans kept as tuples of dicts kept the garbage collector busy on
-the loop; encoding each span as it was recorded cost about 4 us of the loop per request.)
-
-Sampling happens at the start of a request, as the SDK's samplers decide:
-`parentbased_*` follow a `traceparent` header's sampled flag, `traceidratio` keeps the
-traces whose low 64 bits of trace id fall under the ratio. A root (no `traceparent`) is
-sampled with that probability, and its id is drawn with its low bits under the bound, so
-the rule holds for every id the server sends on; the decisions are drawn as the number
-of roots until the next sampled one (a geometric run of Bernoulli trials), so that an
-unsampled root costs one decrement in C. Triton's trace setting (`/v2/trace/setting`)
-changes the ratio at run time.
+The OpenTelemetry SDK's Python costs more per span, on the loop's GIL, than serving a
+request does. So the loop records numbers in C (`aserve._native.Recorder`): one record
+per sampled request and per batch, and here, as a `Span`, only what does not fit
+(errors, the spans model code opened, staged runs). What waits goes every
+`OTEL_BSP_SCHEDULE_DELAY` ms (at most 200), or when `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`
+records wait, in one message to the exporter (`aserve.tracing.exporter`), which
+encodes and sends it under its own GIL: the SDK's batch span processor, split across
+two interpreters, so export never blocks the loop (past `OTEL_BSP_MAX_QUEUE_SIZE`,
+records are dropped and counted). Sampling follows the SDK's samplers, decided in C
+at the start of a request.
 """
 
 from __future__ import annotations
@@ -39,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -55,15 +34,8 @@ DECODE_START, DECODE_END, ENCODE_START, ENCODE_END = 0, 1, 4, 5  # RequestTrace.
 MAX_FLUSH_SECONDS = 0.2
 _MASK64 = (1 << 64) - 1
 
-# A span as the exporter reads it (msgpack): (trace_hi, trace_lo, span_id, parent_id, remote_parent, name,
-# kind, start_ns, end_ns, attributes, status, status_message, events ((name, ns, attrs), ...), links
-# ((trace_hi, trace_lo, span_id, attrs), ...)). attributes: a dict, None, or a tuple of dicts (one shared
-# by many spans, then the span's own). A request is a span of 20 fields: its server span's 14, then
-# (start, end) of its decode, queue and encode children, which the encoder (aserve._native.otlp_encode)
-# writes as spans of their own with ids derived from the request's.
-Span = tuple[Any, ...]
-# The numeric records (unsigned 64-bit, native byte order), which the exporter turns into spans of the
-# form above:
+# The numeric records (unsigned 64-bit, native byte order), which the exporter's encoder writes as spans
+# (a request as its server span and three children, as a RequestSpan; a batch as its span and its run's):
 # a request: trace_hi, trace_lo, span_id, parent_id, remote, status, start, end, decode start, end, queue
 #   start, end, encode start, end, route (table index), batch size, batch samples, batch compute (0.1 us),
 #   interpreter + 1 (the last four 0: not batched);
@@ -74,6 +46,47 @@ REQUEST_FIELDS, BATCH_FIELDS, LINK_FIELDS = TRACE_REQUEST_FIELDS, TRACE_BATCH_FI
 MAX_ROUTES = 1024  # table entries; requests beyond it carry their attributes as a span does
 NO_EVENTS: tuple[Any, ...] = ()
 _encode = msgspec.msgpack.Encoder().encode  # spans, and attributes shared by many of them
+
+
+Event = tuple[str, int, dict[str, Any]]  # (name, time in ns since the epoch, attributes)
+Link = tuple[int, int, int, dict[str, Any] | None]  # (trace_hi, trace_lo, span_id, attributes)
+
+
+class Span(msgspec.Struct, array_like=True, gc=False):
+    """A span recorded whole: one that does not fit the numeric records.
+
+    It travels to the exporter as a msgpack array of its fields in this order, which
+    the OTLP encoder reads (`put_span` in native/host/otlp.c). Not tracked by the
+    garbage collector: it is encoded as soon as it is recorded, and holds no cycle."""
+
+    trace_hi: int
+    trace_lo: int
+    span_id: int
+    parent_id: int  # 0: a root
+    remote: bool  # the parent is the caller's span (a traceparent header)
+    name: str
+    kind: int  # INTERNAL or SERVER
+    start: int  # ns since the epoch
+    end: int
+    # a dict, None, or a tuple of them (what many spans share first, e.g. `shared(...)`, then the span's own)
+    attributes: Any
+    status: int  # UNSET, OK or ERROR
+    message: str  # the status message
+    events: Sequence[Event]
+    links: Sequence[Link]
+
+
+class RequestSpan(Span, array_like=True, gc=False):
+    """A request's server span, then (start, end) in ns of its decode, queue and encode
+    phases, which the encoder writes as child spans with ids derived from the request's
+    (start 0: the request never got there)."""
+
+    decode_start: int
+    decode_end: int
+    queue_start: int
+    queue_end: int
+    encode_start: int
+    encode_end: int
 
 
 def shared(attributes: dict[str, Any]) -> msgspec.Raw:
@@ -111,7 +124,7 @@ def finish(trace: RequestTrace, name: str, status: int, error: BaseException | N
         queued, dispatched = trace.queue
         attributes["aserve.queue_us"] = round((dispatched - queued) / 1e3, 1)
     common = tracer.route_attributes(trace.route) if trace.route >= 0 else trace.common
-    events: Any = NO_EVENTS
+    events: Sequence[Event] = NO_EVENTS
     code, message = UNSET, ""
     if status >= 500:
         code = ERROR
@@ -122,9 +135,9 @@ def finish(trace: RequestTrace, name: str, status: int, error: BaseException | N
     elif error is not None:
         attributes["error.type"] = type(error).__name__
     trace_id = trace.trace_id
-    tracer.record((trace_id >> 64, trace_id & _MASK64, trace.span_id, trace.parent_id, trace.remote, name,
-                   SERVER, trace.start, end, (common, batch, attributes), code, message, events, NO_EVENTS,
-                   *trace.decode, *trace.queue, *trace.encode))
+    tracer.record(RequestSpan(trace_id >> 64, trace_id & _MASK64, trace.span_id, trace.parent_id, trace.remote,
+                              name, SERVER, trace.start, end, (common, batch, attributes), code, message, events,
+                              NO_EVENTS, *trace.decode, *trace.queue, *trace.encode))
 
 
 class Tracer:
@@ -186,7 +199,10 @@ class Tracer:
         self.core.seed(seed)
 
     def _set_bound(self) -> None:
-        """A root trace is sampled when the low 64 bits of its id are below the bound."""
+        """Set the native sampler: a trace is sampled when the low 64 bits of its id are below
+        the bound (a root's id is drawn under it when it is sampled; `parentbased_*` follow a
+        traceparent's sampled flag instead). It draws how many roots pass until the next
+        sampled one, so that an unsampled root costs one decrement."""
         name = self._sampler
         always = name.endswith("always_on")
         bound = 0 if always or name.endswith("always_off") else min(_MASK64, round(self.ratio * (1 << 64)))

@@ -1,0 +1,46 @@
+"""Batches of tensors: one-copy concatenation, exact zero-copy split, outputs of the wrong size."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from aserve.errors import ModelError
+from aserve.runtime.datatypes import decode_bytes, encode_bytes
+from aserve.tensor import Tensor, concat_inputs, split_outputs
+
+
+def test_concat_and_split_fixed_size() -> None:
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    b = np.arange(100, 103, dtype=np.int32).reshape(1, 3)
+    [x] = concat_inputs([[Tensor("INT32", (2, 3), a.tobytes())], [Tensor("INT32", (1, 3), b.tobytes())]], 3)
+    assert x.shape == (3, 3)
+    assert isinstance(x.data, bytearray)
+    np.testing.assert_array_equal(np.frombuffer(x.data, np.int32).reshape(3, 3), np.vstack([a, b]))
+    out = {"X": x}
+    parts = split_outputs(out, [2, 1], "m")
+    np.testing.assert_array_equal(np.frombuffer(parts[0]["X"].data, np.int32).reshape(2, 3), a)
+    np.testing.assert_array_equal(np.frombuffer(parts[1]["X"].data, np.int32).reshape(1, 3), b)
+    assert parts[1]["X"].shape == (1, 3)
+    # zero-copy: the parts are views over the batch buffer
+    assert parts[1]["X"].data.obj is out["X"].data
+
+
+def test_concat_and_split_bytes() -> None:
+    r1 = [b"a", b"", b"hello", b"xy"]  # 2 samples x 2
+    r2 = [b"\x00\x01\x02", b"z"]  # 1 sample x 2
+    t1 = Tensor("BYTES", (2, 2), encode_bytes(r1))
+    t2 = Tensor("BYTES", (1, 2), encode_bytes(r2))
+    [joined] = concat_inputs([[t1], [t2]], 3)
+    out = {"S": joined}
+    assert decode_bytes(out["S"].view(), 6) == r1 + r2
+    parts = split_outputs(out, [2, 1], "m")
+    assert decode_bytes(parts[0]["S"].view(), 4) == r1
+    assert decode_bytes(parts[1]["S"].view(), 2) == r2
+
+
+def test_split_rejects_wrong_batch_dimension() -> None:
+    with pytest.raises(ModelError, match="first dimension must be 3"):
+        split_outputs({"Y": Tensor("FP32", (2, 1), struct.pack("<2f", 1, 2))}, [2, 1], "m")
