@@ -50,7 +50,7 @@ from ..repository import (
 )
 from .engines import resolve_engine
 from .models import READY, UNAVAILABLE, UNLOADING, ModelHandle, ModelRoutes, make_policy, process_pss
-from .stats import Metrics
+from .stats import Metrics, triton_statistics
 
 log = logging.getLogger("aserve.server")
 
@@ -638,8 +638,6 @@ class ModelRegistry:
         return out
 
     def _version_statistics(self, record: ModelRecord, v: int) -> dict[str, Any]:
-        from .stats import triton_statistics
-
         totals = BatchTotals()
         retired = self.totals.get((record.name, str(v)))
         if retired is not None:

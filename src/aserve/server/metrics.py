@@ -20,15 +20,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..dataplane import ModelHandle
 from ..dataplane.stats import DURATION_BUCKETS_US, REASONS, Metrics, RequestStats, failure_reason
+from ..engine import Pool
 from .app import REFUSALS, App, HttpStats
 from .http import Request, Response
-
-if TYPE_CHECKING:
-    from ..dataplane import ModelHandle
-    from ..engine import Pool
 
 __all__ = ["CONTENT_TYPE", "DURATION_BUCKETS_US", "REASONS", "Exposition", "Metrics", "RequestStats",
            "failure_reason", "render"]
