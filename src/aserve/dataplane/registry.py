@@ -50,7 +50,7 @@ from ..repository import (
 )
 from .engines import resolve_engine
 from .models import READY, UNAVAILABLE, UNLOADING, ModelHandle, ModelRoutes, make_policy, process_pss
-from .stats import Metrics, triton_statistics
+from .stats import BatchTotals, Metrics
 
 log = logging.getLogger("aserve.server")
 
@@ -59,38 +59,6 @@ class LoadFailed(AserveError):
     """A load request did not leave any version of the model serving (Triton answers 400)."""
 
     status = 400
-
-
-class BatchTotals:
-    """A version's batcher counters, summed over the loads of it that were retired."""
-
-    __slots__ = ("batch_sizes", "batches", "compute_seconds", "last_inference", "queue_seconds", "requests")
-
-    def __init__(self) -> None:
-        self.batches = 0
-        self.requests = 0
-        self.queue_seconds = 0.0
-        self.compute_seconds = 0.0
-        self.batch_sizes: dict[int, list[float]] = {}
-        self.last_inference = 0.0  # time.time() of its last batch
-
-    def add(self, batcher: Batcher) -> None:
-        self.batches += batcher.batches
-        self.requests += batcher.requests
-        self.queue_seconds += batcher.queue_seconds
-        self.compute_seconds += batcher.compute_seconds
-        for size, (count, seconds) in batcher.batch_sizes.items():
-            mine = self.batch_sizes.setdefault(size, [0, 0.0])
-            mine[0] += count
-            mine[1] += seconds
-        self.last_inference = max(self.last_inference, wall_time(batcher.last_dispatch))
-
-
-def wall_time(monotonic: float | None) -> float:
-    """time.time() of a time.monotonic() reading (0 for None)."""
-    if monotonic is None:
-        return 0.0
-    return time.time() - (time.monotonic() - monotonic)
 
 
 class ModelRecord:
@@ -620,34 +588,6 @@ class ModelRegistry:
             if 0 in record.others and not ready_only:  # the model's own config is invalid
                 rows.append({"name": name, "version": "", "state": UNAVAILABLE, "reason": record.others[0].reason})
         return rows
-
-    def statistics(self, name: str | None = None, version: str | None = None) -> list[dict[str, Any]]:
-        """Triton's statistics extension: per model version, requests, queue and compute time."""
-        if name is not None and name not in self.routes:
-            raise ModelNotFound(self._unknown(name))
-        out: list[dict[str, Any]] = []
-        for model in sorted(self.records) if name is None else [name]:
-            record = self.records[model]
-            numbers = sorted(set(record.serving) | set(record.unloading) | {
-                int(v) for (m, v) in self.totals if m == model})
-            if version is not None:
-                found = self.get(model, version)
-                numbers = [found.number]
-            for v in numbers:
-                out.append(self._version_statistics(record, v))
-        return out
-
-    def _version_statistics(self, record: ModelRecord, v: int) -> dict[str, Any]:
-        totals = BatchTotals()
-        retired = self.totals.get((record.name, str(v)))
-        if retired is not None:
-            for attr in ("batches", "requests", "queue_seconds", "compute_seconds", "last_inference"):
-                setattr(totals, attr, getattr(retired, attr))
-            totals.batch_sizes = {k: list(c) for k, c in retired.batch_sizes.items()}
-        for handle in (record.serving.get(v), record.unloading.get(v)):
-            if handle is not None and handle.batcher is not None:
-                totals.add(handle.batcher)
-        return triton_statistics(record.name, str(v), self.metrics.stats(record.name, str(v)), totals)
 
     # ---- the end ----
 

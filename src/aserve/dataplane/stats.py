@@ -1,7 +1,9 @@
-"""What the data plane counts of every request: outcome, samples and end-to-end duration.
+"""What the data plane counts, and the reports made of it.
 
-Durations are of successful requests only, in a histogram whose buckets are Triton's
-microseconds; failures are counted by reason. `aserve.server.metrics` renders them.
+Every request's outcome, samples and end-to-end duration (`RequestStats`: durations of
+successful requests only, in a histogram whose buckets are Triton's microseconds;
+failures by reason), which `aserve.server.metrics` renders; and Triton's statistics
+extension (`statistics`), per model version, from those counts and its batchers'.
 """
 
 from __future__ import annotations
@@ -10,9 +12,13 @@ import asyncio
 import bisect
 import time
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
+from ..batching import Batcher
 from ..errors import InvalidInput, ModelError, ModelNotReady, Overloaded, PayloadTooLarge, RequestTimeout
+
+if TYPE_CHECKING:  # the registry keeps these counts and imports this module
+    from .registry import ModelRegistry
 
 # Upper bounds (microseconds) of the request duration histogram's buckets.
 DURATION_BUCKETS_US = (
@@ -115,6 +121,77 @@ class Metrics:
     def track(self, model: str, version: str) -> Tracker:
         """`with metrics.track(name, version) as t: ...; t.samples = n`"""
         return Tracker(self.stats(model, version))
+
+
+# ---- Triton's statistics extension ----
+
+
+class BatchTotals:
+    """A version's batcher counters, summed over the loads of it that were retired."""
+
+    __slots__ = ("batch_sizes", "batches", "compute_seconds", "last_inference", "queue_seconds", "requests")
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.requests = 0
+        self.queue_seconds = 0.0
+        self.compute_seconds = 0.0
+        self.batch_sizes: dict[int, list[float]] = {}
+        self.last_inference = 0.0  # time.time() of its last batch
+
+    def add(self, batcher: Batcher) -> None:
+        self.batches += batcher.batches
+        self.requests += batcher.requests
+        self.queue_seconds += batcher.queue_seconds
+        self.compute_seconds += batcher.compute_seconds
+        for size, (count, seconds) in batcher.batch_sizes.items():
+            mine = self.batch_sizes.setdefault(size, [0, 0.0])
+            mine[0] += count
+            mine[1] += seconds
+        self.last_inference = max(self.last_inference, wall_time(batcher.last_dispatch))
+
+    def merge(self, other: BatchTotals) -> None:
+        """Add another version's totals (its retired loads')."""
+        self.batches += other.batches
+        self.requests += other.requests
+        self.queue_seconds += other.queue_seconds
+        self.compute_seconds += other.compute_seconds
+        for size, (count, seconds) in other.batch_sizes.items():
+            mine = self.batch_sizes.setdefault(size, [0, 0.0])
+            mine[0] += count
+            mine[1] += seconds
+        self.last_inference = max(self.last_inference, other.last_inference)
+
+
+def wall_time(monotonic: float | None) -> float:
+    """time.time() of a time.monotonic() reading (0 for None)."""
+    if monotonic is None:
+        return 0.0
+    return time.time() - (time.monotonic() - monotonic)
+
+
+def statistics(registry: ModelRegistry, name: str | None = None, version: str | None = None) -> list[dict[str, Any]]:
+    """Triton's statistics extension: per model version (of `name`, or every model; of
+    `version`, or every one served or retired), requests, queue and compute time."""
+    if name is not None and name not in registry.routes:
+        registry.get(name)  # ModelNotFound, with the registry's message
+    out: list[dict[str, Any]] = []
+    for model in sorted(registry.records) if name is None else [name]:
+        record = registry.records[model]
+        numbers = sorted(set(record.serving) | set(record.unloading) | {
+            int(v) for (m, v) in registry.totals if m == model})
+        if version is not None:
+            numbers = [registry.get(model, version).number]
+        for v in numbers:
+            totals = BatchTotals()
+            retired = registry.totals.get((model, str(v)))
+            if retired is not None:
+                totals.merge(retired)
+            for handle in (record.serving.get(v), record.unloading.get(v)):
+                if handle is not None and handle.batcher is not None:
+                    totals.add(handle.batcher)
+            out.append(triton_statistics(model, str(v), registry.metrics.stats(model, str(v)), totals))
+    return out
 
 
 def _duration(count: int, seconds: float) -> dict[str, int]:

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from .. import __version__
+from ..dataplane.stats import statistics
 from ..errors import AserveError
 from ..protocol import messages as m
 from ..protocol.metadata import ServerMetadata, TensorMetadata
@@ -91,5 +92,5 @@ async def model_config(app: App, request: Request) -> Response:
 async def model_statistics(app: App, request: Request) -> Response:
     """GET /v2/models[/{model}[/versions/{version}]]/stats, in Triton's statistics format."""
     params = request.params
-    stats = app.plane.registry.statistics(params.get("model"), params.get("version"))
+    stats = statistics(app.plane.registry, params.get("model"), params.get("version"))
     return message(request, m.StatisticsResponse(msgspec.convert(stats, list[m.ModelStatistics])))
