@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from time import monotonic
 from typing import Any
 
+from .._native import RequestTrace
 from ..errors import EngineError, ModelError, Overloaded, RequestTimeout
 from ..tensor import Tensor, concat_inputs, same_sample_shapes, split_outputs, wrong_rows
 from ..tracing.batches import trace_batch
@@ -179,7 +180,7 @@ class Batcher:
 
     def submit(
         self, inputs: Sequence[Tensor], samples: int, /, *, deadline: float | None = None,
-        budget: float | None = None, trace: Any = None, waited: float = 0.0,
+        budget: float | None = None, trace: RequestTrace | None = None, waited: float = 0.0,
     ) -> asyncio.Future[dict[str, Tensor]]:
         """Queue one request; the future resolves to its outputs (split from its batch's outputs).
 

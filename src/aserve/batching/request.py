@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
 
+from .._native import RequestTrace
 from ..tensor import Tensor
 
 QUEUED, RUNNING, DONE = 0, 1, 2  # Request.state
@@ -18,7 +18,7 @@ class Request:
     __slots__ = ("arrival", "budget", "deadline", "future", "inputs", "samples", "state", "trace", "waited")
 
     def __init__(self, arrival: float, samples: int, deadline: float | None, inputs: Sequence[Tensor],
-                 future: asyncio.Future[dict[str, Tensor]], budget: float | None, trace: Any = None,
+                 future: asyncio.Future[dict[str, Tensor]], budget: float | None, trace: RequestTrace | None = None,
                  waited: float = 0.0) -> None:
         self.trace = trace  # the request's RequestTrace when it is sampled (aserve.tracing)
         self.arrival = arrival

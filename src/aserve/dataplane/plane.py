@@ -26,7 +26,7 @@ from .. import logs
 from ..config import ServerSettings
 from ..errors import AserveError, ModelError
 from ..inference import Answer, InferCall, InferRequest, InferResponse
-from ..tracing import recorder
+from ..tracing import RequestTrace, Tracer, recorder
 from .models import ModelHandle
 from .registry import ModelRegistry
 from .stats import Metrics, failure_reason
@@ -43,9 +43,9 @@ class DataPlane:
         self.settings = settings
         self.metrics = Metrics()
         self.registry = ModelRegistry(repository, settings, self.metrics)
-        self.tracer: Any = None  # aserve.tracing.Tracer while tracing is on (set_tracer)
+        self.tracer: Tracer | None = None  # while tracing is on (set_tracer)
 
-    def set_tracer(self, tracer: Any) -> None:
+    def set_tracer(self, tracer: Tracer | None) -> None:
         """Trace sampled requests' batches from now on (None: stop)."""
         self.tracer = tracer
         self.registry.tracer = tracer
@@ -100,7 +100,7 @@ class DataPlane:
             handle = self.registry.get(call.model, call.version)
         stats = handle.stats
         start = time.perf_counter()
-        trace = None
+        trace: RequestTrace | None = None
         request: InferRequest | None = None
         try:
             if self.tracer is not None:
@@ -130,7 +130,7 @@ class DataPlane:
             end_trace(trace, call, None)
         return answer
 
-    async def _run(self, handle: ModelHandle, request: InferRequest, trace: Any,
+    async def _run(self, handle: ModelHandle, request: InferRequest, trace: RequestTrace | None,
                    received: float | None) -> InferResponse:
         """Queue the request on the model's batcher and wait for its outputs.
 
@@ -159,7 +159,7 @@ class DataPlane:
         return InferResponse(model_name=handle.name, model_version=handle.version, outputs=outputs, id=request.id)
 
 
-def start_trace(tracer: Any, call: InferCall) -> Any:
+def start_trace(tracer: Tracer, call: InferCall) -> RequestTrace | None:
     """The call's RequestTrace when it is sampled, with its OpenTelemetry HTTP server
     attributes (the same for every call to a model, route and address: made once, kept in
     the tracer's table)."""
@@ -191,7 +191,7 @@ def start_trace(tracer: Any, call: InferCall) -> Any:
     return trace
 
 
-def end_trace(trace: Any, call: InferCall, error: BaseException | None) -> None:
+def end_trace(trace: RequestTrace, call: InferCall, error: BaseException | None) -> None:
     """Record a sampled call's server span as a span (it failed, or the tracer's table could
     not hold it as numbers)."""
     status = 200

@@ -48,6 +48,7 @@ from ..repository import (
     scan_model,
     scan_repository,
 )
+from ..tracing import Tracer
 from .engines import resolve_engine
 from .models import READY, UNAVAILABLE, UNLOADING, ModelHandle, ModelRoutes, make_policy, process_pss
 from .stats import BatchTotals, Metrics
@@ -90,7 +91,7 @@ class ModelRegistry:
         self.repository = pathlib.Path(repository)
         self.settings = settings
         self.metrics = metrics if metrics is not None else Metrics()
-        self.tracer: Any = None  # given to every batcher (aserve.tracing.Tracer, or None)
+        self.tracer: Tracer | None = None  # given to every batcher
         self.routes: dict[str, ModelRoutes] = {}  # the request path's view: swapped, never mutated
         self.records: dict[str, ModelRecord] = {}
         self.pools: dict[str, Pool] = {}

@@ -9,6 +9,7 @@ import msgspec
 
 from ..errors import InvalidInput
 from ..protocol import messages as m
+from ..tracing import Tracer
 from .app import App
 from .http import Request, Response, message
 
@@ -104,7 +105,7 @@ async def trace_setting(app: App, request: Request) -> Response:
     return message(request, _trace_setting(tracer))
 
 
-def _apply_trace_setting(tracer: Any, wanted: dict[str, Any]) -> None:
+def _apply_trace_setting(tracer: Tracer, wanted: dict[str, Any]) -> None:
     level = wanted.get("trace_level")
     if level is not None:
         levels = [level] if isinstance(level, str) else level
@@ -127,7 +128,7 @@ def _apply_trace_setting(tracer: Any, wanted: dict[str, Any]) -> None:
         tracer.set_ratio(1.0 / n)
 
 
-def _trace_setting(tracer: Any) -> m.TraceSetting:
+def _trace_setting(tracer: Tracer | None) -> m.TraceSetting:
     if tracer is None or not tracer.enabled:
         level = ["OFF"]
     else:

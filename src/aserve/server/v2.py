@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from .. import __version__
+from ..dataplane import ModelHandle
 from ..dataplane.stats import statistics
 from ..errors import AserveError
 from ..protocol import messages as m
@@ -20,7 +21,7 @@ EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload
               "statistics", "trace"]
 
 
-def _handle(app: App, request: Request) -> Any:
+def _handle(app: App, request: Request) -> ModelHandle:
     params = request.params
     return app.plane.model(params["model"], params.get("version"))
 
