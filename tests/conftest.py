@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import inspect
 import os
 import pathlib
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -98,14 +99,44 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item
     return {"uvloop": uvloop.new_event_loop}
 
 
-async def until(predicate: Callable[[], bool], *, timeout: float = 30.0, what: str = "the condition") -> None:
-    """Wait until `predicate()` holds, polling observable state (never a fixed sleep)."""
+async def until(predicate: Callable[[], object | Awaitable[object]], *, timeout: float = 60.0,
+                what: str = "the condition", every: float = 0.001) -> None:
+    """Wait until `predicate()` (a function, or a coroutine function) holds, polling observable
+    state every `every` seconds (never a fixed sleep); AssertionError naming `what` after
+    `timeout` seconds."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
-    while not predicate():
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return
         if loop.time() > end:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(every)
+
+
+async def wait_ready(http: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process, *,
+                     timeout: float = 120.0, log: Callable[[], str] = lambda: "") -> None:
+    """Poll `url`/v2/health/ready until it answers 200; the server process `proc` must stay
+    alive meanwhile. A failure says what `log()` returns (the server's output)."""
+
+    async def ready() -> bool:
+        if proc.returncode is not None:
+            raise AssertionError(f"the server exited with {proc.returncode}:\n{log()}")
+        try:
+            async with http.get(f"{url}/v2/health/ready") as r:
+                return r.status == 200
+        except aiohttp.ClientConnectionError:
+            return False
+
+    try:
+        await until(ready, timeout=timeout, what="the server to become ready", every=0.02)
+    except AssertionError as e:
+        if "exited with" in str(e):
+            raise
+        raise AssertionError(f"{e}:\n{log()}") from None
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import inspect
 import os
 import pathlib
 import shutil
@@ -38,7 +37,8 @@ from aiohttp import web
 from aserve.repository import RepositoryError
 from aserve.repository.scan import ModelSource, root_model, scan_model, scan_repository
 
-from ..conftest import EXAMPLES, needs_torch
+from ..conftest import EXAMPLES, needs_torch, until
+from ..conftest import wait_ready as ready
 from .conftest import DEPLOY
 
 spawns = pytest.mark.asyncio(loop_factories=["asyncio"])
@@ -164,39 +164,13 @@ class Processes:
             assert "Traceback" not in text, f"{s.log}:\n{text}"
 
 
-async def wait_ready(http: aiohttp.ClientSession, served: Served, timeout: float = 120.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while loop.time() < end:
-        if served.proc.returncode is not None:
-            raise AssertionError(f"the server exited with {served.proc.returncode}:\n{served.log.read_text()}")
-        try:
-            async with http.get(served.url + READY) as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientConnectionError:
-            pass
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"the server did not become ready:\n{served.log.read_text()}")
+async def wait_ready(http: aiohttp.ClientSession, served: Served) -> None:
+    await ready(http, served.url, served.proc, log=served.log.read_text)
 
 
 async def ready_status(http: aiohttp.ClientSession, served: Served) -> int:
     async with http.get(served.url + READY) as r:
         return r.status
-
-
-async def until(predicate: Callable[[], bool | Awaitable[bool]], *, what: str, timeout: float = 60.0) -> None:
-    """Poll `predicate` (a function or a coroutine function) until it holds."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return
-        assert loop.time() < end, f"timed out after {timeout} s waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 def unready(http: aiohttp.ClientSession, served: Served) -> Callable[[], Awaitable[bool]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import array
-import asyncio
 import sys
 
 import pytest
@@ -13,6 +12,7 @@ from aserve.errors import EngineError, ModelError
 from aserve.tensor import Tensor
 
 from ..conftest import STAGED_MODEL as STAGED
+from ..conftest import until
 
 ENGINES = ["private", "main"] + (["subinterp"] if sys.version_info >= (3, 12) else [])
 
@@ -40,12 +40,11 @@ def floats(t: Tensor) -> list[float]:
 
 
 async def until_stage(pool: Pool, run: object, stage: int) -> None:
-    for _ in range(2000):
+    def reached() -> bool:
         state = pool.progress(run)  # type: ignore[arg-type]
-        if state is not None and state[0] >= stage:
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError(f"the batch never reached stage {stage}")
+        return state is not None and state[0] >= stage
+
+    await until(reached, what=f"the batch to reach stage {stage}", every=0.002)
 
 
 async def load(pool: Pool, model_dir, delay: float, **params: float):  # type: ignore[no-untyped-def]

@@ -14,6 +14,8 @@ from aserve.engine import ModelSpec, Pool
 from aserve.errors import EngineError
 from aserve.tensor import Tensor
 
+from ..conftest import until
+
 ENGINES = ["private", "main"] + (["subinterp"] if sys.version_info >= (3, 12) else [])
 
 DOUBLE = """
@@ -34,15 +36,6 @@ def _y(outputs: dict[str, Tensor]) -> list[int]:
     return list(memoryview(outputs["y"].data).cast("q"))
 
 
-async def _until(predicate, what: str, seconds: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    """Wait for observable pool state (polled, at most `seconds`)."""
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        await asyncio.sleep(0.001)
-
-
 @pytest.mark.parametrize("engine", ENGINES)
 async def test_a_polling_interpreter_takes_the_next_batch_at_once(engine: str, model_dir) -> None:
     # a spin long enough that only a batch (or closing the pool) can end it
@@ -51,12 +44,12 @@ async def test_a_polling_interpreter_takes_the_next_batch_at_once(engine: str, m
     try:
         await pool.load(ModelSpec(name="double", path=str(model_dir(DOUBLE))))
         assert _y(await pool.infer("double", _x(1, 2))) == [2, 4]
-        await _until(lambda: pool.stats()["spinning"] == 1, "the interpreter polls after its batch")
+        await until(lambda: pool.stats()["spinning"] == 1, what="the interpreter polls after its batch")
         started = time.monotonic()
         assert _y(await pool.infer("double", _x(3))) == [6]
         # the batch ended the spin: the interpreter took it without waiting out its 5 s
         assert time.monotonic() - started < 4.0
-        await _until(lambda: pool.stats()["spinning"] == 1, "it polls again after the second batch")
+        await until(lambda: pool.stats()["spinning"] == 1, what="it polls again after the second batch")
         assert pool.stats()["spin_s"] < 4.0
     finally:
         await pool.close()
@@ -71,7 +64,7 @@ async def test_polling_is_bounded_and_off_means_off(engine: str, model_dir) -> N
         await pool.load(ModelSpec(name="double", path=str(model_dir(DOUBLE))))
         for i in range(5):
             assert _y(await pool.infer("double", _x(i))) == [2 * i]
-        await _until(lambda: pool.stats()["spinning"] == 0, "polling ends once no batch comes")
+        await until(lambda: pool.stats()["spinning"] == 0, what="polling ends once no batch comes")
         spun = pool.stats()["spin_s"] - before
         # at most one spin of 20 ms per interpreter per batch (and one after the load)
         assert 0 < spun <= (5 + 1) * 2 * 0.020 + 0.05

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
 
 from aserve.engine import Pool
 
+from ..conftest import until
 from .conftest import ENGINES, PAUSE, SLEEP, SPIN, call_faulty, call_ok, metrics
 
 LABELS = '{model="faulty",version="1"}'
@@ -31,16 +31,6 @@ async def test_hung_batch_is_cancelled_and_the_interpreter_answers_next(engine, 
     assert await call_ok(http, url, 1) == (200, 2)
 
 
-async def until_async(check, *, timeout: float = 60.0, what: str) -> None:
-    """Wait until the coroutine function `check()` returns true (polling observable state)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not await check():
-        if loop.time() > end:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 @pytest.mark.parametrize("engine", ENGINES)
 async def test_native_hang_loses_its_interpreter(engine, repository, start_server, http, monkeypatch,
                                                  caplog) -> None:
@@ -55,7 +45,7 @@ async def test_native_hang_loses_its_interpreter(engine, repository, start_serve
     async def lost() -> bool:
         return (await metrics(http, url))[f'aserve_pool_lost{{engine="{engine}"}}'] == 1
 
-    await until_async(lost, what="interpreter 0 to be marked lost")
+    await until(lost, what="interpreter 0 to be marked lost")
     seen = await metrics(http, url)
     assert seen[f"aserve_batch_cancelled_total{LABELS}"] == 1
     assert seen[f"aserve_model_ready{LABELS}"] == 0

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from ..conftest import until, wait_ready
 from .conftest import ENGINES, PAUSE, SEGFAULT, call_faulty, call_ok, metrics
 
 spawns = pytest.mark.asyncio(loop_factories=["asyncio"])
@@ -46,24 +47,19 @@ class Spawned:
 
     async def wrote(self, text: str, timeout: float = 60.0) -> None:
         """Wait until stderr holds `text` (the process may have exited)."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
-        while text not in self.stderr:
-            if loop.time() > end or (self._reader.done() and text not in self.stderr):
-                raise AssertionError(f"stderr never said {text!r}; it said:\n{self.stderr}")
-            await asyncio.sleep(0.02)
 
-    async def ready(self, http: aiohttp.ClientSession, url: str, timeout: float = 120.0) -> None:
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
-        while loop.time() < end:
-            assert self.proc.returncode is None, f"exited with {self.proc.returncode}:\n{self.stderr}"
-            with contextlib.suppress(aiohttp.ClientConnectionError):
-                async with http.get(f"{url}/v2/health/ready") as r:
-                    if r.status == 200:
-                        return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"not ready after {timeout} s:\n{self.stderr}")
+        def said() -> bool:
+            if text not in self.stderr and self._reader.done():
+                raise AssertionError(f"stderr never said {text!r}; it said:\n{self.stderr}")
+            return text in self.stderr
+
+        try:
+            await until(said, timeout=timeout, what=f"stderr to say {text!r}", every=0.02)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; it said:\n{self.stderr}") from None
+
+    async def ready(self, http: aiohttp.ClientSession, url: str) -> None:
+        await wait_ready(http, url, self.proc, log=lambda: self.stderr)
 
 
 @contextlib.asynccontextmanager
@@ -96,11 +92,8 @@ async def test_sigterm_exits_within_the_shutdown_timeout_with_a_stuck_interprete
         async def running() -> bool:
             return (await metrics(http, url)).get('aserve_batches_in_flight{model="faulty",version="1"}') == 1
 
+        await until(running, what="the batch to start", every=0.01)
         loop = asyncio.get_running_loop()
-        end = loop.time() + 60
-        while not await running():
-            assert loop.time() < end, "the batch never started"
-            await asyncio.sleep(0.01)
         began = loop.time()
         server.proc.send_signal(signal.SIGTERM)
         status = await asyncio.wait_for(server.proc.wait(), 60)

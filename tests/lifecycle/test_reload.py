@@ -12,7 +12,7 @@ import sys
 import aiohttp
 import pytest
 
-from tests.conftest import until
+from tests.conftest import until, wait_ready
 
 from .conftest import answer, index, version_of, write_config, write_version
 
@@ -207,7 +207,7 @@ async def test_availability_transition_serves_throughout(start_server, repo: pat
 
 @spawns
 async def test_sighup_rescans(repo: pathlib.Path, http: aiohttp.ClientSession) -> None:
-    from tests.server.test_cli import free_port, wait_ready
+    from tests.server.test_cli import free_port
 
     write_config(repo, "vm", "")
     write_version(repo, "vm", 1)
@@ -227,12 +227,11 @@ async def test_sighup_rescans(repo: pathlib.Path, http: aiohttp.ClientSession) -
             assert status == 200
             return version_of(body)[0]
 
-        loop = asyncio.get_running_loop()
-        end = loop.time() + 60
-        while await version() != "2":
+        async def reloaded() -> bool:
             assert proc.returncode is None, "SIGHUP ended the server"
-            assert loop.time() < end, "SIGHUP did not load version 2"
-            await asyncio.sleep(0.01)
+            return await version() == "2"
+
+        await until(reloaded, what="SIGHUP to load version 2", every=0.01)
         proc.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(proc.communicate(), 60)
         assert proc.returncode == 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from ..conftest import until
 from .conftest import infer_body, write_config, write_version
 
 CONCURRENCY = 32
@@ -64,8 +65,7 @@ class ClosedLoop:
     async def answered(self, n: int) -> None:
         """Wait until `n` more requests are answered."""
         target = len(self.answers) + n
-        while len(self.answers) < target:
-            await asyncio.sleep(0.001)
+        await until(lambda: len(self.answers) >= target, what=f"{n} more answers")
 
     async def finish(self) -> list[Answer]:
         self.stop.set()

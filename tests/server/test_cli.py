@@ -15,6 +15,7 @@ import pytest
 from aserve.cli import build_parser, bundled_examples, settings_from_args
 from aserve.config import ServerSettings, SettingsError, load_settings
 
+from ..conftest import wait_ready
 from .test_errors import slow_body
 
 # These tests spawn `aserve serve` from the test's loop. uvloop's child side of a spawn calls
@@ -57,24 +58,6 @@ def test_settings_errors_name_source_and_field(tmp_path: pathlib.Path) -> None:
 def test_bundled_examples_found() -> None:
     examples = bundled_examples()
     assert examples is not None and (examples / "simple" / "config.toml").is_file()
-
-
-async def wait_ready(http: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process,
-                     timeout: float = 120.0) -> None:
-    """Poll /v2/health/ready until it answers 200 (the process must stay alive)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while loop.time() < end:
-        if proc.returncode is not None:
-            raise AssertionError(f"the server exited with {proc.returncode}")
-        try:
-            async with http.get(f"{url}/v2/health/ready") as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientConnectionError:
-            pass
-        await asyncio.sleep(0.02)
-    raise AssertionError("server did not become ready")
 
 
 async def metric(http: aiohttp.ClientSession, url: str, name: str, model: str) -> float:

@@ -9,6 +9,7 @@ import aiohttp
 import msgpack
 import numpy as np
 
+from ..conftest import until
 from .conftest import MODELS, write_repository
 from .test_infer import add_inputs
 
@@ -24,16 +25,13 @@ async def gauge_until(http: aiohttp.ClientSession, url: str, model: str, name: s
                       timeout: float = 30.0) -> None:
     """Scrape /metrics until the model's gauge `name` reads `want` (polling observable state)."""
     prefix = f'{name}{{model="{model}",'
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while True:
+
+    async def reads_want() -> bool:
         async with http.get(f"{url}/metrics") as r:
             lines = [line for line in (await r.text()).splitlines() if line.startswith(prefix)]
-        if lines and float(lines[0].rsplit(" ", 1)[1]) == want:
-            return
-        if loop.time() > end:
-            raise AssertionError(f"timed out after {timeout} s waiting for {name} of {model} to be {want}: {lines}")
-        await asyncio.sleep(0.002)
+        return bool(lines) and float(lines[0].rsplit(" ", 1)[1]) == want
+
+    await until(reads_want, timeout=timeout, what=f"{name} of {model} to be {want}", every=0.002)
 
 
 async def still_serving(http: aiohttp.ClientSession, url: str) -> None:

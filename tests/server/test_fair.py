@@ -7,11 +7,11 @@ import json
 import pathlib
 
 import aiohttp
-import pytest
 
 from aserve.inference import InferCall
 from aserve.protocol import V2
 
+from ..conftest import until
 from .conftest import write_repository
 
 # Writes "start NAME FIRST" when a batch starts and "end NAME" when it ends, to the
@@ -95,28 +95,24 @@ async def test_a_flooded_pool_serves_a_quiet_model_at_the_next_free_interpreter(
     stop = asyncio.Event()
     clients = [asyncio.ensure_future(flood(http, url, name, stop, 1000 * i))
                for i in range(16) for name in ("hot1", "hot2")]
-    loop = asyncio.get_running_loop()
     try:
-        while sum(b.batches for b in hot) < 20:  # both queues are full by now
-            await asyncio.sleep(0.005)
+        await until(lambda: sum(b.batches for b in hot) >= 20, what="20 batches: both queues full by now")
         for k in range(6):
             # wait until both flooding models had a batch since the quiet one's last, a
             # batch is running (its start logged) and every batch dispatched is in the
             # pool (so that any start logged from here on is of a batch that was already
             # waiting in the pool or is dispatched after the quiet request is queued)
             before = [b.batches for b in hot]
-            give_up = loop.time() + 10.0
-            while True:
-                lines = read_log(log)
+            lines: list[list[str]] = []
+
+            def one_hot_batch_running(lines: list[list[str]] = lines, before: list[int] = before) -> bool:
+                lines[:] = read_log(log)
                 started = sum(1 for w in lines if w[0] == "start") - sum(1 for w in lines if w[0] == "end")
                 native = pool.stats()
-                dispatched = sum(b.running for b in hot)
                 served = all(b.batches > n for b, n in zip(hot, before))
-                if served and started == native["busy"] == 1 and dispatched == 1 + native["queued"]:
-                    break
-                if loop.time() > give_up:
-                    pytest.fail(f"no moment with one hot batch running: {dispatched} dispatched, {native}")
-                await asyncio.sleep(0.0005)
+                return served and started == native["busy"] == 1 and sum(b.running for b in hot) == 1 + native["queued"]
+
+            await until(one_hot_batch_running, timeout=10.0, what="a moment with one hot batch running", every=0.0005)
             mark = len(lines)
             value = 7000 + k
             body = json.dumps({"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 1], "data": [[value]]}]})

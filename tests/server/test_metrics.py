@@ -17,6 +17,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from ..conftest import until
 from .conftest import MODELS, write_repository
 from .test_errors import slow_body
 from .test_infer import add_inputs
@@ -121,13 +122,15 @@ async def scrape_until(http: aiohttp.ClientSession, url: str, predicate: Callabl
                        what: str, timeout: float = 30.0) -> Scrape:
     """Scrape until `predicate` holds of the exposition (polling the state /metrics shows, as
     `tests.conftest.until` polls a predicate); the scrape it held of."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate(m := await scrape(http, url)):
-        if loop.time() > end:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.002)
-    return m
+    held: list[Scrape] = []
+
+    async def holds() -> bool:
+        m = await scrape(http, url)
+        held[:] = [m]
+        return predicate(m)
+
+    await until(holds, timeout=timeout, what=what, every=0.002)
+    return held[0]
 
 
 async def infer_add(http: aiohttp.ClientSession, url: str, model: str, rows: int, first: int = 1) -> int:
