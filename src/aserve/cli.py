@@ -1,9 +1,8 @@
-"""The `aserve` command: `aserve serve [REPOSITORY]`, `aserve bench NAME [args]`."""
+"""The `aserve` command: `aserve serve [REPOSITORY]`."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import pathlib
 import sys
 from collections.abc import Sequence
@@ -87,18 +86,10 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         "dies, e.g. of a crash in a model's native code, and passes SIGTERM/SIGINT/SIGHUP on")
 
 
-def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("bench", help="run a benchmark: aserve bench NAME [args] (NAME: http, scaling, batching)",
-                       add_help=False)
-    p.add_argument("name", help="benchmark module under aserve.bench")
-    p.add_argument("args", nargs=argparse.REMAINDER)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aserve", description="Single-process Python model server")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
-    _bench_parser(sub)
     return parser
 
 
@@ -158,22 +149,6 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    name = args.name
-    if not name.isidentifier():
-        print(f"aserve bench: {name!r} is not a benchmark name", file=sys.stderr)
-        return 2
-    try:
-        module = importlib.import_module(f"aserve.bench.{name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"aserve.bench.{name}":
-            raise
-        print(f"aserve bench: no benchmark {name!r} (aserve.bench.{name})", file=sys.stderr)
-        return 2
-    rc: int | None = module.main(list(args.args))
-    return rc or 0
-
-
 def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
     # before the tunables' re-exec and any interpreter: the supervisor only spawns and waits
     try:
@@ -190,11 +165,9 @@ def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "serve":
-        if args.supervise:
-            return _supervise(args, sys.argv[1:] if argv is None else argv)
-        return _serve(args)
-    return _bench(args)
+    if args.supervise:
+        return _supervise(args, sys.argv[1:] if argv is None else argv)
+    return _serve(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

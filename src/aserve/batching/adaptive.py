@@ -90,7 +90,7 @@ happens more often just before the other interpreter frees; it read 0.89 for an
 engine exactly as predicted.)
 
 The rules were tuned by running the real `Batcher` in virtual time
-(`aserve.batching.simulation`, tests in tests/batching/test_adaptive.py) on the
+(`benchmarks.sim.simulation`, tests in benchmarks/tests/test_adaptive_sim.py) on the
 bundled CNN's measured curve, the slower one of a busier machine, and flat ones (a
 large per-batch overhead).
 """

@@ -10,7 +10,7 @@ affine latency a + c*b and with piecewise-linear interpolation of the measured
 points (made monotone): each fitted on the ladder 1, 2, 4, ..., max and scored on
 held-out sizes between the rungs (3, 6, 12, 24, 48), median of 7 interleaved rounds,
 private engine, one interpreter, on this 2-core machine while other test suites ran
-on it (`aserve bench batching --fit-only`). Mean relative error on the held-out
+on it (`python -m benchmarks.batching --fit-only`). Mean relative error on the held-out
 sizes, three runs:
 
     model   max   interp            affine            logistic

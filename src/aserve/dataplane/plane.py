@@ -1,6 +1,6 @@
 """The data plane: the whole infer path behind any front, with no web framework.
 
-A front (the aiohttp server, a test, `aserve bench core`, a future gRPC or in-process
+A front (the aiohttp server, a test, `python -m benchmarks.core`, a future gRPC or in-process
 front) looks a model up, decodes the request body against its schema with a codec
 from `aserve.protocol`, and hands the typed request here:
 
