@@ -205,7 +205,7 @@ async def measure(pool: Any, model: dict[str, Any], mode: str, interpreters: int
     """Load `mode` on the first `interpreters`, infer once in each, unload; PSS at each step (MB).
 
     The `added_*` / `left_*` figures are differences of `data_pss()`; `process_pss_*` is
-    the whole process's PSS (psutil's `memory_full_info().pss`) at that step."""
+    the whole process's PSS (`memory.pss()`) at that step."""
     s = spec(model, mode)
     total_before, before = pss(), data_pss()
     await pool.load(s, interpreters=interpreters)
