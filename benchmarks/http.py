@@ -1,7 +1,7 @@
 """HTTP throughput, latency, memory and CPU of aserve and its peers, side by side in one run.
 
     python -m benchmarks.http [--json FILE] [--plot FILE] [--models simple,mlp] [--connections 1,8,32,64,256]
-                              [--bodies json,binary] [--duration S] [--servers aserve,aserve-main,ceiling,inline,mosec]
+                              [--bodies json,binary] [--duration S] [--servers aserve,aserve-main,ceiling,inline,mosec,mosec-native]
 
 For each model, each server and each request body it starts the server on loopback
 (one at a time, so that each has the machine to itself), sends one request and checks
@@ -27,8 +27,16 @@ Servers (`--servers`):
   (`benchmarks.peers.inline`).
 - `mosec`: MOSEC 0.9.8 (Rust front; 2 worker processes, batches of up to 8, 10 ms wait)
   in its own virtual environment, created with pip on first use under `--peer-venvs`
-  (default ~/.cache/aserve/peers; torch==2.13.0 is added for mlp). It reads binary
-  requests but answers V2 JSON (it cannot set the response's header-length header).
+  (default ~/.cache/aserve/peers; msgspec with it, torch==2.13.0 added for mlp), its
+  workers decoding and encoding V2 JSON with msgspec Structs (`benchmarks.peers.mosec_server`).
+  It reads binary requests but answers V2 JSON (it cannot set the response's header-length
+  header).
+- `mosec-native`: the same MOSEC, serving its own minimal msgspec JSON body instead of V2
+  (`benchmarks.peers.mosec_native`; simple `{"a", "b"}` -> `{"sum", "difference"}`, mlp
+  `{"x"}` -> `{"y"}`), driven with a body of that format carrying the same values and
+  checked against the same answers; JSON only (its point is recorded as body `json`, a
+  binary point is skipped). MOSEC at its fastest: the summary compares aserve with the
+  faster of the two MOSEC rows.
 
 Bodies: `json` (V2 JSON tensors) and `binary` (the binary tensor extension, asking for
 binary outputs), one sample per request.
@@ -52,8 +60,9 @@ answer, a non-zero exit on SIGTERM; `errors` is 1), `{"skipped": ...}` (e.g. mlp
 torch, MOSEC that pip could not install), `{"generator_check": true}` (below), and last
 `{"summary": ...}` with the ratios the targets are judged by, against the ceiling
 measured in the same run: each server's peak requests/s over the ceiling's peak, per
-model and body; aserve's p50 at one connection; aserve's loop CPU per request at its
-peak; aserve's PSS over MOSEC's for mlp.
+model and body; aserve's peak against the faster MOSEC row's (`versus_mosec`, the headline);
+aserve's p50 at one connection; aserve's loop CPU per request at its peak; aserve's PSS
+over MOSEC's for mlp (the leaner MOSEC row's).
 
 Is the generator the bottleneck? wrk runs on the same machine and takes CPU from the
 servers. It is not the limit while `generator_cpu_cores` stays well below 1.0 (one wrk
@@ -87,17 +96,20 @@ from array import array
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+import msgspec
+
 from aserve.cli import bundled_examples
 
 from . import loadgen, servers
 from .peers import models as peer_models
-from .peers import v2
+from .peers import native, v2
 from .peers.ceiling import BODY as CEILING_BODY
 from .servers import ServerFailed, ServerProcess
 
 MODELS = ("simple", "mlp", "cnn")  # cnn: aserve only (the peers serve simple and mlp)
 DEFAULT_MODELS = ("simple", "mlp")
-PEERS = ("inline", "mosec")
+PEERS = ("inline", "mosec", "mosec-native")
+MOSECS = ("mosec", "mosec-native")
 # the sizing table's p99 bounds: cnn's is its example's latency budget; the others answer in
 # well under a millisecond unloaded, so 10 ms is their queueing allowance
 SIZING_P99_MS = {"simple": 10.0, "mlp": 10.0, "cnn": 50.0}
@@ -119,6 +131,7 @@ class Case(NamedTuple):
     body: bytes
     headers: dict[str, str]
     expected: dict[str, v2.Tensor]
+    native: bytes = b""  # the same values in MOSEC's own JSON body (mosec-native), where the model has one
 
 
 class Skip(Exception):
@@ -184,7 +197,14 @@ def encode_request(inputs: dict[str, v2.Tensor], kind: str) -> tuple[bytes, dict
 def make_cases(model: str, bodies: list[str], examples: pathlib.Path) -> dict[str, Case]:
     inputs = sample_inputs(model)
     expected = expected_outputs(model, inputs, examples)
-    return {kind: Case(model, kind, *encode_request(inputs, kind), expected) for kind in bodies}
+    own = native.request_body(model, inputs) if model in native.REQUESTS else b""
+    return {kind: Case(model, kind, *encode_request(inputs, kind), expected, own) for kind in bodies}
+
+
+def native_cases(cases: dict[str, Case]) -> dict[str, Case]:
+    """mosec-native's requests: the JSON case's values in MOSEC's own body (it has no binary one)."""
+    return {kind: case._replace(body=case.native, headers={"Content-Type": "application/json"})
+            for kind, case in cases.items() if kind == "json"}
 
 
 def check_answer(server: str, case: Case, status: int, headers: dict[str, str], body: bytes) -> tuple[str | None, str]:
@@ -195,10 +215,10 @@ def check_answer(server: str, case: Case, status: int, headers: dict[str, str], 
         return (None if body == CEILING_BODY else f"unexpected body {body[:300]!r}"), "json"
     lower = {k.lower(): v for k, v in headers.items()}
     length = int(lower[HEADER_LENGTH]) if HEADER_LENGTH in lower else None
-    response = "json" if length is None else "binary"
+    response = "native" if server == "mosec-native" else "json" if length is None else "binary"
     try:
-        outputs = v2.decode_response(body, length)
-    except (ValueError, KeyError, TypeError) as e:
+        outputs = native.outputs(case.model, body) if response == "native" else v2.decode_response(body, length)
+    except (ValueError, KeyError, TypeError, msgspec.DecodeError) as e:
         return f"unreadable answer ({e}): {body[:300]!r}", response
     for name, want in case.expected.items():
         got = outputs.get(name)
@@ -276,7 +296,7 @@ class Run:
         if kind in ("ceiling", "inline"):
             return servers.aiohttp_peer(kind, model, self.examples)
         python, version = self.mosec()
-        s = servers.mosec_server(model, self.examples, python)
+        s = servers.mosec_server(model, self.examples, python, native=kind == "mosec-native")
         s.notes.update(mosec_version=version, workers=2, max_batch_size=8, max_wait_ms=10)
         return s
 
@@ -331,6 +351,14 @@ def bench_server(run: Run, kind: str, model: str, cases: dict[str, Case]) -> Ite
         for body in bodies:
             yield _record(kind, model, body, skipped=f"{kind} serves only {', '.join(peer_models.MODELS)}", errors=0)
         return
+    if kind == "mosec-native":
+        for body in bodies:
+            if body != "json":
+                yield _record(kind, model, body, skipped="mosec-native serves MOSEC's own JSON body only", errors=0)
+        cases = native_cases(cases)
+        bodies = list(cases)
+        if not bodies:
+            return
     try:
         server = run.server(kind, model)
     except ServerFailed as e:
@@ -352,6 +380,9 @@ def bench_server(run: Run, kind: str, model: str, cases: dict[str, Case]) -> Ite
         extra = {**server.notes, "python": platform.python_version(), "cpus": os.cpu_count()}
         if kind == "mosec":
             extra["note"] = "binary requests are read; answers are V2 JSON (MOSEC cannot set header-length)"
+        if kind == "mosec-native":
+            extra["note"] = ("MOSEC's own msgspec JSON body on /inference, not V2 (simple {a, b} -> {sum, "
+                             "difference}, mlp {x} -> {y}), carrying the json case's values")
         for body in bodies:
             case = cases[body]
             status, headers, answer = post_check(server.url, case)
@@ -445,10 +476,13 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                     aserve["p50_ms_at_1_connection"][key] = one[0]["p50_ms"]
                 aserve["loop_cpu_us_per_request_at_peak"][key] = best["loop_cpu_us_per_request"]
     pss = {name: max((r["pss_mb"] for r in pts if r["model"] == "mlp" and r["server"] == name), default=None)
-           for name in ("aserve", "mosec")}
+           for name in ("aserve", *MOSECS)}
+    leaner = min((name for name in MOSECS if pss[name]), key=lambda name: pss[name] or 0.0, default=None)
+    mosec_pss = pss[leaner] if leaner else None
     aserve["mlp_pss_mb"] = pss["aserve"]
-    aserve["mosec_mlp_pss_mb"] = pss["mosec"]
-    aserve["mlp_pss_vs_mosec"] = round(pss["aserve"] / pss["mosec"], 3) if pss["aserve"] and pss["mosec"] else None
+    aserve["mosec_mlp_pss_mb"] = mosec_pss  # the leaner MOSEC row's
+    aserve["mosec_mlp_pss_server"] = leaner
+    aserve["mlp_pss_vs_mosec"] = round(pss["aserve"] / mosec_pss, 3) if pss["aserve"] and mosec_pss else None
     checks = [r for r in records if r.get("generator_check")]
     generator: dict[str, Any] = {}
     for c in checks:
@@ -460,7 +494,25 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     errors = sum(int(r.get("errors") or 0) for r in records)
     return {"bench": "http", "summary": {"peaks": peaks, "aserve": aserve, "generator_check": generator,
                                          "sizing": sizing(pts), "versus_aserve": versus_aserve(pts),
-                                         "errors": errors}}
+                                         "versus_mosec": versus_mosec(peaks), "errors": errors}}
+
+
+def versus_mosec(peaks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The headline: per model and body, aserve's peak requests/s against the faster of the
+    MOSEC rows measured for it (mosec on V2, mosec-native on its own body, recorded as json)."""
+    out = []
+    for a in peaks:
+        if a["server"] != "aserve":
+            continue
+        rivals = [p for p in peaks if p["server"] in MOSECS and (p["model"], p["body"]) == (a["model"], a["body"])]
+        if not rivals:
+            continue
+        best = max(rivals, key=lambda p: p["peak_requests_per_s"])
+        out.append({"model": a["model"], "body": a["body"], "aserve_requests_per_s": a["peak_requests_per_s"],
+                    "mosec_server": best["server"], "mosec_requests_per_s": best["peak_requests_per_s"],
+                    "ratio": round(a["peak_requests_per_s"] / best["peak_requests_per_s"], 3)
+                    if best["peak_requests_per_s"] else None})
+    return out
 
 
 def versus_aserve(pts: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -518,13 +570,17 @@ def summary_text(summary: dict[str, Any]) -> str:
                      f"{p['at_connections']:>9}{p['p99_ms_at_peak']:>9.2f}{ratio:>10}")
     a = s["aserve"]
     lines.append("")
+    for v in s.get("versus_mosec", []):
+        lines.append(f"aserve against the faster MOSEC ({v['mosec_server']}), {v['model']}/{v['body']}: "
+                     f"{v['aserve_requests_per_s']:.0f} against {v['mosec_requests_per_s']:.0f} req/s, "
+                     f"{v['ratio']}x")
     for key, v in a["p50_ms_at_1_connection"].items():
         lines.append(f"aserve p50 at 1 connection, {key}: {v} ms")
     for key, v in a["loop_cpu_us_per_request_at_peak"].items():
         lines.append(f"aserve loop CPU per request at peak, {key}: {v} us")
     if a["mlp_pss_mb"] is not None or a["mosec_mlp_pss_mb"] is not None:
-        lines.append(f"mlp PSS: aserve {a['mlp_pss_mb']} MB, MOSEC {a['mosec_mlp_pss_mb']} MB, "
-                     f"ratio {a['mlp_pss_vs_mosec']}")
+        lines.append(f"mlp PSS: aserve {a['mlp_pss_mb']} MB, MOSEC {a['mosec_mlp_pss_mb']} MB "
+                     f"({a.get('mosec_mlp_pss_server')}), ratio {a['mlp_pss_vs_mosec']}")
     g = s["generator_check"]
     if g:
         lines.append(f"generator check: ceiling at {g['connections']} connections, wrk -t1 "

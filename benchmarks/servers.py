@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import psutil
 
-from . import child_env
+from . import ROOT, child_env
 
-SERVERS = ("aserve", "aserve-main", "ceiling", "inline", "mosec")
+SERVERS = ("aserve", "aserve-main", "ceiling", "inline", "mosec", "mosec-native")
 # aserve with OpenTelemetry tracing on, sampling every request or one in a hundred, sending to a
 # local OTLP sink (not in the default run: `--servers aserve,aserve-trace,aserve-trace1`)
 TRACED = {"aserve-trace": 1.0, "aserve-trace1": 0.01}
@@ -77,7 +77,7 @@ class ServerProcess:
     """One server under test, started with `start()`, always stopped with `stop()`."""
 
     def __init__(self, name: str, model: str, argv: list[str], *, env: dict[str, str] | None = None,
-                 ready: str = "probe", front: str = "main-thread") -> None:
+                 ready: str = "probe", front: str = "main-thread", path: str | None = None) -> None:
         self.name = name
         self.model = model
         self.argv = argv
@@ -86,7 +86,7 @@ class ServerProcess:
         self.front = front  # "main-thread": the loop is the main thread; "mosec": the Rust front process
         self.port = int(argv[argv.index("--port") + 1])
         self.base = f"http://127.0.0.1:{self.port}"
-        self.url = f"{self.base}/v2/models/{model}/infer"
+        self.url = self.base + (path or f"/v2/models/{model}/infer")  # where the requests go
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: pathlib.Path | None = None  # the server's stdout and stderr
         self.notes: dict[str, object] = {}
@@ -241,12 +241,16 @@ def aiohttp_peer(name: str, model: str, examples: pathlib.Path) -> ServerProcess
     return ServerProcess(name, model, argv, env=child_env())
 
 
-def mosec_server(model: str, examples: pathlib.Path, python: pathlib.Path) -> ServerProcess:
+def mosec_server(model: str, examples: pathlib.Path, python: pathlib.Path, *, native: bool = False) -> ServerProcess:
+    """MOSEC serving V2 JSON (`mosec`), or its own JSON body on /inference (`mosec-native`)."""
     env = child_env(dict(os.environ, ASERVE_BENCH_MODEL=model,
                          ASERVE_BENCH_MODEL_PY=str(examples / model / "model.py")))
-    argv = [str(python), "-m", "benchmarks.peers.mosec_server", "--address", "127.0.0.1",
-            "--port", str(free_port()), "--log-level", "warning"]
-    return ServerProcess("mosec", model, argv, env=env, front="mosec")
+    # an example's model.py imports aserve.runtime (standard library only), which is not installed there
+    env["PYTHONPATH"] = os.pathsep.join((str(ROOT / "src"), env["PYTHONPATH"]))
+    module = "benchmarks.peers.mosec_native" if native else "benchmarks.peers.mosec_server"
+    argv = [str(python), "-m", module, "--address", "127.0.0.1", "--port", str(free_port()), "--log-level", "warning"]
+    return ServerProcess("mosec-native" if native else "mosec", model, argv, env=env, front="mosec",
+                         path="/inference" if native else None)
 
 
 # ---- MOSEC's environment -----------------------------------------------------------
@@ -275,12 +279,13 @@ def mosec_python(folder: pathlib.Path, *, torch: bool) -> tuple[pathlib.Path, st
                               check=False)
         if made.returncode != 0:
             raise ServerFailed(f"cannot create {venv}: {made.stderr.strip()}")
-    if not _imports(python, "mosec"):
-        print(f"http: installing mosec=={MOSEC_VERSION} into {venv}", file=sys.stderr, flush=True)
-        got = _pip(python, f"mosec=={MOSEC_VERSION}")
+    if not (_imports(python, "mosec") and _imports(python, "msgspec")):
+        # msgspec: MOSEC's typed workers decode with it (its `validation` extra), and so do the peers
+        print(f"http: installing mosec=={MOSEC_VERSION} and msgspec into {venv}", file=sys.stderr, flush=True)
+        got = _pip(python, f"mosec=={MOSEC_VERSION}", "msgspec")
         if got.returncode != 0:
             print(f"http: mosec=={MOSEC_VERSION} is not available; installing the newest", file=sys.stderr)
-            got = _pip(python, "mosec")
+            got = _pip(python, "mosec", "msgspec")
         if got.returncode != 0:
             raise ServerFailed(f"pip could not install mosec into {venv}: {got.stderr.strip()[-800:]}")
     if torch and not _imports(python, "torch"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 from .v2 import BadRequest, Tensor
@@ -46,12 +47,16 @@ def validate(model: str, inputs: dict[str, Tensor]) -> None:
         raise BadRequest(f"unknown model {model!r}")
 
 
+def add_sub(x: Sequence[int], y: Sequence[int]) -> tuple[list[int], list[int]]:
+    """simple's arithmetic on two equally long sequences: (x + y, x - y), INT32 wrap-around."""
+    return ([_wrap(p + q) for p, q in zip(x, y, strict=True)], [_wrap(p - q) for p, q in zip(x, y, strict=True)])
+
+
 def simple(inputs: dict[str, Tensor]) -> dict[str, Tensor]:
     a, b = inputs["INPUT0"], inputs["INPUT1"]
-    x, y = a.values(), b.values()
-    add = array("i", [_wrap(p + q) for p, q in zip(x, y, strict=True)]).tobytes()
-    sub = array("i", [_wrap(p - q) for p, q in zip(x, y, strict=True)]).tobytes()
-    return {"OUTPUT0": Tensor("INT32", a.shape, add), "OUTPUT1": Tensor("INT32", a.shape, sub)}
+    add, sub = add_sub(a.values(), b.values())
+    return {"OUTPUT0": Tensor("INT32", a.shape, array("i", add).tobytes()),
+            "OUTPUT1": Tensor("INT32", a.shape, array("i", sub).tobytes())}
 
 
 class MLP:
@@ -69,6 +74,14 @@ class MLP:
         self.torch: Any = torch
         self.width: int = module.WIDTH
         self.net = module.build()
+
+    def rows(self, rows: list[list[float]]) -> list[list[float]]:
+        """One torch batch of `rows` (each `width` floats), its output rows as lists."""
+        torch = self.torch
+        with torch.inference_mode():
+            y = self.net(torch.tensor(rows, dtype=torch.float32))
+        out: list[list[float]] = y.tolist()
+        return out
 
     def __call__(self, requests: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
         torch = self.torch

@@ -9,10 +9,11 @@ from array import array
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
 from benchmarks import http
-from benchmarks.peers import models, v2
+from benchmarks.peers import models, native, v2, v2_structs
 
 from .conftest import EXAMPLES, needs_torch
 
@@ -95,6 +96,61 @@ def test_the_inline_peer_answers_what_the_check_expects() -> None:
         body, head = v2.encode_response("simple", models.simple(request.inputs), binary=request.binary_output)
         headers = {} if head is None else {"Inference-Header-Content-Length": str(head)}
         assert http.check_answer("inline", case, 200, headers, body) == (None, kind)
+
+
+def test_the_mosec_peers_answer_what_the_check_expects() -> None:
+    decode = v2_structs.Decoder("simple")
+    for kind in ("json", "binary"):  # V2 in msgspec Structs, binary bodies read without their header length
+        x, y = decode(_case(kind).body)
+        add, sub = models.add_sub(x, y)
+        body = msgspec.json.encode(v2_structs.int_response("simple", {"OUTPUT0": add, "OUTPUT1": sub}))
+        assert http.check_answer("mosec", _case(kind), 200, {}, body) == (None, "json")
+    (case,) = http.native_cases(http.make_cases("simple", ["json", "binary"], EXAMPLES)).values()
+    assert json.loads(case.body).keys() == {"a", "b"} and case.headers == {"Content-Type": "application/json"}
+    request = msgspec.json.decode(case.body, type=native.SimpleRequest)
+    body = msgspec.json.encode(native.SimpleResponse(*models.add_sub(request.a, request.b)))
+    assert http.check_answer("mosec-native", case, 200, {}, body) == (None, "native")
+    wrong = msgspec.json.encode(native.SimpleResponse(request.a, request.b))
+    problem, _ = http.check_answer("mosec-native", case, 200, {}, wrong)
+    assert problem is not None and "OUTPUT0 is wrong" in problem
+
+
+@needs_torch
+def test_the_mosec_peers_run_mlp_rows_as_the_check_expects() -> None:
+    cases = http.make_cases("mlp", ["json", "binary"], EXAMPLES)
+    mlp = models.MLP(EXAMPLES / "mlp" / "model.py")
+    decode = v2_structs.Decoder("mlp")
+    rows = mlp.rows([decode(cases[kind].body)[0] for kind in ("json", "binary")])
+    for kind, row in zip(("json", "binary"), rows, strict=True):
+        body = msgspec.json.encode(v2_structs.float_response("mlp", {"OUTPUT": row}))
+        assert http.check_answer("mosec", cases[kind], 200, {}, body) == (None, "json")
+    (case,) = http.native_cases(cases).values()
+    (row,) = mlp.rows([msgspec.json.decode(case.body, type=native.MLPRequest).x])
+    assert http.check_answer("mosec-native", case, 200, {}, msgspec.json.encode(native.MLPResponse(row))) == (
+        None, "native")
+
+
+def test_the_mosec_peers_refuse_what_their_structs_do_not_hold() -> None:
+    decode = v2_structs.Decoder("simple")
+    bad = json.loads(_case("json").body)
+    bad["inputs"][0]["datatype"] = "FP32"
+    with pytest.raises(v2.BadRequest, match="INPUT0: expected INT32"):
+        decode(json.dumps(bad).encode())
+    with pytest.raises(v2.BadRequest, match="not a V2 JSON request"):
+        decode(b'{"inputs": [{"name": 1}]}')
+    with pytest.raises(msgspec.ValidationError, match="length"):
+        msgspec.json.decode(b'{"a": [1, 2], "b": [3, 4]}', type=native.SimpleRequest)
+
+
+def test_the_headline_is_aserve_against_the_faster_mosec_row() -> None:
+    def peak(server: str, body: str, rps: float) -> dict[str, Any]:
+        return {"model": "simple", "body": body, "server": server, "peak_requests_per_s": rps}
+
+    peaks = [peak("aserve", "json", 30000.0), peak("mosec", "json", 20000.0), peak("mosec-native", "json", 25000.0),
+             peak("aserve", "binary", 30000.0), peak("mosec", "binary", 24000.0), peak("ceiling", "json", 1e5)]
+    out = {v["body"]: v for v in http.versus_mosec(peaks)}
+    assert out["json"]["mosec_server"] == "mosec-native" and out["json"]["ratio"] == 1.2
+    assert out["binary"]["mosec_server"] == "mosec" and out["binary"]["ratio"] == 1.25
 
 
 def test_binary_request_without_header_length_is_read_as_mosec_reads_it() -> None:
