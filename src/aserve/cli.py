@@ -1,14 +1,14 @@
-"""The `aserve` command: `aserve serve [REPOSITORY]`, `aserve bench NAME [args]`."""
+"""The `aserve` command: `aserve serve [REPOSITORY]`."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import pathlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from .config import ENGINE_CHOICES, LOG_FORMATS, LOG_LEVELS, ServerSettings, SettingsError, load_settings
+from .config import ServerSettings, Setting, SettingsError, load_settings, settings_fields
 
 
 def bundled_examples() -> pathlib.Path | None:
@@ -18,97 +18,73 @@ def bundled_examples() -> pathlib.Path | None:
     return candidate if candidate.is_dir() else None
 
 
+def _default_text(setting: Setting) -> str:
+    v = setting.default
+    if v is None or v == []:
+        return "none"
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, int) and setting.name.endswith("_bytes") and v >= 1 << 20 and v % (1 << 20) == 0:
+        return f"{v} = {v >> 20} MiB"
+    return str(v)
+
+
+def setting_help(setting: Setting) -> str:
+    """A setting's --help text: its description, default and environment variable."""
+    variable = setting.variable + (", comma-separated" if setting.kind is list else "")
+    return f"{setting.description} (default {_default_text(setting)}; {variable})".replace("%", "%%")
+
+
+def _add_setting_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per field of ServerSettings (nested tables such as [tracing] are the file's only)."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for setting in settings_fields():
+        flag = setting.extra.get("flag", "--" + setting.name.replace("_", "-"))
+        if flag is None or setting.kind is dict:
+            continue
+        group = setting.extra.get("group")
+        target: argparse.ArgumentParser | argparse._ArgumentGroup = p
+        if group is not None:
+            target = groups.get(group) or groups.setdefault(group, p.add_argument_group(group))
+        options: dict[str, Any] = {"dest": setting.name, "help": setting_help(setting)}
+        if setting.kind is bool:
+            options.update(action=argparse.BooleanOptionalAction, default=None)
+        elif setting.kind is list:
+            options.update(action="append")
+        else:
+            options.update(type=setting.kind)
+        if "choices" in setting.extra:
+            options["choices"] = setting.extra["choices"]
+        if "metavar" in setting.extra:
+            options["metavar"] = setting.extra["metavar"]
+        target.add_argument(flag, **options)
+
+
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="serve a model repository over HTTP",
                        description="Serve a model repository (Open Inference Protocol V2 and TF-Serving REST). "
                                    "Every flag also reads from the --config TOML file and ASERVE_<NAME> variables; "
                                    "flags win.")
-    p.add_argument("repository", nargs="?", help="model repository folder (default: the bundled examples/)")
-    p.add_argument("--host", help="address to listen on (default 127.0.0.1; ASERVE_HOST)")
-    p.add_argument("--port", type=int, help="TCP port (default 8000; 0 = any free port; ASERVE_PORT)")
-    p.add_argument("--engine", choices=ENGINE_CHOICES,
-                   help="engine for models whose config names none (default auto; ASERVE_ENGINE)")
-    p.add_argument("--interpreters", type=int, help="interpreters per engine pool (default: CPU count)")
-    p.add_argument("--max-body-bytes", type=int, dest="max_body_bytes",
-                   help="largest request body (default 64 MiB; larger gets 413)")
-    p.add_argument("--shutdown-timeout", type=float, dest="shutdown_timeout_s",
-                   help="on SIGTERM, longest wait for accepted requests (seconds, default 60)")
-    p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
-                   help="log every request in the common log format (default off; ASERVE_ACCESS_LOG)")
-    p.add_argument("--log-format", choices=LOG_FORMATS, dest="log_format",
-                   help="text (default) or json: one object per line, with trace_id/span_id when tracing")
-    p.add_argument("--backlog", type=int, help="connections the kernel queues before they are accepted (default 1024)")
-    p.add_argument("--repository-poll-seconds", type=float, dest="repository_poll_s",
-                   help="rescan the repository every N seconds: new versions load, changed ones reload, removed "
-                        "ones unload (default 0: only on SIGHUP and load requests)")
-    p.add_argument("--model-name", dest="model_name",
-                   help="serve REPOSITORY itself as one model of this name: it holds model.py, model.pt, "
-                        "config.toml or numbered version folders, as KServe's storage initializer leaves "
-                        "/mnt/models (without it, a REPOSITORY holding model.py or model.pt is one model named "
-                        "after the folder; ASERVE_MODEL_NAME)")
-    p.add_argument("--drain-seconds", type=float, dest="drain_s",
-                   help="on SIGTERM, answer /v2/health/ready with 503 and keep serving for this long before the "
-                        "listener closes, so that load balancers take the server out first; SIGUSR1 begins the "
-                        "drain early, e.g. from a preStop hook (default 0; ASERVE_DRAIN_S)")
-    p.add_argument("--spin-us", type=int, dest="spin_us",
-                   help="microseconds an interpreter that ran out of work polls for the next batch, and the loop "
-                        "for a running batch's answer, before blocking: halves latency at low load for CPU that "
-                        "would idle (default 200; 0 = always block; ASERVE_SPIN_US)")
-    limits = p.add_argument_group("errors, limits and access")
-    limits.add_argument("--expose-model-errors", action=argparse.BooleanOptionalAction, default=None,
-                        dest="expose_model_errors",
-                        help="send a model's own exception message to clients (default: on when bound to loopback, "
-                             "off otherwise; then clients get an error id to find in the log)")
-    limits.add_argument("--admin-token", dest="admin_token",
-                        help="bearer token for /v2/repository/... and trace settings (ASERVE_ADMIN_TOKEN: prefer the "
-                             "variable, flags show in the process list)")
-    limits.add_argument("--api-token", dest="api_token",
-                        help="bearer token for inference and metadata; health and /metrics stay open "
-                             "(ASERVE_API_TOKEN)")
-    limits.add_argument("--cors-origin", action="append", dest="cors_origins", metavar="ORIGIN",
-                        help="let browser pages from ORIGIN (https://host[:port], or *) call the server; repeatable "
-                             "(ASERVE_CORS_ORIGINS: comma-separated; default: no CORS)")
-    limits.add_argument("--max-header-bytes", type=int, dest="max_header_bytes",
-                        help="longest request line and header field (default 8190; longer gets 431)")
-    limits.add_argument("--max-connections", type=int, dest="max_connections",
-                        help="connections served at once; the requests of more get 503 (default 0: no limit)")
-    limits.add_argument("--keepalive-timeout", type=float, dest="keepalive_timeout_s",
-                        help="close a connection idle for this many seconds (default 75)")
-    limits.add_argument("--request-timeout", type=float, dest="request_timeout_s",
-                        help="seconds a client has to send a whole request, headers and body; slower gets 408 "
-                             "(default 60; 0 = no limit)")
+    p.add_argument("repository", nargs="?",
+                   help="model repository folder (default: the bundled examples/; ASERVE_REPOSITORY)")
+    _add_setting_flags(p)
     p.add_argument("--config", help="TOML file with server settings (keys are the setting names)")
-    p.add_argument("--log-level", choices=LOG_LEVELS, dest="log_level", help="default info (ASERVE_LOG_LEVEL)")
     p.add_argument("--supervise", action="store_true",
                    help="run the server as a child of a small supervisor that restarts it (with back-off) when it "
                         "dies, e.g. of a crash in a model's native code, and passes SIGTERM/SIGINT/SIGHUP on")
-
-
-def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("bench", help="run a benchmark: aserve bench NAME [args] (NAME: http, scaling, batching)",
-                       add_help=False)
-    p.add_argument("name", help="benchmark module under aserve.bench")
-    p.add_argument("args", nargs=argparse.REMAINDER)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aserve", description="Single-process Python model server")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
-    _bench_parser(sub)
     return parser
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    overrides = {
-        name: getattr(args, name, None)
-        for name in ("repository", "host", "port", "engine", "interpreters", "max_body_bytes",
-                     "shutdown_timeout_s", "access_log", "log_level", "backlog", "log_format",
-                     "repository_poll_s", "model_name", "drain_s", "spin_us")
-    }
-    overrides.update({name: getattr(args, name, None) for name in (
-        "expose_model_errors", "admin_token", "api_token", "cors_origins", "max_header_bytes", "max_connections",
-        "keepalive_timeout_s", "request_timeout_s")})
+    overrides = {setting.name: getattr(args, setting.name, None) for setting in settings_fields()}
     return load_settings(file=args.config, overrides=overrides)
 
 
@@ -155,22 +131,6 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    name = args.name
-    if not name.isidentifier():
-        print(f"aserve bench: {name!r} is not a benchmark name", file=sys.stderr)
-        return 2
-    try:
-        module = importlib.import_module(f"aserve.bench.{name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"aserve.bench.{name}":
-            raise
-        print(f"aserve bench: no benchmark {name!r} (aserve.bench.{name})", file=sys.stderr)
-        return 2
-    rc: int | None = module.main(list(args.args))
-    return rc or 0
-
-
 def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
     # before the tunables' re-exec and any interpreter: the supervisor only spawns and waits
     try:
@@ -187,11 +147,9 @@ def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "serve":
-        if args.supervise:
-            return _supervise(args, sys.argv[1:] if argv is None else argv)
-        return _serve(args)
-    return _bench(args)
+    if args.supervise:
+        return _supervise(args, sys.argv[1:] if argv is None else argv)
+    return _serve(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,7 +2,11 @@
 
 Precedence, lowest first: field defaults, the TOML file (`--config`), environment
 variables (`ASERVE_<FIELD>` in upper case, e.g. ASERVE_PORT), then command-line flags.
-Only the CLI reads argv; everything else receives a `ServerSettings`.
+Only the CLI reads argv; everything else receives a `ServerSettings`. The CLI makes its
+flags from the fields (`settings_fields`): help from each field's description, the
+default from the field's, and from the field's `extra` metadata where the flag differs
+from `--field-name`: `flag` (its spelling; None: no flag), `choices`, `group` (a section
+of `--help`) and `metavar`.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import ipaddress
 import os
 import pathlib
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import msgspec
 
@@ -21,34 +25,38 @@ ENGINE_CHOICES = ("auto", "private", "subinterp", "main")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
 ENV_PREFIX = "ASERVE_"
+ACCESS = "errors, limits and access"  # a section of `aserve serve --help`
 
 
 class SettingsError(ValueError):
     """A setting has a wrong name, type or value; the message names the source and field."""
 
 
-def _doc(text: str) -> Any:
-    return msgspec.Meta(description=text)
+def _doc(text: str, **extra: Any) -> Any:
+    return msgspec.Meta(description=text, extra=extra or None)
 
 
 class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything the server reads at start; each field is also ASERVE_<FIELD>."""
 
-    repository: Annotated[str | None, _doc("model repository folder; None = the bundled examples/")] = None
+    repository: Annotated[
+        str | None, _doc("model repository folder; None = the bundled examples/", flag=None)  # the positional
+    ] = None
     host: Annotated[str, _doc("address to listen on")] = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535, description="TCP port (0 = any free port)")] = 8000
     engine: Annotated[
-        str, _doc("default interpreter engine for models whose config names none: auto|private|subinterp|main")
+        str, _doc("default interpreter engine for models whose config names none", choices=ENGINE_CHOICES)
     ] = "auto"
     interpreters: Annotated[
         int, msgspec.Meta(ge=1, description="interpreters per engine pool; None = CPU count")
     ] | None = None
-    log_level: Annotated[str, _doc("debug|info|warning|error|critical")] = "info"
+    log_level: Annotated[str, _doc("least severe log record written", choices=LOG_LEVELS)] = "info"
     max_body_bytes: Annotated[
         int, msgspec.Meta(ge=1, description="largest request body accepted; larger ones get 413")
     ] = 64 * 1024 * 1024
     shutdown_timeout_s: Annotated[
-        float, msgspec.Meta(ge=0, description="on SIGTERM, longest wait for accepted requests to finish")
+        float, msgspec.Meta(ge=0, description="on SIGTERM, longest wait for accepted requests to finish (seconds)",
+                            extra={"flag": "--shutdown-timeout"})
     ] = 60.0
     access_log: Annotated[bool, _doc("log one line per request, in the common log format (costs throughput)")] = False
     spin_us: Annotated[
@@ -58,7 +66,8 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                                                            "latency at low load, for CPU that would otherwise idle; "
                                                            "0 = always block)")
     ] = 200
-    log_format: Annotated[str, _doc("text | json (one JSON object per line, with trace_id/span_id when tracing)")] = "text"
+    log_format: Annotated[str, _doc("text, or json: one JSON object per line, with trace_id/span_id when tracing",
+                                    choices=LOG_FORMATS)] = "text"
     tracing: Annotated[TracingSettings, _doc("the [tracing] table: OpenTelemetry traces (see aserve.tracing)")] = (
         TracingSettings()
     )
@@ -66,42 +75,48 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         int, msgspec.Meta(ge=1, description="connections the kernel queues before the server accepts them")
     ] = 1024
     repository_poll_s: Annotated[
-        float, msgspec.Meta(ge=0, description="rescan the repository every this many seconds (0 = only on SIGHUP "
-                                              "and load requests)")
+        float, msgspec.Meta(ge=0, description="rescan the repository every this many seconds: new versions load, "
+                                              "changed ones reload, removed ones unload (0 = only on SIGHUP and "
+                                              "load requests)", extra={"flag": "--repository-poll-seconds"})
     ] = 0.0
     # ---- what clients see, who may do what ----
     expose_model_errors: Annotated[
         bool | None, _doc("send a model's own exception message to the client (paths made relative); None = yes "
-                          "when bound to loopback, no otherwise (the client gets an error id, the log the rest)")
+                          "when bound to loopback, no otherwise (the client gets an error id, the log the rest)",
+                          group=ACCESS)
     ] = None
     admin_token: Annotated[
         str, msgspec.Meta(min_length=1, description="bearer token for the repository (index, load, unload) and "
-                                                     "trace-setting endpoints; None = open")
+                                                     "trace-setting endpoints; None = open (prefer the variable "
+                                                     "to the flag: flags show in the process list)",
+                          extra={"group": ACCESS})
     ] | None = None
     api_token: Annotated[
         str, msgspec.Meta(min_length=1, description="bearer token for inference and metadata (health and /metrics "
-                                                     "stay open); None = open")
+                                                     "stay open); None = open", extra={"group": ACCESS})
     ] | None = None
     cors_origins: Annotated[
         list[str], _doc("origins browsers may call from (CORS), e.g. https://app.example.com, or *; "
-                        "empty = no CORS headers")
+                        "empty = no CORS headers", flag="--cors-origin", metavar="ORIGIN", group=ACCESS)
     ] = []
     # ---- limits ----
     max_header_bytes: Annotated[
         int, msgspec.Meta(ge=256, description="longest request line and header field (name and value); longer "
-                                               "gets 431")
+                                               "gets 431", extra={"group": ACCESS})
     ] = 8190
     max_connections: Annotated[
         int, msgspec.Meta(ge=0, description="open connections served at once; beyond, a connection's request gets "
-                                             "503 and it is closed (0 = no limit)")
+                                             "503 and it is closed (0 = no limit)", extra={"group": ACCESS})
     ] = 0
     keepalive_timeout_s: Annotated[
         float, msgspec.Meta(gt=0, description="an idle connection (between requests, or before its first) is "
-                                               "closed after this many seconds")
+                                               "closed after this many seconds",
+                            extra={"flag": "--keepalive-timeout", "group": ACCESS})
     ] = 75.0
     request_timeout_s: Annotated[
-        float, msgspec.Meta(ge=0, description="time a client has to send a whole request, headers and body, once "
-                                               "it starts; slower gets 408 (0 = no limit)")
+        float, msgspec.Meta(ge=0, description="seconds a client has to send a whole request, headers and body, "
+                                               "once it starts; slower gets 408 (0 = no limit)",
+                            extra={"flag": "--request-timeout", "group": ACCESS})
     ] = 60.0
     model_name: Annotated[
         str | None, _doc("serve the repository folder itself as one model of this name (it holds model.py, "
@@ -112,7 +127,9 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     drain_s: Annotated[
         float, msgspec.Meta(ge=0, description="on SIGTERM (or from SIGUSR1 on), answer /v2/health/ready with 503 "
                                               "and keep serving until this many seconds after the drain began, "
-                                              "then close the listener (0 = close at once)")
+                                              "then close the listener (0 = close at once); SIGUSR1 begins the "
+                                              "drain early, e.g. from a preStop hook",
+                            extra={"flag": "--drain-seconds"})
     ] = 0.0
 
     def __post_init__(self) -> None:
@@ -150,6 +167,51 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
 FIELDS: tuple[str, ...] = ServerSettings.__struct_fields__
 LIST_FIELDS = ("cors_origins",)  # ASERVE_CORS_ORIGINS: comma-separated
+
+
+class Setting(NamedTuple):
+    """A field of `ServerSettings` as a command line or a manual presents it."""
+
+    name: str
+    kind: type  # str, int, float, bool, list (of str), or dict: a nested table such as [tracing]
+    default: Any
+    description: str
+    extra: Mapping[str, Any]  # the field's metadata `extra` (see the module's docstring)
+
+    @property
+    def variable(self) -> str:
+        """Its environment variable."""
+        return ENV_PREFIX + self.name.upper()
+
+
+def settings_fields() -> list[Setting]:
+    """Every field of `ServerSettings`, in declaration order."""
+    import msgspec.inspect as mi
+
+    kinds: dict[type, type] = {mi.StrType: str, mi.IntType: int, mi.FloatType: float, mi.BoolType: bool,
+                               mi.ListType: list, mi.StructType: dict}
+    out = []
+    info = mi.type_info(ServerSettings)
+    assert isinstance(info, mi.StructType)
+    for field in info.fields:
+        t: mi.Type = field.type
+        description = ""
+        extra: dict[str, Any] = {}
+        while True:  # Annotated[...] | None, Annotated[... | None], Annotated[Annotated[...]]
+            if isinstance(t, mi.Metadata):
+                description = (t.extra_json_schema or {}).get("description", description)
+                extra = {**(t.extra or {}), **extra}
+                t = t.type
+            elif isinstance(t, mi.UnionType):
+                (t,) = [m for m in t.types if not isinstance(m, mi.NoneType)]
+            else:
+                break
+        kind = kinds.get(type(t))
+        if kind is None:
+            raise TypeError(f"ServerSettings.{field.name}: no command-line form for {t!r}")
+        default = field.default if field.default is not msgspec.NODEFAULT else field.default_factory()
+        out.append(Setting(field.name, kind, default, description, extra))
+    return out
 
 
 def is_loopback(host: str) -> bool:

@@ -238,7 +238,7 @@ def test_dockerignore_keeps_what_the_image_copies(dockerfile: Dockerfile, rules)
     "src/aserve.egg-info/PKG-INFO", "src/aserve/_native.cpython-311-x86_64-linux-gnu.so",
     "src/aserve/__pycache__/cli.cpython-311.pyc", "examples/mlp/__pycache__/model.cpython-311.pyc",
     "native/host/pool.o", ".pytest_cache/v/cache/nodeids", ".mypy_cache/3.11/x.json", ".ruff_cache/x",
-    "benchmarks/results/batching.png", "benchmarks/results/scaling.json", "tests/conftest.py",
+    "benchmarks/results/batching.png", "benchmarks/results/scaling.json", "benchmarks/http.py", "tests/conftest.py",
     "loadtests/results/run_stats.csv", "docker/compose.yaml",
 ])
 def test_dockerignore_leaves_out(path: str, rules) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import re
 import signal
 import socket
 import sys
@@ -13,7 +14,7 @@ import aiohttp
 import pytest
 
 from aserve.cli import build_parser, bundled_examples, settings_from_args
-from aserve.config import ServerSettings, SettingsError, load_settings
+from aserve.config import ServerSettings, Setting, SettingsError, load_settings, settings_fields
 
 from ..conftest import wait_ready
 from .test_errors import slow_body
@@ -42,6 +43,65 @@ def test_settings_precedence(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyP
     s = settings_from_args(args)
     assert s == ServerSettings(repository="repo", host="0.0.0.0", port=9100, engine="main", interpreters=4,
                                max_body_bytes=2048, log_level=os.environ.get("ASERVE_LOG_LEVEL", "info"))
+
+
+def serve_help(capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    """`aserve serve --help`, one entry per option: its first spelling -> its help, on one line."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = capsys.readouterr().out
+    entries = re.split(r"\n  (?=\S)", text.split("\noptions:\n", 1)[1])
+    return {entry.split()[0].rstrip(","): " ".join(entry.split()) for entry in entries if entry.strip()}
+
+
+def shown_default(setting: Setting) -> str:
+    v = setting.default
+    if v is None or v == []:
+        return "none"
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def test_every_setting_has_a_flag_naming_its_variable_and_default(capsys: pytest.CaptureFixture[str]) -> None:
+    options = serve_help(capsys)
+    for setting in settings_fields():
+        if setting.kind is dict:  # a nested table ([tracing]): the file's and the environment's only
+            continue
+        flag = setting.extra.get("flag", "--" + setting.name.replace("_", "-"))
+        if setting.name == "repository":
+            assert flag is None  # the positional argument
+            continue
+        assert flag in options, f"{setting.name}: no {flag} in aserve serve --help"
+        assert setting.variable in options[flag], (setting.name, options[flag])
+        assert f"(default {shown_default(setting)}" in options[flag], (setting.name, options[flag])
+
+
+def non_default(setting: Setting) -> tuple[list[str], object]:
+    """Arguments that set `setting` to a value other than its default, and that value."""
+    flag = setting.extra.get("flag", "--" + setting.name.replace("_", "-"))
+    if setting.kind is bool:
+        return ([f"--no-{flag[2:]}"], False) if setting.default in (None, True) else ([flag], True)
+    if setting.kind is list:
+        return [flag, "https://a.example", flag, "*"], ["https://a.example", "*"]
+    if "choices" in setting.extra:
+        value = setting.extra["choices"][-1]
+        return [flag, value], value
+    if setting.kind is str:
+        return [flag, "x"], "x"
+    value = 1 if setting.default is None else setting.kind(setting.default + 1)
+    return [flag, str(value)], value
+
+
+def test_every_flag_sets_its_setting() -> None:
+    for setting in settings_fields():
+        if setting.kind is dict or setting.extra.get("flag", "") is None:
+            continue
+        argv, value = non_default(setting)
+        assert value != setting.default
+        got = getattr(settings_from_args(build_parser().parse_args(["serve", *argv])), setting.name)
+        assert got == value, (argv, got)
+    assert settings_from_args(build_parser().parse_args(["serve", "repo"])).repository == "repo"
 
 
 def test_settings_errors_name_source_and_field(tmp_path: pathlib.Path) -> None:

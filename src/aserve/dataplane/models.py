@@ -24,13 +24,6 @@ from ..inference import ModelSchema
 from ..repository import BatchingConfig, ModelConfig, VersionSource, read_labels
 from .stats import RequestStats
 
-
-def process_pss() -> int:
-    """This process's proportional set size in bytes (its share of shared pages)."""
-    import psutil
-
-    return int(psutil.Process().memory_full_info().pss)
-
 # a version's states, as Triton's repository index names them
 LOADING, READY, UNLOADING, UNAVAILABLE = "LOADING", "READY", "UNLOADING", "UNAVAILABLE"
 

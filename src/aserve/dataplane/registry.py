@@ -48,9 +48,10 @@ from ..repository import (
     scan_model,
     scan_repository,
 )
+from ..runtime.memory import pss
 from ..tracing import Tracer
 from .engines import resolve_engine
-from .models import READY, UNAVAILABLE, UNLOADING, ModelHandle, ModelRoutes, make_policy, process_pss
+from .models import READY, UNAVAILABLE, UNLOADING, ModelHandle, ModelRoutes, make_policy
 from .stats import BatchTotals, Metrics
 
 log = logging.getLogger("aserve.server")
@@ -483,7 +484,7 @@ class ModelRegistry:
                 parameters=config.parameters,
                 package=None if config.package is None else msgspec.to_builtins(config.package),
             )
-            before = process_pss()
+            before = pss()
             started = time.perf_counter()
             # once serving, one interpreter at a time: the others answer requests meanwhile
             info = await pool.load(spec, interpreters=config.interpreters, staggered=self._started)
@@ -494,7 +495,7 @@ class ModelRegistry:
             except BaseException:
                 await pool.unload(handle.key)
                 raise
-            handle.memory_bytes = max(0, process_pss() - before)
+            handle.memory_bytes = max(0, pss() - before)
             handle.load_seconds = time.perf_counter() - started
         except (AserveError, ValueError, TypeError) as e:
             handle.state, handle.reason = UNAVAILABLE, cut_traceback(str(e))  # the log line has the traceback

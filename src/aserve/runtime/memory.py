@@ -37,10 +37,6 @@ from typing import Any
 _libc: Any = None
 _private: bool | None = None
 
-# Switches, for measuring what each one returns (aserve.bench.weights): leave them on.
-TRIM = True
-MMAP_WHILE_LOADING = True
-
 M_MMAP_THRESHOLD = -3
 LOAD_MMAP_THRESHOLD = 128 * 1024  # glibc's default
 SERVE_MMAP_THRESHOLD = 32 * 1024 * 1024  # DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
@@ -100,7 +96,7 @@ def _c_library() -> Any:
 def trim() -> bool:
     """malloc_trim(0) on this interpreter's libc; True if memory was returned. Best effort:
     False where there is no glibc or ctypes cannot load (e.g. some subinterpreters)."""
-    libc: Any = _c_library() if TRIM else False
+    libc: Any = _c_library()
     return bool(libc) and bool(libc.malloc_trim(0))
 
 
@@ -125,7 +121,7 @@ def in_private_namespace() -> bool:
 @contextlib.contextmanager
 def loading() -> Iterator[None]:
     """Large allocations made inside are mmapped, in a private interpreter (see above)."""
-    libc: Any = _c_library() if MMAP_WHILE_LOADING and in_private_namespace() else False
+    libc: Any = _c_library() if in_private_namespace() else False
     if libc:
         libc.mallopt(M_MMAP_THRESHOLD, LOAD_MMAP_THRESHOLD)
     try:

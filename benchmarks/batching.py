@@ -1,0 +1,629 @@
+"""LBCI Figure 5 on this machine: batching policies under Poisson load.
+
+The bundled CNN (examples/cnn) runs on a private pool of 2 interpreters behind the
+real `Batcher`. After a warm-up (the cost model's ladder) the benchmark measures the
+capacity (requests/s with the queue never empty), then sends Poisson arrivals at
+25/50/75/100% of it, single-sample requests and multi-sample ones (k uniform in
+1..10), under four policies:
+  serial         every request alone (window policy, max_batch_size 0);
+  fixed10        the window policy, max batch 10, a `--window-ms` window;
+  adaptive       AdaptivePolicy with the warmed-up cost model under the latency budget;
+  adaptive_join  the same, and waiting requests join running batches at stage
+                 boundaries (layer-level joining, aserve.batching.join).
+Each record: policy, requests (single|multi), load, mean_ms, p99_ms,
+throughput_rps, over_budget (fraction of requests over the budget, refusals
+included), refused (503s), admitted_over_budget (fraction of the admitted requests
+over the budget), round_mean_ms (the mean of each round's answers: every policy gets
+the same arrivals in round i, so rounds pair up). The summary gives, per adaptive
+policy, `mean_vs_serial` with `mean_vs_serial_ci95` (a bootstrap interval over the
+paired rounds: a ratio whose interval holds 1 is not told apart from serial by the
+run) and how many rounds it was not slower than serial in.
+
+`--simulate A_MS,C_MS` runs the same table in virtual time instead: the real Batcher
+and policies on a `VirtualLoop` with a simulated engine whose batches of b take
+A + C * b ms (benchmarks.sim.simulation); deterministic, seconds to run, no
+interpreters or torch needed. `--fit-only` compares the cost-model fits (interp,
+affine, logistic) on the bundled simple, mlp and cnn models: fitted on the ladder,
+scored on held-out sizes.
+
+    python -m benchmarks.batching --json FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import math
+import os
+import pathlib
+import platform
+import random
+import statistics
+import sys
+import tomllib
+from collections.abc import Sequence
+from typing import Any
+
+from aserve.engine import ensure_glibc_tunables
+from aserve.errors import AserveError, Overloaded
+from aserve.repository.config import BatchingConfig
+
+from . import ROOT
+from .sim.simulation import Arrival, poisson
+
+RESULTS = ROOT / "benchmarks" / "results"
+POLICIES = ("serial", "fixed10", "adaptive", "adaptive_join")
+LOADS = (0.25, 0.5, 0.75, 1.0)
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.batching", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", default=str(RESULTS / "batching.json"), help="write the results here")
+    ap.add_argument("--plot", default=str(RESULTS / "batching.png"), help="PNG plot ('' for none)")
+    ap.add_argument("--model", default=str(ROOT / "examples" / "cnn"), help="model folder")
+    ap.add_argument("--interpreters", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=8.0, help="arrivals per point")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="each point's arrivals in this many consecutive windows, the policies taking turns "
+                         "on each (so a burst of other load on the machine falls on all of them)")
+    ap.add_argument("--capacity-seconds", type=float, default=4.0, help="closed-loop capacity measurement")
+    ap.add_argument("--budget-ms", type=float, default=50.0, help="latency budget, single-sample requests")
+    ap.add_argument("--multi-budget-ms", type=float, default=100.0, help="latency budget, multi-sample")
+    ap.add_argument("--window-ms", type=float, default=10.0, help="fixed10's batching window")
+    ap.add_argument("--loads", default=",".join(str(x) for x in LOADS), help="fractions of capacity")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="the policies to compare, of " + ", ".join(POLICIES) + " (fewer: longer turns for the same time)")
+    ap.add_argument("--admission-reserve", type=float, default=BatchingConfig().admission_reserve,
+                    help="adaptive: share of the budget admission keeps back under overload (default: the "
+                         "server's, %(default)s)")
+    ap.add_argument("--join-rule", choices=("budget", "benefit"), default="budget",
+                    help="adaptive_join: join whenever budgets hold (LBCI), or only if total latency falls")
+    ap.add_argument("--fit-only", action="store_true", help="compare cost-model fits and exit")
+    ap.add_argument("--simulate", metavar="A_MS,C_MS",
+                    help="run in virtual time on the curve A + C * b ms instead of the real model")
+    ap.add_argument("--stage-shares", default="0.45,0.33,0.20,0.02",
+                    help="--simulate: the stage shares of adaptive_join's simulated staged model")
+    args = ap.parse_args(argv)
+    args.policies = tuple(p for p in args.policies.split(",") if p)
+    unknown = [p for p in args.policies if p not in POLICIES]
+    if unknown or not args.policies:
+        ap.error(f"--policies: expected some of {', '.join(POLICIES)}, got {','.join(args.policies) or 'none'}")
+    return args
+
+
+# ---- fit comparison ----
+
+
+async def compare_fits(rounds: int = 7) -> dict[str, Any]:
+    from aserve.batching.costmodel import (
+        fit_affine,
+        fit_logistic,
+        interpolate,
+        ladder,
+        logistic_latency,
+        measure,
+        monotone,
+    )
+    from aserve.engine import ModelSpec, Pool
+
+    out: dict[str, Any] = {}
+    pool = Pool(engine="private", interpreters=1)
+    await pool.start()
+    try:
+        for name in ("simple", "mlp", "cnn"):
+            folder = ROOT / "examples" / name
+            mb = tomllib.loads((folder / "config.toml").read_text()).get("max_batch_size", 0)
+            info = await pool.load(ModelSpec(name=name, path=str(folder)))
+            rungs = ladder(mb)
+            held = [3 * b for b in rungs if 3 * b < mb and 3 * b not in rungs]
+            sizes = sorted(set(rungs) | set(held))
+            runs = [dict(await measure(pool, info, sizes, repeats=1)) for _ in range(rounds)]
+            med = {b: statistics.median(r[b] for r in runs) for b in sizes}
+            pts = [(b, med[b]) for b in rungs]
+            knots, (a, c), lg = monotone(pts), fit_affine(pts), fit_logistic(pts)
+            predicted = {
+                "interp": [interpolate(knots, b) for b in held],
+                "affine": [a + c * b for b in held],
+                "logistic": [logistic_latency(lg, b) for b in held],
+            }
+            errors = {}
+            for form, values in predicted.items():
+                rel = [abs(v - med[b]) / med[b] for v, b in zip(values, held)]
+                errors[form] = {
+                    "mean_pct": round(100 * statistics.fmean(rel), 1),
+                    "max_pct": round(100 * max(rel), 1),
+                }
+            out[name] = {
+                "max_batch_size": mb,
+                "held_out": held,
+                "errors": errors,
+                "median_ms": {b: round(1e3 * med[b], 3) for b in sizes},
+            }
+            await pool.unload(name)
+    finally:
+        await pool.close()
+    return out
+
+
+# ---- load runs ----
+
+
+class Point:
+    """One (policy, request kind, load) measurement."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.errors = 0  # requests not answered (refusals included)
+        self.refused = 0  # refused by admission control (503)
+        self.span = 0.0  # seconds from each round's start to its last answer, summed
+        self.round_means: list[float | None] = []  # mean latency (s) of each round's answers (None: none)
+
+
+def _ten(rng: random.Random) -> int:
+    """Samples of a multi-sample request: uniform in 1..10."""
+    return rng.randint(1, 10)
+
+
+async def drive(batcher: Any, inputs: dict[int, Any], arrivals: list[Arrival], point: Point | None = None
+                ) -> Point:
+    """Submit each request at its arrival time (relative seconds); wait for all answers.
+    With `point`, add this round's answers to it."""
+    loop = asyncio.get_running_loop()
+    point = Point() if point is None else point
+    start = loop.time() + 0.05
+    last = start
+    tasks = []
+
+    async def one(at: float, k: int) -> None:
+        try:
+            await batcher.submit(inputs[k], k)
+        except Overloaded:  # a refused request counts against the policy
+            point.errors += 1
+            point.refused += 1
+            return
+        except AserveError:  # so does a failed one
+            point.errors += 1
+            return
+        nonlocal last
+        done = loop.time()
+        point.latencies.append(done - at)
+        last = max(last, done)
+
+    def fire(at: float, k: int) -> None:
+        tasks.append(loop.create_task(one(at, k)))
+
+    for a in arrivals:
+        loop.call_at(start + a.time, fire, start + a.time, a.samples)
+    end = start + (arrivals[-1][0] if arrivals else 0.0)
+    await asyncio.sleep(max(0.0, end - loop.time()) + 0.01)
+    while len(tasks) < len(arrivals):
+        await asyncio.sleep(0.005)
+    await asyncio.gather(*tasks)
+    point.span += last - start
+    return point
+
+
+def make_batcher(
+    kind: str,
+    *,
+    name: str,
+    pool: Any,
+    cost: Any,
+    profile: Any,
+    budget: float,
+    join_rule: str,
+    interpreters: int,
+    window: float,
+    max_batch_size: int,
+    reserve: float = 0.0,
+) -> Any:
+    from aserve.batching.adaptive import AdaptivePolicy
+    from aserve.batching.batcher import Batcher
+    from aserve.batching.join import JoinPlanner
+    from aserve.batching.joining import Joining
+    from aserve.batching.policy import WindowPolicy
+
+    policy: Any
+    join = None
+    if kind == "serial":
+        policy, mb = WindowPolicy(max_queue_delay=0.0), 0
+    elif kind == "fixed10":
+        policy, mb = WindowPolicy(max_queue_delay=window), 10
+    elif kind == "greedy":  # capacity: what is queued, up to the largest batch, never waiting
+        policy, mb = WindowPolicy(max_queue_delay=0.0), max_batch_size
+    else:
+        policy = AdaptivePolicy(
+            copy.deepcopy(cost),
+            latency_budget_s=budget,
+            interpreters=interpreters,
+            max_queue_delay_s=budget / 2,
+            overload_reserve=reserve,
+        )
+        mb = max_batch_size
+        if kind == "adaptive_join":
+            join = Joining(pool, JoinPlanner(policy.cost, copy.deepcopy(profile)), budget,
+                           benefit=join_rule == "benefit")
+    return Batcher(
+        model=name,
+        run=pool.run,
+        policy=policy,
+        max_batch_size=mb,
+        interpreters=interpreters,
+        max_queue_size=1 << 30,
+        join=join,
+    )
+
+
+async def capacity(batcher: Any, inputs: dict[int, Any], multi: bool, seconds: float, seed: int) -> float:
+    """Requests/s served with the queue never empty (closed loop, many clients), through a
+    batcher without admission control that takes whatever is queued up to its largest batch."""
+    loop = asyncio.get_running_loop()
+    rng = random.Random(seed)
+    done = 0
+    stop = loop.time() + seconds
+
+    async def client() -> None:
+        nonlocal done
+        while loop.time() < stop:
+            k = _ten(rng) if multi else 1
+            await batcher.submit(inputs[k], k)
+            done += 1
+
+    start = loop.time()
+    await asyncio.gather(*(client() for _ in range(64 if not multi else 16)))
+    return done / (loop.time() - start)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from aserve.batching.costmodel import sample_inputs, warmup
+    from aserve.batching.join import measure_stages
+    from aserve.engine import ModelSpec, Pool
+
+    folder = pathlib.Path(args.model)
+    config = tomllib.loads((folder / "config.toml").read_text())
+    max_batch_size = int(config.get("max_batch_size", 0))
+    loads = [float(x) for x in args.loads.split(",") if x]
+    load_start = os.getloadavg()[0]  # other work on the machine skews every number
+    pool = Pool(engine="private", interpreters=args.interpreters)
+    await pool.start()
+    records: list[dict[str, Any]] = []
+    caps: dict[str, float] = {}
+    try:
+        info = await pool.load(ModelSpec(name=folder.name, path=str(folder)))
+        cost = await warmup(pool, info, max_batch_size)
+        profile = await measure_stages(pool, info, 4)
+        print(f"# cost model: {json.dumps(cost.as_dict())}", file=sys.stderr, flush=True)
+        print(f"# stages: {json.dumps(profile.as_dict())}", file=sys.stderr, flush=True)
+        inputs = {k: [sample_inputs(info, k)[s.name] for s in info.inputs] for k in range(1, 11)}
+        for kind in ("single", "multi"):
+            multi = kind == "multi"
+            budget = (args.multi_budget_ms if multi else args.budget_ms) / 1e3
+            common: dict[str, Any] = {
+                "name": info.name,
+                "pool": pool,
+                "cost": cost,
+                "profile": profile,
+                "budget": budget,
+                "join_rule": args.join_rule,
+                "reserve": args.admission_reserve,
+                "interpreters": args.interpreters,
+                "window": args.window_ms / 1e3,
+                "max_batch_size": max_batch_size,
+            }
+            # the best of three short runs: other load on the machine only ever lowers it
+            greedy = make_batcher("greedy", **common)
+            cap = max([await capacity(greedy, inputs, multi, args.capacity_seconds / 3, args.seed + i)
+                       for i in range(3)])
+            caps[kind] = cap
+            print(f"# {kind}: capacity {cap:.1f} requests/s", file=sys.stderr, flush=True)
+            for load in loads:
+                arrivals = poisson(load * cap, args.seconds, args.seed, _ten if multi else None)
+                rounds = max(1, args.rounds)
+                window = args.seconds / rounds
+                policies = args.policies
+                batchers = {policy: make_batcher(policy, **common) for policy in policies}
+                points = {policy: Point() for policy in policies}
+                for r in range(rounds):  # the same arrivals for every policy, in turns that rotate
+                    part = [Arrival(a.time - r * window, a.samples) for a in arrivals
+                            if r * window <= a.time < (r + 1) * window]
+                    for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
+                        point = points[policy]
+                        before = len(point.latencies)
+                        await drive(batchers[policy], inputs, part, point)
+                        answered = point.latencies[before:]
+                        point.round_means.append(statistics.fmean(answered) if answered else None)
+                for policy in policies:
+                    batcher, point = batchers[policy], points[policy]
+                    lat = sorted(point.latencies)
+                    rec = record(policy, kind, load, arrivals, args.seconds, lat, point.errors, point.span,
+                                 batcher.requests / max(1, batcher.batches), budget, point.refused)
+                    rec["round_mean_ms"] = [None if m is None else round(1e3 * m, 3) for m in point.round_means]
+                    if policy == "adaptive_join":
+                        stats = batcher.stats()
+                        rec["joins"] = stats["joins"]
+                        rec["joined_requests"] = stats["joined_requests"]
+                        rec["offers_turned_away"] = stats["offers_turned_away"]
+                    if policy.startswith("adaptive"):
+                        rec["cost_after"] = batcher.policy.cost.as_dict()
+                    records.append(rec)
+                    print(
+                        json.dumps({k: v for k, v in rec.items() if k != "cost_after"}),
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    finally:
+        await pool.close()
+    return {
+        "benchmark": "batching",
+        "model": folder.name,
+        "engine": "private",
+        "interpreters": args.interpreters,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_1m_start": load_start,
+            "loadavg_1m_end": os.getloadavg()[0],
+        },
+        "seconds_per_point": args.seconds,
+        "join_rule": args.join_rule,
+        "admission_reserve": args.admission_reserve,
+        "capacity_rps": {k: round(v, 1) for k, v in caps.items()},
+        "cost_model": cost.as_dict(),
+        "stage_profile": profile.as_dict(),
+        "records": records,
+        "summary": summarize(records),
+        "notes": [
+            "driven through the real Batcher (aserve.batching.batcher) on a private Pool",
+            f"fixed10: window policy, max batch 10, {args.window_ms} ms window; serial: every request alone",
+            (
+                f"adaptive: budget {args.budget_ms} ms (single), {args.multi_budget_ms} ms (multi); "
+                "max_queue_delay = budget / 2; a fresh copy of the warmed-up cost model per point"
+            ),
+            (
+                "capacity: closed loop (64 clients single, 16 multi), queue never empty, batches of what is "
+                "queued up to max_batch_size, no admission control; the best of three short runs"
+            ),
+            (
+                f"each point: {args.seconds} s of arrivals in {args.rounds} consecutive windows, the policies "
+                "taking turns on each (rotating), each policy keeping its batcher across its turns"
+            ),
+            (
+                "adaptive_join: AdaptivePolicy plus joining at stage boundaries; mean_batch_requests counts "
+                "dispatched batches only, joins are in joins/joined_requests"
+            ),
+            "latency: from the scheduled arrival to the answer, on the same event loop as the batcher",
+        ],
+    }
+
+
+def record(policy: str, kind: str, load: float, arrivals: Sequence[Arrival], seconds: float, lat: list[float],
+           errors: int, span: float, batch_requests: float, budget: float, refused: int) -> dict[str, Any]:
+    """One point's record; `lat`: the sorted latencies of the answered requests."""
+    n = len(lat)
+    late = sum(1 for x in lat if x > budget)
+    admitted = len(arrivals) - refused
+    return {
+        "policy": policy,
+        "requests": kind,
+        "load": load,
+        "offered_rps": round(len(arrivals) / seconds, 1),
+        "mean_ms": round(1e3 * statistics.fmean(lat), 2) if n else None,
+        "p99_ms": round(1e3 * lat[max(0, math.ceil(0.99 * n) - 1)], 2) if n else None,
+        "throughput_rps": round(n / span, 1) if span > 0 else None,
+        "over_budget": round((late + errors) / max(1, len(arrivals)), 4),
+        "refused": refused,
+        "admitted_over_budget": round((late + errors - refused) / max(1, admitted), 4),
+        "mean_batch_requests": round(batch_requests, 2),
+        "budget_ms": budget * 1e3,
+        "errors": errors,
+    }
+
+
+def simulate_run(args: argparse.Namespace) -> dict[str, Any]:
+    """The same points in virtual time: the real Batcher and policies, a simulated engine
+    on the affine curve of `--simulate`, capacity computed from that curve."""
+    from aserve.batching.adaptive import AdaptivePolicy
+    from aserve.batching.costmodel import CostModel, ladder
+    from aserve.batching.join import JoinPlanner, StageProfile
+    from aserve.batching.policy import WindowPolicy
+
+    from .sim.simulation import simulate
+
+    try:
+        a_ms, c_ms = (float(x) for x in args.simulate.split(","))
+        shares = [float(x) for x in args.stage_shares.split(",") if x]
+    except ValueError:
+        raise SystemExit(f"--simulate: expected A_MS,C_MS (e.g. 2.7,3.1), got {args.simulate!r}") from None
+    folder = pathlib.Path(args.model)
+    max_batch_size = int(tomllib.loads((folder / "config.toml").read_text()).get("max_batch_size", 32)) \
+        if (folder / "config.toml").exists() else 32
+
+    def cost(b: int) -> float:
+        return (a_ms + c_ms * b) / 1e3
+
+    loads = [float(x) for x in args.loads.split(",") if x]
+    records: list[dict[str, Any]] = []
+    caps: dict[str, float] = {}
+    for kind in ("single", "multi"):
+        multi = kind == "multi"
+        budget = (args.multi_budget_ms if multi else args.budget_ms) / 1e3
+        cap = args.interpreters * max_batch_size / cost(max_batch_size) / (5.5 if multi else 1.0)
+        caps[kind] = cap
+        for load in loads:
+            arrivals = poisson(load * cap, args.seconds, args.seed, _ten if multi else None)
+            for policy in args.policies:
+                model = CostModel([(b, cost(b)) for b in ladder(max_batch_size)], max_batch_size=max_batch_size)
+                join = None
+                mb = max_batch_size
+                if policy == "serial":
+                    p: Any = WindowPolicy(max_queue_delay=0.0)
+                    mb = 0
+                elif policy == "fixed10":
+                    p, mb = WindowPolicy(max_queue_delay=args.window_ms / 1e3), 10
+                else:
+                    p = AdaptivePolicy(model, latency_budget_s=budget, interpreters=args.interpreters,
+                                       max_queue_delay_s=budget / 2, overload_reserve=args.admission_reserve)
+                    if policy == "adaptive_join":
+                        join = JoinPlanner(model, StageProfile(len(shares), shares))
+                result = simulate(p, arrivals, cost, interpreters=args.interpreters, max_batch_size=mb, join=join,
+                                  stages=shares if join else None, budget=budget,
+                                  benefit=args.join_rule == "benefit")
+                lat = sorted(result.served())
+                span = result.end - min(result.arrivals, default=0.0)
+                batches = len(result.batches)
+                per_batch = sum(len(b.requests) for b in result.batches) / max(1, batches)
+                rec = record(policy, kind, load, arrivals, args.seconds, lat, len(result.latencies) - len(lat), span,
+                             per_batch, budget, len(result.refused))
+                if policy == "adaptive_join":
+                    rec["joins"] = len(result.joins)
+                    rec["joined_requests"] = sum(len(j.requests) for j in result.joins)
+                records.append(rec)
+    return {
+        "benchmark": "batching",
+        "mode": "simulated",
+        "model": f"affine {a_ms} ms + {c_ms} ms/sample",
+        "engine": "simulated (benchmarks.sim.simulation)",
+        "interpreters": args.interpreters,
+        "seconds_per_point": args.seconds,
+        "join_rule": args.join_rule,
+        "admission_reserve": args.admission_reserve,
+        "capacity_rps": {k: round(v, 1) for k, v in caps.items()},
+        "records": records,
+        "summary": summarize(records),
+        "notes": [
+            (
+                "virtual time: the real Batcher and policies on a VirtualLoop, a simulated engine whose batch "
+                f"of b samples takes {a_ms} + {c_ms} * b ms; deterministic (seed {args.seed})"
+            ),
+            "capacity: interpreters x max_batch_size / L(max_batch_size) (multi: / 5.5 for requests)",
+        ],
+    }
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Adaptive and adaptive_join against fixed10 and serial per request kind and load:
+    mean-latency cut against fixed10, mean over serial's, throughput ratio, over-budget share."""
+    out: dict[str, Any] = {}
+    by = {(r["policy"], r["requests"], r["load"]): r for r in records}
+    for (policy, kind, load), r in by.items():
+        if not policy.startswith("adaptive") or not r["mean_ms"]:
+            continue
+        entry: dict[str, Any] = {"over_budget": r["over_budget"]}
+        f = by.get(("fixed10", kind, load))
+        if f is not None and f["mean_ms"] and r["throughput_rps"] and f["throughput_rps"]:
+            entry["mean_cut_vs_fixed10"] = round(1 - r["mean_ms"] / f["mean_ms"], 3)
+            entry["throughput_ratio_vs_fixed10"] = round(r["throughput_rps"] / f["throughput_rps"], 3)
+        s = by.get(("serial", kind, load))
+        if s is not None and s["mean_ms"]:
+            entry["mean_vs_serial"] = round(r["mean_ms"] / s["mean_ms"], 3)
+            ours, theirs = r.get("round_mean_ms"), s.get("round_mean_ms")
+            if ours and theirs and len(ours) == len(theirs) and len(ours) > 1:
+                paired = _paired(ours, theirs)
+                lo, hi = paired_ratio_ci(ours, theirs)
+                entry["mean_vs_serial_ci95"] = [round(lo, 3), round(hi, 3)]
+                entry["rounds_not_slower_than_serial"] = f"{sum(a <= b for a, b in paired)}/{len(paired)}"
+        out.setdefault(f"{kind}@{load}", {})[policy] = entry
+    return out
+
+
+def _paired(ours: Sequence[float | None], theirs: Sequence[float | None]) -> list[tuple[float, float]]:
+    """The rounds where both answered something (None: a round without an answer)."""
+    return [(a, b) for a, b in zip(ours, theirs) if a is not None and b is not None]
+
+
+def paired_ratio_ci(ours: Sequence[float | None], theirs: Sequence[float | None], *, resamples: int = 4000,
+                    seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of sum(ours) / sum(theirs) over paired rounds (the same arrivals
+    in round i for both): rounds are resampled whole, so what drifts from one round to the
+    next (other load on the machine) stays paired. Rounds where either answered nothing are left out."""
+    pairs = _paired(ours, theirs)
+    if not pairs:
+        return math.nan, math.nan
+    rng = random.Random(seed)
+    n = len(pairs)
+    ratios = []
+    for _ in range(resamples):
+        pick = [pairs[rng.randrange(n)] for _ in range(n)]
+        below = sum(b for _, b in pick)
+        if below > 0:
+            ratios.append(sum(a for a, _ in pick) / below)
+    ratios.sort()
+    if not ratios:
+        return math.nan, math.nan
+    return ratios[int(0.025 * (len(ratios) - 1))], ratios[int(0.975 * (len(ratios) - 1))]
+
+
+def require_matplotlib() -> None:
+    """Fail before measuring anything when a plot is asked for and cannot be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit(
+            "benchmarks.batching: --plot needs matplotlib, which is not installed: install the "
+            "bench extra (pip install -e '.[bench]'), or pass --plot '' for no plot"
+        ) from None
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, kind in zip(axes, ("single", "multi")):
+        for policy in POLICIES:
+            rs = [r for r in result["records"] if r["policy"] == policy and r["requests"] == kind]
+            if not rs:  # not among --policies
+                continue
+            xs = [100 * r["load"] for r in rs]
+            name = f"{policy} ({result['join_rule']} rule)" if policy == "adaptive_join" else policy
+            (line,) = ax.plot(xs, [r["mean_ms"] for r in rs], marker="o", label=f"{name} mean")
+            ax.plot(
+                xs,
+                [r["p99_ms"] for r in rs],
+                marker="x",
+                linestyle="--",
+                color=line.get_color(),
+                label=f"{name} p99",
+            )
+        budgets = [r["budget_ms"] for r in result["records"] if r["requests"] == kind]
+        if budgets:
+            ax.axhline(budgets[0], color="grey", linewidth=0.8, label="budget")
+        ax.set_yscale("log")
+        ax.set_xlabel("load (% of capacity)")
+        ax.set_ylabel("latency (ms)")
+        ax.set_title(f"{kind}-sample requests, {result['interpreters']} interpreters", fontsize=10)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{result['model']} ({result.get('mode', 'measured')})", fontsize=10)
+    fig.tight_layout()
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    if not args.simulate:
+        ensure_glibc_tunables()
+    if args.fit_only:
+        print(json.dumps(asyncio.run(compare_fits()), indent=2))
+        return 0
+    if args.plot:
+        require_matplotlib()
+    result = simulate_run(args) if args.simulate else asyncio.run(run(args))
+    if args.plot:
+        plot(result, args.plot)
+    text = json.dumps(result, indent=2)
+    if args.json:
+        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.json).write_text(text + "\n")
+    print(json.dumps(result["summary"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

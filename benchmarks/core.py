@@ -1,0 +1,197 @@
+"""The data plane without HTTP: how many requests one core of the host loop can carry.
+
+    python -m benchmarks.core [--json FILE] [--models simple,mlp] [--engines private,main]
+                              [--bodies binary,json] [--clients 32] [--duration 5] [--profile FILE]
+
+An in-process client drives the whole path that `aserve serve` runs for a request,
+minus HTTP: decode the V2 body against the model's schema, queue it on the model's
+batcher, run the batch on the interpreter pool, split the outputs, encode the V2
+response. `--clients` coroutines on one uvloop loop each send their next request as
+soon as the previous answer is encoded (closed loop), for `--duration` seconds after a
+warm-up. Every answer is checked against the value computed here.
+
+Each (engine, model, body) is measured twice in the same run (`--paths`):
+
+- `codec`, the baseline: decode the body and encode the answer, the answer computed
+  once by the data plane beforehand: what the wire format alone costs the loop;
+- `plane`: the whole path above, batcher and pool included.
+
+Each record: `path`, `requests_per_s`, `loop_cpu_us_per_request` (CPU of the loop
+thread, `time.thread_time`, over the requests answered) and `requests_per_core_s` (1e6
+/ that: what one core of the host loop would carry if the interpreters kept up), with
+`engine`, `model`, `body`, `clients`, `mean_batch` (requests per batch; plane only). A
+plane record also has `codec_us_per_request` and `beyond_codec_us_per_request`: the
+batcher, the pool's submit and completion, the futures and the split of a batch's
+outputs, per request. Subtracting the plane's loop CPU from `benchmarks.http`'s loop
+CPU per request gives what HTTP costs.
+
+`--profile FILE` also writes a cProfile of the loop thread (the interpreters run in
+their own threads and do not appear), for `python -m pstats FILE`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import os
+import pathlib
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+from aserve.cli import bundled_examples
+from aserve.config import ServerSettings
+from aserve.dataplane import DataPlane, ModelHandle
+from aserve.engine import ensure_glibc_tunables
+from aserve.inference import InferRequest, InferResponse
+from aserve.protocol import decode_infer, encode_infer
+
+from .http import Case, Skip, check_answer, make_cases
+
+DEFAULT_MODELS = ("simple", "mlp")
+DEFAULT_ENGINES = ("private", "main")
+
+
+def _check(case: Case, chunks: list[Any], headers: dict[str, str]) -> None:
+    wrong, _ = check_answer("aserve", case, 200, headers, b"".join(bytes(c) for c in chunks))
+    if wrong is not None:
+        raise AssertionError(f"{case.model} ({case.body_kind} body): {wrong}")
+
+
+async def _run_point(plane: DataPlane, case: Case, path: str, clients: int, duration: float,
+                     warmup: float, profile: cProfile.Profile | None) -> dict[str, Any]:
+    model = case.model
+    handle = plane.model(model)
+    schema = plane.schema(model)
+    body, headers = case.body, case.headers
+    content_type = headers.get("Content-Type")
+    length_header = headers.get("Inference-Header-Content-Length")
+    header_length = int(length_header) if length_header is not None else None
+    loop = asyncio.get_running_loop()
+    counts = {"answered": 0}
+    phase = {"stop": loop.time() + warmup}
+    if path == "codec":  # the baseline: the answer computed once, only the wire format per request
+        computed = await plane.run(handle, decode_infer(body, content_type=content_type,
+                                                        header_length=header_length, schema=schema))
+
+        async def answer(handle: ModelHandle, request: InferRequest) -> InferResponse:
+            return computed
+    else:
+        answer = plane.run
+
+    async def client() -> None:
+        while loop.time() < phase["stop"]:
+            req = decode_infer(body, content_type=content_type, header_length=header_length, schema=schema)
+            response = await answer(handle, req)
+            chunks, out_headers = encode_infer(response, req, accept=None, content_type=content_type)
+            if counts["answered"] % 997 == 0:
+                _check(case, chunks, out_headers)
+            counts["answered"] += 1
+
+    await asyncio.gather(*(client() for _ in range(clients)))  # warm-up
+    batcher = handle.batcher
+    assert batcher is not None
+    batches0, requests0 = batcher.batches, batcher.requests
+    counts["answered"] = 0
+    phase["stop"] = loop.time() + duration
+    cpu0, wall0 = time.thread_time(), time.perf_counter()
+    if profile is not None:
+        profile.enable()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    if profile is not None:
+        profile.disable()
+    cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
+    n = counts["answered"]
+    batches = batcher.batches - batches0
+    return {
+        "path": path,
+        "requests_per_s": round(n / wall, 1),
+        "loop_cpu_us_per_request": round(cpu / n * 1e6, 2) if n else None,
+        "requests_per_core_s": round(n / cpu, 1) if cpu > 0 else None,
+        "loop_cpu_cores": round(cpu / wall, 3),
+        "mean_batch": round((batcher.requests - requests0) / batches, 2) if path == "plane" and batches else None,
+        "requests": n,
+        "duration_s": round(wall, 3),
+    }
+
+
+async def _run_engine(engine: str, models: list[str], args: argparse.Namespace,
+                      profile: cProfile.Profile | None) -> list[dict[str, Any]]:
+    examples = pathlib.Path(args.repository) if args.repository else bundled_examples()
+    if examples is None:
+        raise SystemExit("benchmarks.core: no --repository and no bundled examples/ folder")
+    records: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = pathlib.Path(tmp)
+        for m in models:
+            shutil.copytree(examples / m, repo / m)
+        plane = DataPlane(repo, ServerSettings(engine=engine, interpreters=args.interpreters))
+        await plane.start()
+        try:
+            for model in models:
+                common = {"bench": "core", "engine": engine, "model": model, "interpreters": args.interpreters,
+                          "clients": args.clients, "python": platform.python_version(), "cpus": os.cpu_count()}
+                if not plane.model(model).ready:
+                    records.append({**common, "skipped": plane.model(model).reason or "not ready"})
+                    print(json.dumps(records[-1]), file=sys.stderr)
+                    continue
+                try:
+                    cases = make_cases(model, args.bodies.split(","), examples)
+                except Skip as e:
+                    records.append({**common, "skipped": str(e)})
+                    print(json.dumps(records[-1]), file=sys.stderr)
+                    continue
+                for body, case in cases.items():
+                    codec: float | None = None
+                    for path in args.paths.split(","):
+                        point = await _run_point(plane, case, path, args.clients, args.duration, args.warmup,
+                                                 profile)
+                        us = point["loop_cpu_us_per_request"]
+                        if path == "codec":
+                            codec = us
+                        elif codec is not None and us is not None:
+                            point["codec_us_per_request"] = codec
+                            point["beyond_codec_us_per_request"] = round(us - codec, 2)
+                        records.append({**common, "body": body, **point})
+                        print(json.dumps(records[-1]), flush=True)
+        finally:
+            await plane.close(timeout=10)
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.core", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", help="write the records to this file (a JSON list)")
+    p.add_argument("--repository", help="model repository (default: the bundled examples/)")
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    p.add_argument("--engines", default=",".join(DEFAULT_ENGINES))
+    p.add_argument("--bodies", default="binary,json")
+    p.add_argument("--paths", default="codec,plane",
+                   help="what runs per request: codec (decode and encode, the baseline), plane (the whole data plane)")
+    p.add_argument("--interpreters", type=int, default=2)
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per point")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds before each point")
+    p.add_argument("--profile", help="write a cProfile of the loop thread (all points) to this file")
+    args = p.parse_args(argv)
+    unknown = set(args.paths.split(",")) - {"codec", "plane"}
+    if unknown:
+        p.error(f"--paths: expected codec and/or plane, got {','.join(sorted(unknown))}")
+    ensure_glibc_tunables()
+    import uvloop
+
+    profile = cProfile.Profile() if args.profile else None
+    records: list[dict[str, Any]] = []
+    for engine in args.engines.split(","):
+        records.extend(uvloop.run(_run_engine(engine, args.models.split(","), args, profile)))
+    if profile is not None:
+        profile.dump_stats(args.profile)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
+    return 0

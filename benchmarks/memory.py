@@ -1,0 +1,131 @@
+"""Where a server's memory goes, per interpreter: PSS by mapping kind from /proc/PID/smaps.
+
+    python -m benchmarks.memory [--json FILE] [--model mlp] [--interpreters 1,2,4] [--engine private]
+
+For each interpreter count it starts `aserve serve` on a repository holding only
+`--model`, sends it a few requests, then reads the server's smaps and sums PSS by
+kind:
+
+- `libtorch_text`, `libpython_text`, `other_text`: a shared library's mappings with no
+  private dirty page: its code and read-only data, shared with every other mapping of
+  the same file (PSS divides them);
+- `libtorch_relocations`, `libpython_relocations`, `other_relocations`: a library's
+  mappings with private dirty pages: its data and relocated read-only data (RELRO),
+  which each private namespace has a copy of;
+- `heap_and_arenas`: anonymous memory (malloc's heap, pymalloc's arenas, tensors);
+- `stacks`, `other`.
+
+Each record also has the total PSS, and the per-interpreter cost: the difference to
+the record with one interpreter fewer, divided by the interpreters added.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import sys
+import tempfile
+import time
+from typing import Any
+
+from aserve.cli import bundled_examples
+
+from . import servers
+
+_HEADER = re.compile(r"^[0-9a-f]+-[0-9a-f]+ (\S{4}) \S+ \S+ \S+\s*(.*)$")
+
+
+def classify(path: str, private_dirty_kb: int) -> str:
+    name = os.path.basename(path)
+    lib = "libtorch" if "libtorch" in name or "libc10" in name else "libpython" if "libpython" in name else "other"
+    if path.startswith("/") and ".so" in name:
+        return f"{lib}_relocations" if private_dirty_kb > 0 else f"{lib}_text"
+    if path.startswith("[stack"):
+        return "stacks"
+    if path in ("", "[heap]") or path.startswith("[anon"):
+        return "heap_and_arenas"
+    return "other"
+
+
+def pss_by_kind(pid: int) -> dict[str, float]:
+    """PSS in MB per kind of mapping, of every process of the tree rooted at `pid`."""
+    import psutil
+
+    out: dict[str, float] = {}
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    mappings: list[dict[str, Any]] = []
+    for proc in procs:
+        for line in pathlib.Path(f"/proc/{proc.pid}/smaps").read_text().splitlines():
+            m = _HEADER.match(line)
+            if m:
+                mappings.append({"path": m[2].strip()})
+            elif mappings:
+                key, _, value = line.partition(":")
+                if key in ("Pss", "Private_Dirty"):
+                    mappings[-1][key] = int(value.split()[0])
+    for mapping in mappings:
+        kind = classify(mapping["path"], mapping.get("Private_Dirty", 0))
+        out[kind] = out.get(kind, 0.0) + mapping.get("Pss", 0) / 1024
+    return {k: round(v, 1) for k, v in sorted(out.items())}
+
+
+def measure(model: str, interpreters: int, engine: str, examples: pathlib.Path) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="benchmarks-memory-") as tmp:
+        repo = pathlib.Path(tmp)
+        (repo / model).symlink_to((examples / model).resolve(), target_is_directory=True)
+        server = servers.aserve_server("aserve" if engine != "main" else "aserve-main", model, repo,
+                                       interpreters=interpreters)
+        from .http import make_cases
+
+        case = make_cases(model, ["binary"], examples)["binary"]
+
+        def probe() -> bool:
+            return servers.post(server.url, case.body, case.headers, timeout=10)[0] == 200
+
+        server.start(probe)
+        try:
+            for _ in range(50):
+                servers.post(server.url, case.body, case.headers)
+            time.sleep(0.5)  # let the interpreters give back the outputs' owners before reading smaps
+            assert server.proc is not None
+            kinds = pss_by_kind(server.proc.pid)
+        finally:
+            server.stop()
+    return {"bench": "memory", "model": model, "engine": engine, "interpreters": interpreters,
+            "pss_mb": round(sum(kinds.values()), 1), "pss_mb_by_kind": kinds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", help="write the records to this file (a JSON list)")
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--engine", default="private", choices=("private", "main"))
+    p.add_argument("--interpreters", default="1,2,4")
+    args = p.parse_args(argv)
+    examples = bundled_examples()
+    if examples is None:
+        p.error("no bundled examples/ folder")
+    records: list[dict[str, Any]] = []
+    for k in sorted(int(x) for x in args.interpreters.split(",")):
+        record = measure(args.model, k, args.engine, examples)
+        if records:
+            prev = records[-1]
+            added = k - prev["interpreters"]
+            record["per_added_interpreter_mb"] = round((record["pss_mb"] - prev["pss_mb"]) / added, 1)
+            record["per_added_interpreter_mb_by_kind"] = {
+                kind: round((mb - prev["pss_mb_by_kind"].get(kind, 0.0)) / added, 1)
+                for kind, mb in record["pss_mb_by_kind"].items()
+            }
+        records.append(record)
+        print(json.dumps(record), flush=True)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
