@@ -54,8 +54,6 @@ void as_fault_unregister(int slot);
 
 /* pool.c */
 extern PyType_Spec as_pool_spec;
-struct as_result;
-void as_result_decref(struct as_result *r);
 
 /* otlp.c: recorded spans to an OTLP ExportTraceServiceRequest. */
 PyObject *as_otlp_encode(PyObject *module, PyObject *args);
@@ -70,10 +68,13 @@ extern PyType_Spec as_recorder_spec;
 extern PyType_Spec as_trace_spec;
 PyObject *as_parse_traceparent(PyObject *module, PyObject *arg);
 
-/* buffer.c: a host object exporting an interpreter's output memory. */
+/* buffer.c: a host object exporting an interpreter's output memory. on_free(ctx), if
+ * not NULL, is called once under the host GIL when the buffer is gone: it gives the
+ * memory back to whoever owns it. */
+typedef void (*as_buffer_free_fn)(void *ctx);
 extern PyType_Spec as_buffer_spec;
-PyObject *as_buffer_new(PyTypeObject *tp, struct as_result *r, PyObject *keep, void *data, size_t nbytes,
-                        int readonly);
+PyObject *as_buffer_new(PyTypeObject *tp, as_buffer_free_fn on_free, void *ctx, PyObject *keep, void *data,
+                        size_t nbytes, int readonly);
 PyObject *as_buffer_from_address(PyObject *module, PyObject *args);
 
 #endif

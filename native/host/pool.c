@@ -647,8 +647,10 @@ static void enqueue(pool_t *p, hjob *j, int target)
 
 /* ---- results handed to the host ---- */
 
-void as_result_decref(struct as_result *r)
+/* as_buffer_free_fn of output buffers, and the builder's own reference. */
+static void result_decref(void *ctx)
 {
+    struct as_result *r = ctx;
     if (--r->refs > 0)
         return;
     pool_t *p = r->pool;
@@ -1129,7 +1131,7 @@ static PyObject *make_outputs(pool_t *p, hjob *j)
         for (int d = 0; d < t->ndim; d++)
             PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(t->shape[d]));
         r->refs++;
-        PyObject *buf = as_buffer_new(st->buffer_type, r, NULL, t->data, t->nbytes, t->readonly);
+        PyObject *buf = as_buffer_new(st->buffer_type, result_decref, r, NULL, t->data, t->nbytes, t->readonly);
         if (buf == NULL) {
             r->refs--;
             Py_DECREF(shape);
@@ -1140,11 +1142,11 @@ static PyObject *make_outputs(pool_t *p, hjob *j)
             goto error;
         PyList_SET_ITEM(list, (Py_ssize_t)i, item);
     }
-    as_result_decref(r);
+    result_decref(r);
     return list;
 error:
     Py_DECREF(list);
-    as_result_decref(r);
+    result_decref(r);
     return NULL;
 }
 
