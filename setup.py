@@ -13,7 +13,7 @@ import sysconfig
 from setuptools import Extension, setup
 
 common = ["-std=c11", "-D_GNU_SOURCE", "-fvisibility=hidden", "-Wall", "-Wno-missing-field-initializers"]
-interp_runtime = ["native/interp/runtime.c", "native/interp/join.c"]
+interp_runtime = ["native/interp/runtime.c", "native/interp/join.c", "native/interp/inputs.c"]
 
 extensions = [
     Extension(
