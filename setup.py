@@ -21,6 +21,7 @@ extensions = [
         sources=[
             "native/host/module.c",
             "native/host/pool.c",
+            "native/host/pool_join.c",
             "native/host/buffer.c",
             "native/host/private.c",
             "native/host/engines.c",
@@ -30,7 +31,7 @@ extensions = [
             "native/host/trace.c",
             *interp_runtime,
         ],
-        depends=["native/abi.h", "native/host/common.h", "native/interp/runtime.h"],
+        depends=["native/abi.h", "native/host/common.h", "native/host/pool.h", "native/interp/runtime.h"],
         extra_compile_args=common,
         libraries=["dl", "pthread", "m"],
     )

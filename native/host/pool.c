@@ -44,12 +44,7 @@
  *     gone (as_result, refs under the host GIL); then the owner goes back to its
  *     worker's release list and that worker frees it under its own GIL.
  *
- * Staged jobs (layer-level joining): the host may offer a group of requests to a
- * staged batch that is queued or running. The offer waits on the job; after each
- * stage but the last the worker polls it (join_poll, under the pool lock only) and
- * absorbs it if that boundary is no later than the offer's last_stage, else rejects
- * it. Every offer completes, absorbed or rejected, before its batch's own
- * completion, in one drain, so the host knows which requests the outputs cover.
+ * Staged jobs (layer-level joining) and the groups offered to them: pool_join.c.
  *
  * Workers live as long as the process: an interpreter holding torch cannot be torn
  * down and recreated in the same namespace, so a pool that is closed keeps its
@@ -66,7 +61,7 @@
  * worker that returns from it is no longer lost. A fatal signal in a worker is
  * reported by fault.c before the process ends.
  */
-#include "common.h"
+#include "pool.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -76,192 +71,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define AS_JOB_START 100 /* host-only kind: a worker's interpreter is ready (or failed) */
-#define MAX_WORKERS 64
 #define MODEL_CAPSULE "aserve.model"
-
-struct pool;
-
-/* A model's names, interned once per load: every infer job of it points here. */
-typedef struct hmodel {
-    Py_ssize_t refs; /* host GIL */
-    char *key;
-    size_t n_inputs;
-    char **names, **datatypes;
-} hmodel;
-
-/* The host buffers of one job's (or one offered group's) inputs. */
-typedef struct hinputs {
-    struct pool *pool;
-    int refs; /* p->mu */
-    size_t n;
-    struct hinputs *next; /* p->released */
-    Py_buffer views[];
-} hinputs;
-
-typedef struct hjob {
-    as_job job;
-    struct hjob *next;
-    PyObject *token; /* called with (ok, payload) by the host when the job completes */
-    int host_kind;
-    int worker;
-    uint64_t mask; /* shared jobs: bit i set if interpreter i may run it */
-    char *key, *text; /* load/unload/exec: owned copies */
-    hmodel *model;    /* infer jobs and offers */
-    as_tensor *in;
-    hinputs *inputs;
-    char *start_error; /* start jobs */
-    /* staged jobs: their join point, progress and groups offered / absorbed */
-    struct pool *pool;
-    uint64_t id;
-    as_join join;
-    int stage;   /* stages done at the last join point */
-    int running; /* a worker took it */
-    struct timespec started;
-    int64_t ran_from, ran_to; /* traced jobs: CLOCK_MONOTONIC ns around the run in the interpreter */
-    struct hjob *offers, *offers_tail;
-    struct hjob *absorbed, *absorbed_tail;
-    struct hjob *snext; /* the pool's list of staged jobs not yet complete */
-    /* offers */
-    int is_offer;
-    int last_stage; /* the latest boundary at which the group may join */
-    int joined;
-    /* faults (p->mu) */
-    int cancel_sent; /* a cancellation of it was started */
-    int orphan;      /* given up (lose): its token is the one lose was given */
-} hjob;
-
-typedef struct release {
-    void *owner;
-    struct release *next;
-} release_t;
-
-typedef struct worker {
-    struct pool *pool;
-    int index;
-    pthread_t thread;
-    pthread_cond_t cv;
-    as_engine engine;
-    as_interp *ip;
-    hjob *head, *tail;   /* targeted jobs */
-    release_t *releases; /* outputs the host gave back */
-    int waiting;         /* blocked on cv with nothing to do */
-    int spinning;        /* polling for a job before it blocks (p->spin_ns) */
-    int spun;            /* has polled since its last job: blocks next time */
-    int kick;            /* atomic: set to end a spin (a job for it, stop) */
-    int64_t spin_from;   /* CLOCK_MONOTONIC ns: when the current spin began */
-    int64_t spin_total;  /* ns spent polling for jobs, all told (who ends a spin adds it) */
-    int active;          /* takes jobs from the pool queue */
-    int ready, dead;
-    int busy;            /* running a job */
-    int stop, exited;
-    hjob *start_job;
-    hjob *current;       /* the job it runs now */
-    int64_t since;       /* CLOCK_MONOTONIC ns: when it took `current` */
-    int lost;            /* stuck in a job it was asked to give up: takes no jobs until it returns */
-    int fault_slot;      /* fault.c's slot, -1 if none */
-} worker_t;
-
-typedef struct pool {
-    PyObject_HEAD
-    char engine_name[16];
-    as_engine engine; /* template: private workers open their own namespace */
-    char *library;
-    as_init init;
-    char **path;
-    char *executable, *bootstrap;
-    PyObject *str_shape, *str_data; /* interned attribute names of input tensors */
-    pthread_mutex_t mu;
-    pthread_cond_t exit_cv;
-    hjob *head, *tail; /* shared queue */
-    size_t queued;
-    hjob *done;         /* completions, newest first */
-    hinputs *released;  /* input buffers the interpreters gave back last */
-    int signalled;      /* the eventfd was written since the last drain */
-    int64_t spin_ns;    /* how long an idle worker polls for a job before it blocks */
-    int spinners, max_spinners;
-    hjob *staged;       /* staged jobs not yet complete */
-    uint64_t next_id;
-    int efd;
-    int n_workers;
-    worker_t *workers[MAX_WORKERS];
-} pool_t;
-
-struct as_result {
-    pool_t *pool;
-    worker_t *worker;
-    void *owner;
-    Py_ssize_t refs;
-};
-
-/* ---- the pool lock's helpers (caller holds p->mu) ----
- *
- * Nothing that wakes another thread happens under the lock: a thread woken while the
- * waker still holds p->mu would only block on it again. Callers note what to wake
- * under the lock and wake it after unlocking (the eventfd: wake_loop; a worker:
- * pthread_cond_signal). */
-
-/* Whether the event loop must be woken: nothing was pending since its last drain. */
-static int must_wake_loop(pool_t *p)
-{
-    if (p->signalled)
-        return 0;
-    p->signalled = 1;
-    return 1;
-}
-
-/* Without p->mu: write the eventfd the event loop watches. */
-static void wake_loop(pool_t *p)
-{
-    uint64_t one = 1;
-    ssize_t rc;
-    do
-        rc = write(p->efd, &one, sizeof one);
-    while (rc < 0 && errno == EINTR);
-}
-
-/* Returns whether the loop must be woken (wake_loop after unlocking). */
-static int post_done(pool_t *p, hjob *j)
-{
-    j->next = p->done;
-    __atomic_store_n(&p->done, j, __ATOMIC_RELEASE); /* pool_poll reads it without the lock */
-    return must_wake_loop(p);
-}
-
-static void append(hjob **head, hjob **tail, hjob *j)
-{
-    j->next = NULL;
-    if (*tail != NULL)
-        (*tail)->next = j;
-    else
-        *head = j;
-    *tail = j;
-}
-
-static hjob *pop(hjob **head, hjob **tail)
-{
-    hjob *j = *head;
-    if (j != NULL) {
-        *head = j->next;
-        if (*head == NULL)
-            *tail = NULL;
-        j->next = NULL;
-    }
-    return j;
-}
-
-/* Take j, which follows prev (NULL: j is the head), out of the shared queue; the caller
- * counts it out of p->queued. Caller holds p->mu. */
-static void unlink_shared(pool_t *p, hjob *prev, hjob *j)
-{
-    if (prev != NULL)
-        prev->next = j->next;
-    else
-        p->head = j->next;
-    if (p->tail == j)
-        p->tail = prev;
-    j->next = NULL;
-}
 
 /* First shared job interpreter `index` may run (models can be loaded on a subset). */
 static hjob *pop_shared(pool_t *p, int index)
@@ -401,61 +211,6 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static int64_t monotonic_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-/* as_join.poll: called by the interpreter side of a running staged job after
- * `done` stages; hands over the first offered group that may still join. */
-static const as_tensor *join_poll(void *ctx, int done, size_t *n_inputs, void **inputs_ctx)
-{
-    hjob *j = ctx;
-    pool_t *p = j->pool;
-    const as_tensor *in = NULL;
-    int wake = 0;
-    pthread_mutex_lock(&p->mu);
-    j->stage = done;
-    hjob *o;
-    while (in == NULL && (o = pop(&j->offers, &j->offers_tail)) != NULL) {
-        if (done <= o->last_stage) {
-            o->joined = 1;
-            append(&j->absorbed, &j->absorbed_tail, o);
-            *n_inputs = o->job.n_inputs;
-            o->inputs->refs++; /* the interpreter's, given back with inputs_released */
-            *inputs_ctx = o->inputs;
-            in = o->in;
-        } else {
-            wake |= post_done(p, o); /* too late for this group: the host queues it again */
-        }
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (wake)
-        wake_loop(p);
-    return in;
-}
-
-/* Caller holds p->mu: a staged job finished; complete its offers (before itself).
- * Returns whether the loop must be woken. */
-static int finish_staged(pool_t *p, hjob *j)
-{
-    int wake = 0;
-    for (hjob **pp = &p->staged; *pp != NULL; pp = &(*pp)->snext) {
-        if (*pp == j) {
-            *pp = j->snext;
-            break;
-        }
-    }
-    hjob *o;
-    while ((o = pop(&j->offers, &j->offers_tail)) != NULL)
-        wake |= post_done(p, o);
-    while ((o = pop(&j->absorbed, &j->absorbed_tail)) != NULL)
-        wake |= post_done(p, o);
-    return wake;
-}
-
 static void *worker_main(void *arg)
 {
     worker_t *w = arg;
@@ -508,7 +263,7 @@ static void *worker_main(void *arg)
             pthread_mutex_lock(&p->mu);
             continue;
         }
-        hjob *j = pop(&w->head, &w->tail);
+        hjob *j = job_pop(&w->head, &w->tail);
         if (j == NULL && w->active)
             j = pop_shared(p, w->index);
         if (j != NULL) {
@@ -534,7 +289,7 @@ static void *worker_main(void *arg)
             w->busy = 0;
             w->current = NULL;
             w->lost = 0; /* back from a job it was given up in: it takes jobs again */
-            wake = j->job.join != NULL ? finish_staged(p, j) : 0;
+            wake = j->job.join != NULL ? as_pool_finish_staged(p, j) : 0;
             wake |= post_done(p, j);
             if (wake) {
                 pthread_mutex_unlock(&p->mu);
@@ -632,11 +387,11 @@ static void enqueue(pool_t *p, hjob *j, int target)
     pthread_mutex_lock(&p->mu);
     if (target >= 0) {
         w = p->workers[target];
-        append(&w->head, &w->tail, j);
+        job_append(&w->head, &w->tail, j);
         w->waiting = 0;
         kick(p, w);
     } else {
-        append(&p->head, &p->tail, j);
+        job_append(&p->head, &p->tail, j);
         p->queued++;
         w = idle_worker(p, j->mask);
     }
@@ -1023,25 +778,10 @@ static PyObject *pool_infer(pool_t *p, PyObject *args, PyObject *kw)
         return NULL;
     }
     p->next_id = j->id;
-    if (staged) {
-        pthread_mutex_lock(&p->mu);
-        j->join = (as_join){j, join_poll};
-        j->job.join = &j->join;
-        j->snext = p->staged;
-        p->staged = j;
-        pthread_mutex_unlock(&p->mu);
-    }
+    if (staged)
+        as_pool_stage(p, j);
     enqueue(p, j, -1);
     return id;
-}
-
-/* Caller holds p->mu. */
-static hjob *find_staged(pool_t *p, uint64_t id)
-{
-    for (hjob *j = p->staged; j != NULL; j = j->snext)
-        if (j->id == id)
-            return j;
-    return NULL;
 }
 
 static PyObject *pool_offer(pool_t *p, PyObject *args, PyObject *kw)
@@ -1052,11 +792,7 @@ static PyObject *pool_offer(pool_t *p, PyObject *args, PyObject *kw)
     int last_stage;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "KOOi:offer", kwlist, &id, &token, &inputs, &last_stage))
         return NULL;
-    /* the staged job cannot complete meanwhile: completions are freed by drain, on this thread */
-    pthread_mutex_lock(&p->mu);
-    hjob *j = find_staged(p, id);
-    hmodel *m = j != NULL ? j->model : NULL;
-    pthread_mutex_unlock(&p->mu);
+    hmodel *m = as_pool_staged_model(p, id);
     if (m == NULL)
         Py_RETURN_FALSE;
     hjob *o = job_new(p, token, AS_JOB_INFER);
@@ -1070,12 +806,7 @@ static PyObject *pool_offer(pool_t *p, PyObject *args, PyObject *kw)
         job_free(o);
         return NULL;
     }
-    pthread_mutex_lock(&p->mu);
-    j = find_staged(p, id);
-    int posted = j != NULL && j->stage < last_stage;
-    if (posted)
-        append(&j->offers, &j->offers_tail, o);
-    pthread_mutex_unlock(&p->mu);
+    int posted = as_pool_offer(p, id, o);
     if (!posted)
         job_free(o);
     return PyBool_FromLong(posted);
@@ -1086,23 +817,10 @@ static PyObject *pool_progress(pool_t *p, PyObject *arg)
     unsigned long long id = PyLong_AsUnsignedLongLong(arg);
     if (id == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
-    int stage = 0, running = 0;
-    struct timespec started = {0, 0}, now;
-    pthread_mutex_lock(&p->mu);
-    hjob *j = find_staged(p, id);
-    if (j != NULL) {
-        stage = j->stage;
-        running = j->running;
-        started = j->started;
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (j == NULL)
+    int stage;
+    double elapsed;
+    if (!as_pool_progress(p, id, &stage, &elapsed))
         Py_RETURN_NONE;
-    double elapsed = -1.0;
-    if (running) {
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        elapsed = (double)(now.tv_sec - started.tv_sec) + 1e-9 * (double)(now.tv_nsec - started.tv_nsec);
-    }
     return Py_BuildValue("(id)", stage, elapsed);
 }
 
@@ -1400,7 +1118,7 @@ static int fail_queued(pool_t *p, hjob *j)
     j->job.failed = 1;
     j->job.error_type = strdup("Cancelled"); /* NULL without memory: a generic failure */
     j->job.error = strdup("cancelled before it ran");
-    int wake = j->job.join != NULL ? finish_staged(p, j) : 0;
+    int wake = j->job.join != NULL ? as_pool_finish_staged(p, j) : 0;
     return wake | post_done(p, j);
 }
 
@@ -1469,7 +1187,7 @@ static PyObject *pool_cancel_all(pool_t *p, PyObject *Py_UNUSED(ignored))
     int n_starts = 0, n_ids = 0, wake = 0;
     pthread_mutex_lock(&p->mu);
     hjob *j;
-    while ((j = pop(&p->head, &p->tail)) != NULL)
+    while ((j = job_pop(&p->head, &p->tail)) != NULL)
         wake |= fail_queued(p, j);
     for (int i = 0; i < p->n_workers; i++) {
         worker_t *w = p->workers[i];
@@ -1530,7 +1248,7 @@ static PyObject *pool_lose(pool_t *p, PyObject *args)
                  "interpreter %d (engine %s) was given up: its job did not return %.1f s after it was cancelled",
                  w->index, p->engine_name, seconds);
         proxy->job.error = strdup(text);
-        wake = j->job.join != NULL ? finish_staged(p, j) : 0;
+        wake = j->job.join != NULL ? as_pool_finish_staged(p, j) : 0;
         wake |= post_done(p, proxy);
         proxy = NULL;
         snprintf(key, sizeof key, "%s", j->job.model != NULL ? j->job.model : "");
