@@ -22,6 +22,7 @@ extensions = [
             "native/host/module.c",
             "native/host/pool.c",
             "native/host/pool_join.c",
+            "native/host/pool_cancel.c",
             "native/host/buffer.c",
             "native/host/private.c",
             "native/host/engines.c",

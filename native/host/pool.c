@@ -52,14 +52,8 @@
  * threads block every asynchronous signal: signals belong to the host's loop. They
  * run as SCHED_BATCH, so that waking one never preempts the loop's thread.
  *
- * Faults. Every job has an id. `cancel` fails a queued job at once and raises the
- * interpreter's Cancelled in a running one (engine.cancel, on a thread of its own,
- * since it waits for that interpreter's GIL). A running job that does not come back
- * (blocked in native code) is given up with `lose`: its worker is marked lost and takes
- * no more jobs, the job's token completes at once (failed), and the job itself becomes
- * an orphan whose eventual completion goes to the token `lose` was given instead; the
- * worker that returns from it is no longer lost. A fatal signal in a worker is
- * reported by fault.c before the process ends.
+ * Faults (cancelling jobs, giving up on stuck interpreters): pool_cancel.c. A fatal
+ * signal in a worker is reported by fault.c before the process ends.
  */
 #include "pool.h"
 
@@ -163,7 +157,7 @@ static void model_capsule_free(PyObject *capsule)
 
 /* ---- jobs (host GIL held) ---- */
 
-static void job_free(hjob *j)
+void as_pool_job_free(hjob *j)
 {
     if (j->inputs != NULL)
         inputs_drop_host(j->inputs);
@@ -186,7 +180,7 @@ static void job_free(hjob *j)
     free(j);
 }
 
-static hjob *job_new(pool_t *p, PyObject *token, int kind)
+hjob *as_pool_job_new(pool_t *p, PyObject *token, int kind)
 {
     hjob *j = calloc(1, sizeof *j);
     if (j == NULL) {
@@ -517,7 +511,7 @@ static void pool_dealloc(pool_t *p)
  * handles SIGINT, SIGTERM, SIGHUP ...); faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
  * SIGABRT, SIGTRAP, SIGSYS) stay deliverable so that they are reported where they
  * happen. */
-static int spawn(pthread_t *thread, size_t stack, void *(*fn)(void *), void *arg)
+int as_pool_spawn(pthread_t *thread, size_t stack, void *(*fn)(void *), void *arg)
 {
     static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS};
     sigset_t blocked, old;
@@ -537,7 +531,7 @@ static int spawn(pthread_t *thread, size_t stack, void *(*fn)(void *), void *arg
 
 static int start_thread(worker_t *w)
 {
-    return spawn(&w->thread, 16 * 1024 * 1024, worker_main, w); /* model code recurses like the main thread */
+    return as_pool_spawn(&w->thread, 16 * 1024 * 1024, worker_main, w); /* model code recurses like the main thread */
 }
 
 static PyObject *pool_add_interpreter(pool_t *p, PyObject *token)
@@ -550,13 +544,13 @@ static PyObject *pool_add_interpreter(pool_t *p, PyObject *token)
                                "(%d in use); use fewer interpreters or engine='subinterp'",
                                AS_MAX_NAMESPACES, as_private_namespaces_in_use());
     worker_t *w = calloc(1, sizeof *w);
-    hjob *sj = job_new(p, token, 0);
+    hjob *sj = as_pool_job_new(p, token, 0);
     char *start_error = calloc(1, 1024);
     if (w == NULL || sj == NULL || start_error == NULL) {
         free(w);
         free(start_error);
         if (sj != NULL)
-            job_free(sj);
+            as_pool_job_free(sj);
         return PyErr_NoMemory();
     }
     sj->host_kind = AS_JOB_START;
@@ -733,12 +727,12 @@ static PyObject *pool_submit(pool_t *p, PyObject *args, PyObject *kw)
         return as_engine_error(Py_TYPE(p),
                                "Pool.submit: interpreter %d is lost (stuck in a job it was asked to give up) and "
                                "takes no jobs until that job returns", target);
-    hjob *j = job_new(p, token, kind);
+    hjob *j = as_pool_job_new(p, token, kind);
     if (j == NULL)
         return NULL;
     j->mask = ~0ULL;
     if ((model != NULL && (j->key = strdup(model)) == NULL) || (text != NULL && (j->text = strdup(text)) == NULL)) {
-        job_free(j);
+        as_pool_job_free(j);
         return PyErr_NoMemory();
     }
     j->job.model = j->key;
@@ -759,7 +753,7 @@ static PyObject *pool_infer(pool_t *p, PyObject *args, PyObject *kw)
     hmodel *m = model_of(capsule);
     if (m == NULL)
         return NULL;
-    hjob *j = job_new(p, token, AS_JOB_INFER);
+    hjob *j = as_pool_job_new(p, token, AS_JOB_INFER);
     if (j == NULL)
         return NULL;
     j->model = m;
@@ -768,13 +762,13 @@ static PyObject *pool_infer(pool_t *p, PyObject *args, PyObject *kw)
     j->job.model = m->key;
     j->job.trace = trace;
     if (fill_inputs(p, j, inputs) < 0) {
-        job_free(j);
+        as_pool_job_free(j);
         return NULL;
     }
     j->id = p->next_id + 1; /* host GIL: next_id is the host's */
     PyObject *id = PyLong_FromUnsignedLongLong(j->id);
     if (id == NULL) {
-        job_free(j);
+        as_pool_job_free(j);
         return NULL;
     }
     p->next_id = j->id;
@@ -795,7 +789,7 @@ static PyObject *pool_offer(pool_t *p, PyObject *args, PyObject *kw)
     hmodel *m = as_pool_staged_model(p, id);
     if (m == NULL)
         Py_RETURN_FALSE;
-    hjob *o = job_new(p, token, AS_JOB_INFER);
+    hjob *o = as_pool_job_new(p, token, AS_JOB_INFER);
     if (o == NULL)
         return NULL;
     o->is_offer = 1;
@@ -803,12 +797,12 @@ static PyObject *pool_offer(pool_t *p, PyObject *args, PyObject *kw)
     o->model = m;
     m->refs++;
     if (fill_inputs(p, o, inputs) < 0) {
-        job_free(o);
+        as_pool_job_free(o);
         return NULL;
     }
     int posted = as_pool_offer(p, id, o);
     if (!posted)
-        job_free(o);
+        as_pool_job_free(o);
     return PyBool_FromLong(posted);
 }
 
@@ -983,7 +977,7 @@ static PyObject *pool_drain(pool_t *p, PyObject *Py_UNUSED(ignored))
         if (item == NULL)
             item = failed_completion(j);
         PyList_SET_ITEM(out, i, item);
-        job_free(j);
+        as_pool_job_free(j);
         j = next;
     }
     return out;
@@ -1078,102 +1072,12 @@ static PyObject *pool_shutdown(pool_t *p, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-/* ---- faults: cancelling jobs, giving up on interpreters ---- */
-
-typedef struct {
-    worker_t *worker;
-    uint64_t id;
-} cancel_t;
-
-/* A thread of its own, one per cancelled job: it may wait for the interpreter's GIL for
- * as long as the job holds it (forever, if the job spins in C without giving it up; the
- * worker never takes another job then, so such threads do not pile up). */
-static void *cancel_main(void *arg)
-{
-    cancel_t c = *(cancel_t *)arg;
-    free(arg);
-    worker_t *w = c.worker;
-    if (w->engine.thread_init != NULL)
-        w->engine.thread_init(); /* a private namespace's libc, for this thread */
-    w->engine.cancel(w->ip, c.id);
-    return NULL;
-}
-
-/* Caller holds p->mu: the worker running job `id`, or NULL. */
-static worker_t *running_worker(pool_t *p, uint64_t id)
-{
-    for (int i = 0; i < p->n_workers; i++) {
-        worker_t *w = p->workers[i];
-        if (w->current != NULL && w->current->id == id)
-            return w;
-    }
-    return NULL;
-}
-
-/* Caller holds p->mu; j is unlinked from the shared queue: it never runs and completes
- * now, failed. Returns whether the loop must be woken. */
-static int fail_queued(pool_t *p, hjob *j)
-{
-    p->queued--;
-    j->job.failed = 1;
-    j->job.error_type = strdup("Cancelled"); /* NULL without memory: a generic failure */
-    j->job.error = strdup("cancelled before it ran");
-    int wake = j->job.join != NULL ? as_pool_finish_staged(p, j) : 0;
-    return wake | post_done(p, j);
-}
-
-/* Caller holds p->mu: what a cancellation thread for w's running job needs, or NULL if
- * its cancellation is under way already (or the worker is lost). */
-static cancel_t *begin_cancel(worker_t *w)
-{
-    hjob *j = w->current;
-    if (j == NULL || j->cancel_sent || w->lost || w->engine.cancel == NULL)
-        return NULL;
-    cancel_t *c = malloc(sizeof *c);
-    if (c == NULL)
-        return NULL; /* not cancelled: given up after the grace period all the same */
-    j->cancel_sent = 1;
-    *c = (cancel_t){w, j->id};
-    return c;
-}
-
-/* Without p->mu: start the thread begin_cancel prepared (if it cannot start, the job is
- * given up after the grace period all the same). */
-static void launch_cancel(cancel_t *c)
-{
-    pthread_t t;
-    if (spawn(&t, 1024 * 1024, cancel_main, c) != 0)
-        free(c);
-}
-
 static PyObject *pool_cancel(pool_t *p, PyObject *arg)
 {
     unsigned long long id = PyLong_AsUnsignedLongLong(arg);
     if (id == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
-    const char *state = NULL;
-    cancel_t *start = NULL;
-    int wake = 0;
-    pthread_mutex_lock(&p->mu);
-    hjob *prev = NULL;
-    for (hjob *j = p->head; j != NULL; prev = j, j = j->next) {
-        if (j->id != id)
-            continue;
-        unlink_shared(p, prev, j);
-        wake = fail_queued(p, j);
-        state = "queued";
-        break;
-    }
-    worker_t *w = state == NULL ? running_worker(p, id) : NULL;
-    if (w != NULL && !w->current->orphan) { /* an orphan's token has completed: nothing to cancel */
-        state = "running";
-        start = begin_cancel(w);
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (wake)
-        wake_loop(p);
-    if (start != NULL)
-        launch_cancel(start);
+    const char *state = as_pool_cancel(p, id);
     if (state == NULL)
         Py_RETURN_NONE;
     return PyUnicode_FromString(state);
@@ -1182,27 +1086,8 @@ static PyObject *pool_cancel(pool_t *p, PyObject *arg)
 /* Shutting down: every queued job fails, every running one is cancelled. */
 static PyObject *pool_cancel_all(pool_t *p, PyObject *Py_UNUSED(ignored))
 {
-    cancel_t *starts[MAX_WORKERS];
     unsigned long long ids[MAX_WORKERS];
-    int n_starts = 0, n_ids = 0, wake = 0;
-    pthread_mutex_lock(&p->mu);
-    hjob *j;
-    while ((j = job_pop(&p->head, &p->tail)) != NULL)
-        wake |= fail_queued(p, j);
-    for (int i = 0; i < p->n_workers; i++) {
-        worker_t *w = p->workers[i];
-        if (w->current == NULL || w->lost)
-            continue;
-        ids[n_ids++] = w->current->id;
-        cancel_t *c = begin_cancel(w);
-        if (c != NULL)
-            starts[n_starts++] = c;
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (wake)
-        wake_loop(p);
-    for (int i = 0; i < n_starts; i++)
-        launch_cancel(starts[i]);
+    int n_ids = as_pool_cancel_all(p, ids);
     PyObject *out = PyList_New(n_ids);
     for (int i = 0; out != NULL && i < n_ids; i++) {
         PyObject *id = PyLong_FromUnsignedLongLong(ids[i]);
@@ -1220,75 +1105,19 @@ static PyObject *pool_lose(pool_t *p, PyObject *args)
     PyObject *on_return;
     if (!PyArg_ParseTuple(args, "KO:lose", &id, &on_return))
         return NULL;
-    hjob *proxy = job_new(p, Py_None, 0);
-    if (proxy == NULL)
+    running_t lost;
+    int rc = as_pool_lose(p, id, on_return, &lost);
+    if (rc < 0)
         return NULL;
-    int index = -1, wake = 0;
-    double seconds = 0.0;
-    char key[256] = "";
-    pthread_mutex_lock(&p->mu);
-    worker_t *w = running_worker(p, id);
-    if (w != NULL && !w->lost) {
-        hjob *j = w->current;
-        index = w->index;
-        seconds = (double)(monotonic_ns() - w->since) / 1e9;
-        w->lost = 1;
-        j->orphan = 1;
-        /* the job's token completes now, through the proxy; the orphan's completion, if it
-         * ever comes, goes to on_return (references only: no Python runs under the lock) */
-        PyObject *token = proxy->token;
-        proxy->token = j->token;
-        j->token = Py_NewRef(on_return);
-        Py_DECREF(token); /* None: immortal or referenced elsewhere, never freed here */
-        proxy->job.kind = j->job.kind;
-        proxy->job.failed = 1;
-        proxy->job.error_type = strdup("InterpreterLost");
-        char text[256];
-        snprintf(text, sizeof text,
-                 "interpreter %d (engine %s) was given up: its job did not return %.1f s after it was cancelled",
-                 w->index, p->engine_name, seconds);
-        proxy->job.error = strdup(text);
-        wake = j->job.join != NULL ? as_pool_finish_staged(p, j) : 0;
-        wake |= post_done(p, proxy);
-        proxy = NULL;
-        snprintf(key, sizeof key, "%s", j->job.model != NULL ? j->job.model : "");
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (wake)
-        wake_loop(p);
-    if (proxy != NULL) {
-        job_free(proxy);
+    if (rc == 0)
         Py_RETURN_NONE;
-    }
-    return Py_BuildValue("(isd)", index, key, seconds);
+    return Py_BuildValue("(isd)", lost.index, lost.key, lost.seconds);
 }
 
 static PyObject *pool_jobs(pool_t *p, PyObject *Py_UNUSED(ignored))
 {
-    /* copied under the lock, built after it: allocating Python objects may collect garbage,
-     * and a collected output buffer takes the lock */
-    struct {
-        int index, lost;
-        unsigned long long id;
-        double seconds;
-        char key[256];
-    } running[MAX_WORKERS];
-    int n = 0;
-    int64_t now = monotonic_ns();
-    pthread_mutex_lock(&p->mu);
-    for (int i = 0; i < p->n_workers; i++) {
-        worker_t *w = p->workers[i];
-        hjob *j = w->current;
-        if (j == NULL)
-            continue;
-        running[n].index = w->index;
-        running[n].lost = w->lost;
-        running[n].id = j->id;
-        running[n].seconds = (double)(now - w->since) / 1e9;
-        snprintf(running[n].key, sizeof running[n].key, "%s", j->job.model != NULL ? j->job.model : "");
-        n++;
-    }
-    pthread_mutex_unlock(&p->mu);
+    running_t running[MAX_WORKERS];
+    int n = as_pool_jobs(p, running);
     PyObject *out = PyList_New(n);
     for (int i = 0; out != NULL && i < n; i++) {
         PyObject *item = Py_BuildValue("(iKsdO)", running[i].index, running[i].id, running[i].key, running[i].seconds,

@@ -4,10 +4,10 @@
  *                  Python type; its opening comment has the lock order and who owns
  *                  what, for all of them
  *   pool_join.c    layer joining: staged jobs, the offers they absorb, their progress
+ *   pool_cancel.c  faults: cancelling jobs, the cancellation thread, giving jobs up
  *
- * Calls go one way: pool.c calls pool_join.c, and pool_join.c calls nothing of the
- * pool's. The queue and wake-up helpers are inline here because the worker loop runs
- * them on every job.
+ * pool_join.c calls nothing of the pool's. The queue and wake-up helpers are inline
+ * here because the worker loop runs them on every job.
  */
 #ifndef ASERVE_HOST_POOL_H
 #define ASERVE_HOST_POOL_H
@@ -212,6 +212,14 @@ static inline int64_t monotonic_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+/* ---- pool.c: the core (host GIL held unless said otherwise) ---- */
+
+/* A job completing to token, not yet queued; NULL with MemoryError. */
+hjob *as_pool_job_new(pool_t *p, PyObject *token, int kind);
+void as_pool_job_free(hjob *j);
+/* Any thread, no lock: start a detached thread with every asynchronous signal blocked. */
+int as_pool_spawn(pthread_t *thread, size_t stack, void *(*fn)(void *), void *arg);
+
 /* ---- pool_join.c: layer joining (host GIL held unless said otherwise) ---- */
 
 /* Make j, an infer job not yet queued, a staged job that offers may join. */
@@ -227,5 +235,28 @@ int as_pool_progress(pool_t *p, uint64_t id, int *stage, double *elapsed);
 /* Caller holds p->mu: staged job j finished; complete its offers (before itself).
  * Returns whether the loop must be woken. */
 int as_pool_finish_staged(pool_t *p, hjob *j);
+
+/* ---- pool_cancel.c: faults (host GIL held) ---- */
+
+/* A running job, as jobs() and lose() report it. */
+typedef struct {
+    int index, lost;
+    unsigned long long id;
+    double seconds;
+    char key[256]; /* the model's key, cut short */
+} running_t;
+
+/* Cancel job `id`: "queued" (it completed at once, failed), "running" (Cancelled is
+ * raised in its interpreter from a thread of its own) or NULL (it already completed). */
+const char *as_pool_cancel(pool_t *p, uint64_t id);
+/* Fail every queued job and cancel every running one; returns how many ran, their ids in ids. */
+int as_pool_cancel_all(pool_t *p, unsigned long long ids[MAX_WORKERS]);
+/* Give up on running job `id` (see pool_cancel.c): 1 with out's index, key and seconds
+ * filled, 0 if it is not running (any more), -1 with MemoryError. */
+int as_pool_lose(pool_t *p, uint64_t id, PyObject *on_return, running_t *out);
+/* The jobs running now, copied under the lock: the caller builds Python objects only
+ * after it, since allocating them may collect garbage and a collected output buffer
+ * takes the lock. Returns how many. */
+int as_pool_jobs(pool_t *p, running_t out[MAX_WORKERS]);
 
 #endif
