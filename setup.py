@@ -23,6 +23,7 @@ extensions = [
             "native/host/pool.c",
             "native/host/pool_join.c",
             "native/host/pool_cancel.c",
+            "native/host/pool_type.c",
             "native/host/buffer.c",
             "native/host/private.c",
             "native/host/engines.c",

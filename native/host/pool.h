@@ -1,13 +1,16 @@
 /* The pool's private header: what its files share, and nothing else includes.
  *
- *   pool.c         the core: queues, worker threads, dispatch, completions, and the
- *                  Python type; its opening comment has the lock order and who owns
- *                  what, for all of them
+ *   pool.c         the core: queues, worker threads, dispatch, completions; its opening
+ *                  comment has the lock order and who owns what, for all of them
  *   pool_join.c    layer joining: staged jobs, the offers they absorb, their progress
  *   pool_cancel.c  faults: cancelling jobs, the cancellation thread, giving jobs up
+ *   pool_type.c    the Python type Pool: argument parsing, jobs built from Python
+ *                  objects, results as Python objects
  *
- * pool_join.c calls nothing of the pool's. The queue and wake-up helpers are inline
- * here because the worker loop runs them on every job.
+ * Calls go one way: pool_type.c calls the three others, pool_cancel.c calls pool.c and
+ * pool_join.c, pool.c calls pool_join.c, and pool_join.c none of them. pool_type.c
+ * never takes p->mu. The queue and wake-up helpers are inline here because the
+ * worker loop runs them on every job.
  */
 #ifndef ASERVE_HOST_POOL_H
 #define ASERVE_HOST_POOL_H
@@ -214,11 +217,46 @@ static inline int64_t monotonic_ns(void)
 
 /* ---- pool.c: the core (host GIL held unless said otherwise) ---- */
 
+/* The calls an interpreter makes into the host (as_init.host). */
+extern const as_host as_pool_host;
+
 /* A job completing to token, not yet queued; NULL with MemoryError. */
 hjob *as_pool_job_new(pool_t *p, PyObject *token, int kind);
+/* Free a job the host holds (not queued, or taken back by drain), with what it owns. */
 void as_pool_job_free(hjob *j);
+void as_pool_model_decref(hmodel *m);
+/* Queue j, targeted at worker `target` or shared (-1), and wake the worker that takes it. */
+void as_pool_enqueue(pool_t *p, hjob *j, int target);
+/* as_buffer_free_fn of output buffers over a struct as_result, and its builder's own
+ * reference: the last one gives the owner back to its worker. */
+void as_pool_result_decref(void *ctx);
+
+/* Start one more worker and its interpreter; its start job completes to token when
+ * the interpreter is ready or failed. Returns its index, or -1 with an exception set. */
+int as_pool_add_worker(pool_t *p, PyObject *token);
 /* Any thread, no lock: start a detached thread with every asynchronous signal blocked. */
 int as_pool_spawn(pthread_t *thread, size_t stack, void *(*fn)(void *), void *arg);
+
+/* drain's first half: the jobs finished since the last drain, oldest first, and how
+ * many; frees the input buffers the interpreters gave back. 0, or -1 with OSError. */
+int as_pool_take_done(pool_t *p, hjob **ordered, Py_ssize_t *n);
+/* Give back what as_pool_take_done took (for the next drain), when it cannot be answered now. */
+void as_pool_put_back(pool_t *p, hjob *ordered);
+
+/* Idle workers poll `us` microseconds for a job before they block, at most `spinners` at once. */
+void as_pool_set_spin(pool_t *p, long long us, int spinners);
+/* Only the first n workers take shared jobs. */
+void as_pool_set_active(pool_t *p, long n);
+
+typedef struct {
+    int ready, busy, active, lost, spinning;
+    size_t queued;
+    int64_t spin_ns; /* time spent polling for jobs, all workers together */
+} pool_stats_t;
+void as_pool_stats(pool_t *p, pool_stats_t *out);
+
+/* Without the host GIL: end the workers whose interpreters can end, once their queues are empty. */
+void as_pool_shutdown(pool_t *p);
 
 /* ---- pool_join.c: layer joining (host GIL held unless said otherwise) ---- */
 
