@@ -30,7 +30,17 @@ typedef struct {
     PyObject *engine_error; /* aserve._native.EngineError */
 } module_state;
 
-module_state *as_state_of_type(PyTypeObject *tp);
+/* The module's state from one of its own types. Every type here is made with
+ * PyType_FromModuleAndSpec and none may be subclassed, so the type's own module is
+ * the one (a subclassable type would need PyType_GetModuleByDef and module.c's def).
+ * NULL, with no exception set, if tp has no module. */
+static inline module_state *as_state_of_type(PyTypeObject *tp)
+{
+    module_state *st = PyType_GetModuleState(tp);
+    if (st == NULL)
+        PyErr_Clear();
+    return st;
+}
 
 /* errors.c */
 PyObject *as_engine_error(PyTypeObject *tp, const char *fmt, ...);
