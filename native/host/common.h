@@ -49,7 +49,7 @@ PyObject *as_engine_error(PyTypeObject *tp, const char *fmt, ...);
 int as_private_open(const char *library, as_engine *out, char *err, size_t errlen);
 int as_private_namespaces_in_use(void);
 
-/* subinterp.c / mainthreads.c: engines in the host's own libpython. */
+/* engines.c: engines in the host's own libpython. */
 int as_subinterp_engine(as_engine *out, char *err, size_t errlen);
 void as_main_engine(as_engine *out);
 
@@ -62,7 +62,7 @@ void as_fault_bind(int slot, as_interp *ip);
 void as_fault_job(int slot, const char *key, int kind);
 void as_fault_unregister(int slot);
 
-/* pool.c */
+/* pool_type.c: the Python type Pool (pool.h: what the pool's files share) */
 extern PyType_Spec as_pool_spec;
 
 /* otlp.c: recorded spans to an OTLP ExportTraceServiceRequest. */
