@@ -13,7 +13,7 @@ import sysconfig
 from setuptools import Extension, setup
 
 common = ["-std=c11", "-D_GNU_SOURCE", "-fvisibility=hidden", "-Wall", "-Wno-missing-field-initializers"]
-interp_runtime = ["native/interp/runtime.c", "native/interp/join.c"]
+interp_runtime = ["native/interp/runtime.c", "native/interp/join.c", "native/interp/inputs.c"]
 
 extensions = [
     Extension(
@@ -21,6 +21,9 @@ extensions = [
         sources=[
             "native/host/module.c",
             "native/host/pool.c",
+            "native/host/pool_join.c",
+            "native/host/pool_cancel.c",
+            "native/host/pool_type.c",
             "native/host/buffer.c",
             "native/host/private.c",
             "native/host/engines.c",
@@ -30,7 +33,7 @@ extensions = [
             "native/host/trace.c",
             *interp_runtime,
         ],
-        depends=["native/abi.h", "native/host/common.h", "native/interp/runtime.h"],
+        depends=["native/abi.h", "native/host/common.h", "native/host/pool.h", "native/interp/runtime.h"],
         extra_compile_args=common,
         libraries=["dl", "pthread", "m"],
     )

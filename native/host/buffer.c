@@ -1,27 +1,31 @@
-/* OutputBuffer: host-side object exporting memory an interpreter owns.
+/* OutputBuffer: host-side object exporting memory someone else owns.
  *
  * Created for each output tensor of a job; the interpreter keeps the memory alive
  * until every buffer of that job's result is gone, then the owner is given back to
- * the interpreter's worker, which frees it under that interpreter's own GIL.
+ * the interpreter's worker, which frees it under that interpreter's own GIL. The
+ * buffer knows nothing of pools: its maker passes what to call when it is gone
+ * (on_free), so this file depends on no other.
  */
 #include "common.h"
 
 typedef struct {
     PyObject_HEAD
-    struct as_result *result; /* owner in an interpreter, or NULL */
-    PyObject *keep;           /* host object keeping the memory alive, or NULL */
+    as_buffer_free_fn on_free; /* called with ctx when the buffer is gone, or NULL */
+    void *ctx;
+    PyObject *keep;            /* host object keeping the memory alive, or NULL */
     void *data;
     Py_ssize_t nbytes;
     int readonly;
 } bufobj;
 
-PyObject *as_buffer_new(PyTypeObject *tp, struct as_result *r, PyObject *keep, void *data, size_t nbytes,
-                        int readonly)
+PyObject *as_buffer_new(PyTypeObject *tp, as_buffer_free_fn on_free, void *ctx, PyObject *keep, void *data,
+                        size_t nbytes, int readonly)
 {
     bufobj *b = PyObject_New(bufobj, tp);
     if (b == NULL)
         return NULL;
-    b->result = r;
+    b->on_free = on_free;
+    b->ctx = ctx;
     b->keep = Py_XNewRef(keep);
     b->data = data;
     b->nbytes = (Py_ssize_t)nbytes;
@@ -38,8 +42,8 @@ static int buffer_getbuffer(bufobj *b, Py_buffer *view, int flags)
 static void buffer_dealloc(bufobj *b)
 {
     PyTypeObject *tp = Py_TYPE(b);
-    if (b->result != NULL)
-        as_result_decref(b->result);
+    if (b->on_free != NULL)
+        b->on_free(b->ctx);
     Py_XDECREF(b->keep);
     PyObject_Free(b);
     Py_DECREF(tp);
@@ -89,5 +93,5 @@ PyObject *as_buffer_from_address(PyObject *module, PyObject *args)
         return NULL;
     }
     module_state *st = PyModule_GetState(module);
-    return as_buffer_new(st->buffer_type, NULL, keep, p, (size_t)nbytes, readonly);
+    return as_buffer_new(st->buffer_type, NULL, NULL, keep, p, (size_t)nbytes, readonly);
 }

@@ -30,7 +30,17 @@ typedef struct {
     PyObject *engine_error; /* aserve._native.EngineError */
 } module_state;
 
-module_state *as_state_of_type(PyTypeObject *tp);
+/* The module's state from one of its own types. Every type here is made with
+ * PyType_FromModuleAndSpec and none may be subclassed, so the type's own module is
+ * the one (a subclassable type would need PyType_GetModuleByDef and module.c's def).
+ * NULL, with no exception set, if tp has no module. */
+static inline module_state *as_state_of_type(PyTypeObject *tp)
+{
+    module_state *st = PyType_GetModuleState(tp);
+    if (st == NULL)
+        PyErr_Clear();
+    return st;
+}
 
 /* errors.c */
 PyObject *as_engine_error(PyTypeObject *tp, const char *fmt, ...);
@@ -39,7 +49,7 @@ PyObject *as_engine_error(PyTypeObject *tp, const char *fmt, ...);
 int as_private_open(const char *library, as_engine *out, char *err, size_t errlen);
 int as_private_namespaces_in_use(void);
 
-/* subinterp.c / mainthreads.c: engines in the host's own libpython. */
+/* engines.c: engines in the host's own libpython. */
 int as_subinterp_engine(as_engine *out, char *err, size_t errlen);
 void as_main_engine(as_engine *out);
 
@@ -52,10 +62,8 @@ void as_fault_bind(int slot, as_interp *ip);
 void as_fault_job(int slot, const char *key, int kind);
 void as_fault_unregister(int slot);
 
-/* pool.c */
+/* pool_type.c: the Python type Pool (pool.h: what the pool's files share) */
 extern PyType_Spec as_pool_spec;
-struct as_result;
-void as_result_decref(struct as_result *r);
 
 /* otlp.c: recorded spans to an OTLP ExportTraceServiceRequest. */
 PyObject *as_otlp_encode(PyObject *module, PyObject *args);
@@ -70,10 +78,13 @@ extern PyType_Spec as_recorder_spec;
 extern PyType_Spec as_trace_spec;
 PyObject *as_parse_traceparent(PyObject *module, PyObject *arg);
 
-/* buffer.c: a host object exporting an interpreter's output memory. */
+/* buffer.c: a host object exporting an interpreter's output memory. on_free(ctx), if
+ * not NULL, is called once under the host GIL when the buffer is gone: it gives the
+ * memory back to whoever owns it. */
+typedef void (*as_buffer_free_fn)(void *ctx);
 extern PyType_Spec as_buffer_spec;
-PyObject *as_buffer_new(PyTypeObject *tp, struct as_result *r, PyObject *keep, void *data, size_t nbytes,
-                        int readonly);
+PyObject *as_buffer_new(PyTypeObject *tp, as_buffer_free_fn on_free, void *ctx, PyObject *keep, void *data,
+                        size_t nbytes, int readonly);
 PyObject *as_buffer_from_address(PyObject *module, PyObject *args);
 
 #endif

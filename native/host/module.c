@@ -5,18 +5,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static struct PyModuleDef native_module;
-
-module_state *as_state_of_type(PyTypeObject *tp)
-{
-    PyObject *m = PyType_GetModuleByDef(tp, &native_module);
-    if (m == NULL) {
-        PyErr_Clear();
-        return NULL;
-    }
-    return PyModule_GetState(m);
-}
-
 /* GLIBC_TUNABLES as the process saw it at start: glibc reads it only then, so a
  * later os.environ change tells nothing. /proc/self/environ is the start-up copy. */
 static PyObject *tunables_at_start(PyObject *m, PyObject *Py_UNUSED(ignored))

@@ -20,7 +20,7 @@
  * Locks, outermost first. Never take one while holding a later one.
  *   0. engines.c's subinterpreter lifecycle mutex: a worker creating or ending a PEP
  *      684 subinterpreter, before it takes any GIL (one at a time in the process).
- *   1. A GIL: the host's (any Python-facing method here, and drain) or an
+ *   1. A GIL: the host's (any method of the Python type, pool_type.c, drain too) or an
  *      interpreter's (a worker running a job or giving back an owner). A worker of
  *      the `main` engine and subinterpreter creation (engines.c) take the host GIL
  *      on a worker thread; private and PEP 684 workers never touch the host GIL.
@@ -44,12 +44,7 @@
  *     gone (as_result, refs under the host GIL); then the owner goes back to its
  *     worker's release list and that worker frees it under its own GIL.
  *
- * Staged jobs (layer-level joining): the host may offer a group of requests to a
- * staged batch that is queued or running. The offer waits on the job; after each
- * stage but the last the worker polls it (join_poll, under the pool lock only) and
- * absorbs it if that boundary is no later than the offer's last_stage, else rejects
- * it. Every offer completes, absorbed or rejected, before its batch's own
- * completion, in one drain, so the host knows which requests the outputs cover.
+ * Staged jobs (layer-level joining) and the groups offered to them: pool_join.c.
  *
  * Workers live as long as the process: an interpreter holding torch cannot be torn
  * down and recreated in the same namespace, so a pool that is closed keeps its
@@ -57,211 +52,17 @@
  * threads block every asynchronous signal: signals belong to the host's loop. They
  * run as SCHED_BATCH, so that waking one never preempts the loop's thread.
  *
- * Faults. Every job has an id. `cancel` fails a queued job at once and raises the
- * interpreter's Cancelled in a running one (engine.cancel, on a thread of its own,
- * since it waits for that interpreter's GIL). A running job that does not come back
- * (blocked in native code) is given up with `lose`: its worker is marked lost and takes
- * no more jobs, the job's token completes at once (failed), and the job itself becomes
- * an orphan whose eventual completion goes to the token `lose` was given instead; the
- * worker that returns from it is no longer lost. A fatal signal in a worker is
- * reported by fault.c before the process ends.
+ * Faults (cancelling jobs, giving up on stuck interpreters): pool_cancel.c. A fatal
+ * signal in a worker is reported by fault.c before the process ends.
  */
-#include "common.h"
+#include "pool.h"
 
 #include <errno.h>
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
-
-#define AS_JOB_START 100 /* host-only kind: a worker's interpreter is ready (or failed) */
-#define MAX_WORKERS 64
-#define MODEL_CAPSULE "aserve.model"
-
-struct pool;
-
-/* A model's names, interned once per load: every infer job of it points here. */
-typedef struct hmodel {
-    Py_ssize_t refs; /* host GIL */
-    char *key;
-    size_t n_inputs;
-    char **names, **datatypes;
-} hmodel;
-
-/* The host buffers of one job's (or one offered group's) inputs. */
-typedef struct hinputs {
-    struct pool *pool;
-    int refs; /* p->mu */
-    size_t n;
-    struct hinputs *next; /* p->released */
-    Py_buffer views[];
-} hinputs;
-
-typedef struct hjob {
-    as_job job;
-    struct hjob *next;
-    PyObject *token; /* called with (ok, payload) by the host when the job completes */
-    int host_kind;
-    int worker;
-    uint64_t mask; /* shared jobs: bit i set if interpreter i may run it */
-    char *key, *text; /* load/unload/exec: owned copies */
-    hmodel *model;    /* infer jobs and offers */
-    as_tensor *in;
-    hinputs *inputs;
-    char *start_error; /* start jobs */
-    /* staged jobs: their join point, progress and groups offered / absorbed */
-    struct pool *pool;
-    uint64_t id;
-    as_join join;
-    int stage;   /* stages done at the last join point */
-    int running; /* a worker took it */
-    struct timespec started;
-    int64_t ran_from, ran_to; /* traced jobs: CLOCK_MONOTONIC ns around the run in the interpreter */
-    struct hjob *offers, *offers_tail;
-    struct hjob *absorbed, *absorbed_tail;
-    struct hjob *snext; /* the pool's list of staged jobs not yet complete */
-    /* offers */
-    int is_offer;
-    int last_stage; /* the latest boundary at which the group may join */
-    int joined;
-    /* faults (p->mu) */
-    int cancel_sent; /* a cancellation of it was started */
-    int orphan;      /* given up (lose): its token is the one lose was given */
-} hjob;
-
-typedef struct release {
-    void *owner;
-    struct release *next;
-} release_t;
-
-typedef struct worker {
-    struct pool *pool;
-    int index;
-    pthread_t thread;
-    pthread_cond_t cv;
-    as_engine engine;
-    as_interp *ip;
-    hjob *head, *tail;   /* targeted jobs */
-    release_t *releases; /* outputs the host gave back */
-    int waiting;         /* blocked on cv with nothing to do */
-    int spinning;        /* polling for a job before it blocks (p->spin_ns) */
-    int spun;            /* has polled since its last job: blocks next time */
-    int kick;            /* atomic: set to end a spin (a job for it, stop) */
-    int64_t spin_from;   /* CLOCK_MONOTONIC ns: when the current spin began */
-    int64_t spin_total;  /* ns spent polling for jobs, all told (who ends a spin adds it) */
-    int active;          /* takes jobs from the pool queue */
-    int ready, dead;
-    int busy;            /* running a job */
-    int stop, exited;
-    hjob *start_job;
-    hjob *current;       /* the job it runs now */
-    int64_t since;       /* CLOCK_MONOTONIC ns: when it took `current` */
-    int lost;            /* stuck in a job it was asked to give up: takes no jobs until it returns */
-    int fault_slot;      /* fault.c's slot, -1 if none */
-} worker_t;
-
-typedef struct pool {
-    PyObject_HEAD
-    char engine_name[16];
-    as_engine engine; /* template: private workers open their own namespace */
-    char *library;
-    as_init init;
-    char **path;
-    char *executable, *bootstrap;
-    PyObject *str_shape, *str_data; /* interned attribute names of input tensors */
-    pthread_mutex_t mu;
-    pthread_cond_t exit_cv;
-    hjob *head, *tail; /* shared queue */
-    size_t queued;
-    hjob *done;         /* completions, newest first */
-    hinputs *released;  /* input buffers the interpreters gave back last */
-    int signalled;      /* the eventfd was written since the last drain */
-    int64_t spin_ns;    /* how long an idle worker polls for a job before it blocks */
-    int spinners, max_spinners;
-    hjob *staged;       /* staged jobs not yet complete */
-    uint64_t next_id;
-    int efd;
-    int n_workers;
-    worker_t *workers[MAX_WORKERS];
-} pool_t;
-
-struct as_result {
-    pool_t *pool;
-    worker_t *worker;
-    void *owner;
-    Py_ssize_t refs;
-};
-
-/* ---- the pool lock's helpers (caller holds p->mu) ----
- *
- * Nothing that wakes another thread happens under the lock: a thread woken while the
- * waker still holds p->mu would only block on it again. Callers note what to wake
- * under the lock and wake it after unlocking (the eventfd: wake_loop; a worker:
- * pthread_cond_signal). */
-
-/* Whether the event loop must be woken: nothing was pending since its last drain. */
-static int must_wake_loop(pool_t *p)
-{
-    if (p->signalled)
-        return 0;
-    p->signalled = 1;
-    return 1;
-}
-
-/* Without p->mu: write the eventfd the event loop watches. */
-static void wake_loop(pool_t *p)
-{
-    uint64_t one = 1;
-    ssize_t rc;
-    do
-        rc = write(p->efd, &one, sizeof one);
-    while (rc < 0 && errno == EINTR);
-}
-
-/* Returns whether the loop must be woken (wake_loop after unlocking). */
-static int post_done(pool_t *p, hjob *j)
-{
-    j->next = p->done;
-    __atomic_store_n(&p->done, j, __ATOMIC_RELEASE); /* pool_poll reads it without the lock */
-    return must_wake_loop(p);
-}
-
-static void append(hjob **head, hjob **tail, hjob *j)
-{
-    j->next = NULL;
-    if (*tail != NULL)
-        (*tail)->next = j;
-    else
-        *head = j;
-    *tail = j;
-}
-
-static hjob *pop(hjob **head, hjob **tail)
-{
-    hjob *j = *head;
-    if (j != NULL) {
-        *head = j->next;
-        if (*head == NULL)
-            *tail = NULL;
-        j->next = NULL;
-    }
-    return j;
-}
-
-/* Take j, which follows prev (NULL: j is the head), out of the shared queue; the caller
- * counts it out of p->queued. Caller holds p->mu. */
-static void unlink_shared(pool_t *p, hjob *prev, hjob *j)
-{
-    if (prev != NULL)
-        prev->next = j->next;
-    else
-        p->head = j->next;
-    if (p->tail == j)
-        p->tail = prev;
-    j->next = NULL;
-}
 
 /* First shared job interpreter `index` may run (models can be loaded on a subset). */
 static hjob *pop_shared(pool_t *p, int index)
@@ -330,9 +131,11 @@ static void inputs_drop_host(hinputs *in)
         inputs_free(in);
 }
 
+const as_host as_pool_host = {malloc, free, inputs_released};
+
 /* ---- models ---- */
 
-static void model_decref(hmodel *m)
+void as_pool_model_decref(hmodel *m)
 {
     if (m == NULL || --m->refs > 0)
         return;
@@ -346,21 +149,16 @@ static void model_decref(hmodel *m)
     free(m);
 }
 
-static void model_capsule_free(PyObject *capsule)
-{
-    model_decref(PyCapsule_GetPointer(capsule, MODEL_CAPSULE));
-}
-
 /* ---- jobs (host GIL held) ---- */
 
-static void job_free(hjob *j)
+void as_pool_job_free(hjob *j)
 {
     if (j->inputs != NULL)
         inputs_drop_host(j->inputs);
     if (j->job.owner != NULL && j->worker >= 0 && j->pool != NULL)
         give_back_owner(j->pool, j->pool->workers[j->worker], j->job.owner);
     free(j->in);
-    model_decref(j->model);
+    as_pool_model_decref(j->model);
     free(j->key);
     free(j->text);
     free(j->start_error);
@@ -376,7 +174,7 @@ static void job_free(hjob *j)
     free(j);
 }
 
-static hjob *job_new(pool_t *p, PyObject *token, int kind)
+hjob *as_pool_job_new(pool_t *p, PyObject *token, int kind)
 {
     hjob *j = calloc(1, sizeof *j);
     if (j == NULL) {
@@ -399,61 +197,6 @@ static inline void cpu_relax(void)
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
-}
-
-static int64_t monotonic_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-/* as_join.poll: called by the interpreter side of a running staged job after
- * `done` stages; hands over the first offered group that may still join. */
-static const as_tensor *join_poll(void *ctx, int done, size_t *n_inputs, void **inputs_ctx)
-{
-    hjob *j = ctx;
-    pool_t *p = j->pool;
-    const as_tensor *in = NULL;
-    int wake = 0;
-    pthread_mutex_lock(&p->mu);
-    j->stage = done;
-    hjob *o;
-    while (in == NULL && (o = pop(&j->offers, &j->offers_tail)) != NULL) {
-        if (done <= o->last_stage) {
-            o->joined = 1;
-            append(&j->absorbed, &j->absorbed_tail, o);
-            *n_inputs = o->job.n_inputs;
-            o->inputs->refs++; /* the interpreter's, given back with inputs_released */
-            *inputs_ctx = o->inputs;
-            in = o->in;
-        } else {
-            wake |= post_done(p, o); /* too late for this group: the host queues it again */
-        }
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (wake)
-        wake_loop(p);
-    return in;
-}
-
-/* Caller holds p->mu: a staged job finished; complete its offers (before itself).
- * Returns whether the loop must be woken. */
-static int finish_staged(pool_t *p, hjob *j)
-{
-    int wake = 0;
-    for (hjob **pp = &p->staged; *pp != NULL; pp = &(*pp)->snext) {
-        if (*pp == j) {
-            *pp = j->snext;
-            break;
-        }
-    }
-    hjob *o;
-    while ((o = pop(&j->offers, &j->offers_tail)) != NULL)
-        wake |= post_done(p, o);
-    while ((o = pop(&j->absorbed, &j->absorbed_tail)) != NULL)
-        wake |= post_done(p, o);
-    return wake;
 }
 
 static void *worker_main(void *arg)
@@ -508,7 +251,7 @@ static void *worker_main(void *arg)
             pthread_mutex_lock(&p->mu);
             continue;
         }
-        hjob *j = pop(&w->head, &w->tail);
+        hjob *j = job_pop(&w->head, &w->tail);
         if (j == NULL && w->active)
             j = pop_shared(p, w->index);
         if (j != NULL) {
@@ -534,7 +277,7 @@ static void *worker_main(void *arg)
             w->busy = 0;
             w->current = NULL;
             w->lost = 0; /* back from a job it was given up in: it takes jobs again */
-            wake = j->job.join != NULL ? finish_staged(p, j) : 0;
+            wake = j->job.join != NULL ? as_pool_finish_staged(p, j) : 0;
             wake |= post_done(p, j);
             if (wake) {
                 pthread_mutex_unlock(&p->mu);
@@ -623,7 +366,7 @@ static worker_t *idle_worker(pool_t *p, uint64_t mask)
 
 /* Host GIL held, p->mu not: queue a job (targeted at a worker, or shared) and wake the
  * worker that will take it. */
-static void enqueue(pool_t *p, hjob *j, int target)
+void as_pool_enqueue(pool_t *p, hjob *j, int target)
 {
     worker_t *w;
     if (j->id == 0) /* host GIL: next_id is the host's */
@@ -632,11 +375,11 @@ static void enqueue(pool_t *p, hjob *j, int target)
     pthread_mutex_lock(&p->mu);
     if (target >= 0) {
         w = p->workers[target];
-        append(&w->head, &w->tail, j);
+        job_append(&w->head, &w->tail, j);
         w->waiting = 0;
         kick(p, w);
     } else {
-        append(&p->head, &p->tail, j);
+        job_append(&p->head, &p->tail, j);
         p->queued++;
         w = idle_worker(p, j->mask);
     }
@@ -647,8 +390,9 @@ static void enqueue(pool_t *p, hjob *j, int target)
 
 /* ---- results handed to the host ---- */
 
-void as_result_decref(struct as_result *r)
+void as_pool_result_decref(void *ctx)
 {
+    struct as_result *r = ctx;
     if (--r->refs > 0)
         return;
     pool_t *p = r->pool;
@@ -657,110 +401,13 @@ void as_result_decref(struct as_result *r)
     free(r);
 }
 
-/* ---- Python type ---- */
-
-static const as_host host_calls = {malloc, free, inputs_released};
-
-static PyObject *pool_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
-{
-    static char *kwlist[] = {"engine", "executable", "path", "bootstrap", "library", NULL};
-    const char *engine, *executable = NULL, *bootstrap = NULL, *library = NULL;
-    PyObject *path = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|$sOsz:Pool", kwlist, &engine, &executable, &path, &bootstrap,
-                                     &library))
-        return NULL;
-    if (executable == NULL || path == NULL || bootstrap == NULL) {
-        PyErr_SetString(PyExc_TypeError, "Pool: executable, path and bootstrap are required");
-        return NULL;
-    }
-    PyObject *seq = PySequence_Fast(path, "Pool: path must be a sequence of str");
-    if (seq == NULL)
-        return NULL;
-    pool_t *p = (pool_t *)tp->tp_alloc(tp, 0);
-    if (p == NULL) {
-        Py_DECREF(seq);
-        return NULL;
-    }
-    p->efd = -1;
-    snprintf(p->engine_name, sizeof p->engine_name, "%s", engine);
-    char err[512] = "";
-    int rc = 0;
-    if (strcmp(engine, "private") == 0) {
-        if (library == NULL) {
-            snprintf(err, sizeof err, "the private engine needs the interpreter library path");
-            rc = -1;
-        } else {
-            p->library = strdup(library);
-        }
-    } else if (strcmp(engine, "subinterp") == 0) {
-        rc = as_subinterp_engine(&p->engine, err, sizeof err);
-    } else if (strcmp(engine, "main") == 0) {
-        as_main_engine(&p->engine);
-    } else {
-        snprintf(err, sizeof err, "unknown engine %.40s: expected private, subinterp or main", engine);
-        rc = -1;
-    }
-    if (rc != 0) {
-        Py_DECREF(seq);
-        Py_DECREF(p);
-        return as_engine_error(tp, "%s", err);
-    }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    p->path = calloc((size_t)n + 1, sizeof(char *));
-    for (Py_ssize_t i = 0; i < n && p->path != NULL; i++) {
-        const char *s = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i));
-        if (s == NULL) {
-            Py_DECREF(seq);
-            Py_DECREF(p);
-            return NULL;
-        }
-        p->path[i] = strdup(s);
-    }
-    Py_DECREF(seq);
-    p->executable = strdup(executable);
-    p->bootstrap = strdup(bootstrap);
-    p->init = (as_init){AS_ABI_VERSION, p->executable, (const char *const *)p->path, (size_t)n, p->bootstrap,
-                        &host_calls, p->engine_name};
-    p->str_shape = PyUnicode_InternFromString("shape");
-    p->str_data = PyUnicode_InternFromString("data");
-    if (p->str_shape == NULL || p->str_data == NULL) {
-        Py_DECREF(p);
-        return NULL;
-    }
-    p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (p->efd < 0 || p->path == NULL) {
-        Py_DECREF(p);
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->exit_cv, NULL);
-    return (PyObject *)p;
-}
-
-static void pool_dealloc(pool_t *p)
-{
-    /* Only reached for pools that never started a worker: workers hold a reference. */
-    PyTypeObject *tp = Py_TYPE(p);
-    if (p->efd >= 0)
-        close(p->efd);
-    if (p->path != NULL)
-        for (char **s = p->path; *s != NULL; s++)
-            free(*s);
-    free(p->path);
-    free(p->library);
-    free(p->executable);
-    free(p->bootstrap);
-    Py_XDECREF(p->str_shape);
-    Py_XDECREF(p->str_data);
-    tp->tp_free(p);
-    Py_DECREF(tp);
-}
+/* ---- starting workers (host GIL held) ---- */
 
 /* Start a worker thread with every asynchronous signal blocked (the host's loop
  * handles SIGINT, SIGTERM, SIGHUP ...); faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
  * SIGABRT, SIGTRAP, SIGSYS) stay deliverable so that they are reported where they
  * happen. */
-static int spawn(pthread_t *thread, size_t stack, void *(*fn)(void *), void *arg)
+int as_pool_spawn(pthread_t *thread, size_t stack, void *(*fn)(void *), void *arg)
 {
     static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS};
     sigset_t blocked, old;
@@ -780,27 +427,32 @@ static int spawn(pthread_t *thread, size_t stack, void *(*fn)(void *), void *arg
 
 static int start_thread(worker_t *w)
 {
-    return spawn(&w->thread, 16 * 1024 * 1024, worker_main, w); /* model code recurses like the main thread */
+    return as_pool_spawn(&w->thread, 16 * 1024 * 1024, worker_main, w); /* model code recurses like the main thread */
 }
 
-static PyObject *pool_add_interpreter(pool_t *p, PyObject *token)
+int as_pool_add_worker(pool_t *p, PyObject *token)
 {
-    if (p->n_workers >= MAX_WORKERS)
-        return as_engine_error(Py_TYPE(p), "Pool.add_interpreter: at most %d interpreters per pool", MAX_WORKERS);
-    if (p->library != NULL && as_private_namespaces_in_use() >= AS_MAX_NAMESPACES)
-        return as_engine_error(Py_TYPE(p),
-                               "Pool.add_interpreter: glibc allows at most %d private interpreters per process "
-                               "(%d in use); use fewer interpreters or engine='subinterp'",
-                               AS_MAX_NAMESPACES, as_private_namespaces_in_use());
+    if (p->n_workers >= MAX_WORKERS) {
+        as_engine_error(Py_TYPE(p), "Pool.add_interpreter: at most %d interpreters per pool", MAX_WORKERS);
+        return -1;
+    }
+    if (p->library != NULL && as_private_namespaces_in_use() >= AS_MAX_NAMESPACES) {
+        as_engine_error(Py_TYPE(p),
+                        "Pool.add_interpreter: glibc allows at most %d private interpreters per process "
+                        "(%d in use); use fewer interpreters or engine='subinterp'",
+                        AS_MAX_NAMESPACES, as_private_namespaces_in_use());
+        return -1;
+    }
     worker_t *w = calloc(1, sizeof *w);
-    hjob *sj = job_new(p, token, 0);
+    hjob *sj = as_pool_job_new(p, token, 0);
     char *start_error = calloc(1, 1024);
     if (w == NULL || sj == NULL || start_error == NULL) {
         free(w);
         free(start_error);
         if (sj != NULL)
-            job_free(sj);
-        return PyErr_NoMemory();
+            as_pool_job_free(sj);
+        PyErr_NoMemory();
+        return -1;
     }
     sj->host_kind = AS_JOB_START;
     sj->start_error = start_error;
@@ -827,395 +479,18 @@ static PyObject *pool_add_interpreter(pool_t *p, PyObject *token)
         if (wake)
             wake_loop(p);
     }
-    return PyLong_FromLong(w->index);
+    return w->index;
 }
 
-static PyObject *pool_register(pool_t *p, PyObject *args)
-{
-    const char *key;
-    PyObject *inputs;
-    if (!PyArg_ParseTuple(args, "sO:register", &key, &inputs))
-        return NULL;
-    PyObject *seq = PySequence_Fast(inputs, "Pool.register: inputs must be a sequence of (name, datatype)");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    hmodel *m = calloc(1, sizeof *m);
-    if (m == NULL) {
-        Py_DECREF(seq);
-        return PyErr_NoMemory();
-    }
-    m->refs = 1;
-    m->key = strdup(key);
-    m->names = calloc((size_t)n + 1, sizeof(char *));
-    m->datatypes = calloc((size_t)n + 1, sizeof(char *));
-    if (m->key == NULL || m->names == NULL || m->datatypes == NULL) {
-        PyErr_NoMemory();
-        goto error;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const char *name, *datatype;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "ss;Pool.register: an input is (name, datatype)",
-                              &name, &datatype))
-            goto error;
-        m->n_inputs = (size_t)i + 1;
-        m->names[i] = strdup(name);
-        m->datatypes[i] = strdup(datatype);
-        if (m->names[i] == NULL || m->datatypes[i] == NULL) {
-            PyErr_NoMemory();
-            goto error;
-        }
-    }
-    Py_DECREF(seq);
-    PyObject *capsule = PyCapsule_New(m, MODEL_CAPSULE, model_capsule_free);
-    if (capsule == NULL)
-        model_decref(m);
-    return capsule;
-error:
-    Py_DECREF(seq);
-    model_decref(m);
-    return NULL;
-}
+/* ---- completions and settings (host GIL held) ---- */
 
-/* Fill j->in and j->inputs from input tensors (objects with .shape and .data) given
- * in the model's registered order. */
-static int fill_inputs(pool_t *p, hjob *j, PyObject *inputs)
-{
-    hmodel *m = j->model;
-    PyObject *seq = PySequence_Fast(inputs, "Pool.infer: inputs must be a sequence of tensors");
-    if (seq == NULL)
-        return -1;
-    size_t n = (size_t)PySequence_Fast_GET_SIZE(seq);
-    if (n != m->n_inputs) {
-        PyErr_Format(PyExc_ValueError, "Pool.infer: model %s takes %zu inputs, got %zu", m->key, m->n_inputs, n);
-        Py_DECREF(seq);
-        return -1;
-    }
-    j->in = calloc(n ? n : 1, sizeof(as_tensor));
-    j->inputs = calloc(1, sizeof(hinputs) + n * sizeof(Py_buffer));
-    if (j->in == NULL || j->inputs == NULL) {
-        Py_DECREF(seq);
-        PyErr_NoMemory();
-        return -1;
-    }
-    j->inputs->pool = p;
-    j->inputs->refs = 1; /* the host's */
-    for (size_t i = 0; i < n; i++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i);
-        as_tensor *t = &j->in[i];
-        t->name = m->names[i];
-        t->datatype = m->datatypes[i];
-        PyObject *shape = PyObject_GetAttr(item, p->str_shape);
-        if (shape == NULL || !PyTuple_Check(shape)) {
-            if (shape != NULL)
-                PyErr_Format(PyExc_TypeError, "Pool.infer: input %s: shape must be a tuple", t->name);
-            Py_XDECREF(shape);
-            goto error;
-        }
-        Py_ssize_t nd = PyTuple_GET_SIZE(shape);
-        if (nd > AS_MAX_DIMS) {
-            PyErr_Format(PyExc_ValueError, "Pool.infer: input %s has %zd dimensions; at most %d", t->name, nd,
-                         AS_MAX_DIMS);
-            Py_DECREF(shape);
-            goto error;
-        }
-        t->ndim = (int)nd;
-        for (Py_ssize_t d = 0; d < nd; d++) {
-            t->shape[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
-            if (t->shape[d] == -1 && PyErr_Occurred()) {
-                Py_DECREF(shape);
-                goto error;
-            }
-        }
-        Py_DECREF(shape);
-        PyObject *data = PyObject_GetAttr(item, p->str_data);
-        if (data == NULL)
-            goto error;
-        /* read-only: models get read-only views, so a read-only exporter (bytes) is asked
-         * for nothing more */
-        int rc = PyObject_GetBuffer(data, &j->inputs->views[i], PyBUF_C_CONTIGUOUS);
-        Py_DECREF(data);
-        if (rc < 0)
-            goto error;
-        j->inputs->n = i + 1;
-        t->data = j->inputs->views[i].buf;
-        t->nbytes = (size_t)j->inputs->views[i].len;
-        t->readonly = 1;
-    }
-    Py_DECREF(seq);
-    j->job.inputs = j->in;
-    j->job.n_inputs = n;
-    j->job.inputs_ctx = j->inputs;
-    return 0;
-error:
-    Py_DECREF(seq);
-    return -1;
-}
-
-static hmodel *model_of(PyObject *capsule)
-{
-    return PyCapsule_GetPointer(capsule, MODEL_CAPSULE);
-}
-
-static PyObject *pool_submit(pool_t *p, PyObject *args, PyObject *kw)
-{
-    static char *kwlist[] = {"token", "kind", "model", "text", "target", NULL};
-    PyObject *token;
-    int kind, target = -1;
-    const char *model = NULL, *text = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|zzi:submit", kwlist, &token, &kind, &model, &text, &target))
-        return NULL;
-    if (kind != AS_JOB_LOAD && kind != AS_JOB_UNLOAD && kind != AS_JOB_EXEC) {
-        PyErr_Format(PyExc_ValueError, "Pool.submit: job kind %d: expected JOB_LOAD, JOB_UNLOAD or JOB_EXEC "
-                                       "(infer jobs go through Pool.infer)", kind);
-        return NULL;
-    }
-    if (target >= p->n_workers || (target >= 0 && p->workers[target]->dead))
-        return as_engine_error(Py_TYPE(p), "Pool.submit: no live interpreter %d", target);
-    if (target >= 0 && p->workers[target]->lost)
-        return as_engine_error(Py_TYPE(p),
-                               "Pool.submit: interpreter %d is lost (stuck in a job it was asked to give up) and "
-                               "takes no jobs until that job returns", target);
-    hjob *j = job_new(p, token, kind);
-    if (j == NULL)
-        return NULL;
-    j->mask = ~0ULL;
-    if ((model != NULL && (j->key = strdup(model)) == NULL) || (text != NULL && (j->text = strdup(text)) == NULL)) {
-        job_free(j);
-        return PyErr_NoMemory();
-    }
-    j->job.model = j->key;
-    j->job.text = j->text;
-    enqueue(p, j, target);
-    Py_RETURN_NONE;
-}
-
-static PyObject *pool_infer(pool_t *p, PyObject *args, PyObject *kw)
-{
-    static char *kwlist[] = {"model", "token", "inputs", "mask", "staged", "trace", NULL};
-    PyObject *capsule, *token, *inputs;
-    unsigned long long mask = ~0ULL;
-    int staged = 0, trace = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|Kpp:infer", kwlist, &capsule, &token, &inputs, &mask, &staged,
-                                     &trace))
-        return NULL;
-    hmodel *m = model_of(capsule);
-    if (m == NULL)
-        return NULL;
-    hjob *j = job_new(p, token, AS_JOB_INFER);
-    if (j == NULL)
-        return NULL;
-    j->model = m;
-    m->refs++;
-    j->mask = mask;
-    j->job.model = m->key;
-    j->job.trace = trace;
-    if (fill_inputs(p, j, inputs) < 0) {
-        job_free(j);
-        return NULL;
-    }
-    j->id = p->next_id + 1; /* host GIL: next_id is the host's */
-    PyObject *id = PyLong_FromUnsignedLongLong(j->id);
-    if (id == NULL) {
-        job_free(j);
-        return NULL;
-    }
-    p->next_id = j->id;
-    if (staged) {
-        pthread_mutex_lock(&p->mu);
-        j->join = (as_join){j, join_poll};
-        j->job.join = &j->join;
-        j->snext = p->staged;
-        p->staged = j;
-        pthread_mutex_unlock(&p->mu);
-    }
-    enqueue(p, j, -1);
-    return id;
-}
-
-/* Caller holds p->mu. */
-static hjob *find_staged(pool_t *p, uint64_t id)
-{
-    for (hjob *j = p->staged; j != NULL; j = j->snext)
-        if (j->id == id)
-            return j;
-    return NULL;
-}
-
-static PyObject *pool_offer(pool_t *p, PyObject *args, PyObject *kw)
-{
-    static char *kwlist[] = {"job", "token", "inputs", "last_stage", NULL};
-    unsigned long long id;
-    PyObject *token, *inputs;
-    int last_stage;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KOOi:offer", kwlist, &id, &token, &inputs, &last_stage))
-        return NULL;
-    /* the staged job cannot complete meanwhile: completions are freed by drain, on this thread */
-    pthread_mutex_lock(&p->mu);
-    hjob *j = find_staged(p, id);
-    hmodel *m = j != NULL ? j->model : NULL;
-    pthread_mutex_unlock(&p->mu);
-    if (m == NULL)
-        Py_RETURN_FALSE;
-    hjob *o = job_new(p, token, AS_JOB_INFER);
-    if (o == NULL)
-        return NULL;
-    o->is_offer = 1;
-    o->last_stage = last_stage;
-    o->model = m;
-    m->refs++;
-    if (fill_inputs(p, o, inputs) < 0) {
-        job_free(o);
-        return NULL;
-    }
-    pthread_mutex_lock(&p->mu);
-    j = find_staged(p, id);
-    int posted = j != NULL && j->stage < last_stage;
-    if (posted)
-        append(&j->offers, &j->offers_tail, o);
-    pthread_mutex_unlock(&p->mu);
-    if (!posted)
-        job_free(o);
-    return PyBool_FromLong(posted);
-}
-
-static PyObject *pool_progress(pool_t *p, PyObject *arg)
-{
-    unsigned long long id = PyLong_AsUnsignedLongLong(arg);
-    if (id == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    int stage = 0, running = 0;
-    struct timespec started = {0, 0}, now;
-    pthread_mutex_lock(&p->mu);
-    hjob *j = find_staged(p, id);
-    if (j != NULL) {
-        stage = j->stage;
-        running = j->running;
-        started = j->started;
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (j == NULL)
-        Py_RETURN_NONE;
-    double elapsed = -1.0;
-    if (running) {
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        elapsed = (double)(now.tv_sec - started.tv_sec) + 1e-9 * (double)(now.tv_nsec - started.tv_nsec);
-    }
-    return Py_BuildValue("(id)", stage, elapsed);
-}
-
-static PyObject *make_outputs(pool_t *p, hjob *j)
-{
-    module_state *st = as_state_of_type(Py_TYPE(p));
-    if (st == NULL)
-        return NULL;
-    size_t n = j->job.n_outputs;
-    PyObject *list = PyList_New((Py_ssize_t)n);
-    struct as_result *r = list != NULL ? calloc(1, sizeof *r) : NULL;
-    if (r == NULL) {
-        Py_XDECREF(list);
-        return PyErr_NoMemory(); /* job_free gives the owner back */
-    }
-    r->pool = (pool_t *)Py_NewRef(p);
-    r->worker = p->workers[j->worker];
-    r->owner = j->job.owner;
-    r->refs = 1; /* held while building; dropped below */
-    j->job.owner = NULL;
-    for (size_t i = 0; i < n; i++) {
-        as_tensor *t = &j->job.outputs[i];
-        PyObject *shape = PyTuple_New(t->ndim);
-        if (shape == NULL)
-            goto error;
-        for (int d = 0; d < t->ndim; d++)
-            PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(t->shape[d]));
-        r->refs++;
-        PyObject *buf = as_buffer_new(st->buffer_type, r, NULL, t->data, t->nbytes, t->readonly);
-        if (buf == NULL) {
-            r->refs--;
-            Py_DECREF(shape);
-            goto error;
-        }
-        PyObject *item = Py_BuildValue("(ssNN)", t->name, t->datatype, shape, buf);
-        if (item == NULL)
-            goto error;
-        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
-    }
-    as_result_decref(r);
-    return list;
-error:
-    Py_DECREF(list);
-    as_result_decref(r);
-    return NULL;
-}
-
-/* (token, ok, payload) for one finished job, or NULL with an exception set. */
-static PyObject *completion(pool_t *p, hjob *j)
-{
-    if (j->is_offer)
-        return Py_BuildValue("(OOO)", j->token, Py_True, j->joined ? Py_True : Py_False);
-    if (j->host_kind == AS_JOB_START) {
-        if (j->job.failed)
-            return Py_BuildValue("(OO(ss))", j->token, Py_False, "EngineError", j->start_error);
-        return Py_BuildValue("(OOO)", j->token, Py_True, Py_None);
-    }
-    if (j->job.failed)
-        return Py_BuildValue("(OO(ss))", j->token, Py_False, j->job.error_type ? j->job.error_type : "Error",
-                             j->job.error ? j->job.error : "");
-    PyObject *payload;
-    if (j->job.kind == AS_JOB_INFER && j->job.join != NULL) {
-        PyObject *outputs = make_outputs(p, j);
-        PyObject *seconds = outputs != NULL ? PyTuple_New(j->job.n_stages) : NULL;
-        for (int i = 0; seconds != NULL && i < j->job.n_stages; i++) {
-            PyObject *s = PyFloat_FromDouble(j->job.stage_seconds[i]);
-            if (s == NULL)
-                Py_CLEAR(seconds);
-            else
-                PyTuple_SET_ITEM(seconds, i, s);
-        }
-        payload = seconds != NULL ? Py_BuildValue("(NN)", outputs, seconds) : NULL;
-        if (seconds == NULL)
-            Py_XDECREF(outputs);
-    } else if (j->job.kind == AS_JOB_INFER)
-        payload = make_outputs(p, j);
-    else if (j->job.result != NULL)
-        payload = PyUnicode_FromString(j->job.result);
-    else
-        payload = Py_NewRef(Py_None);
-    if (payload == NULL)
-        return NULL;
-    if (j->job.kind == AS_JOB_INFER && j->job.trace) /* traced: where and when it ran, the model's spans */
-        return Py_BuildValue("(OO(NiLLz))", j->token, Py_True, payload, j->worker, (long long)j->ran_from,
-                             (long long)j->ran_to, j->job.result);
-    return Py_BuildValue("(OON)", j->token, Py_True, payload);
-}
-
-/* A completion that could not be built: the job fails with the reason instead. If
- * even that cannot be built (no memory), the bare token stands for the job and the
- * host fails it with a fixed message. */
-static PyObject *failed_completion(hjob *j)
-{
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
-    PyErr_Clear();
-    PyObject *item = Py_BuildValue("(OO(sO))", j->token, Py_False, "EngineError",
-                                   text != NULL ? text : Py_None);
-    Py_XDECREF(text);
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
-    if (item == NULL) {
-        PyErr_Clear();
-        item = Py_NewRef(j->token);
-    }
-    return item;
-}
-
-static PyObject *pool_drain(pool_t *p, PyObject *Py_UNUSED(ignored))
+int as_pool_take_done(pool_t *p, hjob **ordered, Py_ssize_t *n)
 {
     uint64_t count;
-    if (read(p->efd, &count, sizeof count) < 0 && errno != EAGAIN && errno != EINTR)
-        return PyErr_SetFromErrno(PyExc_OSError);
+    if (read(p->efd, &count, sizeof count) < 0 && errno != EAGAIN && errno != EINTR) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
     pthread_mutex_lock(&p->mu);
     hjob *j = p->done;
     hinputs *released = p->released;
@@ -1229,60 +504,35 @@ static PyObject *pool_drain(pool_t *p, PyObject *Py_UNUSED(ignored))
         released = next;
     }
     /* the list is newest first: reverse it so completions come in order */
-    hjob *ordered = NULL;
-    Py_ssize_t n = 0;
+    *ordered = NULL;
+    *n = 0;
     while (j != NULL) {
         hjob *next = j->next;
-        j->next = ordered;
-        ordered = j;
+        j->next = *ordered;
+        *ordered = j;
         j = next;
-        n++;
+        (*n)++;
     }
-    /* Every finished job is answered: a completion that cannot be built fails its
-     * own job and no other, and the list is allocated before anything is freed. */
-    PyObject *out = PyList_New(n);
-    if (out == NULL) {
-        /* put them back for the next drain rather than lose them */
-        pthread_mutex_lock(&p->mu);
-        while (ordered != NULL) {
-            hjob *next = ordered->next;
-            ordered->next = p->done;
-            __atomic_store_n(&p->done, ordered, __ATOMIC_RELEASE);
-            ordered = next;
-        }
-        int wake = must_wake_loop(p);
-        pthread_mutex_unlock(&p->mu);
-        if (wake)
-            wake_loop(p);
-        return NULL;
-    }
-    Py_ssize_t i = 0;
-    for (j = ordered; j != NULL; i++) {
-        hjob *next = j->next;
-        PyObject *item = completion(p, j);
-        if (item == NULL)
-            item = failed_completion(j);
-        PyList_SET_ITEM(out, i, item);
-        job_free(j);
-        j = next;
-    }
-    return out;
+    return 0;
 }
 
-/* drain() if a job finished, else None: cheap enough to call on every turn of the loop. */
-static PyObject *pool_poll(pool_t *p, PyObject *Py_UNUSED(ignored))
+void as_pool_put_back(pool_t *p, hjob *ordered)
 {
-    if (__atomic_load_n(&p->done, __ATOMIC_ACQUIRE) == NULL)
-        Py_RETURN_NONE;
-    return pool_drain(p, NULL);
+    pthread_mutex_lock(&p->mu);
+    while (ordered != NULL) {
+        hjob *next = ordered->next;
+        ordered->next = p->done;
+        __atomic_store_n(&p->done, ordered, __ATOMIC_RELEASE);
+        ordered = next;
+    }
+    int wake = must_wake_loop(p);
+    pthread_mutex_unlock(&p->mu);
+    if (wake)
+        wake_loop(p);
 }
 
-static PyObject *pool_set_spin(pool_t *p, PyObject *args)
+void as_pool_set_spin(pool_t *p, long long us, int spinners)
 {
-    long long us;
-    int spinners;
-    if (!PyArg_ParseTuple(args, "Li:set_spin", &us, &spinners))
-        return NULL;
     pthread_mutex_lock(&p->mu);
     p->spin_ns = us > 0 ? us * 1000 : 0;
     p->max_spinners = spinners > 0 ? spinners : 0;
@@ -1290,16 +540,10 @@ static PyObject *pool_set_spin(pool_t *p, PyObject *args)
         for (int i = 0; i < p->n_workers; i++)
             kick(p, p->workers[i]); /* a pool put away stops polling at once */
     pthread_mutex_unlock(&p->mu);
-    Py_RETURN_NONE;
 }
 
-static PyObject *pool_fileno(pool_t *p, PyObject *Py_UNUSED(ignored)) { return PyLong_FromLong(p->efd); }
-
-static PyObject *pool_set_active(pool_t *p, PyObject *arg)
+void as_pool_set_active(pool_t *p, long n)
 {
-    long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred())
-        return NULL;
     pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->n_workers; i++)
         p->workers[i]->active = i < n;
@@ -1309,35 +553,27 @@ static PyObject *pool_set_active(pool_t *p, PyObject *arg)
             pthread_cond_signal(&w->cv); /* rare: under the lock is simpler */
     }
     pthread_mutex_unlock(&p->mu);
-    Py_RETURN_NONE;
 }
 
-static PyObject *pool_stats(pool_t *p, PyObject *Py_UNUSED(ignored))
+void as_pool_stats(pool_t *p, pool_stats_t *out)
 {
-    int ready = 0, busy = 0, active = 0, lost = 0;
-    int64_t spin = 0;
+    *out = (pool_stats_t){0};
     pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->n_workers; i++) {
         worker_t *w = p->workers[i];
-        ready += w->ready;
-        busy += w->busy && !w->lost;
-        active += w->active && w->ready && !w->lost;
-        lost += w->lost;
-        spin += w->spin_total;
+        out->ready += w->ready;
+        out->busy += w->busy && !w->lost;
+        out->active += w->active && w->ready && !w->lost;
+        out->lost += w->lost;
+        out->spin_ns += w->spin_total;
     }
-    size_t queued = p->queued;
-    int spinning = p->spinners;
+    out->queued = p->queued;
+    out->spinning = p->spinners;
     pthread_mutex_unlock(&p->mu);
-    return Py_BuildValue("{sisisisisnsisisd}", "interpreters", p->n_workers, "ready", ready, "active", active, "busy",
-                         busy, "queued", (Py_ssize_t)queued, "lost", lost, "spinning", spinning, "spin_s",
-                         (double)spin / 1e9);
 }
 
-/* End the interpreters that can end (subinterpreters) once their queues are empty.
- * Called at host exit: a host that finalizes with live subinterpreters aborts. */
-static PyObject *pool_shutdown(pool_t *p, PyObject *Py_UNUSED(ignored))
+void as_pool_shutdown(pool_t *p)
 {
-    Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->n_workers; i++) {
         worker_t *w = p->workers[i];
@@ -1354,304 +590,4 @@ static PyObject *pool_shutdown(pool_t *p, PyObject *Py_UNUSED(ignored))
             pthread_cond_wait(&p->exit_cv, &p->mu);
     }
     pthread_mutex_unlock(&p->mu);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
 }
-
-/* ---- faults: cancelling jobs, giving up on interpreters ---- */
-
-typedef struct {
-    worker_t *worker;
-    uint64_t id;
-} cancel_t;
-
-/* A thread of its own, one per cancelled job: it may wait for the interpreter's GIL for
- * as long as the job holds it (forever, if the job spins in C without giving it up; the
- * worker never takes another job then, so such threads do not pile up). */
-static void *cancel_main(void *arg)
-{
-    cancel_t c = *(cancel_t *)arg;
-    free(arg);
-    worker_t *w = c.worker;
-    if (w->engine.thread_init != NULL)
-        w->engine.thread_init(); /* a private namespace's libc, for this thread */
-    w->engine.cancel(w->ip, c.id);
-    return NULL;
-}
-
-/* Caller holds p->mu: the worker running job `id`, or NULL. */
-static worker_t *running_worker(pool_t *p, uint64_t id)
-{
-    for (int i = 0; i < p->n_workers; i++) {
-        worker_t *w = p->workers[i];
-        if (w->current != NULL && w->current->id == id)
-            return w;
-    }
-    return NULL;
-}
-
-/* Caller holds p->mu; j is unlinked from the shared queue: it never runs and completes
- * now, failed. Returns whether the loop must be woken. */
-static int fail_queued(pool_t *p, hjob *j)
-{
-    p->queued--;
-    j->job.failed = 1;
-    j->job.error_type = strdup("Cancelled"); /* NULL without memory: a generic failure */
-    j->job.error = strdup("cancelled before it ran");
-    int wake = j->job.join != NULL ? finish_staged(p, j) : 0;
-    return wake | post_done(p, j);
-}
-
-/* Caller holds p->mu: what a cancellation thread for w's running job needs, or NULL if
- * its cancellation is under way already (or the worker is lost). */
-static cancel_t *begin_cancel(worker_t *w)
-{
-    hjob *j = w->current;
-    if (j == NULL || j->cancel_sent || w->lost || w->engine.cancel == NULL)
-        return NULL;
-    cancel_t *c = malloc(sizeof *c);
-    if (c == NULL)
-        return NULL; /* not cancelled: given up after the grace period all the same */
-    j->cancel_sent = 1;
-    *c = (cancel_t){w, j->id};
-    return c;
-}
-
-/* Without p->mu: start the thread begin_cancel prepared (if it cannot start, the job is
- * given up after the grace period all the same). */
-static void launch_cancel(cancel_t *c)
-{
-    pthread_t t;
-    if (spawn(&t, 1024 * 1024, cancel_main, c) != 0)
-        free(c);
-}
-
-static PyObject *pool_cancel(pool_t *p, PyObject *arg)
-{
-    unsigned long long id = PyLong_AsUnsignedLongLong(arg);
-    if (id == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    const char *state = NULL;
-    cancel_t *start = NULL;
-    int wake = 0;
-    pthread_mutex_lock(&p->mu);
-    hjob *prev = NULL;
-    for (hjob *j = p->head; j != NULL; prev = j, j = j->next) {
-        if (j->id != id)
-            continue;
-        unlink_shared(p, prev, j);
-        wake = fail_queued(p, j);
-        state = "queued";
-        break;
-    }
-    worker_t *w = state == NULL ? running_worker(p, id) : NULL;
-    if (w != NULL && !w->current->orphan) { /* an orphan's token has completed: nothing to cancel */
-        state = "running";
-        start = begin_cancel(w);
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (wake)
-        wake_loop(p);
-    if (start != NULL)
-        launch_cancel(start);
-    if (state == NULL)
-        Py_RETURN_NONE;
-    return PyUnicode_FromString(state);
-}
-
-/* Shutting down: every queued job fails, every running one is cancelled. */
-static PyObject *pool_cancel_all(pool_t *p, PyObject *Py_UNUSED(ignored))
-{
-    cancel_t *starts[MAX_WORKERS];
-    unsigned long long ids[MAX_WORKERS];
-    int n_starts = 0, n_ids = 0, wake = 0;
-    pthread_mutex_lock(&p->mu);
-    hjob *j;
-    while ((j = pop(&p->head, &p->tail)) != NULL)
-        wake |= fail_queued(p, j);
-    for (int i = 0; i < p->n_workers; i++) {
-        worker_t *w = p->workers[i];
-        if (w->current == NULL || w->lost)
-            continue;
-        ids[n_ids++] = w->current->id;
-        cancel_t *c = begin_cancel(w);
-        if (c != NULL)
-            starts[n_starts++] = c;
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (wake)
-        wake_loop(p);
-    for (int i = 0; i < n_starts; i++)
-        launch_cancel(starts[i]);
-    PyObject *out = PyList_New(n_ids);
-    for (int i = 0; out != NULL && i < n_ids; i++) {
-        PyObject *id = PyLong_FromUnsignedLongLong(ids[i]);
-        if (id == NULL)
-            Py_CLEAR(out);
-        else
-            PyList_SET_ITEM(out, i, id);
-    }
-    return out;
-}
-
-static PyObject *pool_lose(pool_t *p, PyObject *args)
-{
-    unsigned long long id;
-    PyObject *on_return;
-    if (!PyArg_ParseTuple(args, "KO:lose", &id, &on_return))
-        return NULL;
-    hjob *proxy = job_new(p, Py_None, 0);
-    if (proxy == NULL)
-        return NULL;
-    int index = -1, wake = 0;
-    double seconds = 0.0;
-    char key[256] = "";
-    pthread_mutex_lock(&p->mu);
-    worker_t *w = running_worker(p, id);
-    if (w != NULL && !w->lost) {
-        hjob *j = w->current;
-        index = w->index;
-        seconds = (double)(monotonic_ns() - w->since) / 1e9;
-        w->lost = 1;
-        j->orphan = 1;
-        /* the job's token completes now, through the proxy; the orphan's completion, if it
-         * ever comes, goes to on_return (references only: no Python runs under the lock) */
-        PyObject *token = proxy->token;
-        proxy->token = j->token;
-        j->token = Py_NewRef(on_return);
-        Py_DECREF(token); /* None: immortal or referenced elsewhere, never freed here */
-        proxy->job.kind = j->job.kind;
-        proxy->job.failed = 1;
-        proxy->job.error_type = strdup("InterpreterLost");
-        char text[256];
-        snprintf(text, sizeof text,
-                 "interpreter %d (engine %s) was given up: its job did not return %.1f s after it was cancelled",
-                 w->index, p->engine_name, seconds);
-        proxy->job.error = strdup(text);
-        wake = j->job.join != NULL ? finish_staged(p, j) : 0;
-        wake |= post_done(p, proxy);
-        proxy = NULL;
-        snprintf(key, sizeof key, "%s", j->job.model != NULL ? j->job.model : "");
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (wake)
-        wake_loop(p);
-    if (proxy != NULL) {
-        job_free(proxy);
-        Py_RETURN_NONE;
-    }
-    return Py_BuildValue("(isd)", index, key, seconds);
-}
-
-static PyObject *pool_jobs(pool_t *p, PyObject *Py_UNUSED(ignored))
-{
-    /* copied under the lock, built after it: allocating Python objects may collect garbage,
-     * and a collected output buffer takes the lock */
-    struct {
-        int index, lost;
-        unsigned long long id;
-        double seconds;
-        char key[256];
-    } running[MAX_WORKERS];
-    int n = 0;
-    int64_t now = monotonic_ns();
-    pthread_mutex_lock(&p->mu);
-    for (int i = 0; i < p->n_workers; i++) {
-        worker_t *w = p->workers[i];
-        hjob *j = w->current;
-        if (j == NULL)
-            continue;
-        running[n].index = w->index;
-        running[n].lost = w->lost;
-        running[n].id = j->id;
-        running[n].seconds = (double)(now - w->since) / 1e9;
-        snprintf(running[n].key, sizeof running[n].key, "%s", j->job.model != NULL ? j->job.model : "");
-        n++;
-    }
-    pthread_mutex_unlock(&p->mu);
-    PyObject *out = PyList_New(n);
-    for (int i = 0; out != NULL && i < n; i++) {
-        PyObject *item = Py_BuildValue("(iKsdO)", running[i].index, running[i].id, running[i].key, running[i].seconds,
-                                       running[i].lost ? Py_True : Py_False);
-        if (item == NULL)
-            Py_CLEAR(out);
-        else
-            PyList_SET_ITEM(out, i, item);
-    }
-    return out;
-}
-
-static PyObject *pool_get_engine(pool_t *p, void *Py_UNUSED(closure)) { return PyUnicode_FromString(p->engine_name); }
-
-static PyMethodDef pool_methods[] = {
-    {"add_interpreter", (PyCFunction)pool_add_interpreter, METH_O,
-     "add_interpreter(token) -> index: start one more interpreter; drain reports (token, ok, error) when it is "
-     "ready or failed"},
-    {"register", (PyCFunction)pool_register, METH_VARARGS,
-     "register(key, inputs) -> model: intern a loaded model's key and its inputs' (name, datatype) in the "
-     "order infer takes them"},
-    {"submit", (PyCFunction)(void (*)(void))pool_submit, METH_VARARGS | METH_KEYWORDS,
-     "submit(token, kind, model=None, text=None, target=-1): queue a load, unload or exec job for interpreter "
-     "target (or the first idle one)"},
-    {"infer", (PyCFunction)(void (*)(void))pool_infer, METH_VARARGS | METH_KEYWORDS,
-     "infer(model, token, inputs, mask=all, staged=False, trace=False) -> job id: queue a batch (tensors "
-     "with .shape and .data, in the registered order) for the first idle interpreter whose bit is set in mask; a "
-     "staged job gets an id for offer/progress and completes with (outputs, stage_seconds); a traced job completes "
-     "with (payload, interpreter, ran_from_ns, ran_to_ns, model_spans_json | None)"},
-    {"offer", (PyCFunction)(void (*)(void))pool_offer, METH_VARARGS | METH_KEYWORDS,
-     "offer(job, token, inputs, last_stage) -> bool: offer a group of requests to staged job `job`; it "
-     "joins at the first stage boundary <= last_stage, else it is rejected. drain reports (token, True, joined): "
-     "joined True (absorbed: the job's outputs cover it, after the job's own samples and earlier groups) or "
-     "False. Returns False: the job is gone or already past last_stage"},
-    {"progress", (PyCFunction)pool_progress, METH_O,
-     "progress(job) -> (stages_done, seconds_running or -1 if queued) | None once it completed"},
-    {"drain", (PyCFunction)pool_drain, METH_NOARGS,
-     "drain() -> [(token, ok, payload) | token]: finished jobs, each exactly once (a bare token: a job whose "
-     "completion could not be built)"},
-    {"poll", (PyCFunction)pool_poll, METH_NOARGS, "poll() -> drain() if a job finished since the last drain, else None"},
-    {"set_spin", (PyCFunction)pool_set_spin, METH_VARARGS,
-     "set_spin(us, spinners): an idle worker polls for its next job for `us` microseconds before it blocks; "
-     "at most `spinners` poll at once (0: never)"},
-    {"fileno", (PyCFunction)pool_fileno, METH_NOARGS, "fileno() -> the eventfd that signals completions"},
-    {"set_active", (PyCFunction)pool_set_active, METH_O,
-     "set_active(n): only the first n interpreters take shared jobs"},
-    {"shutdown", (PyCFunction)pool_shutdown, METH_NOARGS,
-     "shutdown(): end subinterpreters once their queues are empty (at host exit)"},
-    {"stats", (PyCFunction)pool_stats, METH_NOARGS, "stats() -> dict of interpreter and queue counts"},
-    {"cancel", (PyCFunction)pool_cancel, METH_O,
-     "cancel(job) -> 'queued' | 'running' | None: a queued job completes at once, failed (Cancelled); a running "
-     "one gets Cancelled raised in its interpreter at the next bytecode boundary (from a thread of its own); "
-     "None: the job already completed"},
-    {"cancel_all", (PyCFunction)pool_cancel_all, METH_NOARGS,
-     "cancel_all() -> [job]: every queued job completes at once, failed (Cancelled); every running one is "
-     "cancelled as cancel does; returns the ids of those running"},
-    {"lose", (PyCFunction)pool_lose, METH_VARARGS,
-     "lose(job, on_return) -> (interpreter, model key, seconds running) | None: give up on running job `job`: "
-     "its interpreter is marked lost and takes no jobs, the job's token completes now (failed, "
-     "InterpreterLost), and if the job ever returns, on_return(ok, payload) is called instead and the "
-     "interpreter takes jobs again. None: the job is not running (any more)"},
-    {"jobs", (PyCFunction)pool_jobs, METH_NOARGS,
-     "jobs() -> [(interpreter, job, model key, seconds running, lost)]: the jobs running now"},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef pool_getset[] = {
-    {"engine", (getter)pool_get_engine, NULL, "engine name", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyType_Slot pool_slots[] = {
-    {Py_tp_new, pool_new},
-    {Py_tp_dealloc, pool_dealloc},
-    {Py_tp_methods, pool_methods},
-    {Py_tp_getset, pool_getset},
-    {Py_tp_doc, "Pool(engine, *, executable, path, bootstrap, library=None): native interpreter pool"},
-    {0, NULL},
-};
-
-PyType_Spec as_pool_spec = {
-    .name = "aserve._native.Pool",
-    .basicsize = sizeof(pool_t),
-    .flags = Py_TPFLAGS_DEFAULT,
-    .slots = pool_slots,
-};

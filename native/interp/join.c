@@ -46,7 +46,7 @@ static PyObject *join_call(PyObject *self, PyObject *arg)
     const as_tensor *in = st->join->poll(st->join->ctx, (int)done, &n, &inputs_ctx);
     if (in == NULL)
         Py_RETURN_NONE;
-    PyObject *list = as_runtime_tensors(st->ip, in, n, inputs_ctx);
+    PyObject *list = as_input_tensors(st->ip, in, n, inputs_ctx);
     /* the state keeps each group so that the job drops its views when it ends */
     if (list != NULL && PyList_Append(st->views, list) < 0)
         Py_CLEAR(list);

@@ -27,12 +27,16 @@ int as_runtime_bind(as_interp *ip, const as_init *cfg, char *err, size_t errlen)
 /* Format the current Python exception into err (clearing it). */
 void as_runtime_error(char *err, size_t errlen, const char *what);
 
-/* Host input tensors as a list of (name, datatype, shape, memoryview) tuples. Each
- * memoryview is read-only and exports an object that keeps the host's reference
+/* inputs.c: the type of read-only host input memory (one per interpreter: as_interp's
+ * input_type), or NULL with an exception set. */
+PyTypeObject *as_input_type_new(void);
+
+/* inputs.c: host input tensors as a list of (name, datatype, shape, memoryview) tuples.
+ * Each memoryview is read-only and exports an object that keeps the host's reference
  * `inputs_ctx`: once every such object of the list is gone (at the end of the job,
  * or later if the model kept a view), the interpreter gives the reference back with
  * host->inputs_released, so host memory outlives every view of it. */
-PyObject *as_runtime_tensors(as_interp *ip, const as_tensor *tensors, size_t n, void *inputs_ctx);
+PyObject *as_input_tensors(as_interp *ip, const as_tensor *tensors, size_t n, void *inputs_ctx);
 
 /* The join(done) callable of a staged job (join.c), and dropping the views it handed out. */
 PyObject *as_join_new(as_interp *ip, const as_join *join);

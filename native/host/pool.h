@@ -1,0 +1,300 @@
+/* The pool's private header: what its files share, and nothing else includes.
+ *
+ *   pool.c         the core: queues, worker threads, dispatch, completions; its opening
+ *                  comment has the lock order and who owns what, for all of them
+ *   pool_join.c    layer joining: staged jobs, the offers they absorb, their progress
+ *   pool_cancel.c  faults: cancelling jobs, the cancellation thread, giving jobs up
+ *   pool_type.c    the Python type Pool: argument parsing, jobs built from Python
+ *                  objects, results as Python objects
+ *
+ * Calls go one way: pool_type.c calls the three others, pool_cancel.c calls pool.c and
+ * pool_join.c, pool.c calls pool_join.c, and pool_join.c none of them. pool_type.c
+ * never takes p->mu. The queue and wake-up helpers are inline here because the
+ * worker loop runs them on every job.
+ */
+#ifndef ASERVE_HOST_POOL_H
+#define ASERVE_HOST_POOL_H
+
+#include "common.h"
+
+#include <errno.h>
+#include <time.h>
+#include <unistd.h>
+
+#define AS_JOB_START 100 /* host-only kind: a worker's interpreter is ready (or failed) */
+#define MAX_WORKERS 64
+
+struct pool;
+
+/* A model's names, interned once per load: every infer job of it points here. */
+typedef struct hmodel {
+    Py_ssize_t refs; /* host GIL */
+    char *key;
+    size_t n_inputs;
+    char **names, **datatypes;
+} hmodel;
+
+/* The host buffers of one job's (or one offered group's) inputs. */
+typedef struct hinputs {
+    struct pool *pool;
+    int refs; /* p->mu */
+    size_t n;
+    struct hinputs *next; /* p->released */
+    Py_buffer views[];
+} hinputs;
+
+typedef struct hjob {
+    as_job job;
+    struct hjob *next;
+    PyObject *token; /* called with (ok, payload) by the host when the job completes */
+    int host_kind;
+    int worker;
+    uint64_t mask; /* shared jobs: bit i set if interpreter i may run it */
+    char *key, *text; /* load/unload/exec: owned copies */
+    hmodel *model;    /* infer jobs and offers */
+    as_tensor *in;
+    hinputs *inputs;
+    char *start_error; /* start jobs */
+    /* staged jobs: their join point, progress and groups offered / absorbed */
+    struct pool *pool;
+    uint64_t id;
+    as_join join;
+    int stage;   /* stages done at the last join point */
+    int running; /* a worker took it */
+    struct timespec started;
+    int64_t ran_from, ran_to; /* traced jobs: CLOCK_MONOTONIC ns around the run in the interpreter */
+    struct hjob *offers, *offers_tail;
+    struct hjob *absorbed, *absorbed_tail;
+    struct hjob *snext; /* the pool's list of staged jobs not yet complete */
+    /* offers */
+    int is_offer;
+    int last_stage; /* the latest boundary at which the group may join */
+    int joined;
+    /* faults (p->mu) */
+    int cancel_sent; /* a cancellation of it was started */
+    int orphan;      /* given up (lose): its token is the one lose was given */
+} hjob;
+
+typedef struct release {
+    void *owner;
+    struct release *next;
+} release_t;
+
+typedef struct worker {
+    struct pool *pool;
+    int index;
+    pthread_t thread;
+    pthread_cond_t cv;
+    as_engine engine;
+    as_interp *ip;
+    hjob *head, *tail;   /* targeted jobs */
+    release_t *releases; /* outputs the host gave back */
+    int waiting;         /* blocked on cv with nothing to do */
+    int spinning;        /* polling for a job before it blocks (p->spin_ns) */
+    int spun;            /* has polled since its last job: blocks next time */
+    int kick;            /* atomic: set to end a spin (a job for it, stop) */
+    int64_t spin_from;   /* CLOCK_MONOTONIC ns: when the current spin began */
+    int64_t spin_total;  /* ns spent polling for jobs, all told (who ends a spin adds it) */
+    int active;          /* takes jobs from the pool queue */
+    int ready, dead;
+    int busy;            /* running a job */
+    int stop, exited;
+    hjob *start_job;
+    hjob *current;       /* the job it runs now */
+    int64_t since;       /* CLOCK_MONOTONIC ns: when it took `current` */
+    int lost;            /* stuck in a job it was asked to give up: takes no jobs until it returns */
+    int fault_slot;      /* fault.c's slot, -1 if none */
+} worker_t;
+
+typedef struct pool {
+    PyObject_HEAD
+    char engine_name[16];
+    as_engine engine; /* template: private workers open their own namespace */
+    char *library;
+    as_init init;
+    char **path;
+    char *executable, *bootstrap;
+    PyObject *str_shape, *str_data; /* interned attribute names of input tensors */
+    pthread_mutex_t mu;
+    pthread_cond_t exit_cv;
+    hjob *head, *tail; /* shared queue */
+    size_t queued;
+    hjob *done;         /* completions, newest first */
+    hinputs *released;  /* input buffers the interpreters gave back last */
+    int signalled;      /* the eventfd was written since the last drain */
+    int64_t spin_ns;    /* how long an idle worker polls for a job before it blocks */
+    int spinners, max_spinners;
+    hjob *staged;       /* staged jobs not yet complete */
+    uint64_t next_id;
+    int efd;
+    int n_workers;
+    worker_t *workers[MAX_WORKERS];
+} pool_t;
+
+/* The outputs of one finished infer job, shared by the OutputBuffers over them. */
+struct as_result {
+    pool_t *pool;
+    worker_t *worker;
+    void *owner;
+    Py_ssize_t refs; /* host GIL */
+};
+
+/* ---- the pool lock's helpers (caller holds p->mu) ----
+ *
+ * Nothing that wakes another thread happens under the lock: a thread woken while the
+ * waker still holds p->mu would only block on it again. Callers note what to wake
+ * under the lock and wake it after unlocking (the eventfd: wake_loop; a worker:
+ * pthread_cond_signal). */
+
+/* Whether the event loop must be woken: nothing was pending since its last drain. */
+static inline int must_wake_loop(pool_t *p)
+{
+    if (p->signalled)
+        return 0;
+    p->signalled = 1;
+    return 1;
+}
+
+/* Without p->mu: write the eventfd the event loop watches. */
+static inline void wake_loop(pool_t *p)
+{
+    uint64_t one = 1;
+    ssize_t rc;
+    do
+        rc = write(p->efd, &one, sizeof one);
+    while (rc < 0 && errno == EINTR);
+}
+
+/* Returns whether the loop must be woken (wake_loop after unlocking). */
+static inline int post_done(pool_t *p, hjob *j)
+{
+    j->next = p->done;
+    __atomic_store_n(&p->done, j, __ATOMIC_RELEASE); /* pool_poll reads it without the lock */
+    return must_wake_loop(p);
+}
+
+static inline void job_append(hjob **head, hjob **tail, hjob *j)
+{
+    j->next = NULL;
+    if (*tail != NULL)
+        (*tail)->next = j;
+    else
+        *head = j;
+    *tail = j;
+}
+
+static inline hjob *job_pop(hjob **head, hjob **tail)
+{
+    hjob *j = *head;
+    if (j != NULL) {
+        *head = j->next;
+        if (*head == NULL)
+            *tail = NULL;
+        j->next = NULL;
+    }
+    return j;
+}
+
+/* Take j, which follows prev (NULL: j is the head), out of the shared queue; the caller
+ * counts it out of p->queued. Caller holds p->mu. */
+static inline void unlink_shared(pool_t *p, hjob *prev, hjob *j)
+{
+    if (prev != NULL)
+        prev->next = j->next;
+    else
+        p->head = j->next;
+    if (p->tail == j)
+        p->tail = prev;
+    j->next = NULL;
+}
+
+static inline int64_t monotonic_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* ---- pool.c: the core (host GIL held unless said otherwise) ---- */
+
+/* The calls an interpreter makes into the host (as_init.host). */
+extern const as_host as_pool_host;
+
+/* A job completing to token, not yet queued; NULL with MemoryError. */
+hjob *as_pool_job_new(pool_t *p, PyObject *token, int kind);
+/* Free a job the host holds (not queued, or taken back by drain), with what it owns. */
+void as_pool_job_free(hjob *j);
+void as_pool_model_decref(hmodel *m);
+/* Queue j, targeted at worker `target` or shared (-1), and wake the worker that takes it. */
+void as_pool_enqueue(pool_t *p, hjob *j, int target);
+/* as_buffer_free_fn of output buffers over a struct as_result, and its builder's own
+ * reference: the last one gives the owner back to its worker. */
+void as_pool_result_decref(void *ctx);
+
+/* Start one more worker and its interpreter; its start job completes to token when
+ * the interpreter is ready or failed. Returns its index, or -1 with an exception set. */
+int as_pool_add_worker(pool_t *p, PyObject *token);
+/* Any thread, no lock: start a detached thread with every asynchronous signal blocked. */
+int as_pool_spawn(pthread_t *thread, size_t stack, void *(*fn)(void *), void *arg);
+
+/* drain's first half: the jobs finished since the last drain, oldest first, and how
+ * many; frees the input buffers the interpreters gave back. 0, or -1 with OSError. */
+int as_pool_take_done(pool_t *p, hjob **ordered, Py_ssize_t *n);
+/* Give back what as_pool_take_done took (for the next drain), when it cannot be answered now. */
+void as_pool_put_back(pool_t *p, hjob *ordered);
+
+/* Idle workers poll `us` microseconds for a job before they block, at most `spinners` at once. */
+void as_pool_set_spin(pool_t *p, long long us, int spinners);
+/* Only the first n workers take shared jobs. */
+void as_pool_set_active(pool_t *p, long n);
+
+typedef struct {
+    int ready, busy, active, lost, spinning;
+    size_t queued;
+    int64_t spin_ns; /* time spent polling for jobs, all workers together */
+} pool_stats_t;
+void as_pool_stats(pool_t *p, pool_stats_t *out);
+
+/* Without the host GIL: end the workers whose interpreters can end, once their queues are empty. */
+void as_pool_shutdown(pool_t *p);
+
+/* ---- pool_join.c: layer joining (host GIL held unless said otherwise) ---- */
+
+/* Make j, an infer job not yet queued, a staged job that offers may join. */
+void as_pool_stage(pool_t *p, hjob *j);
+/* The model of staged job `id` while it has not completed, else NULL. */
+hmodel *as_pool_staged_model(pool_t *p, uint64_t id);
+/* Post offer o to staged job `id`; returns 1, or 0 (the caller keeps o) when the job
+ * is gone or already past o->last_stage. */
+int as_pool_offer(pool_t *p, uint64_t id, hjob *o);
+/* Returns 1 and the stages done and seconds running (-1: queued) of staged job `id`,
+ * or 0 once it completed. */
+int as_pool_progress(pool_t *p, uint64_t id, int *stage, double *elapsed);
+/* Caller holds p->mu: staged job j finished; complete its offers (before itself).
+ * Returns whether the loop must be woken. */
+int as_pool_finish_staged(pool_t *p, hjob *j);
+
+/* ---- pool_cancel.c: faults (host GIL held) ---- */
+
+/* A running job, as jobs() and lose() report it. */
+typedef struct {
+    int index, lost;
+    unsigned long long id;
+    double seconds;
+    char key[256]; /* the model's key, cut short */
+} running_t;
+
+/* Cancel job `id`: "queued" (it completed at once, failed), "running" (Cancelled is
+ * raised in its interpreter from a thread of its own) or NULL (it already completed). */
+const char *as_pool_cancel(pool_t *p, uint64_t id);
+/* Fail every queued job and cancel every running one; returns how many ran, their ids in ids. */
+int as_pool_cancel_all(pool_t *p, unsigned long long ids[MAX_WORKERS]);
+/* Give up on running job `id` (see pool_cancel.c): 1 with out's index, key and seconds
+ * filled, 0 if it is not running (any more), -1 with MemoryError. */
+int as_pool_lose(pool_t *p, uint64_t id, PyObject *on_return, running_t *out);
+/* The jobs running now, copied under the lock: the caller builds Python objects only
+ * after it, since allocating them may collect garbage and a collected output buffer
+ * takes the lock. Returns how many. */
+int as_pool_jobs(pool_t *p, running_t out[MAX_WORKERS]);
+
+#endif
