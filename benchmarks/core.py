@@ -4,9 +4,9 @@
                               [--bodies binary,json] [--clients 32] [--duration 5] [--profile FILE]
 
 An in-process client drives the whole path that `aserve serve` runs for a request,
-minus HTTP: decode the V2 body against the model's schema, queue it on the model's
-batcher, run the batch on the interpreter pool, split the outputs, encode the V2
-response. `--clients` coroutines on one uvloop loop each send their next request as
+minus HTTP: `DataPlane.infer` decodes the V2 body against the model's schema, queues
+it on the model's batcher, runs the batch on the interpreter pool, splits the outputs
+and encodes the V2 answer. `--clients` coroutines on one uvloop loop each send their next request as
 soon as the previous answer is encoded (closed loop), for `--duration` seconds after a
 warm-up. Every answer is checked against the value computed here.
 
@@ -46,10 +46,10 @@ from typing import Any
 
 from aserve.cli import bundled_examples
 from aserve.config import ServerSettings
-from aserve.dataplane import DataPlane, ModelHandle
+from aserve.dataplane import DataPlane
 from aserve.engine import ensure_glibc_tunables
-from aserve.inference import InferRequest, InferResponse
-from aserve.protocol import decode_infer, encode_infer
+from aserve.inference import Answer, InferCall, InferResponse
+from aserve.protocol import V2
 
 from .http import Case, Skip, check_answer, make_cases
 
@@ -67,30 +67,33 @@ async def _run_point(plane: DataPlane, case: Case, path: str, clients: int, dura
                      warmup: float, profile: cProfile.Profile | None) -> dict[str, Any]:
     model = case.model
     handle = plane.model(model)
-    schema = plane.schema(model)
+    schema = handle.require_ready()
     body, headers = case.body, case.headers
     content_type = headers.get("Content-Type")
     length_header = headers.get("Inference-Header-Content-Length")
-    header_length = int(length_header) if length_header is not None else None
+    call = InferCall(codec=V2, model=model, body=body, content_type=content_type,
+                     header_length=int(length_header) if length_header is not None else None)
     loop = asyncio.get_running_loop()
     counts = {"answered": 0}
     phase = {"stop": loop.time() + warmup}
     if path == "codec":  # the baseline: the answer computed once, only the wire format per request
-        computed = await plane.run(handle, decode_infer(body, content_type=content_type,
-                                                        header_length=header_length, schema=schema))
+        first = V2.decode(call, schema)
+        assert handle.batcher is not None
+        outputs = await handle.batcher.submit(first.inputs, first.samples)
+        computed = InferResponse(model_name=handle.name, model_version=handle.version, outputs=outputs)
 
-        async def answer(handle: ModelHandle, request: InferRequest) -> InferResponse:
-            return computed
+        async def answer(call: InferCall) -> Answer:
+            request = V2.decode(call, schema)
+            return V2.encode(call, request, computed, handle.labels)
     else:
-        answer = plane.run
+        async def answer(call: InferCall) -> Answer:
+            return await plane.infer(call)
 
     async def client() -> None:
         while loop.time() < phase["stop"]:
-            req = decode_infer(body, content_type=content_type, header_length=header_length, schema=schema)
-            response = await answer(handle, req)
-            chunks, out_headers = encode_infer(response, req, accept=None, content_type=content_type)
+            answered = await answer(call)
             if counts["answered"] % 997 == 0:
-                _check(case, chunks, out_headers)
+                _check(case, answered.chunks, answered.headers)
             counts["answered"] += 1
 
     await asyncio.gather(*(client() for _ in range(clients)))  # warm-up

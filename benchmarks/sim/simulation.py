@@ -12,7 +12,7 @@ engine is simulated (`Engine`):
     virtual seconds after it starts; its output echoes its input, so each request's
     answer is checked to be its own rows (a wrong split fails the simulation);
   - for a model with stage shares, `infer_staged`, `offer` and `progress` (layer-level
-    joining, as native/host/pool.c and the runtime's stage loop do it): stage j of a
+    joining, as native/host/pool_join.c and the runtime's stage loop do it): stage j of a
     batch of N samples takes shares[j] * cost(N); after each stage but the last the
     batch polls its offers in order: the first whose last_stage is at least the
     stages done joins (it runs stages 1..k alone, sum(shares[:k]) * cost(n), then the

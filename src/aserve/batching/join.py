@@ -1,7 +1,7 @@
 """Layer-level joining (LBCI): when requests waiting may join a running staged batch.
 
 A model that declares stages runs its batches stage by stage; after each stage but
-the last the engine polls a join point (see native/host/pool.c). The batcher offers
+the last the engine polls a join point (see native/host/pool_join.c). The batcher offers
 the head of its queue to a running batch when no interpreter is free, and the
 engine absorbs the group at the first boundary it reaches no later than the offer's
 `last_stage`, or turns it away.
