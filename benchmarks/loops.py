@@ -2,7 +2,7 @@
 
     python -m benchmarks.loops [--json FILE] [--loops 1,2] [--connections 64] [--duration 5]
 
-One aiohttp + uvloop loop caps aserve's requests/s (see `benchmarks.http`). This
+One event loop caps aserve's requests/s (see `benchmarks.http`). This
 measures the part of a multi-loop front that exists today: k copies of the ceiling
 handler (read the body, answer a fixed body), each on its own uvloop loop in its own
 private interpreter (a dlmopen'ed libpython with its own GIL, run as a job that never

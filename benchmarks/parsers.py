@@ -1,4 +1,4 @@
-"""The cost of parsing one V2 infer request: llhttp (httptools) against the wire front's
+"""The cost of parsing one V2 infer request: llhttp (httptools) against the former wire front's
 regular-expression head parser, in the same run.
 
     python -m benchmarks.parsers [--json FILE] [--rounds 15] [--number 20000]
@@ -11,7 +11,7 @@ its target, a dict of its header fields and its body:
 - `httptools`: llhttp through httptools' `HttpRequestParser`, with Python callbacks
   (`on_url`, `on_header`, `on_headers_complete`, `on_body`, `on_message_complete`) that
   collect them, one parser fed message after message as a keep-alive connection is;
-- `regex_head`: `parse_head`, the wire front's head parser (copied below as the baseline
+- `regex_head`: `parse_head`, the former wire front's head parser (copied below as the baseline
   it is measured against), on a head it has not seen: find the head's end, decode it,
   parse it, the fields into a dict and the body sliced by Content-Length.
 
@@ -42,8 +42,8 @@ from .http import encode_request, sample_inputs
 
 # ---- the baseline: the wire front's head parser ------------------------------------------
 # Copied from src/aserve/server/wire.py (parse_head and the constants it reads), the regular-
-# expression parser that llhttp is to replace; kept here, unchanged, as the baseline measured
-# in the same run once the original is gone.
+# expression parser that llhttp replaced; kept here, unchanged, as the baseline measured
+# in the same run now that the original is gone.
 
 _FIELD = re.compile(r"^([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*\r\n", re.MULTILINE)
 _FRAMING = frozenset({"content-length", "transfer-encoding", "content-encoding", "expect", "upgrade", "connection"})

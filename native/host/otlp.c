@@ -1,12 +1,12 @@
 /* OTLP encoding: spans as the tracer records them, to an ExportTraceServiceRequest (protobuf).
  *
- * The OpenTelemetry SDK builds a Python object per span and encodes it in Python, about
- * 40 us per span; a traced request has five. This writes the protobuf wire format
- * directly from what the recorder made (aserve/tracing/recorder.py): spans as lists, and
- * the numeric records of requests and batches as arrays of unsigned 64-bit numbers, read
- * in place, at about a microsecond per span. Messages are written depth-first into one growing buffer: each
- * nested message reserves five bytes for its length, and when it ends the length is
- * written and the body moved up over the unused bytes.
+ * The OpenTelemetry SDK builds a Python object per span and encodes it in Python, and a
+ * traced request has five spans. This writes the protobuf wire format directly from
+ * what the recorder made (aserve/tracing/recorder.py): spans as lists, and the numeric
+ * records of requests and batches as arrays of unsigned 64-bit numbers, read in place,
+ * with no Python object per span. Messages are written depth-first into one growing
+ * buffer: each nested message reserves five bytes for its length, and when it ends the
+ * length is written and the body moved up over the unused bytes.
  *
  * Field numbers are those of opentelemetry/proto/trace/v1/trace.proto,
  * common/v1/common.proto, resource/v1/resource.proto and

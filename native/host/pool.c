@@ -14,8 +14,7 @@
  * instead of waiting for the eventfd. Polling ends after spin_ns at most, so an idle
  * pool uses no CPU; stats() reports the time spent in it (spin_s). A polling worker
  * yields its CPU every few dozen polls: a thread woken there (the client of a request
- * just answered, the loop) would otherwise wait out the scheduler's slice, which at one
- * connection put a ~90 us step into the latency for seconds at a time.
+ * just answered, the loop) would otherwise wait out the scheduler's slice behind it.
  *
  * Locks, outermost first. Never take one while holding a later one.
  *   0. engines.c's subinterpreter lifecycle mutex: a worker creating or ending a PEP
@@ -207,10 +206,10 @@ static void *worker_main(void *arg)
     const size_t errlen = 1024;
     int rc = 0;
     /* SCHED_BATCH: a worker woken by the loop's submit never preempts the loop (the
-     * kernel skips wake-up preemption for batch threads), so the submit returns at once
-     * instead of, now and then, after the woken worker's whole batch when both CPUs
-     * are busy. Threads the model starts inherit it. Best effort: where the policy is
-     * refused the worker runs as before. */
+     * kernel skips wake-up preemption for batch threads), so the submit never
+     * waits out the woken worker's batch when every CPU is busy. Threads the model
+     * starts inherit it. Best effort: where the policy is refused the worker stays
+     * a normal thread. */
     struct sched_param batch = {.sched_priority = 0};
     (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
     if (p->library != NULL)

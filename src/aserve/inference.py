@@ -1,6 +1,6 @@
 """What a front hands the data plane and gets back, and what requests are decoded against.
 
-A front (HTTP, a test, a benchmark, gRPC) hands the data plane an `InferCall`: which
+A front (the HTTP server, a test, a benchmark) hands the data plane an `InferCall`: which
 model, the body as it arrived and the few headers the codec reads, and the `Codec`
 that reads and writes that body. The data plane decodes it with the codec into an
 `InferRequest` checked against the model's `ModelSchema` (a loaded model's contract,

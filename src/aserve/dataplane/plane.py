@@ -1,6 +1,6 @@
 """The data plane: every model of a repository, and the one path an infer call takes to them.
 
-Every front (HTTP, gRPC, a test, a benchmark) hands `DataPlane.infer` an `InferCall`:
+Every front (the HTTP server, a test, a benchmark) hands `DataPlane.infer` an `InferCall`:
 the model it names, the body as it arrived and the codec that reads it. `infer` owns
 the call from there to the encoded answer, each step once:
 

@@ -246,9 +246,9 @@ class Pool:
     one before it blocks, and how long the event loop polls for a batch's completion
     before it waits for the eventfd (0: both block at once). Waking a blocked thread on
     an idle virtual CPU costs tens of microseconds, more than a small model runs: at low
-    concurrency polling halves the latency, at the price of CPU on cores that would
-    otherwise idle (at most `spinners` interpreters poll at once; by default about half
-    the CPUs but the loop's, and at least one). An idle pool polls for nothing.
+    concurrency polling saves a request those wake-ups, at the price of CPU on cores that
+    would otherwise idle (at most `spinners` interpreters poll at once; by default about
+    half the CPUs but the loop's, and at least one). An idle pool polls for nothing.
     """
 
     cancel_grace_s = 10.0
@@ -369,8 +369,8 @@ class Pool:
         try:
             if not await self._quiesce(timeout):
                 await self._abandon(min(self.cancel_grace_s, 1.0))
-            # one full collection per interpreter, after the last model unloaded from it
-            # (~100 ms each with torch imported; the main engine's is the whole server's heap)
+            # one full collection per interpreter, after the last model unloaded from it (long
+            # with torch imported, and the main engine's walks the whole server's heap)
             last: dict[int, str] = {}
             for name in self._models:
                 for i in self._targets(name):
@@ -610,7 +610,7 @@ class Pool:
     async def unload(self, name: str, *, staggered: bool = False) -> None:
         """Drop a model from its interpreters: all at once, or (`staggered`) one interpreter
         after another, so that while one collects the model's garbage (a full collection,
-        ~100 ms with torch imported) the others go on serving the pool's other models."""
+        long with torch imported) the others go on serving the pool's other models."""
         self._check_open()
         if name not in self._models:
             raise ModelNotFound(f"model {name!r} is not loaded")

@@ -288,7 +288,7 @@ def unload(key: str, garbage: str | None = None) -> None:
     the cycles they leave and give the freed memory back to the system (memory.trim).
 
     garbage "later": leave the collection to a later unload in this interpreter (a full
-    collection takes ~100 ms with torch imported; a pool that closes with several models
+    collection is long with torch imported; a pool that closes with several models
     collects once, after the last of them, and its finalizers run under that model's name)."""
     loaded = _models.pop(key, None)
     if loaded is None:

@@ -18,8 +18,8 @@ Standard library only: runs in the host and inside any interpreter.
   that freeing them (a replaced weight, a temporary copy, the model at unload) unmaps
   them at once. Without it they come from the namespace libc's main arena, whose top
   chunk cannot be returned: a secondary namespace's libc may not move the program
-  break, so `malloc_trim` can release holes but never the top (measured: one 16 MiB
-  layer left behind per load). glibc raises its mmap threshold dynamically (up to
+  break, so `malloc_trim` can release holes but never the top, and what a model freed
+  there stays in the process. glibc raises its mmap threshold dynamically (up to
   32 MiB) whenever a large mmapped block is freed, which is why a model's weights
   land in the arena from its second load on. Setting the threshold fixes it, so after
   loading it is set back to 32 MiB, where the dynamic threshold ends up anyway:

@@ -9,8 +9,8 @@ by the OTEL_EXPORTER_OTLP_* variables (the model's `env` parameter), with the SD
 resource. None of it runs on the event loop.
 
 In an interpreter of its own (`own_gc`) the cyclic garbage collector is off: the
-decoded spans hold no cycles, and collections walked them over and over while a batch
-was encoded. A collection runs every COLLECT_EVERY exports, for what the HTTP client
+decoded spans hold no cycles, and collections would walk them over and over while a
+batch is encoded. A collection runs every COLLECT_EVERY exports, for what the HTTP client
 leaves.
 """
 
