@@ -283,10 +283,13 @@ class Run:
             self._sink = None
 
     def server(self, kind: str, model: str) -> ServerProcess:
-        if kind in ("aserve", "aserve-main", *servers.TRACED, *servers.SETTINGS):
+        if kind in ("aserve", "aserve-main", servers.BEFORE, *servers.TRACED, *servers.SETTINGS):
             otlp = self.otlp() if kind in servers.TRACED else None
+            before = self.args.before if kind == servers.BEFORE else None
             s = servers.aserve_server(kind, model, self.repository(model), interpreters=self.args.interpreters,
-                                      otlp=otlp)
+                                      otlp=otlp, python=before)
+            if before is not None:
+                s.notes["python"] = str(before)
             s.notes["interpreters"] = self.args.interpreters
             if kind in servers.TRACED:
                 s.notes["tracing_sample_ratio"] = servers.TRACED[kind]
@@ -516,13 +519,13 @@ def versus_mosec(peaks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def versus_aserve(pts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each variant of aserve (traced, settings changed, or aserve-same) against `aserve` at
+    """Each variant of aserve (another build, traced, settings changed, or aserve-same) against `aserve` at
     the same point: the change of the median requests/s and, when both ran in rounds
     (`--repeat`), of each round's pair (they ran one after the other, so a drift of the
     machine's speed weighs on both alike)."""
     out = []
     for r in pts:
-        if r["server"] not in (*servers.TRACED, *servers.SETTINGS):
+        if r["server"] not in (servers.BEFORE, *servers.TRACED, *servers.SETTINGS):
             continue
         base = next((b for b in pts if b["server"] == "aserve" and b["model"] == r["model"]
                      and b["body"] == r["body"] and b["connections"] == r["connections"]), None)
@@ -674,6 +677,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="default: %(default)s; also aserve-trace and aserve-trace1 (OpenTelemetry tracing on, "
                         "sampling every request or one in 100, to a local OTLP sink), aserve-nospin "
                         "(--spin-us 0) and aserve-same (aserve again: the noise of a comparison)")
+    p.add_argument("--before", type=pathlib.Path, metavar="PYTHON",
+                   help=f"the Python of another build of aserve (a checkout's .venv/bin/python): served as "
+                        f"{servers.BEFORE!r}, a change's baseline measured in the same run")
     p.add_argument("--repeat", type=int, default=1,
                    help="start each server this many times, in rounds (every server once per round), and report "
                         "each point's median (default %(default)s)")
@@ -693,7 +699,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.models = _list(args.models, MODELS, "models", p)
     args.bodies = _list(args.bodies, BODIES, "bodies", p)
-    args.servers = _list(args.servers, (*servers.SERVERS, *servers.TRACED, *servers.SETTINGS), "servers", p)
+    args.servers = _list(args.servers, (*servers.SERVERS, servers.BEFORE, *servers.TRACED, *servers.SETTINGS),
+                         "servers", p)
+    if servers.BEFORE in args.servers and args.before is None:
+        p.error(f"--servers {servers.BEFORE} needs --before PYTHON (the interpreter of the build to compare with)")
     try:
         args.connections = sorted({int(c) for c in args.connections.split(",") if c})
     except ValueError:

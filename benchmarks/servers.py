@@ -30,6 +30,7 @@ TRACED = {"aserve-trace": 1.0, "aserve-trace1": 0.01}
 # aserve with its defaults changed: the same-run baseline of a default; aserve-same changes nothing (a
 # second aserve in each round: how far two runs of one server differ, against which a difference is judged)
 SETTINGS = {"aserve-nospin": ["--spin-us", "0"], "aserve-same": []}
+BEFORE = "aserve-before"  # aserve as another build serves it (`--before PYTHON`): a change's same-run baseline
 MOSEC_VERSION = "0.9.8"
 TORCH_PIN = "torch==2.13.0"  # the CPU wheel; an unpinned torch pulls gigabytes of CUDA packages
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -209,8 +210,9 @@ class ServerProcess:
 # ---- command lines ---------------------------------------------------------------
 
 def aserve_server(name: str, model: str, repository: pathlib.Path, *, interpreters: int,
-                  otlp: str | None = None) -> ServerProcess:
-    argv = [sys.executable, "-m", "aserve.cli", "serve", str(repository), "--interpreters", str(interpreters),
+                  otlp: str | None = None, python: pathlib.Path | None = None) -> ServerProcess:
+    """aserve serving `repository`; `python`: another build's interpreter (aserve installed there)."""
+    argv = [str(python or sys.executable), "-m", "aserve.cli", "serve", str(repository), "--interpreters", str(interpreters),
             "--port", str(free_port()), "--log-level", "warning"]
     if name == "aserve-main":
         argv += ["--engine", "main"]

@@ -134,9 +134,12 @@ Labels = Callable[[str], Sequence[str] | None]  # an output's class labels (Trit
 
 class Answer:
     """A successful answer, as a codec encoded it: the body's buffers (bytes and flat byte
-    views, written in order, never joined) and its headers (Content-Type among them)."""
+    views, written in order, never joined) and its headers (Content-Type among them). A front
+    sends it as it is: `status` 200, and the connection stays open (`close`)."""
 
     __slots__ = ("chunks", "headers")
+    status = 200
+    close = False
 
     def __init__(self, chunks: list[Any], headers: dict[str, str]) -> None:
         self.chunks = chunks

@@ -133,6 +133,28 @@ async def test_the_request_timeout_becomes_a_deadline(plane: DataPlane) -> None:
     assert plane.metrics.stats("slow", "1").failures["timeout"] == 1
 
 
+async def test_submit_answers_without_a_task_and_drop_withdraws(plane: DataPlane) -> None:
+    """`submit` queues the call at once and tells `then`'s function its answer; a call dropped
+    before it ran leaves the queue and is counted as cancelled."""
+    loop = asyncio.get_running_loop()
+    told: asyncio.Future[tuple[object, object]] = loop.create_future()
+    pending = plane.submit(add_call([[1, 2, 3, 4]], [[1, 1, 1, 1]]))
+    pending.then(lambda answer, error: told.set_result((answer, error)))
+    answer, error = await told
+    assert error is None and outputs(answer)["SUM"] == [2, 3, 4, 5]  # type: ignore[arg-type]
+    batcher = plane.model("slow").batcher
+    assert batcher is not None
+    running = plane.submit(slow_call(200))
+    await until(lambda: batcher.running == 1, what="the slow request to run")
+    waiting = plane.submit(slow_call(1))
+    assert batcher.queued == 1
+    waiting.drop()
+    assert batcher.queued == 0 and plane.metrics.stats("slow", "1").failures["cancelled"] == 1
+    assert json.loads(b"".join((await running.answer).chunks))["outputs"][0]["data"] == [200.0]
+    with pytest.raises(InvalidInput, match="inputs: missing input"):  # what is wrong raises at once
+        plane.submit(InferCall(codec=V2, model="add", body=b'{"inputs": []}'))
+
+
 async def test_a_caller_that_goes_away_frees_its_place(plane: DataPlane) -> None:
     batcher = plane.model("slow").batcher
     assert batcher is not None

@@ -425,15 +425,24 @@ class _Dispatcher:
     """Every request's head passes; its handler answers 200 and the request is kept."""
 
     def __init__(self) -> None:
-        self.app = types.SimpleNamespace(stats=HttpStats(), policy=ErrorPolicy(), draining=False)
+        self.app = types.SimpleNamespace(stats=HttpStats(), policy=ErrorPolicy(), draining=False, cors=None)
         self.served: list[tuple[str, str, bytes]] = []
 
     def head(self, request: Any, length: int | None) -> None:
         return None
 
+    def again(self, request: Any) -> None:
+        return None
+
     async def respond(self, request: Any) -> Any:
         self.served.append((request.method, request.target, bytes(request.body)))
         return Response(200, b"ok", content_type="text/plain")
+
+    def finish(self, request: Any, response: Any) -> Any:
+        return response
+
+    def failed(self, request: Any, exc: BaseException) -> Any:
+        raise Failure(f"the stub's handler cannot fail: {exc!r}")
 
 
 _LOOP: list[asyncio.AbstractEventLoop] = []

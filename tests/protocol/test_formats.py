@@ -91,9 +91,8 @@ def validate_inputs(inputs: dict[str, Tensor], info: ModelInfo, *, max_batch_siz
     for index, (name, tensor) in enumerate(inputs.items()):
         spec = checked.check(index, name, tensor.datatype, tensor.shape)
         check_data(field(index, name), tensor.datatype, tensor.shape, tensor.data)
-        checked.place(spec, tensor)
-    checked.done()
-    return checked.batch
+        checked.tensors[spec.position] = tensor
+    return checked.done()[1]
 
 
 def test_validate_inputs_counts_samples() -> None:

@@ -11,6 +11,7 @@ import gzip
 import json
 import pathlib
 import re
+import shutil
 import socket
 import struct
 import time
@@ -429,3 +430,31 @@ def test_answer_heads_are_remembered_by_what_they_say() -> None:
     for h in (first, other, closing, binary):
         assert h.startswith(b"HTTP/1.1 200 OK\r\nServer: aserve\r\nDate: ") and h.endswith(b"\r\n\r\n")
     assert encode(Response(404, b"{}"), close=False, head_only=True)[0].startswith(b"HTTP/1.1 404 Not Found\r\n")
+
+
+async def test_a_head_met_again_is_checked_again_where_the_model_may_have_changed(start_server,
+                                                                                  repository: pathlib.Path) -> None:
+    """Clients repeat their heads byte for byte: a head met before keeps its route and header
+    mapping, while each request keeps its own body and the model it names is looked up again
+    (gone from the repository meanwhile: 404 from the head, at once)."""
+    server, _ = await start_server(repository)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    firsts = [10, 20, 30, 41, 52]  # one Content-Length: one head, sent five times
+    requests = [add_request(f) for f in firsts]
+    assert len({r.partition(b"\r\n\r\n")[0] for r in requests}) == 1
+    writer.write(b"".join(requests))
+    for first in firsts:
+        status, _, body = await read_response(reader)
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == expected_sum(first)
+    heads = server.http.heads
+    assert len(heads) == 1
+    (headers, *_), = heads.values()
+    assert headers["content-type"] == "application/json"
+    shutil.rmtree(repository / "add")
+    await server.plane.rescan()
+    await until(lambda: "add" not in server.plane.registry.routes, what="the model to leave the routes")
+    writer.write(requests[0][: requests[0].index(b"\r\n\r\n") + 4])  # the same head, and no body yet
+    status, headers, body = await read_response(reader)
+    assert status == 404 and headers["connection"] == "close"
+    assert json.loads(body)["error"].startswith("unknown model 'add'")
+    writer.close()

@@ -67,6 +67,7 @@ class ModelHandle:
         self.source = source
         self.fingerprint = source.fingerprint
         self.config: ModelConfig = source.config or ModelConfig()
+        self.timeout_ms = self.config.batching.timeout_ms  # a request's deadline, at most
         self.engine = ""
         self.engine_reason = ""
         self.state = UNAVAILABLE if source.config is None or source.error else LOADING
@@ -95,10 +96,6 @@ class ModelHandle:
                 f"{'s' if many else ''} {', '.join(map(str, lost))} of the {self.pool.engine} pool "
                 f"did not return from a cancelled batch (blocked in native code) and {'were' if many else 'was'} "
                 "given up")
-
-    @property
-    def timeout_ms(self) -> float:
-        return self.config.batching.timeout_ms
 
     def parameters(self) -> dict[str, Any]:
         """What model metadata reports beside inputs and outputs."""

@@ -20,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .. import logs
 from ..config import ServerSettings
 from ..errors import AserveError, ModelError
 from ..inference import Answer, InferCall, InferRequest, InferResponse
+from ..tensor import Tensor
 from ..tracing import RequestTrace, Tracer, recorder
 from .models import ModelHandle
 from .registry import ModelRegistry
@@ -92,71 +94,152 @@ class DataPlane:
 
     async def infer(self, call: InferCall, /, *, handle: ModelHandle | None = None) -> Answer:
         """Answer one infer call, or raise the AserveError that says why not (its status is
-        the HTTP status: 400, 404, 503, 504, 500 for a model's failure, ...).
+        the HTTP status: 400, 404, 503, 504, 500 for a model's failure, ...). Cancelling the
+        caller withdraws the call from its model's queue if it has not run.
 
         `handle`: the model's handle when the front already looked it up (the HTTP front
         does, from the request head, to refuse an unknown model before reading the body)."""
+        pending = self.submit(call, handle=handle)
+        try:
+            return await pending.answer
+        except asyncio.CancelledError:
+            pending.drop()
+            raise
+
+    def submit(self, call: InferCall, /, *, handle: ModelHandle | None = None) -> Pending:
+        """`infer` without a coroutine: the call is decoded and queued now (what is wrong with it
+        raises here), and `Pending.answer` resolves to its Answer, or to its error, once its
+        batch ran. A front that answers many calls uses it to spend no task on each."""
         if handle is None or handle.retired:  # retired: a reload or unload took it out while the body arrived
             handle = self.registry.get(call.model, call.version)
-        stats = handle.stats
         start = time.perf_counter()
         trace: RequestTrace | None = None
-        request: InferRequest | None = None
         try:
             if self.tracer is not None:
                 trace = start_trace(self.tracer, call)
             schema = handle.require_ready()
-            if trace is None:
-                request = call.codec.decode(call, schema)
-                response = await self._run(handle, request, None, call.received)
-                answer = call.codec.encode(call, request, response, handle.labels)
-            else:
-                trace.stamp(recorder.DECODE_START)
-                request = call.codec.decode(call, schema)
-                trace.stamp(recorder.DECODE_END)
-                response = await self._run(handle, request, trace, call.received)
-                trace.stamp(recorder.ENCODE_START)
-                answer = call.codec.encode(call, request, response, handle.labels)
-                trace.stamp(recorder.ENCODE_END)
-        except BaseException as exc:
-            stats.failed(failure_reason(exc), time.perf_counter() - start)
-            if isinstance(exc, ModelError):
-                exc.model, exc.version = handle.name, handle.version
             if trace is not None:
-                end_trace(trace, call, exc)
+                trace.stamp(recorder.DECODE_START)
+            request = call.codec.decode(call, schema)
+            if trace is not None:
+                trace.stamp(recorder.DECODE_END)
+            # the deadline: the model's timeout, or the request's own when shorter; the latency
+            # budget (checked by the codec against the model's timeout) counts from when the
+            # request's first bytes arrived: a burst can hold it on the loop before it is queued
+            limit = handle.timeout_ms
+            timeout = request.timeout_ms
+            if timeout is not None and timeout < limit:
+                limit = timeout
+            budget = request.latency_budget_ms
+            now = time.monotonic()
+            batcher = handle.batcher
+            assert batcher is not None  # require_ready checked it
+            future = batcher.submit(
+                request.inputs, request.samples, deadline=now + limit / 1000.0,
+                budget=None if budget is None else budget / 1000.0, trace=trace,
+                waited=0.0 if call.received is None else now - call.received,
+            )
+        except BaseException as exc:
+            _failed(handle, call, trace, start, exc)
             raise
-        stats.succeeded(time.perf_counter() - start, request.samples)
+        pending = Pending(call, handle, request, trace, start, future)
+        future.add_done_callback(pending.ran)
+        return pending
+
+
+Done = Callable[[Answer | None, BaseException | None], None]
+
+
+class Pending:
+    """A call queued on its model's batcher. Once its batch ran and its outputs are encoded
+    (`ran`), its caller learns the answer: from `done(answer, None)` or `done(None, error)` when
+    it gave one (`then`), else from the `answer` future. `drop()` when the caller stops waiting."""
+
+    __slots__ = ("_answer", "_done", "call", "dropped", "future", "handle", "request", "start", "trace")
+
+    def __init__(self, call: InferCall, handle: ModelHandle, request: InferRequest, trace: RequestTrace | None,
+                 start: float, future: asyncio.Future[dict[str, Tensor]]) -> None:
+        self.call = call
+        self.handle = handle
+        self.request = request
+        self.trace = trace
+        self.start = start
+        self.future = future
+        self.dropped = False
+        self._answer: asyncio.Future[Answer] | None = None
+        self._done: Done | None = None
+
+    def then(self, done: Done) -> None:
+        """Call `done` with the answer or the error, from the loop, once the batch ran."""
+        self._done = done
+
+    @property
+    def answer(self) -> asyncio.Future[Answer]:
+        """A future of the answer (for a caller that gave no `then`)."""
+        if self._answer is None:
+            self._answer = self.future.get_loop().create_future()
+        return self._answer
+
+    def ran(self, future: asyncio.Future[dict[str, Tensor]]) -> None:
+        """The batch ran: encode the outputs with the call's codec, count, trace, answer."""
+        if future.cancelled():
+            return  # withdrawn: `drop` counted it
+        error = future.exception()
+        if self.dropped:
+            return
+        call, handle, request, trace = self.call, self.handle, self.request, self.trace
+        try:
+            if error is not None:
+                raise error
+            response = InferResponse(model_name=handle.name, model_version=handle.version,
+                                     outputs=future.result(), id=request.id)
+            if trace is not None:
+                trace.stamp(recorder.ENCODE_START)
+            encoded = call.codec.encode(call, request, response, handle.labels)
+            if trace is not None:
+                trace.stamp(recorder.ENCODE_END)
+        except Exception as exc:  # noqa: BLE001 - the call's own failure, answered to its caller
+            _failed(handle, call, trace, self.start, exc)
+            self._tell(None, exc)
+            return
+        handle.stats.succeeded(time.perf_counter() - self.start, request.samples)
         if trace is not None and not trace.end(200):
             end_trace(trace, call, None)
-        return answer
+        self._tell(encoded, None)
 
-    async def _run(self, handle: ModelHandle, request: InferRequest, trace: RequestTrace | None,
-                   received: float | None) -> InferResponse:
-        """Queue the request on the model's batcher and wait for its outputs.
+    def _tell(self, answer: Answer | None, error: BaseException | None) -> None:
+        done = self._done
+        if done is not None:
+            done(answer, error)
+            return
+        future = self.answer
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(answer)  # type: ignore[arg-type]
 
-        Its deadline is the model's timeout, or the request's own when shorter; its
-        latency budget (checked by the codec against the model's timeout) counts from
-        `received`, the time.monotonic() its first bytes arrived: a burst can hold it on the
-        event loop before it is queued."""
-        batcher = handle.batcher
-        assert batcher is not None  # require_ready checked it
-        limit = handle.timeout_ms
-        timeout = request.timeout_ms
-        if timeout is not None and timeout < limit:
-            limit = timeout
-        budget = request.latency_budget_ms
-        now = time.monotonic()
-        future = batcher.submit(
-            request.inputs, request.samples, deadline=now + limit / 1000.0,
-            budget=None if budget is None else budget / 1000.0, trace=trace,
-            waited=0.0 if received is None else now - received,
-        )
-        try:
-            outputs = await future
-        except asyncio.CancelledError:
-            batcher.withdraw(future)  # the caller went away: free its place if it has not run
-            raise
-        return InferResponse(model_name=handle.name, model_version=handle.version, outputs=outputs, id=request.id)
+    def drop(self) -> None:
+        """The caller stopped waiting: free the call's place in the queue if it has not run."""
+        if self.dropped:
+            return
+        self.dropped = True
+        batcher = self.handle.batcher
+        if batcher is not None and not self.future.done():
+            self.future.cancel()
+            batcher.withdraw(self.future)
+        _failed(self.handle, self.call, self.trace, self.start, asyncio.CancelledError())
+
+
+def _failed(handle: ModelHandle, call: InferCall, trace: RequestTrace | None, start: float,
+            exc: BaseException) -> None:
+    """Count a call that failed with `exc` (and name the model a model error came from)."""
+    handle.stats.failed(failure_reason(exc), time.perf_counter() - start)
+    if isinstance(exc, ModelError):
+        exc.model, exc.version = handle.name, handle.version
+    if trace is not None:
+        end_trace(trace, call, exc)
 
 
 def start_trace(tracer: Tracer, call: InferCall) -> RequestTrace | None:

@@ -89,9 +89,12 @@ def pack(datatype: str, values: list[Any], *, field: str) -> bytes | array[Any]:
 
     BYTES elements are `str` (UTF-8 encoded) or `bytes`.
     """
-    if datatype == "BYTES":
-        return pack_bytes(values, field=field)
     try:
+        code = TYPECODES.get(datatype)
+        if code is not None:
+            return array(code, values)
+        if datatype == "BYTES":
+            return pack_bytes(values, field=field)
         return _pack(datatype, values)
     except (OverflowError, TypeError, ValueError, struct.error) as exc:
         raise _element_error(field, datatype, values, exc) from None

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from ..bounded import Bounded
 from ..errors import InvalidInput, UnsupportedMediaType
 
 Format = Literal["json", "msgpack"]
@@ -39,7 +40,13 @@ def media_type(content_type: str | None) -> str:
 
 def request_format(content_type: str | None) -> Format:
     """The format a request body is in: msgpack for the msgpack media types, else JSON."""
-    return "msgpack" if media_type(content_type) in MSGPACK_TYPES else "json"
+    fmt = _FORMATS.get(content_type)
+    if fmt is None:
+        fmt = _FORMATS.remember(content_type, "msgpack" if media_type(content_type) in MSGPACK_TYPES else "json")
+    return fmt
+
+
+_FORMATS: Bounded[str | None, Format] = Bounded(256)  # Content-Type values as clients send them
 
 
 @lru_cache(maxsize=512)
@@ -119,8 +126,8 @@ def encode_error(message: str, *, accept: str | None, content_type: str | None =
 ENCODINGS = ("gzip", "deflate", "identity")
 # curl -d sends application/x-www-form-urlencoded and browsers' fetch text/plain: both read as JSON
 JSON_ALIASES = frozenset({JSON, "text/json", "text/plain", "application/x-www-form-urlencoded"})
-# Content-Type values seen and accepted, as sent: the hot path tests membership only
-ACCEPTED: dict[bool, dict[str, Format]] = {True: {}, False: {}}
+# Content-Type values seen and accepted, as sent, by whether the endpoint reads msgpack
+ACCEPTED: dict[bool, Bounded[str, Format]] = {True: Bounded(256), False: Bounded(256)}
 
 
 def body_format(content_type: str | None, *, msgpack: bool = True) -> Format:
@@ -142,10 +149,7 @@ def body_format(content_type: str | None, *, msgpack: bool = True) -> Format:
         fmt = "msgpack"
     else:
         raise UnsupportedMediaType(f"Content-Type: expected {supported_types(msgpack=msgpack)}, got {content_type!r}")
-    if len(accepted) > 256:
-        accepted.clear()
-    accepted[content_type] = fmt
-    return fmt
+    return accepted.remember(content_type, fmt)
 
 
 def supported_types(*, msgpack: bool = True) -> str:

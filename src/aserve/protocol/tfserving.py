@@ -66,8 +66,9 @@ def decode_predict(body: bytes | bytearray | memoryview, /, *, schema: ModelSche
             raise
         spec = checked.check(index, name, tensor.datatype, tensor.shape)
         check_data(where, tensor.datatype, tensor.shape, tensor.data)
-        checked.place(spec, tensor)
-    return InferRequest(schema=schema, inputs=checked.done(), samples=checked.batch, columnar=columnar)
+        checked.tensors[spec.position] = tensor
+    inputs, samples = checked.done()
+    return InferRequest(schema=schema, inputs=inputs, samples=samples, columnar=columnar)
 
 
 def _per_instance(exc: InvalidInput, where: str, name: str, *, batched: bool) -> InvalidInput:

@@ -181,17 +181,17 @@ def _decode(header: memoryview, blobs: memoryview, fmt: Format, header_length: i
             slices = None
         else:
             raise InvalidInput(f"inputs[{index}].data: missing (give data or parameters.binary_data_size)")
-        checked.place(spec, Tensor(datatype, shape, data))
+        checked.tensors[spec.position] = Tensor(datatype, shape, data)
     if offset != len(blobs):
         raise InvalidInput(
             f"{HEADER_LENGTH}: inputs' binary_data_size add up to {offset} bytes, but "
             f"{len(blobs)} bytes follow the {len(header)}-byte header"
         )
-    inputs = checked.done()
+    inputs, samples = checked.done()
     plan = None if slices is None or None in slices else tuple(slices)
     parameters = wire.parameters
     if parameters is None:
-        request = InferRequest(schema=schema, inputs=inputs, samples=checked.batch, id=wire.id,
+        request = InferRequest(schema=schema, inputs=inputs, samples=samples, id=wire.id,
                                outputs=_requested_outputs(wire.outputs, schema, False))
         return request, plan
     default_binary = parameters.get("binary_data_output", False)
@@ -200,7 +200,7 @@ def _decode(header: memoryview, blobs: memoryview, fmt: Format, header_length: i
     request = InferRequest(
         schema=schema,
         inputs=inputs,
-        samples=checked.batch,
+        samples=samples,
         id=wire.id,
         outputs=_requested_outputs(wire.outputs, schema, default_binary),
         parameters=parameters,
@@ -255,7 +255,7 @@ def _binary_data(datatype: str, shape: tuple[int, ...], size: int, blobs: memory
 def _decode_data(raw: msgspec.Raw, datatype: str, shape: tuple[int, ...], fmt: Format, field: str) -> Any:
     """Tensor bytes from a `data` value: flat or nested list, or (msgpack) raw bytes."""
     try:
-        value = _decoder(fmt, datatype, 1).decode(raw)
+        value = _data_decoders[fmt, datatype, 1].decode(raw)  # the datatype was checked: its decoder exists
     except msgspec.ValidationError as exc:
         if len(shape) < 2 or "got `array`" not in str(exc):
             raise decode_error(exc, fmt, field=field, document=raw) from None
@@ -476,6 +476,10 @@ def _output_view(model_name: str, name: str, tensor: Tensor) -> memoryview:
 
 
 def _json_data(name: str, tensor: Tensor, view: memoryview) -> list[Any]:
+    code = arrays.TYPECODES.get(tensor.datatype)
+    if code is not None:  # view is flat unsigned bytes (_output_view)
+        values: list[Any] = view.cast(code).tolist()  # type: ignore[call-overload]
+        return values
     values = arrays.unpack(tensor.datatype, view)
     if tensor.datatype != "BYTES":
         return values

@@ -1,7 +1,8 @@
 """The one check of a request's inputs against the model's schema, for every codec.
 
 A codec (V2 JSON, binary or msgpack; TF-Serving rows or columns) decodes each input's
-name, datatype and shape, asks `Inputs.check` for its spec, and places its data; the
+name, datatype and shape, asks `Inputs.check` for its spec, and places its tensor at the
+spec's position in `Inputs.tensors`; the
 checks are the same whichever format the request came in, and only the field names in
 the messages differ (`inputs[1].shape`, `instances[*].X.shape`, `inputs.X.shape`). An
 input's (name, datatype, shape) that passed once for a model load is looked up, not
@@ -29,7 +30,8 @@ def v2_field(index: int, name: str) -> str:
 class Inputs:
     """One request's inputs, checked as a codec decodes them: each input's name, datatype and
     shape, no input twice, the same batch size in every input (1..max_batch_size when the
-    model batches), and, once all are placed, none missing. `samples` is the batch size."""
+    model batches), and, once all are placed in `tensors` (at their spec's position), none
+    missing (`done`)."""
 
     __slots__ = ("_first", "_index", "field", "group", "samples", "schema", "tensors")
 
@@ -63,11 +65,9 @@ class Inputs:
                                    f"from {self.samples} of input {self._first!r}")
         return spec
 
-    def place(self, spec: InputSpec, tensor: Tensor) -> None:
-        self.tensors[spec.position] = tensor
-
-    def done(self) -> list[Tensor]:
-        """Every input in the schema's order; InvalidInput names those missing."""
+    def done(self) -> tuple[list[Tensor], int]:
+        """Every input in the schema's order, and the request's sample count (1 for a model
+        that does not batch); InvalidInput names the inputs missing."""
         tensors = self.tensors
         if None in tensors:
             specs = self.schema.inputs
@@ -75,12 +75,7 @@ class Inputs:
             raise InvalidInput(f"{self.group}: missing input{'s' if len(missing) > 1 else ''} "
                                f"{', '.join(map(repr, missing))} of model {self.schema.name!r} (expects "
                                f"{names(specs)})")
-        return tensors  # type: ignore[return-value]
-
-    @property
-    def batch(self) -> int:
-        """The request's sample count (1 for a model that does not batch)."""
-        return self.samples or 1
+        return tensors, self.samples or 1  # type: ignore[return-value]
 
 
 def _check(field: str, name: str, datatype: str, shape: tuple[int, ...], schema: ModelSchema) -> InputSpec:

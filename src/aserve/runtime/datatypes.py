@@ -7,6 +7,7 @@ it; it imports nothing but the standard library so it loads in any interpreter.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 
@@ -57,10 +58,8 @@ def lookup(name: str) -> DataType:
 
 
 def element_count(shape: tuple[int, ...] | list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    """The number of elements of a tensor of `shape` (1 for a scalar)."""
+    return math.prod(shape)
 
 
 # ---- BYTES: the V2 binary layout, each element a 4-byte little-endian length and its bytes ----

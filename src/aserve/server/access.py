@@ -25,6 +25,7 @@ import hmac
 from typing import Literal
 
 from ..errors import Forbidden, Unauthorized
+from ..inference import Answer
 from .errors import error_response
 from .http import Request, Response
 
@@ -96,7 +97,7 @@ class Cors:
     def allows(self, origin: str) -> bool:
         return self.any or origin in self.origins
 
-    def add(self, request: Request, response: Response) -> None:
+    def add(self, request: Request, response: Response | Answer) -> None:
         """The CORS headers of a response to an allowed origin."""
         origin = request.headers.get("origin")
         if origin is None or not self.allows(origin):

@@ -31,7 +31,10 @@ from typing import Any, cast
 import httptools
 import msgspec
 
+from ..bounded import Bounded
+from ..dataplane.plane import Pending
 from ..errors import BodyTimeout, InvalidInput, PayloadTooLarge
+from ..inference import Answer
 from .errors import error_response, from_exception
 from .http import CONTINUE, Request, Response, encode
 from .router import Dispatcher, too_large
@@ -42,6 +45,9 @@ MAX_FIELDS = 128  # header fields in one request (more: 431)
 PIPELINE_LIMIT = 1 << 20  # body bytes waiting behind the request in progress before reading stops
 MAX_WAITING = 32  # requests waiting behind the one in progress before reading stops
 CLOSE_GRACE_S = 1.0  # after a closing answer, how long the client may go on sending before the close
+_METHODS = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")}
+# header names as they arrive -> lower-case: clients send the same few names on every request
+_NAMES: Bounded[bytes, str] = Bounded(512)
 # fields a request may not repeat (RFC 9110 singletons; a repeated one is 400)
 SINGLETONS = frozenset({"content-length", "content-location", "content-range", "content-type", "etag", "host",
                         "max-forwards", "server", "transfer-encoding", "user-agent"})
@@ -62,24 +68,6 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
         return max(1 << 16, 4 * self.max_header_bytes)
 
 
-class Exchange:
-    """One request on a connection, from its head to its answer."""
-
-    __slots__ = ("answer", "began", "body", "complete", "continued", "decoder", "expect", "kept", "request", "size")
-
-    def __init__(self, request: Request, began: float | None) -> None:
-        self.request = request
-        self.answer: Response | None = None  # decided from the head: sent without reading the body
-        self.body: list[bytes] = []
-        self.size = 0  # body bytes as they arrive (before decoding)
-        self.kept = 0  # body bytes kept (decoded)
-        self.decoder: Any = None  # a zlib decompressor for a gzip or deflate body
-        self.complete = False
-        self.expect = False  # the client waits for 100 Continue before it sends the body
-        self.continued = False
-        self.began = began  # loop time its request timeout counts from (None: once it is first in line)
-
-
 class HttpServer:
     """The connections of one listening socket, and what they share."""
 
@@ -89,6 +77,8 @@ class HttpServer:
         self.stats = dispatcher.app.stats
         self.access_log = access_log  # logs.AccessLogger, when --access-log is on
         self.connections: set[Connection] = set()
+        # request heads met before -> what the checks that depend on nothing else made of them
+        self.heads: Bounded[tuple[Any, ...], tuple[Any, ...]] = Bounded(256)
         self.closing = False
 
     def __call__(self) -> Connection:
@@ -113,21 +103,22 @@ class Connection(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self.server = server
         self.limits = server.limits
+        self._max_field = server.limits.max_header_bytes
         self.dispatcher = server.dispatcher
+        self._cors = server.dispatcher.app.cors is not None
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.remote: str | None = None
         self.parser = httptools.HttpRequestParser(self)
-        self.queue: collections.deque[Exchange] = collections.deque()  # heads parsed, answers owed, in order
+        self.queue: collections.deque[Request] = collections.deque()  # heads parsed, answers owed, in order
         self.busy = False  # the first in line is being answered
         self.paused = False  # the transport's write buffer is full
         self.reading = True
         self.closing = False
         self.counted = False
-        self._current: Exchange | None = None  # the request whose body is being parsed
+        self._current: Request | None = None  # the request whose body is being parsed
         self._url = b""
-        self._headers: dict[str, str] = {}
-        self._fields = 0
+        self._fields: list[tuple[bytes, bytes]] = []  # the head's header fields as llhttp reads them
         self._refusal: tuple[int, str] | None = None  # found while the head was read (status, message)
         self._head = False  # a head is being read
         self._head_bytes = 0
@@ -137,7 +128,9 @@ class Connection(asyncio.Protocol):
         self._free_since = 0.0  # loop time the connection last finished an answer (or opened)
         self._eof = False
         self._discard = False  # nothing more is read on this connection: its last answers are owed
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Future[Any] | Pending | None = None  # the answer of the request being served
+        self._serving: Request | None = None
+        self._began = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._done: asyncio.Future[None] | None = None  # a shutdown waits for the request in progress
@@ -206,110 +199,143 @@ class Connection(asyncio.Protocol):
 
     # ---- llhttp's callbacks ----
 
-    def on_message_begin(self) -> None:
-        self._url = b""
-        self._headers = {}
-        self._fields = 0
-        self._refusal = None
-        self._head = True
-        self._head_bytes = 0
-        self._head_began = self._now
-        self._received = time.monotonic()
-
     def on_url(self, url: bytes) -> None:
-        self._url += url
-        if len(self._url) > self.limits.max_header_bytes and self._refusal is None:
+        """The request target, or a piece of it: its first piece begins a request (llhttp reads
+        the method before, and calls no other callback of the request before this one)."""
+        if self._head:
+            self._url += url
+        else:
+            self._url = url
+            self._fields = []
+            self._refusal = None
+            self._head = True
+            self._head_bytes = 0
+            self._head_began = self._now
+            self._received = time.monotonic()
+        if len(self._url) > self._max_field and self._refusal is None:
             self._refusal = (431, self._header_message())
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._fields += 1
-        if self._refusal is not None:
-            return
-        if len(name) + len(value) > self.limits.max_header_bytes or self._fields > MAX_FIELDS:
-            self._refusal = (431, self._header_message())
-            return
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        headers = self._headers
-        if key in headers:
-            if key in SINGLETONS:
-                self._refusal = (400, f"malformed HTTP request: duplicate {name.decode('latin-1')} header")
-                return
-            headers[key] = f"{headers[key]}, {text}"
-        else:
-            headers[key] = text
+        self._fields.append((name, value))  # read in on_headers_complete (their total size is bounded there)
+
+    def _headers(self) -> dict[str, str]:
+        """The head's fields by lower-case name (a repeated field's values joined with ", ");
+        a field over `--max-header-bytes`, too many fields, or a repeated singleton is the
+        request's refusal."""
+        headers: dict[str, str] = {}
+        fields = self._fields
+        if len(fields) > MAX_FIELDS:
+            self._refusal = self._refusal or (431, self._header_message())
+        limit = self._max_field
+        for name, value in fields:
+            key = _NAMES.get(name)
+            if key is None:
+                key = _NAMES.remember(name, name.decode("latin-1").lower())
+            if len(name) + len(value) > limit:
+                self._refusal = self._refusal or (431, self._header_message())
+            elif key not in headers:
+                headers[key] = value.decode("latin-1")
+            elif key in SINGLETONS:
+                duplicate = f"malformed HTTP request: duplicate {name.decode('latin-1')} header"
+                self._refusal = self._refusal or (400, duplicate)
+            else:
+                headers[key] += ", " + value.decode("latin-1")
+        return headers
 
     def on_headers_complete(self) -> None:
         self._head = False
         parser = self.parser
-        request = Request(parser.get_method().decode("ascii"), self._url.decode("latin-1"),
-                          parser.get_http_version(), self._headers, keep_alive=parser.should_keep_alive(),
+        method = parser.get_method()
+        version = parser.get_http_version()
+        # a head met before, byte for byte (clients repeat theirs), passed the checks that depend on
+        # nothing else: its header mapping, route and body framing are looked up, not made again
+        key = (method, self._url, version, tuple(self._fields))
+        known = self.server.heads.get(key) if self._refusal is None else None
+        if known is not None:
+            headers, method_name, target, route, params, encoding, expect = known
+        else:
+            headers = self._headers()
+            method_name, target = _METHODS.get(method) or method.decode("ascii"), self._url.decode("latin-1")
+        request = Request(method_name, target, version, headers, keep_alive=parser.should_keep_alive(),
                           received=self._received, remote=self.remote)
-        first = not self.queue and not self.busy
-        exchange = Exchange(request, self._head_began if first else None)
-        self.queue.append(exchange)
-        self._current = exchange
-        headers = self._headers
-        if self._refusal is None and "host" not in headers and request.version == "1.1":
-            self._refusal = (400, "malformed HTTP request: an HTTP/1.1 request needs a Host header")
-        if self._refusal is not None:
-            status, text = self._refusal
-            self._count("header_size" if status == 431 else "malformed")
-            exchange.answer = error_response(request, status, text, close=True)
-        elif not self.counted:
+        queue = self.queue
+        if not queue and not self.busy:
+            request.began = self._head_began
+        queue.append(request)
+        self._current = request
+        if not self.counted:
             self._count("connection_limit")
-            exchange.answer = error_response(
+            request.answer = error_response(
                 request, 503, f"the server is at its limit of {self.limits.max_connections} open connections "
                               f"(--max-connections); retry later", {"Retry-After": "1"}, close=True)
+            return
+        if known is not None:
+            request.route, request.params = route, params
+            request.answer = self.dispatcher.again(request)
         else:
-            if "transfer-encoding" in headers:
-                length: int | None = None
-            else:
-                length = int(headers.get("content-length", "0"))
-            exchange.answer = self.dispatcher.head(request, length)
-            if exchange.answer is None:
-                encoding = headers.get("content-encoding", "identity").strip().lower()
-                if encoding != "identity":
-                    exchange.decoder = zlib.decompressobj(31 if encoding == "gzip" else 15)
-                exchange.expect = "expect" in headers
-            elif exchange.answer.status == 413:
-                self._count("body_size")
+            if self._refusal is None and "host" not in headers and version == "1.1":
+                self._refusal = (400, "malformed HTTP request: an HTTP/1.1 request needs a Host header")
+            if self._refusal is not None:
+                status, text = self._refusal
+                self._count("header_size" if status == 431 else "malformed")
+                request.answer = error_response(request, status, text, close=True)
+                return
+            length = None if "transfer-encoding" in headers else int(headers.get("content-length", "0"))
+            answer = request.answer = self.dispatcher.head(request, length)
+            if answer is not None:
+                if answer.status == 413:
+                    self._count("body_size")
+                return
+            encoding = headers.get("content-encoding", "identity").strip().lower()
+            expect = "expect" in headers
+            self.server.heads.remember(key, (headers, method_name, target, request.route, request.params, encoding,
+                                             expect))
+        if encoding != "identity" and request.answer is None:
+            request.decoder = zlib.decompressobj(31 if encoding == "gzip" else 15)
+        if expect:
+            request.expect = True
 
     def on_body(self, body: bytes) -> None:
-        exchange = self._current
-        if exchange is None or exchange.answer is not None:
+        request = self._current
+        if request is None or request.answer is not None:
             return  # refused from its head: the body is not kept
-        exchange.size += len(body)
+        request.size += len(body)
         limit = self.limits.max_body_bytes
         try:
-            if exchange.decoder is not None:
-                body = exchange.decoder.decompress(body, limit + 1 - exchange.kept)
-                if exchange.decoder.unconsumed_tail:
+            if request.decoder is not None:
+                body = request.decoder.decompress(body, limit + 1 - request.kept)
+                if request.decoder.unconsumed_tail:
                     raise too_large(limit)
-            if exchange.size > limit or exchange.kept + len(body) > limit:
+            if request.size > limit or request.kept + len(body) > limit:
                 raise too_large(limit)
         except (zlib.error, PayloadTooLarge) as exc:
-            self._refuse_body(exchange, exc)
+            self._refuse_body(request, exc)
             return
-        exchange.body.append(body)
-        exchange.kept += len(body)
+        if request.parts is None:
+            request.parts = [body]
+        else:
+            request.parts.append(body)
+        request.kept += len(body)
 
     def on_message_complete(self) -> None:
-        exchange = self._current
+        request = self._current
         self._current = None
-        if exchange is None:
+        if request is None:
             return
-        if exchange.answer is None and exchange.decoder is not None:
+        if request.answer is None and request.decoder is not None:
             try:
-                rest = exchange.decoder.flush()
-                if not exchange.decoder.eof:
+                rest = request.decoder.flush()
+                if not request.decoder.eof:
                     raise zlib.error("the compressed data ends early")
             except zlib.error as exc:
-                self._refuse_body(exchange, exc)
+                self._refuse_body(request, exc)
             else:
-                exchange.body.append(rest)
-                exchange.kept += len(rest)
-        exchange.complete = True
+                if request.parts is None:
+                    request.parts = [rest]
+                else:
+                    request.parts.append(rest)
+                request.kept += len(rest)
+        request.complete = True
 
     # ---- answers, in order ----
 
@@ -318,60 +344,107 @@ class Connection(asyncio.Protocol):
         else once its body is whole; then the next. Reading stops while too much waits."""
         queue = self.queue
         while queue and not self.busy and not self.closing and not self.paused:
-            exchange = queue[0]
-            if exchange.began is None:
-                exchange.began = self.loop.time()
-            answer = exchange.answer
+            request = queue[0]
+            if request.began is None:
+                request.began = self.loop.time()
+            answer = request.answer
             if answer is not None:
-                if exchange.complete:
+                if request.complete:
                     queue.popleft()
-                    self._send(exchange.request, answer, 0.0)
+                    self._send(request, answer, 0.0)
                     continue
                 # the body is on the way: answer without it, and close rather than read it
                 answer.close = True
-                self._send(exchange.request, answer, 0.0)
+                self._send(request, answer, 0.0)
                 return
-            if not exchange.complete:
-                if exchange.expect and not exchange.continued and self.transport is not None:
-                    exchange.continued = True
+            if not request.complete:
+                if request.expect and not request.continued and self.transport is not None:
+                    request.continued = True
                     self.transport.write(CONTINUE)
                 break
             queue.popleft()
-            request = exchange.request
-            body = exchange.body
-            request.body = body[0] if len(body) == 1 else b"".join(body)
-            self.busy = True
-            self._task = self.loop.create_task(self._serve(request))
+            parts = request.parts
+            if parts is not None:
+                request.body = parts[0] if len(parts) == 1 else b"".join(parts)
+            self._serve(request)
         if self.closing:
             return
-        if self._eof and not self.busy and not (queue and (queue[0].complete or queue[0].answer is not None)):
-            self.close()  # the client sends no more, and what it sent is answered
+        if queue:
+            if self._eof and not self.busy and not (queue[0].complete or queue[0].answer is not None):
+                self.close()  # the client sends no more, and what it sent is answered
+                return
+            waiting = sum(r.kept for r in queue) - (0 if self.busy else queue[0].kept)
+            self._read(not self.paused and not self._discard and len(queue) <= MAX_WAITING
+                       and waiting <= PIPELINE_LIMIT)
+        elif self._eof and not self.busy:
+            self.close()
             return
-        waiting = sum(e.kept for e in queue) - (queue[0].kept if queue and not self.busy else 0)
-        self._read(not self.paused and not self._discard and len(queue) <= MAX_WAITING and waiting <= PIPELINE_LIMIT)
-        self._arm()
+        elif not self.reading and not self.paused and not self._discard:
+            self._read(True)
+        if self._timer is None or self._head or (queue and not queue[0].complete):
+            self._arm()  # an idle connection's timer is armed already, and checks again when it fires
 
-    async def _serve(self, request: Request) -> None:
-        began = time.perf_counter()
+    def _serve(self, request: Request) -> None:
+        """Run the request's handler; `_answered` sends what it answers. A handler that returns a
+        future (the infer routes: the data plane's answer) costs no task; a coroutine gets one."""
+        self.busy = True
+        self._serving = request
+        self._began = time.perf_counter() if self.server.access_log is not None else 0.0
         try:
-            response = await self.dispatcher.respond(request)
-        except asyncio.CancelledError:  # a shutdown that ran out of time
+            pending = self.dispatcher.respond(request)
+        except Exception as exc:  # noqa: BLE001 - every failure gets an answer; the server goes on
+            self._answer(request, self.dispatcher.failed(request, exc))
+            return
+        if isinstance(pending, Pending):
+            self._task = pending
+            pending.then(self._told)
+            return
+        future = self._task = asyncio.ensure_future(pending)  # a future as it is; a coroutine in a task
+        future.add_done_callback(self._answered)
+
+    def _told(self, answer: Answer | None, error: BaseException | None) -> None:
+        """The data plane's answer to the request being served (`Pending.then`)."""
+        request = self._serving
+        assert request is not None
+        if error is not None:
+            self._answer(request, self.dispatcher.failed(request, error))
+        elif self._cors:
+            self._answer(request, self.dispatcher.finish(request, answer))  # type: ignore[arg-type]
+        else:
+            self._answer(request, answer)  # type: ignore[arg-type]
+
+    def _answered(self, pending: asyncio.Future[Any]) -> None:
+        request = self._serving
+        assert request is not None
+        if pending.cancelled():  # a shutdown that ran out of time
+            self._serving = self._task = None
             self.busy = False
             self.close()
             self._finished()
-            raise
+            return
+        error = pending.exception()
+        dispatcher = self.dispatcher
+        if error is not None:
+            self._answer(request, dispatcher.failed(request, error))
+        elif self._cors:
+            self._answer(request, dispatcher.finish(request, pending.result()))
+        else:
+            self._answer(request, pending.result())
+
+    def _answer(self, request: Request, response: Response | Answer) -> None:
+        self._serving = self._task = None
         self.busy = False
-        self._task = None
         try:
-            self._send(request, response, began)
-        except Exception as exc:
+            self._send(request, response, self._began)
+        except Exception as exc:  # this connection ends; the server goes on
             log.error("answering %s %s failed", request.method, request.path, exc_info=exc)
             self.close()
-        self._finished()
+        if self._done is not None:
+            self._finished()
         self._free_since = self.loop.time()
         self._advance()
 
-    def _send(self, request: Request, response: Response, began: float, *, logged: bool = True) -> None:
+    def _send(self, request: Request, response: Response | Answer, began: float, *, logged: bool = True) -> None:
         server = self.server
         server.stats.requests += 1
         close = (response.close or not request.keep_alive or server.closing or self._eof
@@ -407,15 +480,14 @@ class Connection(asyncio.Protocol):
         self._head = False
         self._discard = True
         self._count("header_size" if status == 431 else "malformed")
-        exchange = self._current
-        if exchange is not None and not exchange.complete:  # broken inside its body (chunked framing)
-            exchange.answer = error_response(exchange.request, status, text, close=True)
-            exchange.body = []
+        current = self._current
+        if current is not None and not current.complete:  # broken inside its body (chunked framing)
+            current.answer = error_response(current, status, text, close=True)
+            current.parts = None
             return
-        request = Request("GET", "/", "1.1", self._headers, received=self._received, remote=self.remote)
-        exchange = Exchange(request, None)
-        exchange.answer = error_response(request, status, text, close=True)
-        self.queue.append(exchange)
+        request = Request("GET", "/", "1.1", {}, received=self._received, remote=self.remote)
+        request.answer = error_response(request, status, text, close=True)
+        self.queue.append(request)
 
     def _malformed(self, exc: Exception) -> None:
         text = str(exc).strip() or type(exc).__name__
@@ -428,19 +500,18 @@ class Connection(asyncio.Protocol):
         self._head = False
         self._discard = True
         if self.queue:
-            self.queue[-1].request.keep_alive = False
+            self.queue[-1].keep_alive = False
 
-    def _refuse_body(self, exchange: Exchange, exc: Exception) -> None:
-        request = exchange.request
+    def _refuse_body(self, request: Request, exc: Exception) -> None:
         if isinstance(exc, PayloadTooLarge):
             self._count("body_size")
-            exchange.answer = from_exception(request, exc, self.dispatcher.app.policy)
+            request.answer = from_exception(request, exc, self.dispatcher.app.policy)
         else:
             encoding = request.headers.get("content-encoding", "")
-            exchange.answer = from_exception(request, InvalidInput(
+            request.answer = from_exception(request, InvalidInput(
                 f"Content-Encoding: the body is not valid {encoding} data: {exc}"), self.dispatcher.app.policy)
-        exchange.answer.close = True
-        exchange.body = []
+        request.answer.close = True
+        request.parts = None
 
     # ---- timers: one per connection, re-armed lazily ----
 
@@ -494,12 +565,12 @@ class Connection(asyncio.Protocol):
                     f"{limit if limit > 0 else self.limits.keepalive_timeout_s:g} s "
                     f"({'--request-timeout' if limit > 0 else '--keepalive-timeout'})")
             log.info("closed a connection whose request header took longer than %s", text.rpartition("limit of ")[2])
-            request = Request("GET", "/", "1.1", self._headers, remote=self.remote)
+            request = Request("GET", "/", "1.1", {}, remote=self.remote)
             self._head = False
             self._send(request, error_response(request, 408, text, close=True), 0.0, logged=False)
             return
         first = self.queue[0]
-        first.answer = from_exception(first.request, BodyTimeout(
+        first.answer = from_exception(first, BodyTimeout(
             f"the request was not received within the server's limit of {limit:g} s (--request-timeout)"),
             self.dispatcher.app.policy)
         self._advance()
@@ -551,5 +622,11 @@ class Connection(asyncio.Protocol):
                 async with asyncio.timeout(timeout):
                     await self._done
             except TimeoutError:
-                self._task.cancel()
+                task = self._task
+                if isinstance(task, Pending):  # given up: withdrawn if it has not run, and not answered
+                    task.drop()
+                    self._serving = self._task = None
+                    self.busy = False
+                elif task is not None:
+                    task.cancel()
         self.close()

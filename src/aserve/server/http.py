@@ -14,6 +14,7 @@ from http import HTTPStatus
 from typing import Any
 
 from ..bounded import Bounded
+from ..inference import Answer
 from ..protocol.formats import CONTENT_TYPES, encode_message, negotiate
 
 SERVER_NAME = "aserve"  # the Server header: no versions
@@ -26,27 +27,38 @@ class Request:
 
     `received`: time.monotonic() when its first byte was read. `params`: the route's path
     parameters (percent-decoded). `state`: what the route's head check prepared for its
-    handler (an infer call)."""
+    handler (an infer call). The other attributes are the connection's, while the request
+    arrives: the answer its head decided, its body's parts as they come (decoded), and its
+    timing. What most requests never set is a class default."""
 
-    __slots__ = ("body", "headers", "keep_alive", "method", "params", "path", "query", "received", "remote",
-                 "route", "state", "target", "version")
+    answer: Any = None  # decided from the head: sent without reading the body
+    parts: Any = None  # the body's pieces, decoded, as they arrive (a list once one has)
+    size = 0  # body bytes as they arrived (encoded)
+    kept = 0  # body bytes kept (decoded)
+    decoder: Any = None  # a zlib decompressor for a gzip or deflate body
+    complete = False  # the whole request has arrived
+    expect = False  # the client waits for 100 Continue before it sends the body
+    continued = False
+    began: float | None = None  # loop time its request timeout counts from (None: once it is first in line)
+    body: Any = b""
+    route: Any = None  # routes.Route, once matched
+    state: Any = None
 
     def __init__(self, method: str, target: str, version: str, headers: dict[str, str], *, keep_alive: bool = True,
                  received: float = 0.0, remote: str | None = None) -> None:
         self.method = method
         self.target = target
-        path, _, query = target.partition("?")
-        self.path = path
-        self.query = query
+        self.path = target.partition("?")[0]
         self.version = version  # "1.1" or "1.0"
         self.headers = headers
         self.keep_alive = keep_alive
         self.received = received
         self.remote = remote
-        self.body: Any = b""
         self.params: dict[str, str] = {}
-        self.route: Any = None  # routes.Route, once matched
-        self.state: Any = None
+
+    @property
+    def query(self) -> str:
+        return self.target.partition("?")[2]
 
 
 class Response:
@@ -76,7 +88,8 @@ _STATUS_LINES: dict[int, bytes] = {}
 # the head of a 200 answer, by (body size, close, header fields): clients repeat their requests, and the
 # answers' heads repeat with them; the Date changes once a second and the table with it
 _HEADS: Bounded[tuple[Any, ...], bytes] = Bounded(256)
-_date = [0, b""]  # (second, the Date header's value)
+_second = [0]  # the second the Date value below is of
+_date = [b""]
 
 
 def status_line(status: int) -> bytes:
@@ -92,17 +105,17 @@ def status_line(status: int) -> bytes:
 
 def http_date() -> bytes:
     second = int(time.time())
-    if second != _date[0]:
-        _date[0], _date[1] = second, formatdate(second, usegmt=True).encode()
+    if second != _second[0]:
+        _second[0], _date[0] = second, formatdate(second, usegmt=True).encode()
         _HEADS.clear()
-    return _date[1]  # type: ignore[return-value]
+    return _date[0]
 
 
-def encode(response: Response, *, close: bool, head_only: bool = False) -> list[Any]:
+def encode(response: Response | Answer, *, close: bool, head_only: bool = False) -> list[Any]:
     """The response on the wire: its head, then its body's buffers as they are (none for HEAD)."""
     chunks = response.chunks
     size = len(chunks[0]) if len(chunks) == 1 else sum(map(len, chunks))
-    date = http_date()
+    date = _date[0] if int(time.time()) == _second[0] else http_date()
     status = response.status
     key: tuple[Any, ...] = ()
     if status == 200:

@@ -7,11 +7,12 @@ it looks the model up (404 at once for an unknown model or version) and prepares
 
 from __future__ import annotations
 
+from ..dataplane.plane import Pending
 from ..inference import InferCall
 from ..protocol import V2
 from ..protocol.v2 import HEADER_LENGTH, header_length
 from .app import App
-from .http import Request, Response
+from .http import Request
 
 _HEADER_LENGTH = HEADER_LENGTH.lower()
 
@@ -22,18 +23,20 @@ def prepare(app: App, request: Request) -> None:
     params = request.params
     model = params["model"]
     version = params.get("version") or params.get("label")
-    handle = app.plane.model(model, version)
+    handle = app.plane.registry.get(model, version)
     h = request.headers
     codec = route.codec
+    length = h.get(_HEADER_LENGTH)
     request.state = handle, InferCall(
         codec=codec, model=model, version=version, content_type=h.get("content-type"), accept=h.get("accept"),
-        header_length=header_length(h.get(_HEADER_LENGTH)) if codec is V2 else None, headers=h,
+        header_length=None if length is None or codec is not V2 else header_length(length), headers=h,
         received=request.received, route=route.path, host=h.get("host", ""),
     )
 
 
-async def infer(app: App, request: Request) -> Response:
+def infer(app: App, request: Request) -> Pending:
+    """The call completed with the body, to the data plane; its Answer is the 200 response
+    (the connection learns it from the Pending, with no task of its own)."""
     handle, call = request.state
     call.body = request.body
-    answer = await app.plane.infer(call, handle=handle)
-    return Response(200, answer.chunks, answer.headers)
+    return app.plane.submit(call, handle=handle)

@@ -5,24 +5,27 @@ the route (404, 405), checks access (401, 403), the body's announced size (413),
 Content-Type and Content-Encoding (415), an `Expect` (417), and the route's own head
 check (an infer route looks its model up: 404). What it refuses is answered at once,
 without reading the body. `Dispatcher.respond` runs the handler once the body is whole and
-maps whatever it raises to an error answer (`errors.from_exception`); with CORS on,
-every answer (errors too) carries its headers.
+maps whatever it raises to an error answer (`Dispatcher.failed`, `errors.from_exception`);
+with CORS on, every answer (errors too) carries its headers.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
 from urllib.parse import unquote
 
 from ..bounded import Bounded
+from ..dataplane.plane import Pending
 from ..errors import AserveError, PayloadTooLarge
-from ..protocol.formats import ACCEPTED, MSGPACK, body_format, check_encoding
+from ..inference import Answer
+from ..protocol.formats import MSGPACK, body_format, check_encoding
 from .app import App
 from .errors import ExpectationFailed, MethodNotAllowed, RouteNotFound, from_exception
 from .http import Request, Response
 from .routes import Route
 
+R = TypeVar("R", Response, Answer, Response | Answer)
 # what a route template's segment is: ("", literal) | (name, "") | (name, ":suffix")
 Segment = tuple[str, str]
 
@@ -100,53 +103,69 @@ class Dispatcher:
     def __init__(self, app: App, router: Router) -> None:
         self.app = app
         self.router = router
+        self._guarded = app.access.guards_anything
 
     def head(self, request: Request, length: int | None) -> Response | None:
         """The answer the head alone decides (a refusal, or a CORS preflight), or None when the
         request goes on to its handler. `length`: the body's announced size (None: chunked)."""
         app = self.app
+        headers = request.headers
         try:
             cors = app.cors
-            if cors is not None and request.method == "OPTIONS" and \
-                    "access-control-request-method" in request.headers:
+            if cors is not None and request.method == "OPTIONS" and "access-control-request-method" in headers:
                 return self._cors(request, cors.preflight(request))
             route, request.params = self.router.match(request.method, request.path)
             request.route = route
-            app.access.check(request, route.level)
-            headers = request.headers
+            if self._guarded:
+                app.access.check(request, route.level)
             if length is None or length > 0:
                 if length is not None and length > app.max_body_bytes:
                     raise too_large(app.max_body_bytes)
-                if route.request is not None:
-                    content_type = headers.get("content-type")
-                    if content_type is not None and content_type not in ACCEPTED[MSGPACK in route.formats]:
-                        body_format(content_type, msgpack=MSGPACK in route.formats)
+                content_type = headers.get("content-type")
+                if route.request is not None and content_type is not None:
+                    body_format(content_type, msgpack=MSGPACK in route.formats)  # 415 unless the route reads it
                 encoding = headers.get("content-encoding")
                 if encoding is not None:
                     check_encoding(encoding)
-            expect = headers.get("expect")
-            if expect is not None and expect.lower() != "100-continue":
-                raise ExpectationFailed(f"Expect: expected 100-continue, got {expect!r}")
-            if route.head is not None:
-                route.head(app, request)
+            if "expect" in headers and headers["expect"].lower() != "100-continue":
+                raise ExpectationFailed(f"Expect: expected 100-continue, got {headers['expect']!r}")
+            head = route.head
+            if head is not None:
+                head(app, request)
         except (AserveError, UnicodeDecodeError) as exc:
             if isinstance(exc, UnicodeDecodeError):
                 exc = RouteNotFound(f"Not Found: {request.method} {request.path} (malformed percent-escape)")
             return self._cors(request, from_exception(request, exc, app.policy))
         return None
 
-    async def respond(self, request: Request) -> Response:
-        """The handler's answer to a request whose head passed and whose body is whole."""
-        app = self.app
+    def again(self, request: Request) -> Response | None:
+        """`head` for a head met before, byte for byte, whose checks passed: the route and its
+        parameters are known, and only the route's own check runs again (the model it names
+        may have been unloaded meanwhile)."""
+        head = request.route.head
+        if head is None:
+            return None
         try:
-            response = await request.route.handler(app, request)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - every failure gets an answer; the server goes on
-            response = from_exception(request, exc, app.policy)
-        return self._cors(request, response)
+            head(self.app, request)
+        except AserveError as exc:
+            return self._cors(request, from_exception(request, exc, self.app.policy))
+        return None
 
-    def _cors(self, request: Request, response: Response) -> Response:
+    def respond(self, request: Request) -> Awaitable[Response | Answer] | Pending:
+        """The handler's answer to a request whose head passed and whose body is whole (what it
+        raises goes to `failed`; the answer, to `finish`)."""
+        route: Route = request.route
+        return route.handler(self.app, request)
+
+    def failed(self, request: Request, exc: BaseException) -> Response:
+        """The answer to a request whose handler raised `exc` (the server goes on)."""
+        return self._cors(request, from_exception(request, exc, self.app.policy))
+
+    def finish(self, request: Request, response: Response | Answer) -> Response | Answer:
+        """A handler's answer as it is sent: with the CORS headers when CORS is on."""
+        return response if self.app.cors is None else self._cors(request, response)
+
+    def _cors(self, request: Request, response: R) -> R:
         cors = self.app.cors
         if cors is not None:
             cors.add(request, response)

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
-from ..inference import Codec
+from ..dataplane.plane import Pending
+from ..inference import Answer, Codec
 from ..protocol import CLASSIFY, PREDICT, REGRESS, V2, tfserving, tfsignature, v2
 from ..protocol import messages as m
 from . import admin, infer, metrics, openapi
@@ -28,7 +29,7 @@ from .http import Request, Response
 
 JSON, MSGPACK = "application/json", "application/msgpack"
 
-Handler = Callable[[App, Request], Awaitable[Response]]
+Handler = Callable[[App, Request], Awaitable[Response | Answer] | Pending]
 HeadCheck = Callable[[App, Request], None]
 
 
