@@ -44,3 +44,11 @@ def test_concat_and_split_bytes() -> None:
 def test_split_rejects_wrong_batch_dimension() -> None:
     with pytest.raises(ModelError, match="first dimension must be 3"):
         split_outputs({"Y": Tensor("FP32", (2, 1), struct.pack("<2f", 1, 2))}, [2, 1], "m")
+
+
+def test_split_rejects_a_bytes_output_its_shape_does_not_describe() -> None:
+    whole = encode_bytes([b"a", b"bc", b"d"])
+    with pytest.raises(ModelError, match=r"BYTES output 'S' holds 3 elements, its shape \[2, 2\] says 4"):
+        split_outputs({"S": Tensor("BYTES", (2, 2), whole)}, [1, 1], "m")
+    with pytest.raises(ModelError, match=r"BYTES output 'S': BYTES element 1: length 9 runs past the end"):
+        split_outputs({"S": Tensor("BYTES", (2, 1), whole[:5] + b"\x09\x00\x00\x00x")}, [1, 1], "m")

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from .errors import ModelError
-from .runtime.datatypes import DATATYPES, element_count
+from .runtime.datatypes import DATATYPES, bytes_ends, element_count
 
 
 class Tensor(msgspec.Struct, gc=False):
@@ -80,21 +80,6 @@ def concat_inputs(requests: Sequence[Sequence[Tensor]], samples: int) -> list[Te
     return out
 
 
-def _bytes_boundaries(view: memoryview, elements: int, per_sample: int, model: str, name: str) -> list[int]:
-    """Byte offsets of each sample's start in a BYTES buffer, found by walking the length prefixes."""
-    bounds = [0]
-    pos, end = 0, len(view)
-    for i in range(elements):
-        if pos + 4 > end:
-            raise ModelError(f"model {model!r}: BYTES output {name!r} ends inside element {i}'s length prefix")
-        pos += 4 + int.from_bytes(view[pos:pos + 4], "little")
-        if pos > end:
-            raise ModelError(f"model {model!r}: BYTES output {name!r}: element {i} runs past the buffer")
-        if (i + 1) % per_sample == 0:
-            bounds.append(pos)
-    return bounds
-
-
 def wrong_rows(model: str, name: str, shape: tuple[int, ...], total: int) -> ModelError:
     """The error of an output whose first dimension is not the batch's samples."""
     return ModelError(
@@ -115,15 +100,18 @@ def split_outputs(outputs: Mapping[str, Tensor], samples: Sequence[int], model: 
         rest = shape[1:]
         if t.datatype == "BYTES":
             per = element_count(rest)
-            if per == 0:
-                starts = [0] * (len(samples) + 1)
-            else:
-                bounds = _bytes_boundaries(view, total * per, per, model, name)
-                starts = [0]
-                k = 0
-                for s in samples:
-                    k += s
-                    starts.append(bounds[k])
+            try:
+                ends = bytes_ends(view)
+            except ValueError as exc:
+                raise ModelError(f"model {model!r}: BYTES output {name!r}: {exc}") from None
+            if len(ends) != total * per:
+                raise ModelError(f"model {model!r}: BYTES output {name!r} holds {len(ends)} elements, its shape "
+                                 f"{list(shape)} says {total * per}")
+            starts = [0]
+            k = 0
+            for s in samples:
+                k += s * per
+                starts.append(ends[k - 1] if k else 0)
         else:
             stride = view.nbytes // total if total else 0
             starts = [0]
