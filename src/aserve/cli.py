@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .config import ServerSettings, Setting, SettingsError, load_settings, settings_fields
+from .logs import configure
 
 
 def bundled_examples() -> pathlib.Path | None:
@@ -111,10 +112,9 @@ def _serve(args: argparse.Namespace) -> int:
     except SettingsError as e:
         print(f"aserve: {e}", file=sys.stderr)
         return 2
-    from .logs import configure
-
     configure(settings.log_level, settings.log_format)
 
+    # the server, its event loop and the engine load only once the tunables are in effect
     import uvloop
 
     from .repository import RepositoryError
@@ -138,8 +138,7 @@ def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
     except SettingsError as e:
         print(f"aserve: {e}", file=sys.stderr)
         return 2
-    from .logs import configure
-    from .supervise import supervise
+    from .supervise import supervise  # the supervisor only spawns and waits: it loads no server
 
     configure(settings.log_level, settings.log_format)
     return supervise([a for a in argv if a != "--supervise"], host=settings.host, port=settings.port)

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, NamedTuple
 
 import msgspec
+import msgspec.inspect as mi
 
 from .tracing.config import TracingSettings
 
@@ -186,8 +187,6 @@ class Setting(NamedTuple):
 
 def settings_fields() -> list[Setting]:
     """Every field of `ServerSettings`, in declaration order."""
-    import msgspec.inspect as mi
-
     kinds: dict[type, type] = {mi.StrType: str, mi.IntType: int, mi.FloatType: float, mi.BoolType: bool,
                                mi.ListType: list, mi.StructType: dict}
     out = []
