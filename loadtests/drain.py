@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 import aiohttp
+from served import wait_ready
 
 MODEL = "drain"
 
@@ -176,18 +177,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def ready(session: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.returncode is not None:
-            raise RuntimeError(f"aserve serve exited with {proc.returncode} before it was ready")
-        try:
-            async with session.get(f"{url}/v2/models/{MODEL}/ready") as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.05)
-    raise RuntimeError(f"{MODEL} not ready after {timeout} s")
+    await wait_ready(session, f"{url}/v2/models/{MODEL}/ready", lambda: proc.returncode, timeout=timeout, every=0.05)
 
 
 def main(argv: list[str] | None = None) -> int:

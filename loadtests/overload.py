@@ -82,6 +82,7 @@ from typing import Any, NamedTuple, cast
 import aiohttp
 import psutil
 import uvloop
+from served import wait_ready
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODEL = "cnn"
@@ -171,18 +172,8 @@ class Server:
         )
 
     async def ready(self, session: aiohttp.ClientSession, timeout: float = 180.0) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"aserve serve exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                async with session.get(f"{self.url}/v2/models/{MODEL}/ready") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.25)
-        raise RuntimeError(f"{MODEL} not ready after {timeout} s:\n{self.output()}")
+        await wait_ready(session, f"{self.url}/v2/models/{MODEL}/ready", self.proc.poll, timeout=timeout, every=0.25,
+                         output=self.output)
 
     def pss_mb(self) -> float:
         return float(psutil.Process(self.proc.pid).memory_full_info().pss) / 2**20

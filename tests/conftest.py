@@ -7,6 +7,7 @@ import importlib.util
 import inspect
 import os
 import pathlib
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import ModuleType
@@ -75,6 +76,8 @@ class Staged(Model):
 def load_script(name: str) -> ModuleType:
     """loadtests/NAME.py as a module, by path, under a name of its own (Locust imports
     `scenario` from beside the locustfile; the scripts are not a package)."""
+    if str(LOADTESTS) not in sys.path:  # the scripts import each other from beside them, as when run
+        sys.path.append(str(LOADTESTS))
     spec = importlib.util.spec_from_file_location(f"aserve_loadtests_{name}", LOADTESTS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -97,6 +100,21 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item
     if path.startswith(BOTH_LOOPS) or "asyncio" in asked:
         return {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
     return {"uvloop": uvloop.new_event_loop}
+
+
+# Tests that spawn `aserve serve` do it from asyncio's loop: uvloop's child side of a spawn calls
+# PyOS_AfterFork_Child, which crashes a process that holds PEP 684 subinterpreters (earlier tests
+# leave some parked in this process): MagicStack/uvloop#650. The spawned server runs on uvloop all
+# the same; only the spawning test uses asyncio's loop.
+spawns = pytest.mark.asyncio(loop_factories=["asyncio"])
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 async def until(predicate: Callable[[], object | Awaitable[object]], *, timeout: float = 60.0,

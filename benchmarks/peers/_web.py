@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from aiohttp import web
 
@@ -15,6 +16,14 @@ def arguments(description: str, *, model: bool) -> argparse.Namespace:
         p.add_argument("--model", required=True, choices=("simple", "mlp"))
         p.add_argument("--model-py", help="examples/mlp/model.py (for --model mlp)")
     return p.parse_args()
+
+
+def serve_one_route(description: str, path: str, handler: Any, *, client_max_size: int = 1 << 20) -> None:
+    """Serve one POST route, on the host and port of the command line (`main` of a peer)."""
+    args = arguments(description, model=False)
+    app = web.Application(client_max_size=client_max_size)
+    app.router.add_post(path, handler)
+    run(app, host=args.host, port=args.port)
 
 
 def run(app: web.Application, *, host: str, port: int) -> None:

@@ -20,15 +20,8 @@ async def infer(request: web.Request) -> web.Response:
     return web.Response(body=BODY, content_type="application/json")
 
 
-def make_app() -> web.Application:
-    app = web.Application()
-    app.router.add_post("/v2/models/{model}/infer", infer)
-    return app
-
-
 def main() -> None:
-    args = _web.arguments(__doc__ or "", model=False)
-    _web.run(make_app(), host=args.host, port=args.port)
+    _web.serve_one_route(__doc__ or "", "/v2/models/{model}/infer", infer)
 
 
 if __name__ == "__main__":

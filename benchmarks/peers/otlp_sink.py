@@ -16,15 +16,8 @@ async def traces(request: web.Request) -> web.Response:
     return web.Response(body=b"", content_type="application/x-protobuf")  # an empty ExportTraceServiceResponse
 
 
-def make_app() -> web.Application:
-    app = web.Application(client_max_size=64 << 20)
-    app.router.add_post("/v1/traces", traces)
-    return app
-
-
 def main() -> None:
-    args = _web.arguments(__doc__ or "", model=False)
-    _web.run(make_app(), host=args.host, port=args.port)
+    _web.serve_one_route(__doc__ or "", "/v1/traces", traces, client_max_size=64 << 20)
 
 
 if __name__ == "__main__":

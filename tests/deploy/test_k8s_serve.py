@@ -24,7 +24,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -37,11 +36,9 @@ from aiohttp import web
 from aserve.repository import RepositoryError
 from aserve.repository.scan import ModelSource, root_model, scan_model, scan_repository
 
-from ..conftest import EXAMPLES, needs_torch, until
+from ..conftest import EXAMPLES, free_port, needs_torch, spawns, until
 from ..conftest import wait_ready as ready
 from .conftest import DEPLOY
-
-spawns = pytest.mark.asyncio(loop_factories=["asyncio"])
 
 READY, LIVE = "/v2/health/ready", "/v2/health/live"
 RUNTIME = DEPLOY / "kserve" / "servingruntime.yaml"
@@ -49,12 +46,6 @@ SIMPLE = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "
                      {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}]}
 MLP = {"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 16], "data": [i / 10 for i in range(16)]}]}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def runtime_container() -> dict:

@@ -12,24 +12,14 @@ import contextlib
 import os
 import pathlib
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
-from ..conftest import until, wait_ready
+from ..conftest import free_port, spawns, until, wait_ready
 from .conftest import ENGINES, PAUSE, SEGFAULT, call_faulty, call_ok, metrics
-
-spawns = pytest.mark.asyncio(loop_factories=["asyncio"])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Spawned:

@@ -12,13 +12,9 @@ import sys
 import aiohttp
 import pytest
 
-from tests.conftest import until, wait_ready
+from tests.conftest import free_port, spawns, until, wait_ready
 
 from .conftest import answer, index, version_of, write_config, write_version
-
-# spawning `aserve serve` from uvloop crashes the child in a process holding PEP 684
-# subinterpreters (MagicStack/uvloop#650): the spawning test runs on asyncio's loop
-spawns = pytest.mark.asyncio(loop_factories=["asyncio"])
 
 
 async def test_poll_loads_reloads_and_unloads(start_server, repo: pathlib.Path, http: aiohttp.ClientSession) -> None:
@@ -207,7 +203,6 @@ async def test_availability_transition_serves_throughout(start_server, repo: pat
 
 @spawns
 async def test_sighup_rescans(repo: pathlib.Path, http: aiohttp.ClientSession) -> None:
-    from tests.server.test_cli import free_port
 
     write_config(repo, "vm", "")
     write_version(repo, "vm", 1)

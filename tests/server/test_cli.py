@@ -7,7 +7,6 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import sys
 
 import aiohttp
@@ -16,21 +15,8 @@ import pytest
 from aserve.cli import build_parser, bundled_examples, settings_from_args
 from aserve.config import ServerSettings, Setting, SettingsError, load_settings, settings_fields
 
-from ..conftest import wait_ready
+from ..conftest import free_port, spawns, wait_ready
 from .test_errors import slow_body
-
-# These tests spawn `aserve serve` from the test's loop. uvloop's child side of a spawn calls
-# PyOS_AfterFork_Child, which crashes a process that holds PEP 684 subinterpreters (earlier
-# tests leave some parked in this process): MagicStack/uvloop#650. The served process runs
-# on uvloop all the same; only the spawning test uses asyncio's loop.
-spawns = pytest.mark.asyncio(loop_factories=["asyncio"])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def test_settings_precedence(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:

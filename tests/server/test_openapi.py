@@ -11,16 +11,13 @@ import re
 import sys
 
 import aiohttp
-import pytest
 from openapi_spec_validator import validate
 
 from aserve.server.openapi import STATIC, document
 from aserve.server.routes import ROUTES
 
+from ..conftest import spawns
 from .hardened_models import hardened_repository
-
-# spawning from uvloop crashes a process holding PEP 684 subinterpreters (see test_cli.py)
-spawns = pytest.mark.asyncio(loop_factories=["asyncio"])
 
 # routes that are not operations of the API: the docs page's files, and the catch-all for
 # TF-Serving verbs other than predict, classify and regress (501)
