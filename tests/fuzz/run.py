@@ -3,7 +3,8 @@
     python -m tests.fuzz.run --seconds 60                 # every target, 60 s each
     python -m tests.fuzz.run --runs 3000 --targets msgpack
 
-Each target runs under atheris (`tests.fuzz.fuzz`) in a process of its own, seeded
+Each target runs under atheris (`tests.fuzz.fuzz`) in a process of its own (`--jobs` at
+once, one per core by default), seeded
 with its corpus (tests/fuzz/corpus/<target>/, read only: what the fuzzer adds goes to
 a scratch folder, or to `--keep DIR`/<target>). A crash (an input that breaks the
 property in `tests.fuzz.targets`), a hang (`--timeout` seconds on one input) or an
@@ -16,7 +17,9 @@ the exit status is 1 when anything crashed, 2 when atheris is not installed.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import os
 import pathlib
 import platform
 import re
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-limit-mb", type=int, default=2048)
     parser.add_argument("--max-len", type=int, default=8192, help="largest input the fuzzer makes, in bytes")
     parser.add_argument("--keep", type=pathlib.Path, help="keep the inputs the fuzzer adds in DIR/<target>")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="targets fuzzed at once (default: the cores)")
     parser.add_argument("--artifacts", type=pathlib.Path, help="crash inputs go here (default: a scratch folder)")
     args = parser.parse_args(argv)
     if args.seconds is None and args.runs is None:
@@ -135,12 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="aserve-fuzz-") as scratch:
         base = pathlib.Path(scratch)
         artifacts = (args.artifacts or base / "artifacts").resolve()
-        results = {}
-        for name in names:
+
+        def run(name: str) -> dict[str, Any]:
             work = (args.keep / name if args.keep else base / "corpus" / name).resolve()
-            results[name] = run_target(name, seconds=args.seconds, runs=args.runs, timeout=args.timeout,
-                                       rss_limit_mb=args.rss_limit_mb, max_len=args.max_len, work=work,
-                                       artifacts=artifacts, python=sys.executable)
+            return run_target(name, seconds=args.seconds, runs=args.runs, timeout=args.timeout,
+                              rss_limit_mb=args.rss_limit_mb, max_len=args.max_len, work=work,
+                              artifacts=artifacts, python=sys.executable)
+
+        with concurrent.futures.ThreadPoolExecutor(max(args.jobs, 1)) as pool:  # each target is a process
+            results = dict(zip(names, pool.map(run, names)))
+        for name in names:
             if args.artifacts is None:  # the scratch folder goes: keep the inputs in the report
                 for failure in results[name]["failures"]:
                     path = failure.get("input")
