@@ -16,8 +16,8 @@ import json
 import logging
 from typing import Any
 
-# The trace of the request being answered, set by the infer handlers while tracing is on and
-# the log format writes trace ids (setting a context variable per request is not free).
+# The trace of the request being answered, set by the data plane (in the context its answer is
+# made in) while tracing is on and the log format writes trace ids.
 current_trace: contextvars.ContextVar[Any] = contextvars.ContextVar("aserve_trace", default=None)
 trace_ids_logged = False
 

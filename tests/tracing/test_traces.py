@@ -224,9 +224,14 @@ async def test_json_logs_carry_the_trace_of_the_request(
     logs.configure("info", "json")
     try:
         server, url = await start_server(repository, access_log=True)
-        async with aiohttp.ClientSession() as http, \
-                http.post(f"{url}/v2/models/add/infer", json=body([-999, 0, 0, 0])) as r:
-            assert r.status == 500
+        # one connection: the second request, not traced, must not log the first one's trace
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
+            async with http.post(f"{url}/v2/models/add/infer", json=body([-999, 0, 0, 0])) as r:
+                assert r.status == 500
+            async with http.post(f"{url}/v2/trace/setting", json={"trace_level": ["OFF"]}) as r:
+                assert r.status == 200
+            async with http.post(f"{url}/v2/models/add/infer", json=body([-999, 1, 0, 0])) as r:
+                assert r.status == 500
         await server.close()
     finally:
         root.handlers[:] = saved[0]
@@ -235,10 +240,12 @@ async def test_json_logs_carry_the_trace_of_the_request(
     await until(lambda: bool(collector.named("POST /v2/models/{model}/infer")), what="the request span")
     (span,) = collector.named("POST /v2/models/{model}/infer")
     records = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")]
-    (failure,) = [r for r in records if r["logger"] == "aserve.server" and "model error" in r["message"]]
+    failure, untraced = [r for r in records if r["logger"] == "aserve.server" and "model error" in r["message"]]
     assert failure["trace_id"] == span.trace_id.hex() and failure["span_id"] == span.span_id.hex()
+    assert "trace_id" not in untraced and "span_id" not in untraced
     assert failure["level"] == "info" and failure["time"].endswith("+00:00")
-    (access,) = [r for r in records if r["logger"] == "aserve.access"]
+    access, setting, access_untraced = [r for r in records if r["logger"] == "aserve.access"]
+    assert "trace_id" not in setting and "trace_id" not in access_untraced
     assert access["status"] == 500 and access["request"] == "POST /v2/models/add/infer HTTP/1.1"
     assert access["trace_id"] == span.trace_id.hex() and access["duration_ms"] > 0  # from a slow line to its trace
     assert '"POST /v2/models/add/infer HTTP/1.1" 500' in access["message"]  # the common log format

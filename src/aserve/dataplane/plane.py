@@ -18,6 +18,7 @@ Nothing here imports a web framework.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import pathlib
 import time
 from collections.abc import Callable
@@ -143,7 +144,14 @@ class DataPlane:
             _failed(handle, call, trace, start, exc)
             raise
         pending = Pending(call, handle, request, trace, start, future)
-        future.add_done_callback(pending.ran)
+        if trace is not None and logs.trace_ids_logged:
+            # the answer's log records carry the trace's ids: the context of this call alone, not
+            # the caller's (a connection's context outlives its requests)
+            context = contextvars.copy_context()
+            context.run(logs.current_trace.set, trace)
+            future.add_done_callback(pending.ran, context=context)
+        else:
+            future.add_done_callback(pending.ran)
         return pending
 
 
@@ -269,8 +277,6 @@ def start_trace(tracer: Tracer, call: InferCall) -> RequestTrace | None:
         if index < 0:  # the table is full (a client sending many Host names): as a span
             trace.common = recorder.shared(attributes)
     trace.route = index
-    if logs.trace_ids_logged:
-        logs.current_trace.set(trace)  # this request's task: its log records carry the ids
     return trace
 
 
