@@ -482,8 +482,8 @@ def _h11_requests(data: bytes) -> list[tuple[str, str, bytes]]:
 
 async def _feed(data: bytes) -> tuple[_Dispatcher, _Transport, Any]:
     dispatcher = _Dispatcher()
-    server = HttpServer(dispatcher, Limits(max_header_bytes=512, max_body_bytes=1 << 14,  # type: ignore[arg-type]
-                                           request_timeout_s=5.0, keepalive_timeout_s=5.0))
+    server = HttpServer(dispatcher, Limits(max_connections=0, max_header_bytes=512,  # type: ignore[arg-type]
+                                           max_body_bytes=1 << 14, request_timeout_s=5.0, keepalive_timeout_s=5.0))
     conn = Connection(server)
     transport = _Transport(conn)
     conn.connection_made(transport)

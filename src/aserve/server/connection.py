@@ -32,6 +32,7 @@ import httptools
 import msgspec
 
 from ..bounded import Bounded
+from ..config import ServerSettings
 from ..dataplane.plane import Pending
 from ..errors import BodyTimeout, InvalidInput, PayloadTooLarge
 from ..inference import Answer
@@ -54,13 +55,17 @@ SINGLETONS = frozenset({"content-length", "content-location", "content-range", "
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):
-    """What a connection enforces (from ServerSettings)."""
+    """What a connection enforces: the ServerSettings fields of the same names."""
 
-    max_connections: int = 0  # 0: no limit
-    request_timeout_s: float = 0.0  # 0: no limit
-    keepalive_timeout_s: float = 75.0
-    max_header_bytes: int = 8190
-    max_body_bytes: int = 64 * 1024 * 1024
+    max_connections: int  # 0: no limit
+    request_timeout_s: float  # 0: no limit
+    keepalive_timeout_s: float
+    max_header_bytes: int
+    max_body_bytes: int
+
+    @classmethod
+    def of(cls, settings: ServerSettings) -> Limits:
+        return cls(**{name: getattr(settings, name) for name in cls.__struct_fields__})
 
     @property
     def head_bytes(self) -> int:
@@ -414,8 +419,7 @@ class Connection(asyncio.Protocol):
             self._answer(request, answer)  # type: ignore[arg-type]
 
     def _answered(self, pending: asyncio.Future[Any]) -> None:
-        request = self._serving
-        assert request is not None
+        """A handler's task or future is done."""
         if pending.cancelled():  # a shutdown that ran out of time
             self._serving = self._task = None
             self.busy = False
@@ -423,13 +427,7 @@ class Connection(asyncio.Protocol):
             self._finished()
             return
         error = pending.exception()
-        dispatcher = self.dispatcher
-        if error is not None:
-            self._answer(request, dispatcher.failed(request, error))
-        elif self._cors:
-            self._answer(request, dispatcher.finish(request, pending.result()))
-        else:
-            self._answer(request, pending.result())
+        self._told(None if error is not None else pending.result(), error)
 
     def _answer(self, request: Request, response: Response | Answer) -> None:
         self._serving = self._task = None
@@ -561,10 +559,10 @@ class Connection(asyncio.Protocol):
         self._count("timeout")
         limit = self.limits.request_timeout_s
         if what == "head":
-            text = (f"the request header was not received within the server's limit of "
-                    f"{limit if limit > 0 else self.limits.keepalive_timeout_s:g} s "
-                    f"({'--request-timeout' if limit > 0 else '--keepalive-timeout'})")
-            log.info("closed a connection whose request header took longer than %s", text.rpartition("limit of ")[2])
+            bound = f"{limit:g} s (--request-timeout)" if limit > 0 else \
+                f"{self.limits.keepalive_timeout_s:g} s (--keepalive-timeout)"
+            text = f"the request header was not received within the server's limit of {bound}"
+            log.info("closed a connection whose request header took longer than %s", bound)
             request = Request("GET", "/", "1.1", {}, remote=self.remote)
             self._head = False
             self._send(request, error_response(request, 408, text, close=True), 0.0, logged=False)

@@ -40,11 +40,8 @@ class Server:
         self.plane = DataPlane(repository, settings)
         self.app = App(self.plane, settings)
         self.app.openapi = msgspec.json.encode(document(ROUTES))
-        limits = Limits(max_connections=settings.max_connections, request_timeout_s=settings.request_timeout_s,
-                        keepalive_timeout_s=settings.keepalive_timeout_s, max_header_bytes=settings.max_header_bytes,
-                        max_body_bytes=settings.max_body_bytes)
         access_log = AccessLogger(logging.getLogger("aserve.access")) if settings.access_log else None
-        self.http = HttpServer(Dispatcher(self.app, Router(ROUTES)), limits, access_log=access_log)
+        self.http = HttpServer(Dispatcher(self.app, Router(ROUTES)), Limits.of(settings), access_log=access_log)
         self.tracing = Tracing(settings.tracing)
         self._listener: asyncio.Server | None = None
         self._loading: asyncio.Task[None] | None = None
