@@ -50,13 +50,11 @@ class Route(NamedTuple):
     codec: Codec | None = None  # an infer route's codec (infer.py)
 
 
-def _v2(path: str) -> tuple[tuple[str, str], ...]:
-    return (("", f"/v2/models/{{model}}{path}"), ("_version", f"/v2/models/{{model}}/versions/{{version}}{path}"))
-
-
-def _v1(path: str) -> tuple[tuple[str, str], ...]:
-    return (("", f"/v1/models/{{model}}{path}"), ("_version", f"/v1/models/{{model}}/versions/{{version}}{path}"),
-            ("_label", f"/v1/models/{{model}}/labels/{{label}}{path}"))
+# a model's path in each API, by the suffix its routes' operation ids get: the latest version,
+# a version named (and, in TF-Serving's, a version label)
+V2_MODEL = (("", "/v2/models/{model}"), ("_version", "/v2/models/{model}/versions/{version}"))
+V1_MODEL = (("", "/v1/models/{model}"), ("_version", "/v1/models/{model}/versions/{version}"),
+            ("_label", "/v1/models/{model}/labels/{label}"))
 
 
 INFER_STATUSES = (400, 404, 415, 503, 504)
@@ -98,7 +96,7 @@ def _routes() -> tuple[Route, ...]:
               "docs", content="text/html"),
         Route("GET", "/v2/docs/{file}", openapi.static_files, OPEN, ""),  # the page's script and style
     ]
-    for suffix, path in _v2(""):
+    for suffix, path in V2_MODEL:
         routes += [
             Route("POST", path + "/infer", infer.infer, API, f"infer{suffix}", "Run the model on a request (JSON, "
                   "msgpack, or JSON with binary tensors after it)", "inference", v2._WireRequest, v2._WireResponse,
@@ -112,7 +110,7 @@ def _routes() -> tuple[Route, ...]:
             Route("GET", path + "/stats", v2_routes.model_statistics, API, f"model_statistics{suffix}", "The model's "
                   "statistics", "metadata", response=m.StatisticsResponse, statuses=(404,)),
         ]
-    for suffix, path in _v1(""):
+    for suffix, path in V1_MODEL:
         routes += [
             Route("POST", path + ":predict", infer.infer, API, f"tf_predict{suffix}", "TF-Serving predict (row or "
                   "columnar format)", "tensorflow-serving", tfserving._WirePredict, m.TFPredictResponse,
