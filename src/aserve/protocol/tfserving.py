@@ -19,7 +19,7 @@ from ..inference import Answer, InferCall, InferRequest, InferResponse, Labels, 
 from ..tensor import Tensor
 from . import arrays
 from .formats import DECODE_ERRORS, decode_error
-from .validate import Inputs, check_data
+from .validate import Inputs
 
 ROW_FIELD = "instances[*].{name}"
 COLUMN_FIELD = "inputs.{name}"
@@ -64,8 +64,8 @@ def decode_predict(body: bytes | bytearray | memoryview, /, *, schema: ModelSche
             if rows:
                 raise _per_instance(exc, where, name, batched=max_batch_size > 0) from None
             raise
+        # the tensor's data fits its shape: both come from the same nested lists (`_tensor`)
         spec = checked.check(index, name, tensor.datatype, tensor.shape)
-        check_data(where, tensor.datatype, tensor.shape, tensor.data)
         checked.tensors[spec.position] = tensor
     inputs, samples = checked.done()
     return InferRequest(schema=schema, inputs=inputs, samples=samples, columnar=columnar)
