@@ -139,28 +139,18 @@ class BatchTotals:
         self.batch_sizes: dict[int, list[float]] = {}
         self.last_inference = 0.0  # time.time() of its last batch
 
-    def add(self, batcher: Batcher) -> None:
-        self.batches += batcher.batches
-        self.requests += batcher.requests
-        self.queue_seconds += batcher.queue_seconds
-        self.compute_seconds += batcher.compute_seconds
-        for size, (count, seconds) in batcher.batch_sizes.items():
+    def add(self, counts: Batcher | BatchTotals) -> None:
+        """Add a batcher's counters, or totals already summed (a version's retired loads')."""
+        self.batches += counts.batches
+        self.requests += counts.requests
+        self.queue_seconds += counts.queue_seconds
+        self.compute_seconds += counts.compute_seconds
+        for size, (count, seconds) in counts.batch_sizes.items():
             mine = self.batch_sizes.setdefault(size, [0, 0.0])
             mine[0] += count
             mine[1] += seconds
-        self.last_inference = max(self.last_inference, wall_time(batcher.last_dispatch))
-
-    def merge(self, other: BatchTotals) -> None:
-        """Add another version's totals (its retired loads')."""
-        self.batches += other.batches
-        self.requests += other.requests
-        self.queue_seconds += other.queue_seconds
-        self.compute_seconds += other.compute_seconds
-        for size, (count, seconds) in other.batch_sizes.items():
-            mine = self.batch_sizes.setdefault(size, [0, 0.0])
-            mine[0] += count
-            mine[1] += seconds
-        self.last_inference = max(self.last_inference, other.last_inference)
+        last = counts.last_inference if isinstance(counts, BatchTotals) else wall_time(counts.last_dispatch)
+        self.last_inference = max(self.last_inference, last)
 
 
 def wall_time(monotonic: float | None) -> float:
@@ -186,7 +176,7 @@ def statistics(registry: ModelRegistry, name: str | None = None, version: str | 
             totals = BatchTotals()
             retired = registry.totals.get((model, str(v)))
             if retired is not None:
-                totals.merge(retired)
+                totals.add(retired)
             for handle in (record.serving.get(v), record.unloading.get(v)):
                 if handle is not None and handle.batcher is not None:
                     totals.add(handle.batcher)
