@@ -2,8 +2,8 @@
 fastest, set up as MOSEC's examples set up a typed model, with msgspec Structs decoded and
 encoded by the worker and no V2 envelope.
 
-Runs in MOSEC's virtual environment as `mosec_server` does, with the same settings (2
-worker processes, batches of up to 8, 10 ms wait), on MOSEC's default route `/inference`:
+Runs in MOSEC's virtual environment as `mosec_server` does, with its settings
+(`mosec_server.serve`), on MOSEC's default route `/inference`:
 
     ASERVE_BENCH_MODEL=simple python -m benchmarks.peers.mosec_native --address 127.0.0.1 --port 8004
 
@@ -17,15 +17,11 @@ import os
 from typing import Any
 
 import msgspec
-from mosec import Server, Worker
+from mosec import Worker
 from mosec.errors import DecodingError, ValidationError
 
 from benchmarks.peers import models, native
-
-MODEL = os.environ.get("ASERVE_BENCH_MODEL", "simple")
-WORKERS = 2
-MAX_BATCH = 8
-WAIT_MS = 10
+from benchmarks.peers.mosec_server import MODEL, serve
 
 
 class NativeWorker(Worker):  # type: ignore[misc]  # mosec is not typed
@@ -66,10 +62,7 @@ class MLPWorker(NativeWorker):
 
 
 def main() -> None:
-    worker = {"simple": SimpleWorker, "mlp": MLPWorker}[MODEL]
-    server = Server()
-    server.append_worker(worker, num=WORKERS, max_batch_size=MAX_BATCH, max_wait_time=WAIT_MS)
-    server.run()
+    serve({"simple": SimpleWorker, "mlp": MLPWorker}[MODEL])
 
 
 if __name__ == "__main__":

@@ -76,12 +76,15 @@ class MLPWorker(V2Worker):
         return [v2_structs.float_response(MODEL, {"OUTPUT": row}) for row in rows]
 
 
-def main() -> None:
-    worker = {"simple": SimpleWorker, "mlp": MLPWorker}[MODEL]
+def serve(worker: type[Worker], **routes: Any) -> None:
+    """Run MOSEC with `worker`, in the settings every MOSEC row of the benchmark shares."""
     server = Server()
-    server.append_worker(worker, num=WORKERS, max_batch_size=MAX_BATCH, max_wait_time=WAIT_MS,
-                         route=["/inference", f"/v2/models/{MODEL}/infer"])
+    server.append_worker(worker, num=WORKERS, max_batch_size=MAX_BATCH, max_wait_time=WAIT_MS, **routes)
     server.run()
+
+
+def main() -> None:
+    serve({"simple": SimpleWorker, "mlp": MLPWorker}[MODEL], route=["/inference", f"/v2/models/{MODEL}/infer"])
 
 
 if __name__ == "__main__":
