@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from typing import Any
 
 from . import child_env
 from .loadgen import have_wrk, run_wrk
+from .servers import free_port
 
 LOOP_SOURCE = """
 import asyncio, uvloop
@@ -54,13 +54,6 @@ loop = uvloop.new_event_loop()  # no signal handlers: signals belong to the host
 asyncio.set_event_loop(loop)
 loop.run_until_complete(serve())
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _host(port: int, loops: int, where: str) -> None:
@@ -112,7 +105,7 @@ def _pss(pid: int) -> int:
 
 
 def _point(loops: int, where: str, args: argparse.Namespace) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.loops", "--serve", str(port), str(loops), where],
                             env=child_env())
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import tempfile
@@ -58,8 +59,7 @@ def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
 
 
 def free_port() -> int:
-    import socket
-
+    """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]

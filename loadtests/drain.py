@@ -25,7 +25,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import sys
 import tempfile
 import textwrap
@@ -33,7 +32,7 @@ import time
 from typing import Any
 
 import aiohttp
-from served import wait_ready
+from served import free_port, wait_ready
 
 MODEL = "drain"
 
@@ -80,13 +79,6 @@ def repository(base: pathlib.Path, args: argparse.Namespace) -> pathlib.Path:
         f"timeout_ms = {max(60_000.0, 2 * args.shutdown_timeout * 1000)}\n"
     )
     return base / "repo"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def gauges(session: aiohttp.ClientSession, url: str) -> dict[str, float]:

@@ -70,7 +70,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -82,7 +81,7 @@ from typing import Any, NamedTuple, cast
 import aiohttp
 import psutil
 import uvloop
-from served import wait_ready
+from served import free_port, wait_ready
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODEL = "cnn"
@@ -134,13 +133,6 @@ def repository(base: pathlib.Path, policy: str, budget_ms: float, reserve: float
             head = re.sub(r"(?m)^max_batch_size = \d+$", f"max_batch_size = {int(policy.split('-', 1)[1])}", head)
     config.write_text(f"{head}\n\n{table}")
     return repo
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 SCHED_NAMES = {os.SCHED_OTHER: "normal", os.SCHED_BATCH: "batch"}

@@ -1,12 +1,22 @@
-"""Waiting for the server a load test started: ready, or gone (beside the scripts that import it)."""
+"""What the load tests (and the test suite) share about the server they start: a free port for it,
+and waiting until it is ready, or gone. The scripts import it from beside them."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable
 
 import aiohttp
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 async def wait_ready(session: aiohttp.ClientSession, url: str, exited: Callable[[], int | None], *,

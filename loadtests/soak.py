@@ -33,7 +33,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from types import ModuleType
 from typing import Any
 
 import psutil
+from served import free_port
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -85,13 +85,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if args.warmup_minutes is None:
         args.warmup_minutes = min(3.0, args.minutes / 10)
     return args
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _load(name: str) -> ModuleType:

@@ -7,7 +7,6 @@ import importlib.util
 import inspect
 import os
 import pathlib
-import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import ModuleType
@@ -23,6 +22,10 @@ import uvloop
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 LOADTESTS = ROOT / "loadtests"
+sys.path.append(str(LOADTESTS))  # the load-test scripts import each other from beside them, as when run
+
+import served  # loadtests/served.py
+from served import free_port  # noqa: F401  (the tests' too)
 
 try:
     import torch  # noqa: F401
@@ -76,8 +79,6 @@ class Staged(Model):
 def load_script(name: str) -> ModuleType:
     """loadtests/NAME.py as a module, by path, under a name of its own (Locust imports
     `scenario` from beside the locustfile; the scripts are not a package)."""
-    if str(LOADTESTS) not in sys.path:  # the scripts import each other from beside them, as when run
-        sys.path.append(str(LOADTESTS))
     spec = importlib.util.spec_from_file_location(f"aserve_loadtests_{name}", LOADTESTS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -109,14 +110,6 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item
 spawns = pytest.mark.asyncio(loop_factories=["asyncio"])
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 async def until(predicate: Callable[[], object | Awaitable[object]], *, timeout: float = 60.0,
                 what: str = "the condition", every: float = 0.001) -> None:
     """Wait until `predicate()` (a function, or a coroutine function) holds, polling observable
@@ -137,24 +130,11 @@ async def until(predicate: Callable[[], object | Awaitable[object]], *, timeout:
 
 async def wait_ready(http: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process, *,
                      timeout: float = 120.0, log: Callable[[], str] = lambda: "") -> None:
-    """Poll `url`/v2/health/ready until it answers 200; the server process `proc` must stay
-    alive meanwhile. A failure says what `log()` returns (the server's output)."""
-
-    async def ready() -> bool:
-        if proc.returncode is not None:
-            raise AssertionError(f"the server exited with {proc.returncode}:\n{log()}")
-        try:
-            async with http.get(f"{url}/v2/health/ready") as r:
-                return r.status == 200
-        except aiohttp.ClientConnectionError:
-            return False
-
-    try:
-        await until(ready, timeout=timeout, what="the server to become ready", every=0.02)
-    except AssertionError as e:
-        if "exited with" in str(e):
-            raise
-        raise AssertionError(f"{e}:\n{log()}") from None
+    """Poll `url`/v2/health/ready until it answers 200 (the load tests' wait: loadtests/served.py);
+    the server process `proc` must stay alive meanwhile. A failure says what `log()` returns
+    (the server's output)."""
+    await served.wait_ready(http, f"{url}/v2/health/ready", lambda: proc.returncode, timeout=timeout, every=0.02,
+                            output=log)
 
 
 @pytest.fixture
