@@ -63,6 +63,7 @@ typedef struct hjob {
     int running; /* a worker took it */
     struct timespec started;
     int64_t ran_from, ran_to; /* traced jobs: CLOCK_MONOTONIC ns around the run in the interpreter */
+    int64_t queued_ns;        /* shared jobs: CLOCK_MONOTONIC ns when queued (a worker's idle gap ends) */
     struct hjob *offers, *offers_tail;
     struct hjob *absorbed, *absorbed_tail;
     struct hjob *snext; /* the pool's list of staged jobs not yet complete */
@@ -80,6 +81,9 @@ typedef struct release {
     struct release *next;
 } release_t;
 
+/* Idle gaps each worker remembers to place its polling window (pool.c, poll_window). */
+#define AS_GAPS 8
+
 typedef struct worker {
     struct pool *pool;
     int index;
@@ -92,6 +96,11 @@ typedef struct worker {
     int waiting;         /* blocked on cv with nothing to do */
     int spinning;        /* polling for a job before it blocks (p->spin_ns) */
     int spun;            /* has polled since its last job: blocks next time */
+    int64_t idle_from;   /* CLOCK_MONOTONIC ns: when it last ran out of jobs (0: not idle) */
+    int64_t gaps[AS_GAPS]; /* ns from running out of jobs to the next shared job being queued */
+    int n_gaps;          /* gaps recorded, all told (the ring's next slot: n_gaps % AS_GAPS) */
+    int napping;         /* waiting on cv until its polling window opens */
+    int64_t late_ns;     /* how late its naps end past the time asked (moving average) */
     int kick;            /* atomic: set to end a spin (a job for it, stop) */
     int64_t spin_from;   /* CLOCK_MONOTONIC ns: when the current spin began */
     int64_t spin_total;  /* ns spent polling for jobs, all told (who ends a spin adds it) */
@@ -124,6 +133,7 @@ typedef struct pool {
     int signalled;      /* the eventfd was written since the last drain */
     int64_t spin_ns;    /* how long an idle worker polls for a job before it blocks */
     int spinners, max_spinners;
+    uint64_t polled;    /* shared jobs that found a worker polling for them */
     hjob *staged;       /* staged jobs not yet complete */
     uint64_t next_id;
     int efd;
@@ -243,7 +253,8 @@ int as_pool_take_done(pool_t *p, hjob **ordered, Py_ssize_t *n);
 /* Give back what as_pool_take_done took (for the next drain), when it cannot be answered now. */
 void as_pool_put_back(pool_t *p, hjob *ordered);
 
-/* Idle workers poll `us` microseconds for a job before they block, at most `spinners` at once. */
+/* Idle workers poll for a job, at most `us` microseconds after they ran out, before they
+ * block, at most `spinners` at once; each relearns its clients' pace. */
 void as_pool_set_spin(pool_t *p, long long us, int spinners);
 /* Only the first n workers take shared jobs. */
 void as_pool_set_active(pool_t *p, long n);
@@ -252,6 +263,7 @@ typedef struct {
     int ready, busy, active, lost, spinning;
     size_t queued;
     int64_t spin_ns; /* time spent polling for jobs, all workers together */
+    uint64_t polled; /* shared jobs that found a worker polling for them */
 } pool_stats_t;
 void as_pool_stats(pool_t *p, pool_stats_t *out);
 

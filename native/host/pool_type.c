@@ -523,9 +523,9 @@ static PyObject *pool_stats(pool_t *p, PyObject *Py_UNUSED(ignored))
 {
     pool_stats_t st;
     as_pool_stats(p, &st);
-    return Py_BuildValue("{sisisisisnsisisd}", "interpreters", p->n_workers, "ready", st.ready, "active", st.active,
-                         "busy", st.busy, "queued", (Py_ssize_t)st.queued, "lost", st.lost, "spinning", st.spinning,
-                         "spin_s", (double)st.spin_ns / 1e9);
+    return Py_BuildValue("{sisisisisnsisisdsK}", "interpreters", p->n_workers, "ready", st.ready, "active",
+                         st.active, "busy", st.busy, "queued", (Py_ssize_t)st.queued, "lost", st.lost, "spinning",
+                         st.spinning, "spin_s", (double)st.spin_ns / 1e9, "polled", (unsigned long long)st.polled);
 }
 
 /* End the interpreters that can end (subinterpreters) once their queues are empty.

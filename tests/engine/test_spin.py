@@ -1,5 +1,6 @@
 """Polling for work (spin_us): an interpreter that ran out of batches polls for the next
-one before it blocks, the loop polls for a running batch's answer; both end on time."""
+one before it blocks, over the window its recent idle gaps predict, the loop polls for a
+running batch's answer; both end on time."""
 
 from __future__ import annotations
 
@@ -101,6 +102,60 @@ async def test_batches_answered_by_polling_are_each_answered_once(engine: str, m
         assert sorted(answered) == [[2 * i] for i in range(50)]
         await pool.close()
         assert pool.stats()["spinning"] == 0
+
+
+async def _paced(pool: Pool, gap_s: float, batches: int) -> tuple[float, int, float]:
+    """`batches` batches, each `gap_s` after the last one's answer (a client in a closed
+    loop with a think time): (seconds spent polling, batches that found a poller, seconds)."""
+    before, started = pool.stats(), time.monotonic()
+    for i in range(batches):
+        await asyncio.sleep(gap_s)
+        assert _y(await pool.infer("double", _x(i))) == [2 * i]
+    after = pool.stats()
+    return after["spin_s"] - before["spin_s"], after["polled"] - before["polled"], time.monotonic() - started
+
+
+async def test_a_steady_pace_is_met_by_polling_for_a_share_of_the_gap(model_dir) -> None:
+    """Gaps of 2 ms with spin_us at 20 ms: polling the whole gap would burn the interpreter's
+    thread nearly all the time; polling over the learnt window burns at most about half of
+    it and still has batches find their interpreter polling."""
+    async with Pool(engine="private", interpreters=2, spin_us=20_000, spinners=1) as pool:
+        await pool.load(ModelSpec(name="double", path=str(model_dir(DOUBLE))))
+        await _paced(pool, 0.002, 20)  # the interpreters learn the pace
+        spun, polled, seconds = await _paced(pool, 0.002, 60)
+        assert spun < 0.6 * seconds, (spun, seconds)
+        assert polled >= 6, polled
+
+
+async def test_gaps_longer_than_spin_us_block_at_once(model_dir) -> None:
+    """Once an interpreter has seen that its next batch comes after spin_us, it does not poll."""
+    async with Pool(engine="private", interpreters=1, spin_us=1_000, spinners=1) as pool:
+        await pool.load(ModelSpec(name="double", path=str(model_dir(DOUBLE))))
+        await _paced(pool, 0.005, 12)  # learning: it polls 1 ms after each batch
+        spun, polled, _ = await _paced(pool, 0.005, 20)
+        assert polled == 0 and spun == 0.0, (polled, spun)
+
+
+SLOW = DOUBLE.replace("    def __call__(self, inputs):\n", "    def __call__(self, inputs):\n        time.sleep(0.002)\n")
+SLOW = "import time\n" + SLOW
+
+
+async def test_the_loop_polls_only_for_lone_batches_short_enough_to_pay(model_dir) -> None:
+    """Polling for a batch that runs 2 ms burns the loop for 2 ms to save one wake-up: after
+    a few such batches the loop waits for the eventfd; batches that answer fast bring the
+    polling back."""
+    async with Pool(engine="private", interpreters=1, spin_us=20_000, spinners=1) as pool:
+        await pool.load(ModelSpec(name="slow", path=str(model_dir(SLOW))))
+        await pool.load(ModelSpec(name="double", path=str(model_dir(DOUBLE))))
+        assert pool._lone_pays
+        for i in range(8):
+            assert _y(await pool.infer("slow", _x(i))) == [2 * i]
+        assert not pool._lone_pays
+        for i in range(400):  # fast batches: polling pays again once most of the last few were fast
+            assert _y(await pool.infer("double", _x(i))) == [2 * i]
+            if pool._lone_pays:
+                break
+        assert pool._lone_pays
 
 
 def test_spin_must_not_be_negative() -> None:

@@ -223,6 +223,10 @@ async def test_counters_follow_requests(url: str, http: aiohttp.ClientSession) -
     spun = value(after, "aserve_pool_spin_seconds_total", engine="main")
     assert spun > value(before, "aserve_pool_spin_seconds_total", engine="main")
     assert 0 <= value(after, "aserve_pool_spinning", engine="main") <= 1
+    # and the batches that found an interpreter polling for them
+    assert after.family("aserve_pool_polled_batches_total").type == "counter"
+    assert value(after, "aserve_pool_polled_batches_total", engine="main") >= value(
+        before, "aserve_pool_polled_batches_total", engine="main")
 
 
 async def test_adaptive_model_exports_its_cost_model(url: str, http: aiohttp.ClientSession) -> None:

@@ -150,6 +150,8 @@ _POOL_COUNTERS = {
     "spin_s": ("aserve_pool_spin_seconds_total",
                ("Seconds the interpreters' threads spent polling for work before blocking (spin_us): CPU "
                 "traded for latency at low load.")),
+    "polled": ("aserve_pool_polled_batches_total",
+               "Batches that found an interpreter polling for them, so no thread had to be woken (spin_us)."),
 }
 
 
