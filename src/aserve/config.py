@@ -20,6 +20,7 @@ from typing import Annotated, Any, NamedTuple
 import msgspec
 import msgspec.inspect as mi
 
+from . import cpus
 from .tracing.config import TracingSettings
 
 ENGINE_CHOICES = ("auto", "private", "subinterp", "main")
@@ -49,7 +50,8 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         str, _doc("default interpreter engine for models whose config names none", choices=ENGINE_CHOICES)
     ] = "auto"
     interpreters: Annotated[
-        int, msgspec.Meta(ge=1, description="interpreters per engine pool; None = CPU count")
+        int, msgspec.Meta(ge=1, description="interpreters per engine pool; None = the CPUs this process may use "
+                                            "(its affinity and cgroup CPU quota)")
     ] | None = None
     log_level: Annotated[str, _doc("least severe log record written", choices=LOG_LEVELS)] = "info"
     max_body_bytes: Annotated[
@@ -163,7 +165,7 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     @property
     def pool_size(self) -> int:
         """Interpreters each engine pool gets."""
-        return self.interpreters or os.cpu_count() or 1
+        return self.interpreters or cpus.available()
 
 
 FIELDS: tuple[str, ...] = ServerSettings.__struct_fields__

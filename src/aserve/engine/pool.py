@@ -39,7 +39,7 @@ from typing import Any, Self
 
 import msgspec
 
-from .. import _native
+from .. import _native, cpus
 from ..errors import EngineError, InvalidInput, ModelError, ModelLoadError, ModelNotFound, RequestTimeout
 from ..runtime.model import TensorSpec
 from ..tensor import Tensor
@@ -50,12 +50,13 @@ BOOTSTRAP = "aserve.runtime._worker"
 log = logging.getLogger("aserve.engine")
 
 
-def _cpus() -> int:
-    """CPUs this process may run on (a container's cpuset, not the host's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+def _spinners(cpus: int) -> int:
+    """How many interpreters may poll at once by default on `cpus` CPUs."""
+    return 0 if cpus < 2 else max(1, (cpus - 1) // 2)
+
+
+_LONE_JOBS = 8  # lone jobs whose times decide whether the loop polls for the next one
+_POLL_PAYS_S = 50e-6  # the loop polls for lone jobs answered within this: about what its wake-up costs
 
 
 class BatchCancelled(RequestTimeout):
@@ -242,13 +243,16 @@ class Pool:
     cancel_grace_s: how long a cancelled job may take to return before its interpreter
     is given up (marked lost).
 
-    spin_us: how long an interpreter's thread that ran out of jobs polls for the next
-    one before it blocks, and how long the event loop polls for a batch's completion
-    before it waits for the eventfd (0: both block at once). Waking a blocked thread on
-    an idle virtual CPU costs tens of microseconds, more than a small model runs: at low
-    concurrency polling saves a request those wake-ups, at the price of CPU on cores that
-    would otherwise idle (at most `spinners` interpreters poll at once; by default about
-    half the CPUs but the loop's, and at least one). An idle pool polls for nothing.
+    spin_us: how long after it ran out of jobs an interpreter's thread may still poll
+    for the next one before it blocks, and how long the event loop polls for a batch's
+    completion before it waits for the eventfd (0: both block at once). Waking a blocked
+    thread on an idle virtual CPU costs tens of microseconds, more than a small model
+    runs: at low concurrency polling saves a request those wake-ups. Each thread polls
+    only over the window its recent idle gaps predict (it sleeps until then), so a
+    client's pace costs a sliver of a core, not the whole gap (pool.c). At most
+    `spinners` interpreters poll at once; by default about half the CPUs but the loop's,
+    and none when the process has fewer than two CPUs (affinity and cgroup quota), where
+    a polling thread would take the loop's. An idle pool polls for nothing.
     """
 
     cancel_grace_s = 10.0
@@ -257,7 +261,7 @@ class Pool:
                  spinners: int | None = None) -> None:
         if engine not in ENGINES:
             raise EngineError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
-        n = interpreters if interpreters is not None else (os.cpu_count() or 1)
+        n = interpreters if interpreters is not None else cpus.available()
         if n < 1:
             raise EngineError(f"interpreters must be >= 1, got {n}")
         if engine == "private" and n > _native.MAX_NAMESPACES:
@@ -275,13 +279,17 @@ class Pool:
         self.engine = engine
         self.interpreters = n
         self.spin_us = spin_us
-        self.spinners = spinners if spinners is not None else max(1, (_cpus() - 1) // 2)
-        self._poll_s = spin_us / 1e6
+        have = cpus.available()
+        self.spinners = spinners if spinners is not None else _spinners(have)
+        self._poll_s = spin_us / 1e6 if have >= 2 else 0.0  # on one CPU the loop's polling starves the batch
         self._polling = False  # a _poll callback is scheduled
         self._poll_until = 0.0
         self._native: _native.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._in_flight = 0  # jobs submitted and not yet completed
+        self._lone_from = 0.0  # when the job now alone in flight was queued (0: none, or not alone)
+        self._lone: list[float] = []  # seconds the last lone jobs took, queued to answered
+        self._lone_pays = True  # whether the loop polls for a lone job's answer
         self._idle: asyncio.Future[None] | None = None  # resolved when _in_flight drops to 0
         self._models: dict[str, _Model] = {}
         self._closed = False
@@ -427,12 +435,28 @@ class Pool:
     def _poll_soon(self) -> None:
         """A job was queued (and counted in flight): poll for answers from the next turn of the
         loop on, if it is the only one (at low load; under load the loop turns anyway, and
-        polling would only add a callback to every turn), or while polling goes on."""
-        if self._poll_s and (self._polling or self._in_flight == 1):
+        polling would only add a callback to every turn) and lone jobs have lately been
+        answered within about what a wake-up costs (polling for a longer batch burns the
+        loop's CPU for the whole batch to save one wake-up), or while polling goes on."""
+        if self._in_flight == 1:
+            self._lone_from = time.perf_counter()
+        else:
+            self._lone_from = 0.0  # not alone: its time says nothing of a lone job's
+        if self._poll_s and (self._polling or (self._in_flight == 1 and self._lone_pays)):
             self._poll_until = time.perf_counter() + self._poll_s
             if not self._polling and self._loop is not None:
                 self._polling = True
                 self._loop.call_soon(self._poll)
+
+    def _lone_done(self) -> None:
+        """The only job in flight was answered: remember how long it took, and whether
+        polling for the next lone one pays (the median of the last few)."""
+        lone = self._lone
+        lone.append(time.perf_counter() - self._lone_from)
+        self._lone_from = 0.0
+        if len(lone) > _LONE_JOBS:
+            del lone[0]
+        self._lone_pays = len(lone) < _LONE_JOBS or sorted(lone)[_LONE_JOBS // 2] <= _POLL_PAYS_S
 
     def _poll(self) -> None:
         """While a batch runs, answer what finished at every turn of the loop rather than
@@ -472,6 +496,8 @@ class Pool:
 
     def _done_one(self) -> None:
         self._in_flight -= 1
+        if self._in_flight == 0 and self._lone_from:
+            self._lone_done()
         if self._in_flight == 0 and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
 
@@ -483,6 +509,7 @@ class Pool:
 
     def _forget(self, fut: asyncio.Future[Any]) -> None:
         """A job that was never queued after all."""
+        self._lone_from = 0.0
         self._done_one()
 
     def _submit(self, kind: int, *, model: str | None = None, text: str | None = None,
@@ -639,6 +666,7 @@ class Pool:
             else:
                 job = self._started.infer(entry.ref, functools.partial(self._batch_done, done), inputs, entry.mask)
         except BaseException:
+            self._lone_from = 0.0  # never ran: no lone job's time
             self._done_one()
             raise
         return job
@@ -715,6 +743,7 @@ class Pool:
         try:
             job = self._started.infer(ref, done, ordered, entry.mask, True)
         except BaseException:
+            self._lone_from = 0.0  # never ran: no lone job's time
             self._done_one()
             raise
         return StagedRun(job, model, result)
@@ -831,10 +860,11 @@ class Pool:
 
     def stats(self) -> dict[str, Any]:
         """interpreters, ready, active, busy (running a job), queued (waiting) and spinning
-        (polling for a job) counts; spin_s: seconds the interpreters' threads spent polling."""
+        (polling for a job) counts; spin_s: seconds the interpreters' threads spent polling;
+        polled: batches that found an interpreter polling for them (no wake-up)."""
         if self._native is None:
             return {"interpreters": 0, "ready": 0, "active": 0, "busy": 0, "queued": 0, "spinning": 0,
-                    "spin_s": 0.0}
+                    "spin_s": 0.0, "polled": 0}
         stats: dict[str, Any] = self._native.stats()
         return stats
 
