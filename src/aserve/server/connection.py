@@ -3,12 +3,12 @@
 Each connection is an `asyncio.Protocol` fed by llhttp's callbacks. A request's head
 goes to the router as soon as it has arrived (`Dispatcher.head`); what the head alone
 decides (unknown route, method, missing token, a body over the limit, an unreadable
-Content-Type or Content-Encoding, an unknown model) is answered at once. If its body is
-still on the way, the body is read and dropped as it comes (nothing kept or decoded) and
-the connection goes on with the next request; it closes after the answer instead when
-the body cannot be skipped that way (chunked, or over the limit: 413), the client waits
-on an `Expect` before sending it, or the answer refuses access (401, 403: a client
-without the token has no body read).
+Content-Type or Content-Encoding, an unknown model, a model whose queue refuses it) is
+answered at once. If its body is still on the way, the body is read and dropped as it
+comes (nothing kept or decoded) and the connection goes on with the next request; it
+closes after the answer instead when the body cannot be skipped that way (chunked, or
+over the limit: 413), the client waits on an `Expect` before sending it, or the answer
+refuses access (401, 403: a client without the token has no body read).
 A request that passes has its body gathered (decoded from gzip or deflate, within
 `--max-body-bytes`) and is then answered by its handler.
 
