@@ -238,6 +238,20 @@ async def test_refusals_the_head_decides_are_answered_before_the_body(start_serv
     assert server.app.stats.refused["body_size"] >= 1
 
 
+async def test_a_dropped_body_that_stops_coming_ends_the_connection(start_server, repository: pathlib.Path) -> None:
+    """A body read and dropped after its request was answered from the head is still bound by
+    the request timeout: when it stops coming, the connection closes (its answer went out)."""
+    server, _ = await start_server(repository, request_timeout_s=0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10)
+        status, headers, _ = await read_response(reader)
+        assert status == 404 and "connection" not in headers
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the request timeout, not the idle one
+    finally:
+        writer.close()
+
+
 async def test_a_malformed_head_gets_400_at_once(start_server, repository: pathlib.Path) -> None:
     server, _ = await start_server(repository, request_timeout_s=60.0)
     for data in (

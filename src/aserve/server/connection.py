@@ -412,7 +412,7 @@ class Connection(asyncio.Protocol):
             return
         elif not self.reading and not self.paused and not self._discard:
             self._read(True)
-        if self._timer is None or self._head or (queue and not queue[0].complete):
+        if self._timer is None or self._head or self._current is not None or (queue and not queue[0].complete):
             self._arm()  # an idle connection's timer is armed already, and checks again when it fires
 
     def _serve(self, request: Request) -> None:
