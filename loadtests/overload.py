@@ -10,7 +10,12 @@ arrivals at `--factor` times that capacity (V2 binary tensor requests of one ima
 most `--connections` in flight: arrivals beyond wait in the client, and their latency
 counts from the scheduled arrival). With `--closed`, `--connections` clients in a
 closed loop instead: each sends its next request when its answer comes, or after a 503
-once its Retry-After (whole seconds) has passed, as HTTP clients that honour it do.
+once its Retry-After (whole seconds) has passed, as HTTP clients that honour it do
+(`--ignore-retry-after`: at once, as clients that ignore it do; refusals then become
+much of the server's work). A V2 request may carry a latency budget up to the model's
+timeout (30 s unless `--timeout-ms`), so admission control refuses one from its head,
+before its body is read, only where that timeout is at most `--budget-ms`; otherwise
+only once the body says what budget it carries.
 The client is a keep-alive HTTP/1.1 client of its
 own on uvloop that sends one prepared request and reads only the status line, the
 headers and the body's length: it shares the 2 cores with the server, and every
@@ -26,7 +31,9 @@ generator shares the cores: its p99 says how much of the first figure is the
 client's), 503s and how many carried Retry-After,
 other 5xx (must be 0), other failures, the server's PSS before the drive, at its peak
 (sampled every 0.25 s) and after it, the cores its event loop, its other threads (the
-interpreters) and the client used while the requests arrived, the batcher's counters
+interpreters) and the client used while the requests arrived, the event loop's CPU
+milliseconds per answer and per 200 (and per 503, estimated where the same round has a
+run without refusals to say what a 200 costs the loop), the batcher's counters
 (mean queueing and batch time per request, requests per batch, layer joins, the
 adaptive policy's state) and, per batch size, how many batches ran and their mean
 milliseconds; and adaptive's OK/s over
@@ -39,6 +46,7 @@ grew more than `--max-pss-growth-mb` over the drive (the queue is bounded: so is
     .venv/bin/python loadtests/overload.py --duration 5 --factor 3 --json out.json
     .venv/bin/python loadtests/overload.py --policies window,window-4,adaptive --rounds 3
     .venv/bin/python loadtests/overload.py --policies window,window-4,adaptive --closed
+    .venv/bin/python loadtests/overload.py --policies window,adaptive --closed --connections 16 --ignore-retry-after
 
 Both servers, the client and the interpreters share the machine's cores: on 2 cores
 the figures move with whatever else runs, so compare the two policies within a run.
@@ -95,6 +103,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--capacity-seconds", type=float, default=4.0, help="closed-loop capacity measurement")
     ap.add_argument("--connections", type=int, default=256, help="most requests in flight (and capacity clients)")
     ap.add_argument("--budget-ms", type=float, default=50.0, help="the adaptive policy's latency budget")
+    ap.add_argument("--timeout-ms", type=float,
+                    help="the model's timeout_ms (default: its own, 30 s). A V2 request may carry a budget up to "
+                         "it, so admission refuses a V2 head before its body only with a timeout at most the budget")
     ap.add_argument("--interpreters", type=int, default=2)
     ap.add_argument("--admission-reserve", type=float, help="the adaptive policy's admission_reserve (default: its own)")
     ap.add_argument("--policies", default="window,adaptive")
@@ -105,18 +116,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="the client's scheduling policy (batch: its wake-ups never preempt the server)")
     ap.add_argument("--closed", action="store_true",
                     help="instead of Poisson arrivals: --connections clients in a closed loop that honour Retry-After")
+    ap.add_argument("--ignore-retry-after", action="store_true",
+                    help="with --closed: each client sends its next request at once after a 503")
     ap.add_argument("--max-pss-growth-mb", type=float, default=300.0,
                     help="largest PSS growth of the server over a drive (peak minus before)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run everything this many times; the JSON then holds each round and the medians")
     ap.add_argument("--json", help="also write the result here")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.ignore_retry_after and not args.closed:
+        ap.error("--ignore-retry-after is for the closed loop (--closed)")
+    return args
 
 
 # ---- the servers ----
 
 
-def repository(base: pathlib.Path, policy: str, budget_ms: float, reserve: float | None = None) -> pathlib.Path:
+def repository(base: pathlib.Path, policy: str, budget_ms: float, reserve: float | None = None,
+               timeout_ms: float | None = None) -> pathlib.Path:
     """A repository holding the bundled cnn with its [batching] table replaced (`window-N`:
     the window policy with max_batch_size N)."""
     repo = base / policy
@@ -131,6 +148,8 @@ def repository(base: pathlib.Path, policy: str, budget_ms: float, reserve: float
         table = '[batching]\npolicy = "window"\n'
         if policy.startswith("window-"):  # window-N: batches of at most N
             head = re.sub(r"(?m)^max_batch_size = \d+$", f"max_batch_size = {int(policy.split('-', 1)[1])}", head)
+    if timeout_ms is not None:
+        table += f"timeout_ms = {timeout_ms}\n"
     config.write_text(f"{head}\n\n{table}")
     return repo
 
@@ -488,18 +507,49 @@ def cpu_seconds(pid: int) -> dict[str, float]:
     return {"server_loop": loop, "server_other_threads": other, "client": own.user + own.system}
 
 
-async def cpu_over(pid: int, seconds: float, out: dict[str, float]) -> None:
-    """Fill `out` with the cores each part used over the next `seconds` (the arrivals)."""
+async def cpu_over(pid: int, seconds: float, out: dict[str, float], spent: dict[str, float]) -> None:
+    """Fill `out` with the cores each part used over the next `seconds` (the arrivals), and
+    `spent` with the CPU seconds."""
     before, began = cpu_seconds(pid), time.monotonic()
     await asyncio.sleep(seconds)
     after, span = cpu_seconds(pid), time.monotonic() - began
     out.update({k: round((after[k] - before[k]) / span, 3) for k in after})
+    spent.update({k: after[k] - before[k] for k in after})
 
 
-async def drive_closed(client: Client, seconds: float, clients: int) -> tuple[Tally, int, float]:
+def loop_cpu(spent_s: float, r: dict[str, Any]) -> dict[str, float | None]:
+    """The server loop's CPU milliseconds per answer and per 200 over a drive (`spent_s` of
+    it while the requests arrived; answers that came after count too, so it is a bound
+    from below for the open loop's stragglers)."""
+    answers = r["ok"] + r["refused_503"] + r["other_5xx"] + sum(r["other_failures"].values())
+    ms = 1e3 * spent_s
+    return {"total_ms": round(ms, 1), "per_answer_ms": round(ms / answers, 4) if answers else None,
+            "per_ok_ms": round(ms / r["ok"], 4) if r["ok"] else None}
+
+
+def refusal_cpu(policies: dict[str, Any]) -> None:
+    """Per run with 503s, the loop's CPU per 503, estimated where a run of the same round had
+    none (window, usually): its CPU per 200 is taken for this run's 200s, and the rest of
+    the loop's CPU shared by the 503s. A 200 costs the loop more or less under another
+    policy (other batch sizes): an estimate, named with the run it leans on."""
+    base = next((name for name, r in policies.items() if r["refused_503"] == 0 and r["loop_cpu"]["per_ok_ms"]),
+                None)
+    if base is None:
+        return
+    per_ok = policies[base]["loop_cpu"]["per_ok_ms"]
+    for r in policies.values():
+        if r["refused_503"]:
+            cpu = r["loop_cpu"]
+            cpu["per_refused_ms_est"] = round(max(0.0, cpu["total_ms"] - per_ok * r["ok"]) / r["refused_503"], 4)
+            cpu["per_ok_ms_from"] = base
+
+
+async def drive_closed(client: Client, seconds: float, clients: int,
+                       honour_retry_after: bool = True) -> tuple[Tally, int, float]:
     """`clients` clients in a closed loop for `seconds`: each sends its next request as soon
     as its answer comes, or, after a 503, once the Retry-After it carries has passed (as
-    HTTP clients that honour it do). Latency counts from the send. (tally, sent, span)"""
+    HTTP clients that honour it do; not `honour_retry_after`: at once). Latency counts from
+    the send. (tally, sent, span)"""
     data = request(client.port)
     loop = asyncio.get_running_loop()
     tally = Tally()
@@ -527,7 +577,8 @@ async def drive_closed(client: Client, seconds: float, clients: int) -> tuple[Ta
                 tally.refused += 1
                 if answer.retry_after is not None:
                     tally.retry_after += 1
-                    await asyncio.sleep(min(answer.retry_after, max(0.0, stop - loop.time())))
+                    if honour_retry_after:
+                        await asyncio.sleep(min(answer.retry_after, max(0.0, stop - loop.time())))
             elif answer.status >= 500:
                 tally.other_5xx[answer.status] = tally.other_5xx.get(answer.status, 0) + 1
             else:
@@ -608,6 +659,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"model": MODEL, "interpreters": args.interpreters,
                                "load": "closed" if args.closed else "poisson",
                                "factor": None if args.closed else args.factor,
+                               "ignore_retry_after": args.ignore_retry_after, "timeout_ms": args.timeout_ms,
                                "duration_s": args.duration, "connections": args.connections,
                                "client_sched": args.client_sched,
                                "loadavg_1m_start": os.getloadavg()[0], "policies": {}}
@@ -615,7 +667,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=120)
     with tempfile.TemporaryDirectory(prefix="aserve-overload-") as tmp:
         for policy in policies:
-            server = Server(repository(pathlib.Path(tmp), policy, args.budget_ms, args.admission_reserve),
+            server = Server(repository(pathlib.Path(tmp), policy, args.budget_ms, args.admission_reserve,
+                                       args.timeout_ms),
                             args.interpreters,
                             shlex.split(args.serve_args))
             try:
@@ -633,10 +686,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     peak = [before]
                     watch = asyncio.ensure_future(watch_pss(server, peak))
                     cores: dict[str, float] = {}
-                    split = asyncio.ensure_future(cpu_over(server.proc.pid, args.duration, cores))
+                    spent: dict[str, float] = {}
+                    split = asyncio.ensure_future(cpu_over(server.proc.pid, args.duration, cores, spent))
                     try:
                         if args.closed:
-                            tally, sent, seconds = await drive_closed(client, args.duration, args.connections)
+                            tally, sent, seconds = await drive_closed(client, args.duration, args.connections,
+                                                                      not args.ignore_retry_after)
                         else:
                             assert rate is not None, "the open loop measured the capacity first"
                             tally, sent, seconds = await drive(client, rate, args.duration, args.seed)
@@ -651,6 +706,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     results["policies"][policy]["batcher"] = await batcher_state(session, server.url)
                     results["policies"][policy]["batch_sizes"] = await batch_sizes(session, server.url)
                     results["policies"][policy]["cores"] = cores
+                    results["policies"][policy]["loop_cpu"] = loop_cpu(spent["server_loop"],
+                                                                       results["policies"][policy])
                     results["policies"][policy]["server_loop_sched"] = SCHED_NAMES.get(
                         os.sched_getscheduler(server.proc.pid), "other")
                     print(f"# {policy}: {json.dumps(results['policies'][policy])}", file=sys.stderr, flush=True)
@@ -658,6 +715,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 server.stop()
     results["loadavg_1m_end"] = os.getloadavg()[0]
     got = results["policies"]
+    refusal_cpu(got)
     for other, r in got.items():
         if other != "adaptive" and "adaptive" in got and r["ok_per_s"]:
             results[f"adaptive_ok_per_s_over_{other.replace('-', '_')}"] = round(
@@ -669,14 +727,17 @@ MEDIAN_FIELDS = ("ok_per_s", "admitted_p50_ms", "admitted_p99_ms", "within_budge
 
 
 def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per policy, the median over rounds of each of MEDIAN_FIELDS and of the cores; and of
-    each adaptive_ok_per_s_over_* ratio (each taken within its round)."""
+    """Per policy, the median over rounds of each of MEDIAN_FIELDS, of the cores and of the
+    loop's CPU per answer; and of each adaptive_ok_per_s_over_* ratio (each taken within its round)."""
     out: dict[str, Any] = {}
     for policy in rounds[0]["policies"]:
         runs = [r["policies"][policy] for r in rounds]
         entry = {k: statistics.median(x[k] for x in runs) for k in MEDIAN_FIELDS
                  if all(x.get(k) is not None for x in runs)}
         entry["cores"] = {k: round(statistics.median(x["cores"][k] for x in runs), 3) for k in runs[0]["cores"]}
+        entry["loop_cpu"] = {k: round(statistics.median(x["loop_cpu"][k] for x in runs), 4)
+                             for k, v in runs[0]["loop_cpu"].items()
+                             if isinstance(v, float) and all(isinstance(x["loop_cpu"].get(k), float) for x in runs)}
         out[policy] = entry
     for key in rounds[0]:
         if key.startswith("adaptive_ok_per_s_over_"):

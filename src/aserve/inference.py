@@ -147,7 +147,12 @@ class Answer:
 
 
 class Codec(Protocol):
-    """Reads one wire format's infer requests and writes its answers (aserve.protocol)."""
+    """Reads one wire format's infer requests and writes its answers (aserve.protocol).
+
+    `budgets`: its requests may carry their own latency budget (a check made before the
+    body is read allows for the largest the model accepts)."""
+
+    budgets: bool
 
     def decode(self, call: InferCall, schema: ModelSchema, /) -> InferRequest:
         """The request in `call.body`, checked against `schema`; InvalidInput names the field."""

@@ -150,6 +150,32 @@ def test_admission_judges_each_request_by_its_own_budget() -> None:
     assert p.admit(0.1, 7, 1, None) == pytest.approx(3 + 2 * 7 + 7 - 14.1)  # batches of 3: ends at 24
 
 
+def test_admission_asked_ahead_answers_alike_and_counts_nothing() -> None:
+    """Asked ahead of a request (from its head, count=False), admission answers what it
+    answers when asked with the request, and leaves the arrival rate and the keep-up size as
+    they were; `arrive` counts what admit counts."""
+
+    def made() -> AdaptivePolicy:
+        p = policy(UNIT, budget=14.0, interpreters=1)
+        p.decide(0.0, queue(0.0), idle=1, running=0, max_batch_size=32)
+        for i in range(5):
+            p.admit(0.1 * (i + 1), i, 1, None)
+        return p
+
+    answers = []
+    for queued, budget in ((3, None), (3, 12.0), (7, None), (3, 20.0), (40, 20.0)):
+        p, before = made(), made().as_dict(1.0)
+        ahead = p.admit(1.0, queued, 1, budget, count=False)
+        assert p.as_dict(1.0) == before and p.keep_up_batch(1.0, 32) == made().keep_up_batch(1.0, 32)
+        assert p.admit(1.0, queued, 1, budget) == ahead  # asked with the request: the same answer
+        assert p.as_dict(1.0) != before  # and now the arrival counts
+        counted = made()
+        counted.arrive(1.0, 1)
+        assert counted.as_dict(1.0) == p.as_dict(1.0)
+        answers.append(ahead is None)
+    assert answers == [True, True, False, True, False]  # admitted and refused alike
+
+
 def test_overload_reserve_applies_only_while_arrivals_outpace_every_size() -> None:
     def make(reserve: float) -> AdaptivePolicy:
         model = CostModel([(b, UNIT(b)) for b in ladder(32)], max_batch_size=32)

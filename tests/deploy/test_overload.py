@@ -54,3 +54,43 @@ async def test_closed_loop_clients_wait_out_retry_after() -> None:
     assert adaptive["refused_503"] <= 64 * 3, adaptive  # at most one refusal per client per second (and one more)
     assert adaptive["ok"] > 0 and adaptive["other_5xx"] == 0 and adaptive["other_failures"] == {}, adaptive
     assert adaptive["cores"]["server_other_threads"] > 0.0, adaptive
+
+
+def test_the_loops_cpu_per_answer_and_per_refusal() -> None:
+    overload = load_script("overload")
+    with pytest.raises(SystemExit):  # a client that ignores Retry-After is one of the closed loop's
+        overload.parse(["--ignore-retry-after"])
+    assert overload.parse(["--closed", "--ignore-retry-after"]).ignore_retry_after
+
+    def run(ok: int, refused: int, loop_s: float) -> dict[str, object]:
+        r: dict[str, object] = {"ok": ok, "refused_503": refused, "other_5xx": 0, "other_failures": {}}
+        r["loop_cpu"] = overload.loop_cpu(loop_s, r)
+        return r
+
+    policies = {"window": run(800, 0, 0.4), "adaptive": run(500, 10_000, 1.5)}
+    assert policies["window"]["loop_cpu"] == {"total_ms": 400.0, "per_answer_ms": 0.5, "per_ok_ms": 0.5}
+    overload.refusal_cpu(policies)
+    # the 200s at the window run's 0.5 ms each: 250 of the 1500 ms, the rest over 10 000 refusals
+    assert policies["adaptive"]["loop_cpu"] == {"total_ms": 1500.0, "per_answer_ms": round(1500 / 10_500, 4),
+                                                "per_ok_ms": 3.0, "per_refused_ms_est": 0.125,
+                                                "per_ok_ms_from": "window"}
+    alone = {"adaptive": run(500, 10_000, 1.5)}
+    overload.refusal_cpu(alone)  # no run without refusals to lean on: no estimate
+    assert "per_refused_ms_est" not in alone["adaptive"]["loop_cpu"]
+
+
+@needs_torch
+@pytest.mark.asyncio(loop_factories=["asyncio"])
+async def test_closed_loop_clients_that_ignore_retry_after_send_again_at_once() -> None:
+    # 16 clients that send again as soon as they are refused: many more refusals than clients
+    # that wait out Retry-After could get (one per client per second), each answered with it
+    overload = load_script("overload")
+    args = overload.parse(["--policies", "adaptive", "--closed", "--ignore-retry-after", "--duration", "2",
+                           "--connections", "16"])
+    result = await overload.run(args)
+    adaptive = result["policies"]["adaptive"]
+    assert result["ignore_retry_after"] is True and overload.problems(result, args.max_pss_growth_mb) == [], adaptive
+    assert adaptive["refused_503"] > 16 * 3 * 2, adaptive
+    assert adaptive["refused_503_with_retry_after"] == adaptive["refused_503"] and adaptive["ok"] > 0, adaptive
+    cpu = adaptive["loop_cpu"]
+    assert cpu["total_ms"] > 0 and 0 < cpu["per_answer_ms"] <= cpu["per_ok_ms"], cpu

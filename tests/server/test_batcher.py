@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -164,6 +165,55 @@ async def test_limits_timeout_and_overload(echo_pool: Pool) -> None:
     await blocker
     r = await b.submit(_req(1, 5), 1, deadline=loop.time() + 5)  # still serving
     np.testing.assert_array_equal(_out(r), np.arange(5, 9).reshape(1, 4) * 2)
+    await b.close(timeout=1)
+
+
+async def test_refusing_ahead_asks_the_rule_submit_applies() -> None:
+    """From a request's head the batcher refuses only what `submit` would refuse of any
+    request: the queue-full rule for one sample, the policy's admission with the budget
+    given (the loosest the request may carry), asked so that the policy counts nothing; a
+    refusal counts once, the policy's arrival included."""
+
+    class Admitting(WindowPolicy):
+        """Admission control that refuses unless the budget is at least a second."""
+
+        def __init__(self) -> None:
+            super().__init__(max_queue_delay=0.001)
+            self.asked: list[tuple[int, int, float | None, bool]] = []
+            self.arrived: list[int] = []
+
+        def admit(self, now: float, queued_samples: int, samples: int, budget: float | None, waited: float, *,
+                  count: bool = True) -> float | None:
+            self.asked.append((queued_samples, samples, budget, count))
+            return None if budget is not None and budget >= 1.0 else 0.5
+
+        def arrive(self, now: float, samples: int) -> None:
+            self.arrived.append(samples)
+
+    held: list[Callable[[dict[str, Tensor] | None, BaseException | None], None]] = []
+    policy = Admitting()
+    b = Batcher(model="m", run=lambda model, inputs, done: held.append(done), policy=policy, max_batch_size=4,
+                interpreters=1, max_queue_size=3)
+    b.refuse_ahead()  # an interpreter is free: nothing to ask
+    assert policy.asked == []
+    running = b.submit(_req(1, 0), 1, budget=2.0)
+    assert b.running == 1 and policy.asked == []
+    b.refuse_ahead(budget=2.0, waited=0.1)  # every interpreter busy: asked, counting nothing
+    assert policy.asked == [(0, 1, 2.0, False)] and policy.arrived == [] and b.refused == 0
+    with pytest.raises(Overloaded, match="latency budget") as refused:
+        b.refuse_ahead()  # the policy's own budget
+    assert refused.value.retry_after == 0.5 and b.refused == 1 and policy.arrived == [1]
+    queued = b.submit(_req(3, 0), 3, budget=2.0)  # asked with the request, counted by admit itself
+    assert policy.asked[-1] == (0, 3, 2.0, True) and b.queued == 3
+    with pytest.raises(Overloaded, match="max_queue_size 3"):
+        b.refuse_ahead(budget=2.0)  # admitted by the policy, but one more sample is over the queue's size
+    assert b.refused == 2 and policy.arrived == [1, 1]
+    held[0](None, ModelError("stop"))
+    with pytest.raises(ModelError):
+        await running
+    held[1](None, ModelError("stop"))
+    with pytest.raises(ModelError):
+        await queued
     await b.close(timeout=1)
 
 

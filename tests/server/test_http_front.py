@@ -166,17 +166,29 @@ async def test_every_framing_of_a_body_is_read(start_server, repository: pathlib
     writer.close()
 
 
-async def refused_at_once(port: int, head: bytes) -> tuple[int, dict[str, str], bytes, float]:
-    """Send only `head`, announcing a body that never comes; the answer, and how long it took.
-    The connection must close after it (the body is not read)."""
+LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+async def refused_at_once(port: int, head: bytes, *,
+                          closes: bool = True) -> tuple[int, dict[str, str], bytes, float]:
+    """Send only `head`, announcing a body not sent yet; the answer, and how long it took.
+    `closes`: the connection must close after it (the body is not read); else it stays
+    open: the body, sent after the answer, is dropped, and the next request is answered."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     began = time.monotonic()
     try:
         writer.write(head)
         status, headers, body = await read_response(reader)
         took = time.monotonic() - began
-        assert headers["connection"] == "close"
-        assert await asyncio.wait_for(reader.read(), 10) == b""
+        if closes:
+            assert headers["connection"] == "close"
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+        else:
+            assert "connection" not in headers  # kept alive
+            length = int(re.search(rb"Content-Length: (\d+)", head)[1])  # type: ignore[index]
+            writer.write(b"{" * length + LIVE)  # not JSON: it is never decoded
+            live, _, answer = await read_response(reader)
+            assert live == 200 and json.loads(answer) == {"live": True}
         return status, headers, body, took
     finally:
         writer.close()
@@ -184,8 +196,10 @@ async def refused_at_once(port: int, head: bytes) -> tuple[int, dict[str, str], 
 
 async def test_refusals_the_head_decides_are_answered_before_the_body(start_server, repository: pathlib.Path) -> None:
     """Each refusal a request's head already decides is answered at once, without its body
-    (announced at 10 MB, never sent), and the connection closes; the request timeout is a
-    minute, so an answer that waited for the body would not come within the test."""
+    (announced at 2.5 or 10 MB); the request timeout is a minute, so an answer that waited for
+    the body would not come within the test. A body over the limit (413), an `Expect` and a
+    refusal of access close the connection rather than read the body; after the others the
+    body is read and dropped, and the connection serves the next request."""
     server, _ = await start_server(repository, api_token="secret", max_body_bytes=TEN_MB // 2,
                                    request_timeout_s=60.0)
     token = "Authorization: Bearer secret\r\n"
@@ -193,26 +207,49 @@ async def test_refusals_the_head_decides_are_answered_before_the_body(start_serv
     def head(path: str = ADD_PATH, extra: str = token, method: str = "POST", length: int = TEN_MB // 4) -> bytes:
         return f"{method} {path} HTTP/1.1\r\nHost: x\r\n{extra}Content-Length: {length}\r\n\r\n".encode()
 
-    cases = {
-        401: head(extra=""),
-        403: head(extra="Authorization: Bearer wrong\r\n"),
-        404: head(path="/v2/models/nope/infer"),
-        405: head(path="/v2/health/live"),
-        413: head(length=TEN_MB),
-        415: head(extra=token + "Content-Type: image/png\r\n"),
-        417: head(extra=token + "Expect: something-else\r\n"),
+    cases = {  # status: (request head, the connection closes)
+        401: (head(extra=""), True),
+        403: (head(extra="Authorization: Bearer wrong\r\n"), True),
+        404: (head(path="/v2/models/nope/infer"), False),
+        405: (head(path="/v2/health/live"), False),
+        413: (head(length=TEN_MB), True),
+        415: (head(extra=token + "Content-Type: image/png\r\n"), False),
+        417: (head(extra=token + "Expect: something-else\r\n"), True),
     }
-    for status, data in cases.items():
-        got, headers, body, took = await refused_at_once(server.port, data)
+    for status, (data, closes) in cases.items():
+        got, headers, body, took = await refused_at_once(server.port, data, closes=closes)
         assert got == status, (status, body)
         assert took < 5.0 and headers["server"] == "aserve"
         assert json.loads(body)["error"]
     # an unknown Content-Encoding, and a route that does not exist, also from the head
-    got, _, body, _ = await refused_at_once(server.port, head(extra=token + "Content-Encoding: br\r\n"))
+    got, _, body, _ = await refused_at_once(server.port, head(extra=token + "Content-Encoding: br\r\n"),
+                                            closes=False)
     assert got == 415 and json.loads(body)["error"].startswith("Content-Encoding: expected one of gzip")
-    got, _, _, _ = await refused_at_once(server.port, head(path="/nowhere"))
+    got, _, _, _ = await refused_at_once(server.port, head(path="/nowhere"), closes=False)
+    assert got == 404
+    # waiting for 100 Continue, the client may never send the body: the connection closes
+    expecting = head(path="/nowhere", extra=token + "Expect: 100-continue\r\n")
+    got, _, _, _ = await refused_at_once(server.port, expecting)
+    assert got == 404
+    # a chunked body is not skipped: the connection closes
+    chunked = f"POST /nowhere HTTP/1.1\r\nHost: x\r\n{token}Transfer-Encoding: chunked\r\n\r\n".encode()
+    got, _, _, _ = await refused_at_once(server.port, chunked)
     assert got == 404
     assert server.app.stats.refused["body_size"] >= 1
+
+
+async def test_a_dropped_body_that_stops_coming_ends_the_connection(start_server, repository: pathlib.Path) -> None:
+    """A body read and dropped after its request was answered from the head is still bound by
+    the request timeout: when it stops coming, the connection closes (its answer went out)."""
+    server, _ = await start_server(repository, request_timeout_s=0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10)
+        status, headers, _ = await read_response(reader)
+        assert status == 404 and "connection" not in headers
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the request timeout, not the idle one
+    finally:
+        writer.close()
 
 
 async def test_a_malformed_head_gets_400_at_once(start_server, repository: pathlib.Path) -> None:
@@ -436,7 +473,8 @@ async def test_a_head_met_again_is_checked_again_where_the_model_may_have_change
                                                                                   repository: pathlib.Path) -> None:
     """Clients repeat their heads byte for byte: a head met before keeps its route and header
     mapping, while each request keeps its own body and the model it names is looked up again
-    (gone from the repository meanwhile: 404 from the head, at once)."""
+    (gone from the repository meanwhile: 404 from the head, at once, and the body that follows
+    is dropped on a connection that stays open)."""
     server, _ = await start_server(repository)
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     firsts = [10, 20, 30, 41, 52]  # one Content-Length: one head, sent five times
@@ -453,8 +491,12 @@ async def test_a_head_met_again_is_checked_again_where_the_model_may_have_change
     shutil.rmtree(repository / "add")
     await server.plane.rescan()
     await until(lambda: "add" not in server.plane.registry.routes, what="the model to leave the routes")
-    writer.write(requests[0][: requests[0].index(b"\r\n\r\n") + 4])  # the same head, and no body yet
+    cut = requests[0].index(b"\r\n\r\n") + 4
+    writer.write(requests[0][:cut])  # the same head, and no body yet
     status, headers, body = await read_response(reader)
-    assert status == 404 and headers["connection"] == "close"
+    assert status == 404 and "connection" not in headers
     assert json.loads(body)["error"].startswith("unknown model 'add'")
+    writer.write(requests[0][cut:] + LIVE)
+    status, _, body = await read_response(reader)
+    assert status == 200 and json.loads(body) == {"live": True}
     writer.close()

@@ -443,8 +443,16 @@ class AdaptivePolicy:
                 break
         return finish
 
+    def arrive(self, now: float, samples: int = 1) -> None:
+        """A request of `samples` arrived at `now`, admitted or not: it counts in the rate at
+        once, and the keep-up size is brought up to date (while every interpreter is busy no
+        decision runs, and in a burst a keep-up size from before it would predict the small
+        batches of a light load, where the batches that will run have the backlog size)."""
+        self._fold(((now, samples),))
+        self._update_keep_up(now, self.cost.max_batch_size)
+
     def admit(self, now: float, queued_samples: int, samples: int = 1, budget: float | None = None,
-              waited: float = 0.0) -> float | None:
+              waited: float = 0.0, *, count: bool = True) -> float | None:
         """None to admit a new request, or a Retry-After in seconds to refuse it (503).
 
         Refuses when the request's predicted finish is beyond admit_factor x its own
@@ -452,13 +460,21 @@ class AdaptivePolicy:
         seconds before now), less overload_reserve of it once the
         arrivals have outpaced every batch size for OVERLOAD_SUSTAINED_S; the
         Retry-After is how much later it would be predicted to finish (at least one
-        interpreter's turn)."""
-        # The arrival counts in the rate at once, admitted or not, and the keep-up size is
-        # brought up to date: while every interpreter is busy no decision runs, and in a
-        # burst a keep-up size from before it would predict the small batches of a light
-        # load, where the batches that will run have the backlog size.
-        self._fold(((now, samples),))
-        self._update_keep_up(now, self.cost.max_batch_size)
+        interpreter's turn). The request's arrival counts first (`arrive`).
+
+        count False: the question is asked ahead of the request (from its head, before its
+        body is read). The answer is the one `admit` gives now, but nothing is counted:
+        the caller counts the arrival (`arrive`) of a request it refuses there, and one it
+        lets on is counted when it is asked again with its body."""
+        if not count:
+            kept = (self._gap, self._samples, self._arrivals, self._last_arrival, self._keep_up,
+                    self._outpaced_since)
+            try:
+                return self.admit(now, queued_samples, samples, budget, waited)
+            finally:
+                (self._gap, self._samples, self._arrivals, self._last_arrival, self._keep_up,
+                 self._outpaced_since) = kept
+        self.arrive(now, samples)
         factor = self.admit_factor
         since = self._outpaced_since  # set only while no batch size keeps up
         if since is not None and now - since >= OVERLOAD_SUSTAINED_S:

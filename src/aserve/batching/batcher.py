@@ -46,7 +46,7 @@ from ..tracing.batches import trace_batch
 from ..tracing.recorder import Tracer
 from .fair import FairScheduler, Seat
 from .joining import Joining, LayerJoin
-from .policy import BatchPolicy
+from .policy import Admit, BatchPolicy
 from .request import DONE, QUEUED, RUNNING, Request
 
 Done = Callable[[dict[str, Tensor] | None, BaseException | None], None]
@@ -110,9 +110,9 @@ class Batcher:
         self._uniform = uniform
         self._clock = clock
         # optional admission control: a policy with admit(now, queued_samples, samples, budget, waited)
-        # -> Retry-After seconds | None
-        self._admit: Callable[[float, int, int, float | None, float], float | None] | None = getattr(
-            policy, "admit", None)
+        # -> Retry-After seconds | None, and arrive(now, samples) for the requests refused ahead (policy.py)
+        self._admit: Admit | None = getattr(policy, "admit", None)
+        self._arrive: Callable[[float, int], None] | None = getattr(policy, "arrive", None)
         self._queue: collections.deque[Request] = collections.deque()
         self._queued_samples = 0
         self._joiner = None if join is None or max_batch_size <= 0 else LayerJoin(
@@ -194,9 +194,10 @@ class Batcher:
         waited: seconds the request already spent in the server (reading, decoding, behind
         other requests on the event loop): its budget counts them.
 
-        Raises Overloaded (queue full), RequestTimeout (deadline already passed) and
-        EngineError (closing). The future fails with
-        RequestTimeout (deadline passed) or ModelError (the model raised on it).
+        Raises Overloaded (the queue is full, or the policy's admission control refuses it:
+        `_admission`), RequestTimeout (deadline already passed) and EngineError (closing).
+        The future fails with RequestTimeout (deadline passed) or ModelError (the model
+        raised on it).
         Cancelling the future withdraws the request if it has not run yet."""
         if self._closed:
             raise EngineError(f"model {self.model!r} is shutting down")
@@ -206,24 +207,11 @@ class Batcher:
             loop = self._loop = asyncio.get_running_loop()
         now = self._clock()
         waited = max(0.0, waited)
-        queue = self._queue
-        # admission: only a request that must wait (others queued, or every interpreter busy)
-        if self._admit is not None and (queue or self._running >= self.interpreters):
-            wait = self._admit(now, self._queued_samples, samples, budget, waited)
-            if wait is not None:
-                self.refused += 1
-                raise Overloaded(
-                    f"model {self.model!r} cannot answer the request within its latency budget "
-                    f"({self._queued_samples} samples queued, every interpreter busy); retry in {wait:.2f} s",
-                    retry_after=wait,
-                )
-        if queue and self._queued_samples + samples > self.max_queue_size:
+        refused = self._admission(now, samples, budget, waited)
+        if refused is not None:
             self.refused += 1
-            raise Overloaded(
-                f"model {self.model!r}: {self._queued_samples} samples are queued (max_queue_size "
-                f"{self.max_queue_size}); retry later",
-                retry_after=1.0,
-            )
+            raise refused
+        queue = self._queue
         if deadline is not None:
             if deadline <= now:
                 raise RequestTimeout(f"model {self.model!r}: the request's deadline passed before it was queued")
@@ -236,6 +224,49 @@ class Batcher:
         self._queued_samples += samples
         self._schedule()
         return future
+
+    def refuse_ahead(self, *, budget: float | None = None, waited: float = 0.0) -> None:
+        """Raise Overloaded, counted as `submit` counts its refusals, when `submit` would refuse
+        every request now: asked from a request's head, before its body is read, so with the
+        least it may hold (one sample) and `budget`, the loosest latency budget it may carry
+        (None: the policy's own). `submit` still decides with the request itself; a closing
+        batcher is left to it too."""
+        if self._closed:
+            return
+        now = self._clock()
+        refused = self._admission(now, 1, budget, max(0.0, waited), ahead=True)
+        if refused is not None:
+            if self._arrive is not None:
+                self._arrive(now, 1)  # its arrival counts in the policy's rate, as in submit
+            self.refused += 1
+            raise refused
+
+    def _admission(self, now: float, samples: int, budget: float | None, waited: float, *,
+                   ahead: bool = False) -> Overloaded | None:
+        """The admission rule (None: admitted). A request that must wait (others queued, or
+        every interpreter busy) is refused when the policy's admission control says so; one
+        that would take the queue past max_queue_size, always. `ahead`: asked before the
+        request is known (`refuse_ahead`), so the policy counts nothing."""
+        queue = self._queue
+        admit = self._admit
+        if admit is not None and (queue or self._running >= self.interpreters):
+            if ahead:
+                wait = admit(now, self._queued_samples, samples, budget, waited, count=False)
+            else:
+                wait = admit(now, self._queued_samples, samples, budget, waited)
+            if wait is not None:
+                return Overloaded(
+                    f"model {self.model!r} cannot answer the request within its latency budget "
+                    f"({self._queued_samples} samples queued, every interpreter busy); retry in {wait:.2f} s",
+                    retry_after=wait,
+                )
+        if queue and self._queued_samples + samples > self.max_queue_size:
+            return Overloaded(
+                f"model {self.model!r}: {self._queued_samples} samples are queued (max_queue_size "
+                f"{self.max_queue_size}); retry later",
+                retry_after=1.0,
+            )
+        return None
 
     def withdraw(self, future: asyncio.Future[dict[str, Tensor]]) -> None:
         """The caller stopped waiting for `future`: free its place if it has not run yet."""

@@ -12,7 +12,10 @@ every interpreter of the model is busy), with the samples queued ahead of it, it
 samples, its latency budget in seconds (None: the policy's own) and the seconds it
 already spent in the server before it reached the batcher (they count against the
 budget), and refuses the request with 503 and that Retry-After (seconds) unless it
-returns None.
+returns None. The batcher may also ask it ahead of a request, from the request's head
+before its body is read, with `count=False`: the same answer, nothing counted (see
+`Batcher.refuse_ahead`); the policy then has an `arrive(now, samples)` that counts the
+arrival of a request refused there, as `admit` counts every request it is asked about.
 
 `idle` is how many more batches of this model may start now (the model's
 interpreters minus `running`, its batches in flight); the batcher never calls
@@ -31,6 +34,11 @@ class Pending(Protocol):  # what a policy sees of one queued request
     deadline: float | None  # time.monotonic() by which it must finish, if any
     budget: float | None  # this request's latency budget in seconds (None: the policy's own)
     waited: float  # seconds it spent in the server before it was queued (they count against its budget)
+
+
+class Admit(Protocol):  # a policy's admission control (see the module's docstring)
+    def __call__(self, now: float, queued_samples: int, samples: int, budget: float | None, waited: float,
+                 /, *, count: bool = True) -> float | None: ...
 
 
 class Decision(NamedTuple):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 import pathlib
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from typing import Any
 
 from .. import logs
 from ..config import ServerSettings
-from ..errors import AserveError, ModelError
+from ..errors import AserveError, ModelError, Overloaded
 from ..inference import Answer, InferCall, InferRequest, InferResponse
 from ..tensor import Tensor
 from ..tracing import RequestTrace, Tracer, recorder
@@ -105,6 +106,31 @@ class DataPlane:
             return await pending.answer
         except asyncio.CancelledError:
             pending.drop()
+            raise
+
+    def head(self, call: InferCall, /, *, handle: ModelHandle) -> None:
+        """What the call's head alone decides, before its body is read (a front that reads
+        the body itself calls it once the head is in): Overloaded (503, Retry-After) when the
+        model's batcher would refuse any request the body may hold (`Batcher.refuse_ahead`,
+        with the loosest latency budget the call's codec lets a request carry), counted as
+        `submit` counts its refusals. A model that is not ready is left to `submit`."""
+        batcher = handle.batcher
+        schema = handle.schema
+        if batcher is None or schema is None or not handle.ready:
+            return
+        start = time.perf_counter()
+        budget = None  # the policy's own
+        if call.codec.budgets:  # a request may carry its own, up to the schema's largest
+            largest = schema.max_latency_budget_ms
+            if largest is None:
+                budget = math.inf
+            elif largest > handle.config.batching.latency_budget_ms:
+                budget = largest / 1000.0
+        waited = 0.0 if call.received is None else time.monotonic() - call.received
+        try:
+            batcher.refuse_ahead(budget=budget, waited=waited)
+        except Overloaded as exc:
+            _failed(handle, call, None, start, exc)
             raise
 
     def submit(self, call: InferCall, /, *, handle: ModelHandle | None = None) -> Pending:

@@ -219,6 +219,8 @@ def _json_values(tensor: Tensor) -> list[Any]:
 class PredictCodec:
     """TF-Serving's predict: rows or columns in, answered in the same format."""
 
+    budgets = False  # no parameters: the model's budget
+
     def decode(self, call: InferCall, schema: ModelSchema, /) -> InferRequest:
         return decode_predict(call.body, schema=schema)
 

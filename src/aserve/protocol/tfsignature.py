@@ -226,6 +226,8 @@ class ExamplesCodec:
     """TF-Serving's classify or regress: examples in, one result per example out, for a model
     whose outputs fit the method (else NotSupported, 501, naming what it needs)."""
 
+    budgets = False  # no parameters: the model's budget
+
     def __init__(self, method: Method) -> None:
         self.method = method
 

@@ -511,6 +511,8 @@ def header_length(value: str | None) -> int | None:
 class V2Codec:
     """V2 infer requests and answers: JSON, JSON with binary tensors after it, or msgpack."""
 
+    budgets = True  # parameters.latency_budget_ms
+
     def decode(self, call: InferCall, schema: ModelSchema, /) -> InferRequest:
         return decode_infer(call.body, content_type=call.content_type, header_length=call.header_length,
                             schema=schema)

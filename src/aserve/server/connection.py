@@ -3,8 +3,12 @@
 Each connection is an `asyncio.Protocol` fed by llhttp's callbacks. A request's head
 goes to the router as soon as it has arrived (`Dispatcher.head`); what the head alone
 decides (unknown route, method, missing token, a body over the limit, an unreadable
-Content-Type or Content-Encoding, an unknown model) is answered at once, and if its
-body is still on the way the connection closes after that answer instead of reading it.
+Content-Type or Content-Encoding, an unknown model, a model whose queue refuses it) is
+answered at once. If its body is still on the way, the body is read and dropped as it
+comes (nothing kept or decoded) and the connection goes on with the next request; it
+closes after the answer instead when the body cannot be skipped that way (chunked, or
+over the limit: 413), the client waits on an `Expect` before sending it, or the answer
+refuses access (401, 403: a client without the token has no body read).
 A request that passes has its body gathered (decoded from gzip or deflate, within
 `--max-body-bytes`) and is then answered by its handler.
 
@@ -46,6 +50,8 @@ MAX_FIELDS = 128  # header fields in one request (more: 431)
 PIPELINE_LIMIT = 1 << 20  # body bytes waiting behind the request in progress before reading stops
 MAX_WAITING = 32  # requests waiting behind the one in progress before reading stops
 CLOSE_GRACE_S = 1.0  # after a closing answer, how long the client may go on sending before the close
+# answers from the head after which the connection closes rather than read the body on the way
+_CLOSING = frozenset({401, 403, 413})
 _METHODS = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")}
 # header names as they arrive -> lower-case: clients send the same few names on every request
 _NAMES: Bounded[bytes, str] = Bounded(512)
@@ -276,7 +282,9 @@ class Connection(asyncio.Protocol):
             return
         if known is not None:
             request.route, request.params = route, params
-            request.answer = self.dispatcher.again(request)
+            answer = request.answer = self.dispatcher.again(request)
+            if answer is not None:
+                request.drop = self._drops(request, answer)
         else:
             if self._refusal is None and "host" not in headers and version == "1.1":
                 self._refusal = (400, "malformed HTTP request: an HTTP/1.1 request needs a Host header")
@@ -290,6 +298,7 @@ class Connection(asyncio.Protocol):
             if answer is not None:
                 if answer.status == 413:
                     self._count("body_size")
+                request.drop = self._drops(request, answer)
                 return
             encoding = headers.get("content-encoding", "identity").strip().lower()
             expect = "expect" in headers
@@ -300,10 +309,20 @@ class Connection(asyncio.Protocol):
         if expect:
             request.expect = True
 
+    def _drops(self, request: Request, answer: Response) -> bool:
+        """Whether the connection stays open after an answer its head decided, the body read
+        and dropped as it comes: the body's length is known and within the limit, the client
+        does not wait on an `Expect` (it might never send the body), and the answer neither
+        closes nor refuses access."""
+        headers = request.headers
+        if answer.close or answer.status in _CLOSING or "transfer-encoding" in headers or "expect" in headers:
+            return False
+        return int(headers.get("content-length", "0")) <= self.limits.max_body_bytes
+
     def on_body(self, body: bytes) -> None:
         request = self._current
         if request is None or request.answer is not None:
-            return  # refused from its head: the body is not kept
+            return  # answered from its head: the body is not kept
         request.size += len(body)
         limit = self.limits.max_body_bytes
         try:
@@ -358,6 +377,13 @@ class Connection(asyncio.Protocol):
                     queue.popleft()
                     self._send(request, answer, 0.0)
                     continue
+                if request.drop:
+                    # the body is on the way: answer now, and read on, dropping it (on_body), to the
+                    # next request; it stays `_current` until its end
+                    queue.popleft()
+                    self._send(request, answer, 0.0)
+                    self._free_since = self.loop.time()
+                    continue
                 # the body is on the way: answer without it, and close rather than read it
                 answer.close = True
                 self._send(request, answer, 0.0)
@@ -386,7 +412,7 @@ class Connection(asyncio.Protocol):
             return
         elif not self.reading and not self.paused and not self._discard:
             self._read(True)
-        if self._timer is None or self._head or (queue and not queue[0].complete):
+        if self._timer is None or self._head or self._current is not None or (queue and not queue[0].complete):
             self._arm()  # an idle connection's timer is armed already, and checks again when it fires
 
     def _serve(self, request: Request) -> None:
@@ -523,6 +549,9 @@ class Connection(asyncio.Protocol):
             if first.complete or first.answer is not None or limits.request_timeout_s <= 0:
                 return 0.0, ""
             return (first.began or self._now) + limits.request_timeout_s, "body"
+        if self._current is not None and limits.request_timeout_s > 0:
+            # nothing in line, yet a body arrives: a request answered from its head, its body dropped
+            return (self._current.began or self._now) + limits.request_timeout_s, "dropped"
         if self._head:
             wait = limits.request_timeout_s if limits.request_timeout_s > 0 else limits.keepalive_timeout_s
             return max(self._head_began, self._free_since) + wait, "head"
@@ -554,6 +583,11 @@ class Connection(asyncio.Protocol):
             self._arm()
             return
         if what == "idle":
+            self.close()
+            return
+        if what == "dropped":  # its answer went out already: the connection just ends
+            log.info("closed a connection whose answered request's body took longer than %g s "
+                     "(--request-timeout)", self.limits.request_timeout_s)
             self.close()
             return
         self._count("timeout")

@@ -32,6 +32,7 @@ class Request:
     timing. What most requests never set is a class default."""
 
     answer: Any = None  # decided from the head: sent without reading the body
+    drop = False  # answered from its head, its body is read and dropped: the connection stays open
     parts: Any = None  # the body's pieces, decoded, as they arrive (a list once one has)
     size = 0  # body bytes as they arrived (encoded)
     kept = 0  # body bytes kept (decoded)

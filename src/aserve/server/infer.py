@@ -1,8 +1,10 @@
 """The infer routes (V2 infer, TF-Serving predict, classify and regress): HTTP to the data plane and back.
 
 The route's head check runs as soon as the request's head has arrived, before its body:
-it looks the model up (404 at once for an unknown model or version) and prepares the
-`InferCall` the handler completes with the body and hands to `DataPlane.infer`.
+it looks the model up (404 at once for an unknown model or version), prepares the
+`InferCall` the handler completes with the body and hands to `DataPlane.submit`, and asks
+the data plane what the head alone decides (`DataPlane.head`: 503 at once when the model's
+queue would refuse the request whatever its body holds).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ _HEADER_LENGTH = HEADER_LENGTH.lower()
 
 
 def prepare(app: App, request: Request) -> None:
-    """The head check of an infer route: the model's handle and the call, without its body."""
+    """The head check of an infer route: the model's handle and the call, without its body;
+    what the data plane refuses from the head raises."""
     route = request.route
     params = request.params
     model = params["model"]
@@ -27,11 +30,13 @@ def prepare(app: App, request: Request) -> None:
     h = request.headers
     codec = route.codec
     length = h.get(_HEADER_LENGTH)
-    request.state = handle, InferCall(
+    call = InferCall(
         codec=codec, model=model, version=version, content_type=h.get("content-type"), accept=h.get("accept"),
         header_length=None if length is None or codec is not V2 else header_length(length), headers=h,
         received=request.received, route=route.path, host=h.get("host", ""),
     )
+    request.state = handle, call
+    app.plane.head(call, handle=handle)
 
 
 def infer(app: App, request: Request) -> Pending:

@@ -3,10 +3,11 @@
 `Dispatcher.head` runs as soon as a request's head has arrived, before its body: it matches
 the route (404, 405), checks access (401, 403), the body's announced size (413), its
 Content-Type and Content-Encoding (415), an `Expect` (417), and the route's own head
-check (an infer route looks its model up: 404). What it refuses is answered at once,
-without reading the body. `Dispatcher.respond` runs the handler once the body is whole and
-maps whatever it raises to an error answer (`Dispatcher.failed`, `errors.from_exception`);
-with CORS on, every answer (errors too) carries its headers.
+check (an infer route looks its model up, 404, and asks whether its queue would refuse
+any request now, 503). What it refuses is answered at once, without reading the body.
+`Dispatcher.respond` runs the handler once the body is whole and maps whatever it raises
+to an error answer (`Dispatcher.failed`, `errors.from_exception`); with CORS on, every
+answer (errors too) carries its headers.
 """
 
 from __future__ import annotations
