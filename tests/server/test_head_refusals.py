@@ -255,3 +255,55 @@ async def test_the_head_allows_for_the_loosest_budget_a_request_may_carry(
     m = await scrape(http, url)
     assert value(m, "aserve_inference_refused_total", **labels) == 2
     assert value(m, "aserve_inference_request_failure_total", **labels, reason="overloaded") == 2
+
+
+async def test_a_client_that_ignores_retry_after_is_held_and_one_that_waits_is_not(
+        start_server, repo: pathlib.Path, gate: pathlib.Path, http: aiohttp.ClientSession) -> None:
+    """Refused for overload and sending again at once, a client's next request is read only
+    after a hold (here, a full queue's Retry-After of 1 s, less a random half at most); a
+    client that waited as told is answered at once. Every refusal counts once."""
+    server, url = await start_server(repo, request_timeout_s=60.0)
+    labels = {"model": "gate", "version": "1"}
+    running = asyncio.ensure_future(infer(http, url, "gate", -1.0))
+    eager, patient = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(2)]
+    loop = asyncio.get_running_loop()
+
+    async def refused(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> tuple[float, int]:
+        """Send one request; (seconds until its 503, its Retry-After)."""
+        reader, writer = conn
+        sent = loop.time()
+        writer.write(request("gate", 1.0))
+        status, headers, _ = await read_response(reader)
+        assert status == 503, status
+        return loop.time() - sent, int(headers["retry-after"])
+
+    try:
+        await scrape_until(http, url, lambda m: value(m, "aserve_batches_in_flight", **labels) == 1,
+                           what="the held request to run")
+        waiting = asyncio.ensure_future(infer(http, url, "gate", 2.0))
+        await scrape_until(http, url, lambda m: value(m, "aserve_queue_requests", **labels) == 1,
+                           what="a request to wait: the queue is full")
+        # the eager client: the first refusal holds nothing; the second came early, and holds
+        # the connection: the third is read only after the hold
+        await refused(eager)
+        await refused(eager)
+        took, _ = await refused(eager)
+        assert took >= 0.45, took
+        # the patient client waits as told each time: never held
+        _, told = await refused(patient)
+        await asyncio.sleep(told)
+        took, told = await refused(patient)
+        assert took < 0.45, took
+        m = await scrape(http, url)
+        assert value(m, "aserve_inference_refused_total", **labels) == 5
+        gate.touch()
+        assert await running == (200, [-2.0]) and await waiting == (200, [4.0])
+        # once the queue has room, the held connection serves as before
+        reader, writer = eager
+        writer.write(request("gate", 3.0))
+        status, _, body = await read_response(reader)
+        assert status == 200 and outputs(body) == [6.0]
+    finally:
+        gate.touch()
+        for _, w in (eager, patient):
+            w.close()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import random
 import socket
 import time
 import zlib
@@ -40,7 +41,7 @@ from ..config import ServerSettings
 from ..dataplane.plane import Pending
 from ..errors import BodyTimeout, InvalidInput, PayloadTooLarge
 from ..inference import Answer
-from .errors import error_response, from_exception
+from .errors import HOLD_MAX_S, error_response, from_exception
 from .http import CONTINUE, Request, Response, encode
 from .router import Dispatcher, too_large
 
@@ -139,6 +140,10 @@ class Connection(asyncio.Protocol):
         self._free_since = 0.0  # loop time the connection last finished an answer (or opened)
         self._eof = False
         self._discard = False  # nothing more is read on this connection: its last answers are owed
+        self._held = False  # reads nothing for a while after a refusal for overload (Response.hold)
+        self._held_until = 0.0  # loop time the hold ends
+        self._refusals = 0  # refusals in a row that held the connection
+        self._told_until = 0.0  # time.monotonic() before which the last refusal asked the client not to retry
         self._task: asyncio.Future[Any] | Pending | None = None  # the answer of the request being served
         self._serving: Request | None = None
         self._began = 0.0
@@ -405,12 +410,12 @@ class Connection(asyncio.Protocol):
                 self.close()  # the client sends no more, and what it sent is answered
                 return
             waiting = sum(r.kept for r in queue) - (0 if self.busy else queue[0].kept)
-            self._read(not self.paused and not self._discard and len(queue) <= MAX_WAITING
+            self._read(not self.paused and not self._discard and not self._held and len(queue) <= MAX_WAITING
                        and waiting <= PIPELINE_LIMIT)
         elif self._eof and not self.busy:
             self.close()
             return
-        elif not self.reading and not self.paused and not self._discard:
+        elif not self.reading and not self.paused and not self._discard and not self._held:
             self._read(True)
         if self._timer is None or self._head or self._current is not None or (queue and not queue[0].complete):
             self._arm()  # an idle connection's timer is armed already, and checks again when it fires
@@ -487,6 +492,45 @@ class Connection(asyncio.Protocol):
                 server.access_log.log(request, response.status, sent, time.perf_counter() - began if began else 0.0)
         if close:
             self._close_gracefully()
+        elif type(response) is Response and response.hold > 0:
+            self._refused(request, response)
+        else:
+            self._refusals = 0
+
+    def _refused(self, request: Request, response: Response) -> None:
+        """A refusal for overload was sent. If the client sent this request before the last
+        refusal's Retry-After had passed, it does not wait as told: the connection reads
+        nothing for the time the server expects to need before it can admit one, twice as
+        long for each such refusal in a row (to HOLD_MAX_S), less a random part, so that
+        many such clients come back spread out, about as fast as the server admits them,
+        and refusing them does not take the CPU the batches need. A client that waits as
+        told is never held."""
+        early = request.received < self._told_until
+        self._told_until = time.monotonic() + int(response.headers.get("Retry-After", "1"))
+        if not early:
+            self._refusals = 0
+            return
+        self._refusals += 1
+        hold = min(HOLD_MAX_S, response.hold * (1 << min(self._refusals - 1, 16)))
+        self._hold(hold * (0.5 + 0.5 * random.random()))
+
+    def _hold(self, seconds: float) -> None:
+        """Read nothing for `seconds` (what was read already is still answered in order)."""
+        until = self.loop.time() + seconds
+        if self._held and until <= self._held_until:
+            return
+        self._held_until = until
+        if not self._held:
+            self._held = True
+            self._read(False)
+        self.loop.call_at(until, self._unhold)
+
+    def _unhold(self) -> None:
+        if not self._held or self.loop.time() < self._held_until - 0.001:
+            return  # a later hold goes on: its own call ends it
+        self._held = False
+        if not self.closing:
+            self._advance()
 
     # ---- refusals ----
 

@@ -64,9 +64,11 @@ class Request:
 
 class Response:
     """What a handler answers: a status, headers (Content-Type among them) and a body of
-    buffers; `close`: the connection closes after it."""
+    buffers; `close`: the connection closes after it; `hold`: seconds the connection reads
+    nothing more after it (a refusal for overload: the client's next request is read when
+    the server expects it can be admitted)."""
 
-    __slots__ = ("chunks", "close", "headers", "status")
+    __slots__ = ("chunks", "close", "headers", "hold", "status")
 
     def __init__(self, status: int = 200, body: bytes | list[Any] = b"", headers: dict[str, str] | None = None, *,
                  content_type: str | None = None, close: bool = False) -> None:
@@ -76,6 +78,7 @@ class Response:
         if content_type is not None:
             self.headers["Content-Type"] = content_type
         self.close = close
+        self.hold = 0.0
 
     @property
     def body(self) -> bytes:
