@@ -56,7 +56,7 @@ def _spinners(cpus: int) -> int:
 
 
 _LONE_JOBS = 8  # lone jobs whose times decide whether the loop polls for the next one
-_POLL_PAYS_S = 50e-6  # the loop polls for lone jobs answered within this: about what its wake-up costs
+_POLL_PAYS_S = 100e-6  # the loop polls for lone jobs answered within this: a few times what its wake-up costs
 
 
 class BatchCancelled(RequestTimeout):
@@ -290,6 +290,7 @@ class Pool:
         self._lone_from = 0.0  # when the job now alone in flight was queued (0: none, or not alone)
         self._lone: list[float] = []  # seconds the last lone jobs took, queued to answered
         self._lone_pays = True  # whether the loop polls for a lone job's answer
+        self._lone_count = 0  # lone jobs queued, all told
         self._idle: asyncio.Future[None] | None = None  # resolved when _in_flight drops to 0
         self._models: dict[str, _Model] = {}
         self._closed = False
@@ -435,28 +436,34 @@ class Pool:
     def _poll_soon(self) -> None:
         """A job was queued (and counted in flight): poll for answers from the next turn of the
         loop on, if it is the only one (at low load; under load the loop turns anyway, and
-        polling would only add a callback to every turn) and lone jobs have lately been
-        answered within about what a wake-up costs (polling for a longer batch burns the
-        loop's CPU for the whole batch to save one wake-up), or while polling goes on."""
-        if self._in_flight == 1:
+        polling would only add a callback to every turn) and lone jobs polled for have lately
+        been answered within about what a wake-up costs (polling for a longer batch burns
+        the loop's CPU for the whole batch to save one wake-up; one lone job in
+        _LONE_JOBS is polled for all the same, to learn whether that changed), or while
+        polling goes on."""
+        lone = self._in_flight == 1
+        if lone:
             self._lone_from = time.perf_counter()
+            self._lone_count += 1
         else:
             self._lone_from = 0.0  # not alone: its time says nothing of a lone job's
-        if self._poll_s and (self._polling or (self._in_flight == 1 and self._lone_pays)):
+        if self._poll_s and (self._polling or (lone and (self._lone_pays or self._lone_count % _LONE_JOBS == 0))):
             self._poll_until = time.perf_counter() + self._poll_s
             if not self._polling and self._loop is not None:
                 self._polling = True
                 self._loop.call_soon(self._poll)
 
     def _lone_done(self) -> None:
-        """The only job in flight was answered: remember how long it took, and whether
-        polling for the next lone one pays (the median of the last few)."""
-        lone = self._lone
-        lone.append(time.perf_counter() - self._lone_from)
+        """The only job in flight was answered: if the loop polled for it (a time taken
+        waiting for the eventfd would count the wake-up too), remember how long it took,
+        and whether polling for the next lone one pays (the median of the last few)."""
+        if self._polling:
+            lone = self._lone
+            lone.append(time.perf_counter() - self._lone_from)
+            if len(lone) > _LONE_JOBS:
+                del lone[0]
+            self._lone_pays = len(lone) < _LONE_JOBS or sorted(lone)[_LONE_JOBS // 2] <= _POLL_PAYS_S
         self._lone_from = 0.0
-        if len(lone) > _LONE_JOBS:
-            del lone[0]
-        self._lone_pays = len(lone) < _LONE_JOBS or sorted(lone)[_LONE_JOBS // 2] <= _POLL_PAYS_S
 
     def _poll(self) -> None:
         """While a batch runs, answer what finished at every turn of the loop rather than
