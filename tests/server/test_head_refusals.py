@@ -126,6 +126,18 @@ async def infer(http: aiohttp.ClientSession, url: str, model: str, x: float,
         return r.status, answer["outputs"][0]["data"] if r.status == 200 else answer["error"]
 
 
+async def fill_the_queue(http: aiohttp.ClientSession, url: str) -> asyncio.Future[tuple[int, object]]:
+    """Once the held request runs, a second one to `gate` waits: its queue of one is full.
+    Returns that second request's answer to come."""
+    labels = {"model": "gate", "version": "1"}
+    await scrape_until(http, url, lambda m: value(m, "aserve_batches_in_flight", **labels) == 1,
+                       what="the held request to run")
+    waiting = asyncio.ensure_future(infer(http, url, "gate", 2.0))
+    await scrape_until(http, url, lambda m: value(m, "aserve_queue_requests", **labels) == 1,
+                       what="a request to wait: the queue is full")
+    return waiting
+
+
 def outputs(body: bytes) -> list[float]:
     data: list[float] = json.loads(body)["outputs"][0]["data"]
     return data
@@ -140,11 +152,7 @@ async def test_a_full_queue_refuses_from_the_head_and_the_connection_goes_on(
     running = asyncio.ensure_future(infer(http, url, "gate", -1.0))  # held until the gate opens
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
-        await scrape_until(http, url, lambda m: value(m, "aserve_batches_in_flight", **labels) == 1,
-                           what="the held request to run")
-        waiting = asyncio.ensure_future(infer(http, url, "gate", 2.0))
-        await scrape_until(http, url, lambda m: value(m, "aserve_queue_requests", **labels) == 1,
-                           what="a request to wait: the queue is full")
+        waiting = await fill_the_queue(http, url)
         # only the head, announcing a megabyte: the answer comes before the body is sent
         writer.write(head("gate", BIG))
         status, headers, body = await read_response(reader)
@@ -278,11 +286,7 @@ async def test_a_client_that_ignores_retry_after_is_held_and_one_that_waits_is_n
         return loop.time() - sent, int(headers["retry-after"])
 
     try:
-        await scrape_until(http, url, lambda m: value(m, "aserve_batches_in_flight", **labels) == 1,
-                           what="the held request to run")
-        waiting = asyncio.ensure_future(infer(http, url, "gate", 2.0))
-        await scrape_until(http, url, lambda m: value(m, "aserve_queue_requests", **labels) == 1,
-                           what="a request to wait: the queue is full")
+        waiting = await fill_the_queue(http, url)
         # the eager client: the first refusal holds nothing; the second came early, and holds
         # the connection: the third is read only after the hold
         await refused(eager)
