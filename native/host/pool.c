@@ -424,8 +424,13 @@ static worker_t *idle_worker(pool_t *p, uint64_t mask)
         if (w->waiting && (sleeper == NULL || (w->napping && !sleeper->napping)))
             sleeper = w;
     }
-    if (sleeper != NULL)
+    if (sleeper != NULL) {
         sleeper->waiting = 0;
+        if (sleeper->napping)
+            p->woke_napping++;
+        else
+            p->woke_blocked++;
+    }
     return sleeper;
 }
 
@@ -643,6 +648,8 @@ void as_pool_stats(pool_t *p, pool_stats_t *out)
     out->queued = p->queued;
     out->spinning = p->spinners;
     out->polled = p->polled;
+    out->woke_napping = p->woke_napping;
+    out->woke_blocked = p->woke_blocked;
     pthread_mutex_unlock(&p->mu);
 }
 

@@ -134,6 +134,7 @@ typedef struct pool {
     int64_t spin_ns;    /* how long an idle worker polls for a job before it blocks */
     int spinners, max_spinners;
     uint64_t polled;    /* shared jobs that found a worker polling for them */
+    uint64_t woke_napping, woke_blocked; /* shared jobs that had to wake a worker napping toward its window, or blocked */
     hjob *staged;       /* staged jobs not yet complete */
     uint64_t next_id;
     int efd;
@@ -264,6 +265,7 @@ typedef struct {
     size_t queued;
     int64_t spin_ns; /* time spent polling for jobs, all workers together */
     uint64_t polled; /* shared jobs that found a worker polling for them */
+    uint64_t woke_napping, woke_blocked; /* ... that woke a worker napping before its window, or blocked */
 } pool_stats_t;
 void as_pool_stats(pool_t *p, pool_stats_t *out);
 

@@ -227,6 +227,10 @@ async def test_counters_follow_requests(url: str, http: aiohttp.ClientSession) -
     assert after.family("aserve_pool_polled_batches_total").type == "counter"
     assert value(after, "aserve_pool_polled_batches_total", engine="main") >= value(
         before, "aserve_pool_polled_batches_total", engine="main")
+    # or had to wake one: asleep until its polling window, or blocked
+    for name in ("aserve_pool_woke_napping_batches_total", "aserve_pool_woke_blocked_batches_total"):
+        assert after.family(name).type == "counter"
+        assert value(after, name, engine="main") >= value(before, name, engine="main")
 
 
 async def test_adaptive_model_exports_its_cost_model(url: str, http: aiohttp.ClientSession) -> None:

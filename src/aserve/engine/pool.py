@@ -868,10 +868,12 @@ class Pool:
     def stats(self) -> dict[str, Any]:
         """interpreters, ready, active, busy (running a job), queued (waiting) and spinning
         (polling for a job) counts; spin_s: seconds the interpreters' threads spent polling;
-        polled: batches that found an interpreter polling for them (no wake-up)."""
+        polled: batches that found an interpreter polling for them (no wake-up);
+        woke_napping, woke_blocked: batches that woke one asleep until its polling window
+        (early), or blocked (late, or not polling)."""
         if self._native is None:
             return {"interpreters": 0, "ready": 0, "active": 0, "busy": 0, "queued": 0, "spinning": 0,
-                    "spin_s": 0.0, "polled": 0}
+                    "spin_s": 0.0, "polled": 0, "woke_napping": 0, "woke_blocked": 0}
         stats: dict[str, Any] = self._native.stats()
         return stats
 

@@ -152,6 +152,10 @@ _POOL_COUNTERS = {
                 "traded for latency at low load.")),
     "polled": ("aserve_pool_polled_batches_total",
                "Batches that found an interpreter polling for them, so no thread had to be woken (spin_us)."),
+    "woke_napping": ("aserve_pool_woke_napping_batches_total",
+                     "Batches that woke an interpreter asleep until its polling window (they came early)."),
+    "woke_blocked": ("aserve_pool_woke_blocked_batches_total",
+                     "Batches that woke an interpreter blocked after its polling window, or not polling."),
 }
 
 
