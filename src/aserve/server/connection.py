@@ -142,7 +142,7 @@ class Connection(asyncio.Protocol):
         self._discard = False  # nothing more is read on this connection: its last answers are owed
         self._held = False  # reads nothing for a while after a refusal for overload (Response.hold)
         self._held_until = 0.0  # loop time the hold ends
-        self._refusals = 0  # refusals in a row that held the connection
+        self._refusals = 0  # early refusals that held the connection, less one per answer since
         self._told_until = 0.0  # time.monotonic() before which the last refusal asked the client not to retry
         self._task: asyncio.Future[Any] | Pending | None = None  # the answer of the request being served
         self._serving: Request | None = None
@@ -494,17 +494,17 @@ class Connection(asyncio.Protocol):
             self._close_gracefully()
         elif type(response) is Response and response.hold > 0:
             self._refused(request, response)
-        else:
-            self._refusals = 0
+        elif self._refusals:
+            self._refusals -= 1  # one admitted does not mean the next will be: the hold shrinks a step
 
     def _refused(self, request: Request, response: Response) -> None:
         """A refusal for overload was sent. If the client sent this request before the last
         refusal's Retry-After had passed, it does not wait as told: the connection reads
         nothing for the time the server expects to need before it can admit one, twice as
-        long for each such refusal in a row (to HOLD_MAX_S), less a random part, so that
-        many such clients come back spread out, about as fast as the server admits them,
-        and refusing them does not take the CPU the batches need. A client that waits as
-        told is never held."""
+        long for each such refusal, one step less for each answer since (to HOLD_MAX_S),
+        less a random part: many such clients come back spread out, about as fast as the
+        server admits them, and refusing them does not take the CPU the batches need. A
+        client that waits as told is never held."""
         early = request.received < self._told_until
         self._told_until = time.monotonic() + int(response.headers.get("Retry-After", "1"))
         if not early:
