@@ -13,7 +13,7 @@
  * pays only when the job comes while it polls, so each worker remembers how long its
  * last idle gaps lasted (from running out of jobs to the next job being queued) and
  * polls over the window they predict (poll_window): it sleeps until just before the
- * earliest, then polls until the latest, at most spin_ns after it went idle and at most
+ * earliest, then polls until about the latest, at most spin_ns after it went idle and at most
  * half the typical gap. A client in a closed loop then finds a worker polling without
  * one burnt for the whole gap; gaps longer than spin_ns block at once; arrivals at
  * random burn at most about half the idle time. The host's loop, likewise, may poll the

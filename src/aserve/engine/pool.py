@@ -261,7 +261,8 @@ class Pool:
                  spinners: int | None = None) -> None:
         if engine not in ENGINES:
             raise EngineError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
-        n = interpreters if interpreters is not None else cpus.available()
+        have = cpus.available()
+        n = interpreters if interpreters is not None else have
         if n < 1:
             raise EngineError(f"interpreters must be >= 1, got {n}")
         if engine == "private" and n > _native.MAX_NAMESPACES:
@@ -279,7 +280,6 @@ class Pool:
         self.engine = engine
         self.interpreters = n
         self.spin_us = spin_us
-        have = cpus.available()
         self.spinners = spinners if spinners is not None else _spinners(have)
         self._poll_s = spin_us / 1e6 if have >= 2 else 0.0  # on one CPU the loop's polling starves the batch
         self._polling = False  # a _poll callback is scheduled
@@ -322,7 +322,7 @@ class Pool:
             try:
                 native.add_interpreter(functools.partial(self._complete, fut))
             except _native.EngineError as e:
-                self._forget(fut)
+                self._forget()
                 fut.set_exception(EngineError(str(e)))
             futures.append(fut)
         results = await asyncio.gather(*futures, return_exceptions=True)
@@ -514,8 +514,8 @@ class Pool:
         self._in_flight += 1
         return self._loop.create_future()
 
-    def _forget(self, fut: asyncio.Future[Any]) -> None:
-        """A job that was never queued after all."""
+    def _forget(self) -> None:
+        """A job that was never queued after all (no lone job's time either)."""
         self._lone_from = 0.0
         self._done_one()
 
@@ -525,10 +525,10 @@ class Pool:
         try:
             self._started.submit(functools.partial(self._complete, fut), kind, model, text, target)
         except _native.EngineError as e:
-            self._forget(fut)
+            self._forget()
             raise EngineError(str(e)) from None
         except BaseException:
-            self._forget(fut)
+            self._forget()
             raise
         return fut
 
@@ -673,8 +673,7 @@ class Pool:
             else:
                 job = self._started.infer(entry.ref, functools.partial(self._batch_done, done), inputs, entry.mask)
         except BaseException:
-            self._lone_from = 0.0  # never ran: no lone job's time
-            self._done_one()
+            self._forget()
             raise
         return job
 
@@ -716,7 +715,7 @@ class Pool:
         try:
             self._started.infer(ref, functools.partial(self._complete, fut), ordered, self._models[model].mask)
         except BaseException:
-            self._forget(fut)
+            self._forget()
             raise
         return tensors(await fut)
 
@@ -750,8 +749,7 @@ class Pool:
         try:
             job = self._started.infer(ref, done, ordered, entry.mask, True)
         except BaseException:
-            self._lone_from = 0.0  # never ran: no lone job's time
-            self._done_one()
+            self._forget()
             raise
         return StagedRun(job, model, result)
 
@@ -766,10 +764,10 @@ class Pool:
         try:
             posted = self._started.offer(run.id, functools.partial(self._complete, fut), ordered, last_stage)
         except BaseException:
-            self._forget(fut)
+            self._forget()
             raise
         if not posted:
-            self._forget(fut)
+            self._forget()
             fut.cancel()
             return None
         return fut
