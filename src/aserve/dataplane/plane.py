@@ -118,7 +118,6 @@ class DataPlane:
         schema = handle.schema
         if batcher is None or schema is None or not handle.ready:
             return
-        start = time.perf_counter()
         budget = None  # the policy's own
         if call.codec.budgets:  # a request may carry its own, up to the schema's largest
             largest = schema.max_latency_budget_ms
@@ -130,7 +129,7 @@ class DataPlane:
         try:
             batcher.refuse_ahead(budget=budget, waited=waited)
         except Overloaded as exc:
-            _failed(handle, call, None, start, exc)
+            _failed(handle, call, None, time.perf_counter(), exc)  # refused at once
             raise
 
     def submit(self, call: InferCall, /, *, handle: ModelHandle | None = None) -> Pending:

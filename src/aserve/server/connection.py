@@ -41,7 +41,7 @@ from ..config import ServerSettings
 from ..dataplane.plane import Pending
 from ..errors import BodyTimeout, InvalidInput, PayloadTooLarge
 from ..inference import Answer
-from .errors import HOLD_MAX_S, error_response, from_exception
+from .errors import error_response, from_exception
 from .http import CONTINUE, Request, Response, encode
 from .router import Dispatcher, too_large
 
@@ -51,6 +51,7 @@ MAX_FIELDS = 128  # header fields in one request (more: 431)
 PIPELINE_LIMIT = 1 << 20  # body bytes waiting behind the request in progress before reading stops
 MAX_WAITING = 32  # requests waiting behind the one in progress before reading stops
 CLOSE_GRACE_S = 1.0  # after a closing answer, how long the client may go on sending before the close
+HOLD_MAX_S = 1.0  # longest a connection refused for overload reads nothing (Retry-After says at least 1 s)
 # answers from the head after which the connection closes rather than read the body on the way
 _CLOSING = frozenset({401, 403, 413})
 _METHODS = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")}

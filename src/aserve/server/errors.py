@@ -48,9 +48,6 @@ class ExpectationFailed(AserveError):
     status = 417
 
 
-HOLD_MAX_S = 1.0  # longest a connection refused for overload reads nothing (Retry-After says at least 1 s)
-
-
 def retry_after(seconds: float) -> str:
     """A Retry-After header value: whole seconds, at least 1, and one more for half of the
     requests at random: clients refused together (in a burst) come back over two seconds."""
@@ -130,7 +127,7 @@ def from_exception(request: Request, exc: BaseException, policy: ErrorPolicy) ->
     if isinstance(exc, Overloaded):
         # a client that ignores Retry-After has its next request read no sooner than the
         # server expects to admit one: refusing it again would only take CPU from the batches
-        response.hold = min(exc.retry_after, HOLD_MAX_S)
+        response.hold = exc.retry_after
     return response
 
 

@@ -64,9 +64,9 @@ class Request:
 
 class Response:
     """What a handler answers: a status, headers (Content-Type among them) and a body of
-    buffers; `close`: the connection closes after it; `hold`: seconds the connection reads
-    nothing more after it (a refusal for overload: the client's next request is read when
-    the server expects it can be admitted)."""
+    buffers; `close`: the connection closes after it; `hold`: for a refusal for overload,
+    the seconds the server expects to wait before it can admit a request (the connection
+    holds a client that does not wait as told: `Connection._refused`)."""
 
     __slots__ = ("chunks", "close", "headers", "hold", "status")
 
