@@ -20,6 +20,7 @@
 #     default /opt/wheels, or pip's find-links) and its dependencies from PyPI.
 #
 # Environment: ASERVE_IMAGE (the tag, default aserve:latest), ASERVE_ENGINE (docker or podman),
+# ASERVE_DOCKERFILE (another Dockerfile to build the same way, default docker/Dockerfile),
 # PYTHON_IMAGE (a base to use as it is), TORCH_INDEX_URL (an index to use as it is),
 # ASERVE_WHEELS, DEBIAN_MIRROR (for debootstrap, default http://deb.debian.org/debian).
 # Prints, last, one line of JSON: the engine, the tag, the base, the seconds each step took
@@ -28,6 +29,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TAG=${ASERVE_IMAGE:-aserve:latest}
+DOCKERFILE=${ASERVE_DOCKERFILE:-docker/Dockerfile}
 OFFICIAL_BASE=docker.io/library/python:3.11-slim-bookworm
 STANDIN_BASE=localhost/aserve-python:3.11-slim-bookworm
 ROOTFS=localhost/aserve-bookworm-rootfs:minbase
@@ -142,8 +144,8 @@ pick_base() {
     fi
 }
 
-dockerfile_arg() { # the default of an ARG in docker/Dockerfile
-    sed -n "s/^ARG $1=//p" docker/Dockerfile | head -1
+dockerfile_arg() { # the default of an ARG in the Dockerfile
+    sed -n "s/^ARG $1=//p" "$DOCKERFILE" | head -1
 }
 
 serve_torch_index() { # a PEP 503 index on 127.0.0.1 of the local CPU torch wheel and its dependencies
@@ -162,7 +164,16 @@ serve_torch_index() { # a PEP 503 index on 127.0.0.1 of the local CPU torch whee
         --platform "manylinux_2_28_$(uname -m)" --platform "manylinux2014_$(uname -m)" \
         --find-links "$(dirname "$wheel")" "torch==$version+cpu" >&2
     "$py" docker/pep503.py "$INDEX_DIR/files" "$INDEX_DIR/simple"
-    port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    # the same port from build to build where it is free: the URL is a build argument, and a
+    # new one would make the engine install torch again instead of using its cached layer
+    port=$("$py" -c '
+import socket
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", 39503))
+except OSError:
+    s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
     "$py" -m http.server --bind 127.0.0.1 --directory "$INDEX_DIR" "$port" >/dev/null 2>&1 &
     INDEX_PID=$!
     local i
@@ -189,9 +200,19 @@ pick_engine
 pick_base
 say "engine $ENGINE, base $BASE"
 
-args=(build -f docker/Dockerfile -t "$TAG" --build-arg "PYTHON_IMAGE=$BASE")
-# podman's default OCI format has no HEALTHCHECK: the Docker format keeps it
-[ "$ENGINE" = podman ] && args+=(--format docker)
+args=(build -f "$DOCKERFILE" -t "$TAG" --build-arg "PYTHON_IMAGE=$BASE")
+if [ "$ENGINE" = podman ]; then
+    # podman's default OCI format has no HEALTHCHECK: the Docker format keeps it
+    args+=(--format docker)
+    # buildah 1.28 (podman 4.3, Debian bookworm's) mounts an empty folder for
+    # `RUN --mount=...,from=builder` when the builder stage came from its layer cache
+    # (containers/buildah#4375, fixed after it), and the install finds no wheel: no cache there
+    buildah=$(podman info --format '{{.Host.BuildahVersion}}' 2>/dev/null || echo 0)
+    if printf '1.29\n%s\n' "$buildah" | sort -V -C 2>/dev/null; then :; else
+        say "buildah $buildah: building without its layer cache (containers/buildah#4375)"
+        args+=(--no-cache)
+    fi
+fi
 if [ -n "${TORCH_INDEX_URL:-}" ]; then
     args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL")
 elif ! curl -fsS --max-time 20 -o /dev/null "$(dockerfile_arg TORCH_INDEX_URL)/torch/" 2>/dev/null; then
