@@ -185,7 +185,14 @@ print(s.getsockname()[1])')
     TORCH_INDEX=http://127.0.0.1:$port/simple/
 }
 
+dangling() { "$ENGINE" images -q --no-trunc --filter dangling=true 2>/dev/null | sort -u; }
+
 cleanup() {
+    # without a layer cache, the images a build leaves unnamed (the builder stage's, a failed
+    # step's) are of no further use: remove those this build made
+    if [ -n "${DANGLING_BEFORE+set}" ]; then
+        comm -13 <(printf '%s\n' "$DANGLING_BEFORE") <(dangling) | xargs -r "$ENGINE" rmi >/dev/null 2>&1 || true
+    fi
     [ -n "${BASE_TMP:-}" ] && rm -rf "$BASE_TMP"
     [ -n "${INDEX_PID:-}" ] && kill "$INDEX_PID" 2>/dev/null
     [ -n "${INDEX_DIR:-}" ] && rm -rf "$INDEX_DIR"
@@ -211,6 +218,7 @@ if [ "$ENGINE" = podman ]; then
     if printf '1.29\n%s\n' "$buildah" | sort -V -C 2>/dev/null; then :; else
         say "buildah $buildah: building without its layer cache (containers/buildah#4375)"
         args+=(--no-cache)
+        DANGLING_BEFORE=$(dangling)
     fi
 fi
 if [ -n "${TORCH_INDEX_URL:-}" ]; then
