@@ -304,13 +304,12 @@ static PyObject *pool_infer(pool_t *p, PyObject *args, PyObject *kw)
         as_pool_job_free(j);
         return NULL;
     }
-    j->id = p->next_id + 1; /* host GIL: next_id is the host's */
+    j->id = __atomic_add_fetch(&p->next_id, 1, __ATOMIC_RELAXED); /* fronts number theirs too */
     PyObject *id = PyLong_FromUnsignedLongLong(j->id);
     if (id == NULL) {
         as_pool_job_free(j);
         return NULL;
     }
-    p->next_id = j->id;
     if (staged)
         as_pool_stage(p, j);
     as_pool_enqueue(p, j, -1);
@@ -600,6 +599,8 @@ static PyObject *pool_jobs(pool_t *p, PyObject *Py_UNUSED(ignored))
 
 static PyObject *pool_get_engine(pool_t *p, void *Py_UNUSED(closure)) { return PyUnicode_FromString(p->engine_name); }
 
+static PyObject *pool_get_address(pool_t *p, void *Py_UNUSED(closure)) { return PyLong_FromVoidPtr(p); }
+
 static PyMethodDef pool_methods[] = {
     {"add_interpreter", (PyCFunction)pool_add_interpreter, METH_O,
      "add_interpreter(token) -> index: start one more interpreter; drain reports (token, ok, error) when it is "
@@ -654,6 +655,8 @@ static PyMethodDef pool_methods[] = {
 
 static PyGetSetDef pool_getset[] = {
     {"engine", (getter)pool_get_engine, NULL, "engine name", NULL},
+    {"address", (getter)pool_get_address, NULL,
+     "the pool's address, for a front's Link.infer (valid while this object lives)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

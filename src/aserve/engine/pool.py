@@ -832,6 +832,16 @@ class Pool:
         """Interpreters given up on: stuck in a cancelled job, they get no jobs."""
         return [i for i in range(self.interpreters) if self.lost_mask >> i & 1]
 
+    @property
+    def address(self) -> int:
+        """The native pool's address, for a front's Link (server/front.py)."""
+        address: int = self._started.address
+        return address
+
+    def mask_of(self, model: str) -> int:
+        """The interpreters that run `model`, as a bit mask."""
+        return self._entry(model).mask
+
     def serves(self, model: str) -> bool:
         """Whether an interpreter that is not lost runs `model` (False if it is not loaded)."""
         entry = self._models.get(model)

@@ -241,11 +241,21 @@ def _batcher(out: Exposition, labels: Labels, stats: Mapping[str, Any]) -> None:
 
 def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Metrics,
            schedulers: Mapping[str, Any] | None = None, http: HttpStats | None = None,
-           tracing: Mapping[str, int] | None = None) -> str:
+           tracing: Mapping[str, int] | None = None, fronts: list[dict[str, Any]] | None = None,
+           loops: Any = None) -> str:
     """The exposition text: every model (requests, batcher, policy), then every pool
     (with its fair scheduler's slots), then the HTTP front (`app.HttpStats`), then
-    the tracer's records (`Tracer.stats()`, when tracing is on)."""
+    the tracer's records (`Tracer.stats()`, when tracing is on). `fronts`: what the front
+    loops counted (`server/loops.py` `Loops.stats`), added to the host's; `loops`: the
+    `Loops` themselves (how many serve, how many were started again)."""
     out = Exposition()
+    reported: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    if fronts:
+        metrics = metrics.combined([row for front in fronts for row in front["requests"]])
+        http = _http_combined(http, [front["http"] for front in fronts])
+        for front in fronts:
+            for m in front["models"]:
+                reported.setdefault((m["name"], m["version"]), []).append(m["batcher"])
     for handle in sorted(models, key=lambda h: h.name):
         labels = {"model": handle.name, "version": handle.version}
         out.add("aserve_model_ready", "gauge", "1 when the model answers requests.", int(handle.ready), labels)
@@ -256,7 +266,8 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
                 labels)
         _requests(out, labels, metrics.stats(handle.name, handle.version))
         if handle.batcher is not None:
-            _batcher(out, labels, handle.batcher.stats())
+            _batcher(out, labels, _batcher_combined(handle.batcher.stats(),
+                                                    reported.get((handle.name, handle.version), ())))
     for engine in sorted(pools):
         for key, value in pools[engine].stats().items():
             number = _number(value)
@@ -284,10 +295,37 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
                     "Requests refused before a handler saw them, by reason: malformed (400), header_size (431), "
                     "body_size (413), timeout (408: not received within --request-timeout), connection_limit "
                     "(503: over --max-connections).", http.refused[reason], {"reason": reason})
+    if loops is not None:
+        out.add("aserve_event_loops", "gauge", "Front event loops serving connections (--loops).", loops.serving)
+        out.add("aserve_event_loop_restarts_total", "counter",
+                "Front event loops that ended without being told to, and were started again.", loops.restarts)
     if tracing is not None:
         for key, help in _TRACE_COUNTERS.items():
             out.add(f"aserve_trace_{key}_total", "counter", help, tracing[key])
     return out.text()
+
+
+def _http_combined(http: HttpStats | None, others: list[Mapping[str, Any]]) -> HttpStats:
+    out = HttpStats()
+    mine: list[Mapping[str, Any]] = [] if http is None else [
+        {"requests": http.requests, "connections": http.connections, "refused": http.refused}]
+    for counts in mine + others:
+        out.requests += counts["requests"]
+        out.connections += counts["connections"]
+        for reason, count in counts["refused"].items():
+            out.refused[reason] = out.refused.get(reason, 0) + count
+    return out
+
+
+def _batcher_combined(stats: dict[str, Any], others: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """A model's batcher counters with other loops' batchers of the same load added (its
+    policy's state is the host's)."""
+    for other in others:
+        for key, value in other.items():
+            mine = stats.get(key)
+            if key != "policy" and isinstance(value, (int, float)) and isinstance(mine, (int, float)):
+                stats[key] = mine + value
+    return stats
 
 
 _TRACE_COUNTERS = {
@@ -301,6 +339,7 @@ async def metrics(app: App, request: Request) -> Response:
     """GET /metrics"""
     plane = app.plane
     registry = plane.registry
+    fronts = await app.loops.stats() if app.loops is not None else None
     text = render(registry.handles(), registry.pools, plane.metrics, registry.schedulers, http=app.stats,
-                  tracing=plane.tracer.stats() if plane.tracer else None)
+                  tracing=plane.tracer.stats() if plane.tracer else None, fronts=fronts, loops=app.loops)
     return Response(200, text.encode(), content_type=CONTENT_TYPE)
