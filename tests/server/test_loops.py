@@ -55,15 +55,25 @@ async def looped(start_server, tmp_path: pathlib.Path):  # type: ignore[no-untyp
 
 async def test_infer_is_served_by_every_loop_and_counted_once(looped) -> None:  # type: ignore[no-untyped-def]
     server, url = looped
-    # eight connections: the host hands them to the front with the fewest
-    sessions = [aiohttp.ClientSession() for _ in range(8)]
+    # eight connections: the host hands each to the front with the fewest
+    sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) for _ in range(8)]
+
+    async def client(i: int, session: aiohttp.ClientSession) -> None:
+        for k in range(5):
+            await infer(session, url, 10 * i + k)
+
     try:
-        await asyncio.gather(*(infer(s, url, 10 * i + k) for i, s in enumerate(sessions) for k in range(5)))
+        await asyncio.gather(*(client(i, s) for i, s in enumerate(sessions)))
+        async with aiohttp.ClientSession() as http:
+            balance = await scrape(http, url)
     finally:
         for s in sessions:
             await s.close()
+    # the eight are still open while the scrape's own connection is served: four and four, plus that one
+    counts = sorted(value(balance, "aserve_event_loop_connections", loop=str(i)) for i in range(2))
+    assert counts == [4, 5], counts
     per_front = await front_requests(server)
-    assert sum(per_front) == 40 and all(n >= 15 for n in per_front), per_front
+    assert sum(per_front) == 41 and all(n >= 15 for n in per_front), per_front  # the 40 and the scrape
     assert server.plane.model("add").batcher.requests == 0  # the host's batcher ran none of them
     async with aiohttp.ClientSession() as http:
         text = await scrape(http, url)
@@ -141,12 +151,14 @@ async def test_a_loop_that_dies_is_replaced_while_the_other_serves(looped, caplo
         assert doomed == [2, 2]
         with caplog.at_level(logging.ERROR, logger="aserve.server"):
             loops.fail(0)
-            # the other loop serves on while the first is started again
-            async with aiohttp.ClientSession() as fresh:
-                await infer(fresh, url, 99)
-            assert await loops.serving_all(30)
             while loops.restarts < 1:
                 await asyncio.sleep(0.01)
+            # the other loop serves on while the first waits to be started again; readiness says so
+            async with aiohttp.ClientSession() as fresh:
+                async with fresh.get(f"{url}/v2/health/ready") as r:
+                    answer = await r.json()
+                assert r.status == 503 and answer["reason"] == "1 of 2 event loops serve: one is being started again"
+                await infer(fresh, url, 99)
             assert await loops.serving_all(30)
         assert any("loop 0 ended" in m and "loop 0 was told to fail" in m for m in caplog.messages), caplog.messages
         # connections of the loop that died were closed; clients reconnect and are served
@@ -208,3 +220,22 @@ async def test_access_log_has_each_request_once(start_server, tmp_path: pathlib.
     assert len([m for m in lines if "GET /v2/models/add " in m]) == 1, lines
     records = [r for r in caplog.records if r.name == "aserve.access" and "infer" in r.getMessage()]
     assert records[0].status == 200 and records[0].remote == "127.0.0.1"  # the fields the JSON format writes
+
+
+async def test_draining_reaches_every_loop(looped) -> None:  # type: ignore[no-untyped-def]
+    server, url = looped
+    sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) for _ in range(2)]
+    try:
+        await asyncio.gather(*(infer(s, url, i) for i, s in enumerate(sessions)))
+        assert [f.connections for f in server.loops.fronts] == [1, 1]
+        server.drain()
+        await server.loops.stats()  # a round trip to every front: each has read the drain before it
+        for i, session in enumerate(sessions):  # one connection on each loop: answered, then closed
+            rows = [[i, 1, 2, 3]]
+            async with session.post(f"{url}/v2/models/add/infer", json=add_body(rows, rows)) as r:
+                assert r.status == 200 and r.headers["Connection"] == "close"
+            async with session.get(f"{url}/v2/health/ready") as r:
+                assert r.status == 503 and "draining" in (await r.json())["reason"]
+    finally:
+        for s in sessions:
+            await s.close()

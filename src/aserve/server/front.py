@@ -108,7 +108,7 @@ class LinkEngine:
 
 class _Connections(set[Any]):
     """The front's open connections; each one that closes tells the host (it spreads new
-    connections over the fronts by how many each has)."""
+    connections over the fronts by how many each has: those it handed, less those gone)."""
 
     def __init__(self, gone: Any) -> None:
         super().__init__()
@@ -117,7 +117,7 @@ class _Connections(set[Any]):
     def discard(self, conn: Any) -> None:
         if conn in self:
             super().discard(conn)
-            self._gone(len(self))
+            self._gone()
 
 
 _RECORD_FIELDS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
@@ -240,7 +240,7 @@ class Front:
                         await loop.connect_accepted_socket(self.http, sock)
                     except OSError:  # the client left before it was served
                         sock.close()
-                        self._gone(len(self.http.connections))
+                        self._gone()
                 elif op == "answer":
                     future = self._asked.get(message["id"])
                     if future is not None and not future.done():
@@ -271,9 +271,9 @@ class Front:
             logging.getLogger().handlers[:] = []
             channel.close()
 
-    def _gone(self, connections: int) -> None:
+    def _gone(self) -> None:
         if self.channel is not None:
-            self.channel.send({"op": "load", "connections": connections})
+            self.channel.send({"op": "gone"})
 
     async def _close(self, timeout: float) -> None:
         """Answer what was accepted (within `timeout`), then stop."""

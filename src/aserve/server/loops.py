@@ -38,12 +38,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("aserve.server")
 
 STATS_TIMEOUT_S = 5.0  # longest the host waits for a front's counters
+RESTART_FIRST_S = 0.5  # a loop that ended is started again after this, doubled while it keeps ending
+RESTART_MAX_S = 10.0
+RESTART_RESET_S = 60.0  # a loop that ran this long before it ended starts again after RESTART_FIRST_S
 
 
 class FrontLoop:
     """The host's view of one front."""
 
-    __slots__ = ("channel", "connections", "handed", "index", "job", "ready", "started")
+    __slots__ = ("channel", "connections", "failures", "handed", "index", "job", "ready", "started")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -53,6 +56,7 @@ class FrontLoop:
         self.connections = 0
         self.handed: set[int] = set()  # descriptors sent to it that it has not yet taken
         self.started = time.monotonic()
+        self.failures = 0  # ends in a row, each soon after its start
 
 
 class Loops:
@@ -140,8 +144,8 @@ class Loops:
                 elif op == "log":
                     logging.getLogger(message["name"]).log(message["level"], "%s", message["message"],
                                                            extra=message["extra"])
-                elif op == "load":
-                    front.connections = message["connections"]
+                elif op == "gone":
+                    front.connections -= 1
                 elif op == "took":
                     front.handed.discard(message["fd"])
                 elif op in ("stats", "retired"):
@@ -186,9 +190,16 @@ class Loops:
             return
         error = job.exception() if not job.cancelled() else None
         self.restarts += 1
-        log.error("loop %d ended (%s): its connections are closed; starting it again", front.index,
-                  f"{type(error).__name__}: {error}" if error else "it returned")
-        self._start(front)
+        # a loop that keeps failing is started again ever later (at most RESTART_MAX_S), not in a tight circle
+        front.failures = front.failures + 1 if time.monotonic() - front.started < RESTART_RESET_S else 1
+        delay = min(RESTART_MAX_S, RESTART_FIRST_S * 2 ** (front.failures - 1))
+        log.error("loop %d ended (%s): its connections are closed; starting it again in %.1f s", front.index,
+                  f"{type(error).__name__}: {error}" if error else "it returned", delay)
+        asyncio.get_running_loop().call_later(delay, self._restart, front)
+
+    def _restart(self, front: FrontLoop) -> None:
+        if not self.closing:
+            self._start(front)
 
     async def _answer(self, channel: Channel, message: dict[str, Any]) -> None:
         """Answer a request a front handed over, with the host's router and handlers."""

@@ -299,6 +299,10 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
         out.add("aserve_event_loops", "gauge", "Front event loops serving connections (--loops).", loops.serving)
         out.add("aserve_event_loop_restarts_total", "counter",
                 "Front event loops that ended without being told to, and were started again.", loops.restarts)
+        for front in loops.fronts:
+            out.add("aserve_event_loop_connections", "gauge",
+                    "Connections a front event loop serves now (new ones go to the loop with the fewest).",
+                    front.connections, {"loop": str(front.index)})
     if tracing is not None:
         for key, help in _TRACE_COUNTERS.items():
             out.add(f"aserve_trace_{key}_total", "counter", help, tracing[key])
