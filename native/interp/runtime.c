@@ -254,7 +254,8 @@ static void run_attached(as_interp *ip, as_job *job)
         if (inputs != NULL && job->join != NULL && (join = as_join_new(ip, job->join)) == NULL)
             Py_CLEAR(inputs);
         if (inputs != NULL && job->trace) {
-            PyObject *r = PyObject_CallNoArgs(ip->fn_trace_begin);
+            /* the W3C headers of the batch's run span, for the OpenTelemetry context of the call */
+            PyObject *r = PyObject_CallFunction(ip->fn_trace_begin, "z", job->text);
             if (r == NULL)
                 Py_CLEAR(inputs);
             Py_XDECREF(r);

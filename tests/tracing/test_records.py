@@ -127,8 +127,8 @@ async def test_an_exporter_that_is_gone_drops_records_and_never_fails_a_request(
 
 def test_a_span_travels_as_the_msgpack_array_the_encoder_reads() -> None:
     fields = [1, 2, 3, 0, False, "batch m", recorder.INTERNAL, 10, 20, {"aserve.model": "m"}, recorder.UNSET, "",
-              [["stage 1 done", 15, {"aserve.stage": 1}]], [[1, 2, 5, None]]]
-    span = recorder.Span(*fields[:12], [("stage 1 done", 15, {"aserve.stage": 1})], [(1, 2, 5, None)])
+              [["stage 1 done", 15, {"aserve.stage": 1}]], [[1, 2, 5, None]], "vendor=x"]
+    span = recorder.Span(*fields[:12], [("stage 1 done", 15, {"aserve.stage": 1})], [(1, 2, 5, None)], "vendor=x")
     assert msgspec.msgpack.encode(span) == msgspec.msgpack.encode(fields)
     request = recorder.RequestSpan(*fields, 1, 2, 3, 4, 5, 6)
     assert msgspec.msgpack.encode(request) == msgspec.msgpack.encode([*fields, 1, 2, 3, 4, 5, 6])

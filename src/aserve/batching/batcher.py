@@ -42,7 +42,7 @@ from typing import Any
 from .._native import RequestTrace
 from ..errors import EngineError, ModelError, Overloaded, RequestTimeout
 from ..tensor import Tensor, concat_inputs, same_sample_shapes, split_outputs, wrong_rows
-from ..tracing.batches import trace_batch
+from ..tracing.batches import BatchContext, batch_context, trace_batch
 from ..tracing.recorder import Tracer
 from .fair import FairScheduler, Seat
 from .joining import Joining, LayerJoin
@@ -63,7 +63,7 @@ _NEVER = math.inf
 class _Batch:
     """A batch in flight: its requests and when it started; `done` is the engine's callback."""
 
-    __slots__ = ("batcher", "job", "requests", "samples", "started", "traced")
+    __slots__ = ("batcher", "context", "job", "requests", "samples", "started", "traced")
 
     def __init__(self, batcher: Batcher, requests: list[Request], samples: int, started: float,
                  traced: bool = False) -> None:
@@ -73,6 +73,7 @@ class _Batch:
         self.samples = samples
         self.started = started
         self.traced = traced  # a request of it is sampled: the engine reports where and when it ran
+        self.context: BatchContext | None = None  # then its ids, drawn before it runs
 
     def done(self, outputs: dict[str, Tensor] | None, error: BaseException | None, ran: Any = None) -> None:
         self.batcher._batch_done(self, outputs, error, ran)
@@ -480,8 +481,10 @@ class Batcher:
         self._batches.add(run)
         try:
             if self._traced and self._is_traced(batch):
+                assert self.tracer is not None
                 run.traced = True
-                run.job = self._run_batch(self.key, inputs, run.done, trace=True)  # type: ignore[call-arg]
+                run.context = batch_context(self.tracer, batch)
+                run.job = self._run_batch(self.key, inputs, run.done, trace=run.context.header)  # type: ignore[call-arg]
             else:
                 run.job = self._run_batch(self.key, inputs, run.done)
         except Exception as e:  # noqa: BLE001 - the engine refused the batch: answer it from the loop
@@ -516,7 +519,7 @@ class Batcher:
         requests = run.requests
         elapsed = self._clock() - run.started
         if run.traced and self.tracer is not None:
-            trace_batch(self.tracer, self.model, run.requests, run.samples, run.started, ran, error)
+            trace_batch(self.tracer, self.model, run.requests, run.samples, run.started, ran, error, context=run.context)
         self.compute_seconds += elapsed * len(requests)
         self._count_batch(run.samples, elapsed)
         isolating = False

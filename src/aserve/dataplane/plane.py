@@ -278,10 +278,15 @@ def _failed(handle: ModelHandle, call: InferCall, trace: RequestTrace | None, st
 def start_trace(tracer: Tracer, call: InferCall) -> RequestTrace | None:
     """The call's RequestTrace when it is sampled, with its OpenTelemetry HTTP server
     attributes (the same for every call to a model, route and address: made once, kept in
-    the tracer's table)."""
-    trace = tracer.start(call.headers)
+    the tracer's table) and the caller's W3C tracestate and baggage."""
+    headers = call.headers
+    trace = tracer.start(headers)
     if trace is None:
         return None
+    if trace.remote and "tracestate" in headers:  # a caller's tracestate goes with its traceparent only
+        trace.tracestate = recorder.parse_tracestate(headers["tracestate"])
+    if "baggage" in headers:
+        trace.baggage = headers["baggage"]
     protocol = call.codec.protocol(call)
     key = (call.route, call.model, call.version, protocol, call.host)
     index = tracer.route(key)
