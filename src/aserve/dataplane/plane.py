@@ -235,9 +235,12 @@ class Pending:
             _failed(handle, call, trace, self.start, exc)
             self._tell(None, exc)
             return
-        handle.stats.succeeded(time.perf_counter() - self.start, request.samples)
-        if trace is not None and not trace.end(200):
-            end_trace(trace, call, None)
+        if trace is None:
+            handle.stats.succeeded(time.perf_counter() - self.start, request.samples)
+        else:
+            handle.stats.succeeded(time.perf_counter() - self.start, request.samples, trace.trace_id_hex)
+            if not trace.end(200):
+                end_trace(trace, call, None)
         self._tell(encoded, None)
 
     def _tell(self, answer: Answer | None, error: BaseException | None) -> None:
