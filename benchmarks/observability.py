@@ -22,6 +22,15 @@ the same, in the same run.
   a `traceparent`, `TraceContextTextMapPropagator().extract`, for requests without and
   with a caller's traceparent, at r = 1% and 100%.
 
+- `model_context`: what a traced batch costs in its interpreter (a private interpreter,
+  a model that echoes its input), per batch through the pool: untraced; traced as before
+  model code could trace (`trace=True`: times only); traced with the OpenTelemetry
+  context (the run span made current, tracestate and baggage, what aserve does now) and a
+  model that opens no span; the same with a model that opens one span with the API. The
+  first traced batch of a fresh interpreter, which imports the SDK, is timed on its own.
+  CPU time of the process per batch (the loop's and the worker's: the pool does not spin),
+  less moved by other work on the machine than the round trip's wall time.
+
 Each figure is the median over `--rounds` rounds (each round runs each configuration for
 about `--seconds`), the configurations of a part alternating within every round, so that a
 drift of the machine weighs on both alike. One JSON record per configuration, then one
@@ -40,6 +49,7 @@ import pathlib
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -325,6 +335,74 @@ def sdk_sampler(ratio: float, traceparent: str | None) -> Callable[[], Any]:
     return decide
 
 
+# ---- model_context ----
+
+ECHO = """
+from opentelemetry import trace
+from aserve.runtime import Model, TensorSpec
+
+tracer = trace.get_tracer(__name__)
+
+class Echo(Model):
+    inputs = (TensorSpec("X", "UINT8", (-1,)),)
+    outputs = (TensorSpec("Y", "UINT8", (-1,)),)
+    tensor_format = "memoryview"
+
+    def __call__(self, inputs):
+        if self.parameters.get("span"):
+            with tracer.start_as_current_span("echo"):
+                return {"Y": inputs["X"]}
+        return {"Y": inputs["X"]}
+"""
+CONTEXT = ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\ncongo=t61rcWkgMzE\ntenant=acme")
+
+
+def model_context(rounds: int, batches: int, folder: pathlib.Path) -> tuple[dict[str, list[float]], float]:
+    """CPU µs per batch of each configuration (the process's: the loop's and the worker's, which
+    does not spin), alternating, and the first traced batch's wall ms."""
+    from aserve.engine import ModelSpec, Pool
+    from aserve.tensor import Tensor
+
+    (folder / "echo.py").write_text(ECHO)
+    x = [Tensor("UINT8", (16,), bytes(16))]
+
+    async def run() -> tuple[dict[str, list[float]], float]:
+        async with Pool(engine="private", interpreters=1) as pool:
+            for name, span in (("echo", False), ("echo_span", True)):
+                await pool.load(ModelSpec(name=name, path=str(folder / "echo.py"), parameters={"span": span}))
+            loop = asyncio.get_running_loop()
+
+            async def one(model: str, trace: bool | str) -> None:
+                done: asyncio.Future[tuple[Any, ...]] = loop.create_future()
+
+                def finished(*result: Any) -> None:
+                    if not done.done():
+                        done.set_result(result)
+
+                pool.run(model, x, finished, trace=trace)
+                result = await done
+                assert result[1] is None, result[1]
+
+            t0 = time.perf_counter()
+            await one("echo", CONTEXT)  # imports the SDK in the interpreter
+            first_ms = (time.perf_counter() - t0) * 1e3
+            configs: dict[str, tuple[str, bool | str]] = {
+                "untraced": ("echo", False), "traced, times only": ("echo", True),
+                "traced, OpenTelemetry context, no span": ("echo", CONTEXT),
+                "traced, OpenTelemetry context, one span": ("echo_span", CONTEXT)}
+            times: dict[str, list[float]] = {name: [] for name in configs}
+            for k in range(rounds):
+                for name in (list(configs) if k % 2 == 0 else list(reversed(configs))):
+                    model, trace = configs[name]
+                    t0 = time.process_time()  # the process's CPU: the loop and the worker (no spinning)
+                    for _ in range(batches):
+                        await one(model, trace)
+                    times[name].append((time.process_time() - t0) / batches * 1e6)
+            return times, first_ms
+
+    return asyncio.run(run())
+
+
 # ---- the harness ----
 
 
@@ -350,7 +428,8 @@ def alternate(configs: dict[str, Callable[[], Any]], rounds: int, seconds: float
     return times
 
 
-def measure(rounds: int, seconds: float, models: int, requests: int) -> list[dict[str, Any]]:
+def measure(rounds: int, seconds: float, models: int, requests: int, batches: int,
+            folder: pathlib.Path) -> list[dict[str, Any]]:
     load = os.getloadavg()[0]
     common = {"bench": "observability", "rounds": rounds, "python": platform.python_version(),
               "cpus": os.cpu_count(), "load_1min_before": round(load, 2)}
@@ -400,6 +479,10 @@ def measure(rounds: int, seconds: float, models: int, requests: int) -> list[dic
             }, rounds, seconds), "us_per_request", ratio=ratio, traceparent=header is not None)
             sampler.update(medians)
 
+    # model_context
+    context_times, first_ms = model_context(rounds, batches, folder)
+    context = record("model_context", context_times, "cpu_us_per_batch", batches=batches)
+
     native_root = sampler["native Recorder.start (ratio 0.01, no traceparent)"]
     sdk_root = sampler["SDK ParentBased(TraceIdRatioBased) (ratio 0.01, no traceparent)"]
     summary = {
@@ -414,6 +497,11 @@ def measure(rounds: int, seconds: float, models: int, requests: int) -> list[dic
         "sampler_library_vs_native_1pct_roots": round(sdk_root / native_root, 1),
         "sampler_library_loop_share_at_30k_requests_per_s_pct": round(sdk_root * 3e4 / 1e4, 1),
         "sampler_native_loop_share_at_30k_requests_per_s_pct": round(native_root * 3e4 / 1e4, 2),
+        "context_us_per_traced_batch": round(context["traced, OpenTelemetry context, no span"]
+                                             - context["traced, times only"], 1),
+        "one_model_span_us": round(context["traced, OpenTelemetry context, one span"]
+                                   - context["traced, OpenTelemetry context, no span"], 1),
+        "first_traced_batch_ms": round(first_ms, 1),
     }
     records.append({**common, "summary": summary})
     return records
@@ -425,9 +513,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=0.2, help="each configuration's time per round")
     p.add_argument("--models", type=int, default=8, help="models on the scraped server")
     p.add_argument("--requests", type=int, default=512, help="traced requests per OTLP export")
+    p.add_argument("--batches", type=int, default=2000, help="batches per configuration per round (model_context)")
     p.add_argument("--json", type=pathlib.Path, help="also write the records here")
     args = p.parse_args(argv)
-    records = measure(args.rounds, args.seconds, args.models, args.requests)
+    with tempfile.TemporaryDirectory() as folder:
+        records = measure(args.rounds, args.seconds, args.models, args.requests, args.batches, pathlib.Path(folder))
     text = json.dumps(records, indent=1)
     print(text)
     if args.json is not None:

@@ -28,6 +28,10 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Trace
 _jobs: dict[int, list[list[Any]]] = {}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _baggage = W3CBaggagePropagator()
+# (tracestate, baggage) headers -> their TraceState and a context holding the baggage: parsed
+# once, since the same few recur (both are immutable)
+_parsed: dict[tuple[str, str], tuple[TraceState | None, Context]] = {}
+MAX_PARSED = 256
 
 
 def record(span: ReadableSpan) -> list[Any]:
@@ -87,14 +91,17 @@ def attach(parent: tuple[int, int], state: str, baggage: str) -> tuple[object, i
     """Make the batch's run span (trace id, span id), its tracestate and the baggage the
     current context; returns what `detach` takes."""
     trace_id, span_id = parent
-    trace_state = TraceState.from_header([state]) if state else None
+    parsed = _parsed.get((state, baggage))
+    if parsed is None:
+        if len(_parsed) >= MAX_PARSED:
+            _parsed.clear()
+        parsed = _parsed[state, baggage] = (TraceState.from_header([state]) if state else None,
+                                            _baggage.extract({"baggage": baggage}, Context()) if baggage else Context())
+    trace_state, with_baggage = parsed
     run = NonRecordingSpan(SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED,
                                        trace_state=trace_state))
-    ctx = _trace.set_span_in_context(run)
-    if baggage:
-        ctx = _baggage.extract({"baggage": baggage}, ctx)
     _jobs[trace_id] = []
-    return _context.attach(ctx), trace_id
+    return _context.attach(_trace.set_span_in_context(run, with_baggage)), trace_id
 
 
 def detach(token: tuple[object, int]) -> list[list[Any]]:
