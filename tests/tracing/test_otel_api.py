@@ -196,3 +196,35 @@ async def test_a_malformed_traceparent_starts_a_new_trace_and_drops_its_tracesta
 ])
 def test_tracestate_is_kept_only_when_valid(header: str, kept: str | None) -> None:
     assert parse_tracestate(header) == kept
+
+
+async def test_aserve_span_records_spans_where_the_sdk_cannot_be_imported(
+    start_server, tmp_path: pathlib.Path, receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`aserve.runtime.span` without the SDK: the spans are recorded by the runtime alone and
+    land under the run span all the same (the `main` engine shares this process's runtime
+    module, where the SDK is marked as missing)."""
+    from aserve.runtime import trace as runtime_trace
+
+    from ..server.conftest import write_repository
+    from .test_traces import ONE_AT_A_TIME, TRACED_ADD
+
+    monkeypatch.setattr(runtime_trace, "_otel", False)
+    collector, endpoint = receiver
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    server, url = await start_server(write_repository(tmp_path / "repo", {"add": (TRACED_ADD, ONE_AT_A_TIME)}),
+                                     engine="main")
+    tracer = server.plane.tracer
+    body = {"inputs": [{"name": "A", "datatype": "INT32", "shape": [2, 4], "data": [1, 2, 3, 4, 5, 6, 7, 8]},
+                       {"name": "B", "datatype": "INT32", "shape": [2, 4], "data": [0] * 8}]}
+    async with aiohttp.ClientSession() as http, http.post(f"{url}/v2/models/add/infer", json=body) as r:
+        assert r.status == 200
+    await until(lambda: tracer.stats()["exported"] == tracer.stats()["recorded"] > 0, what="the export")
+    await server.close()
+    await until(lambda: collector.named("add rows"), what="the model's span")
+    (span,) = collector.named("add rows")
+    (run,) = collector.named("run in interpreter")
+    assert span.parent_span_id == run.span_id and span.trace_id == run.trace_id
+    assert attrs(span) == {"rows": 2}
+    assert run.start_time_unix_nano <= span.start_time_unix_nano <= span.end_time_unix_nano <= run.end_time_unix_nano
