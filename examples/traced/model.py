@@ -6,7 +6,8 @@ calls it with the current context injected (`propagate.inject`: traceparent,
 tracestate, baggage), as an instrumented HTTP client would. Under aserve with tracing
 on, its spans are children of the batch's `run in interpreter` span and go out with
 the request's trace; without tracing the API's no-op tracer does nothing. Pure Python,
-so it runs in every engine.
+so it runs in every engine; where opentelemetry-api is not installed (aserve without its
+`otel` extra) it serves the same answers, untraced.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import urllib.request
 from array import array
 from typing import Any
 
-from opentelemetry import baggage, propagate, trace
-
 from aserve.runtime import Model, TensorSpec
 
-tracer = trace.get_tracer(__name__)
+try:
+    from opentelemetry import baggage, propagate, trace
+except ImportError:  # serves untraced (the bundled examples load wherever aserve runs)
+    baggage = propagate = trace = None  # type: ignore[assignment]
+
+tracer = trace.get_tracer(__name__) if trace is not None else None
 DEFAULT_SCALE = 2.0
 
 
@@ -33,6 +37,9 @@ class Scaler(Model):
 
     def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
         x = inputs["X"].cast("B").cast("f")
+        if tracer is None:
+            scale = self.scale()
+            return {"Y": memoryview(array("f", [v * scale for v in x])).cast("B")}
         with tracer.start_as_current_span("fetch scale", kind=trace.SpanKind.CLIENT) as span:
             scale = self.scale()
             span.set_attribute("scale", scale)
@@ -48,6 +55,7 @@ class Scaler(Model):
         if not self.url:
             return DEFAULT_SCALE
         headers: dict[str, str] = {}
-        propagate.inject(headers)  # the current span's traceparent, its tracestate, the baggage
+        if propagate is not None:
+            propagate.inject(headers)  # the current span's traceparent, its tracestate, the baggage
         with urllib.request.urlopen(urllib.request.Request(self.url, headers=headers), timeout=5) as r:
             return float(r.read())
