@@ -301,8 +301,9 @@ static PyObject *pool_infer(pool_t *p, PyObject *args, PyObject *kw)
     j->mask = mask;
     j->job.model = m->key;
     j->job.trace = trace;
-    /* a traced job's context for model code (the W3C headers of its span), read by trace_begin */
-    if (trace && context != NULL) {
+    /* the context model code runs in (W3C headers: a traced job's run span, or an untraced
+     * job's caller), read by trace_begin */
+    if (context != NULL) {
         if ((j->text = strdup(context)) == NULL) {
             as_pool_job_free(j);
             return PyErr_NoMemory();

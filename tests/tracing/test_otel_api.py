@@ -81,6 +81,7 @@ async def test_model_spans_of_the_opentelemetry_api_are_children_of_the_run(
     service, feature_url = features
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_off")  # a caller's sampled flag decides
     server, url = await start_server(traced_example(tmp_path, feature_url), engine=engine, interpreters=1)
     tracer = server.plane.tracer
     assert tracer is not None
@@ -95,9 +96,14 @@ async def test_model_spans_of_the_opentelemetry_api_are_children_of_the_run(
             (out,) = (await r.json())["outputs"]
         want = [float(array.array("f", [v * 3.0])[0]) for v in rows[0]]  # the service's scale, in FP32
         assert out["data"] == want
-        # a caller that did not sample its trace: the model runs as before, no spans of it are exported
+        # a caller that did not sample its trace: no span of the model is exported, but its call
+        # downstream continues the caller's trace, unsampled, with the tracestate and baggage
         unsampled = f"00-{random.getrandbits(128) | 1:032x}-{random.getrandbits(64) | 1:016x}-00"
-        async with http.post(f"{url}/v2/models/traced/infer", json=x_body(rows), headers={"traceparent": unsampled}) as r:
+        headers = {"traceparent": unsampled, "tracestate": "rojo=1", "baggage": "tenant=beta"}
+        async with http.post(f"{url}/v2/models/traced/infer", json=x_body(rows), headers=headers) as r:
+            assert r.status == 200 and (await r.json())["outputs"][0]["data"] == want
+        # no caller's trace and not sampled: the baggage alone reaches the model and its call
+        async with http.post(f"{url}/v2/models/traced/infer", json=x_body(rows), headers={"baggage": "tenant=gamma"}) as r:
             assert r.status == 200 and (await r.json())["outputs"][0]["data"] == want
         await until(lambda: tracer.stats()["exported"] == tracer.stats()["recorded"] > 0, what="the export")
     await server.close()
@@ -130,7 +136,14 @@ async def test_model_spans_of_the_opentelemetry_api_are_children_of_the_run(
     assert sent["tracestate"] == state
     entries = dict(kv.split("=", 1) for kv in sent["baggage"].split(","))
     assert {k: urllib.parse.unquote_plus(v) for k, v in entries.items()} == {"tenant": "acme corp", "plan": "gold"}
-    assert len(service.headers) == 2 and "baggage" not in service.headers[1]
+    assert len(service.headers) == 3
+    version, trace_id, _, flags = service.headers[1]["traceparent"].split("-")  # the model's (unrecorded) span
+    assert (version, trace_id, flags) == ("00", unsampled[3:35], "00") and service.headers[1]["tracestate"] == "rojo=1"
+    assert service.headers[1]["baggage"] == "tenant=beta"
+    assert service.headers[2]["baggage"] == "tenant=gamma"
+    # the model's span there is a root the interpreter's sampler does not sample: a trace of its own, unsampled
+    flags = int(service.headers[2]["traceparent"].split("-")[3], 16)
+    assert not flags & 1 and service.headers[2]["traceparent"][3:35] not in {unsampled[3:35], hexid(batch.trace_id)}
 
 
 MALFORMED = {

@@ -42,7 +42,7 @@ from typing import Any
 from .._native import RequestTrace
 from ..errors import EngineError, ModelError, Overloaded, RequestTimeout
 from ..tensor import Tensor, concat_inputs, same_sample_shapes, split_outputs, wrong_rows
-from ..tracing.batches import BatchContext, batch_context, trace_batch
+from ..tracing.batches import BatchContext, batch_context, batch_untraced_context, trace_batch
 from ..tracing.recorder import Tracer
 from .fair import FairScheduler, Seat
 from .joining import Joining, LayerJoin
@@ -131,6 +131,7 @@ class Batcher:
         self._drained: asyncio.Future[None] | None = None  # close() waits on it
         self.tracer: Tracer | None = None  # while tracing is on: batches of sampled requests get spans
         self._traced = 0  # sampled requests queued (at least): a batch is searched for them only then
+        self._contexts = 0  # likewise, unsampled requests with a caller's context for model code
         self._loop: asyncio.AbstractEventLoop | None = None
         self.batches = 0  # batches dispatched
         self.requests = 0  # requests answered by a batch
@@ -182,6 +183,7 @@ class Batcher:
     def submit(
         self, inputs: Sequence[Tensor], samples: int, /, *, deadline: float | None = None,
         budget: float | None = None, trace: RequestTrace | None = None, waited: float = 0.0,
+        context: str | None = None,
     ) -> asyncio.Future[dict[str, Tensor]]:
         """Queue one request; the future resolves to its outputs (split from its batch's outputs).
 
@@ -192,6 +194,8 @@ class Batcher:
         budget: this request's latency budget in seconds (None: the policy's own);
         trace: the request's RequestTrace when it is sampled (its queue span and its
         batch's spans are recorded);
+        context: when it is not sampled, the caller's W3C context model code runs in
+        (`tracing.batches.untraced_context`);
         waited: seconds the request already spent in the server (reading, decoding, behind
         other requests on the event loop): its budget counts them.
 
@@ -219,9 +223,11 @@ class Batcher:
             if deadline < self._expiry_at:
                 self._arm_expiry(loop, deadline)
         future: asyncio.Future[dict[str, Tensor]] = loop.create_future()
-        queue.append(Request(now, samples, deadline, inputs, future, budget, trace, waited))
+        queue.append(Request(now, samples, deadline, inputs, future, budget, trace, waited, context))
         if trace is not None:
             self._traced += 1
+        elif context is not None:
+            self._contexts += 1
         self._queued_samples += samples
         self._schedule()
         return future
@@ -485,6 +491,8 @@ class Batcher:
                 run.traced = True
                 run.context = batch_context(self.tracer, batch)
                 run.job = self._run_batch(self.key, inputs, run.done, trace=run.context.header)  # type: ignore[call-arg]
+            elif self._contexts and (context := self._untraced_context(batch)) is not None:
+                run.job = self._run_batch(self.key, inputs, run.done, context=context)  # type: ignore[call-arg]
             else:
                 run.job = self._run_batch(self.key, inputs, run.done)
         except Exception as e:  # noqa: BLE001 - the engine refused the batch: answer it from the loop
@@ -495,6 +503,12 @@ class Batcher:
         n = sum(r.trace is not None for r in batch)
         self._traced = max(0, self._traced - n)
         return n > 0 and self.tracer is not None
+
+    def _untraced_context(self, batch: list[Request]) -> str | None:
+        """The callers' context of an untraced batch, if its requests share one (counted off
+        the queued ones)."""
+        self._contexts = max(0, self._contexts - sum(r.context is not None for r in batch))
+        return batch_untraced_context(batch)
 
     def _count_batch(self, samples: int, seconds: float) -> None:
         counted = self.batch_sizes.get(samples)

@@ -31,6 +31,7 @@ from ..errors import AserveError, ModelError, Overloaded
 from ..inference import Answer, InferCall, InferRequest, InferResponse
 from ..tensor import Tensor
 from ..tracing import RequestTrace, Tracer, recorder
+from ..tracing.batches import untraced_context
 from .models import ModelHandle
 from .registry import ModelRegistry
 from .stats import Metrics, failure_reason
@@ -140,9 +141,12 @@ class DataPlane:
             handle = self.registry.get(call.model, call.version)
         start = time.perf_counter()
         trace: RequestTrace | None = None
+        caller: str | None = None  # not sampled: the caller's W3C context for model code
         try:
             if self.tracer is not None:
                 trace = start_trace(self.tracer, call)
+                if trace is None:
+                    caller = untraced_context(call.headers)
             schema = handle.require_ready()
             if trace is not None:
                 trace.stamp(recorder.DECODE_START)
@@ -163,7 +167,7 @@ class DataPlane:
             future = batcher.submit(
                 request.inputs, request.samples, deadline=now + limit / 1000.0,
                 budget=None if budget is None else budget / 1000.0, trace=trace,
-                waited=0.0 if call.received is None else now - call.received,
+                waited=0.0 if call.received is None else now - call.received, context=caller,
             )
         except BaseException as exc:
             _failed(handle, call, trace, start, exc)

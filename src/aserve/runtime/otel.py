@@ -27,6 +27,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Trace
 # `main` engine run batches of different traces at once)
 _jobs: dict[int, list[list[Any]]] = {}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _baggage = W3CBaggagePropagator()
 # (tracestate, baggage) headers -> their TraceState and a context holding the baggage: parsed
 # once, since the same few recur (both are immutable)
@@ -87,9 +88,10 @@ def tracer() -> _trace.Tracer:
     return _tracer
 
 
-def attach(parent: tuple[int, int], state: str, baggage: str) -> tuple[object, int]:
-    """Make the batch's run span (trace id, span id), its tracestate and the baggage the
-    current context; returns what `detach` takes."""
+def attach(parent: tuple[int, int], state: str, baggage: str, sampled: bool = True) -> tuple[object, int]:
+    """Make the batch's run span (trace id, span id; not sampled: the caller's span of an
+    untraced batch; (0, 0): none), its tracestate and the baggage the current context;
+    returns what `detach` takes."""
     trace_id, span_id = parent
     parsed = _parsed.get((state, baggage))
     if parsed is None:
@@ -98,9 +100,12 @@ def attach(parent: tuple[int, int], state: str, baggage: str) -> tuple[object, i
         parsed = _parsed[state, baggage] = (TraceState.from_header([state]) if state else None,
                                             _baggage.extract({"baggage": baggage}, Context()) if baggage else Context())
     trace_state, with_baggage = parsed
-    run = NonRecordingSpan(SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED,
-                                       trace_state=trace_state))
-    _jobs[trace_id] = []
+    if not span_id:
+        return _context.attach(with_baggage), 0
+    run = NonRecordingSpan(SpanContext(trace_id, span_id, is_remote=not sampled,
+                                       trace_flags=_SAMPLED if sampled else _NOT_SAMPLED, trace_state=trace_state))
+    if sampled:
+        _jobs[trace_id] = []
     return _context.attach(_trace.set_span_in_context(run, with_baggage)), trace_id
 
 
@@ -108,4 +113,4 @@ def detach(token: tuple[object, int]) -> list[list[Any]]:
     """Restore the context from before `attach`; the records of the spans that ended in the batch's trace."""
     attached, trace_id = token
     _context.detach(attached)  # type: ignore[arg-type]
-    return _jobs.pop(trace_id, [])
+    return _jobs.pop(trace_id, []) if trace_id else []

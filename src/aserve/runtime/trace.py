@@ -80,18 +80,20 @@ def span(name: str, **attributes: str | bool | float) -> Iterator[None]:
 
 
 def begin(context: str | None = None) -> None:
-    """The engine is about to run a traced job. context: the W3C headers of its run span,
-    "traceparent\\ntracestate\\nbaggage" (the last two may be empty)."""
-    _state.spans = []
-    _state.parent = (0, 0)
+    """The engine is about to run a job in a context: "traceparent\\ntracestate\\nbaggage"
+    (the last two may be empty). A traced job's traceparent is its run span's, sampled; an
+    untraced job's is its caller's, not sampled, or empty (baggage alone): model code sees
+    them, and its spans are not recorded. None: a traced job of times only."""
+    traceparent, _, rest = (context or "").partition("\n")
+    state, _, bag = rest.partition("\n")
+    sampled = context is None or traceparent.endswith("-01")
+    _state.spans = [] if sampled else None
+    _state.parent = (int(traceparent[3:35], 16), int(traceparent[36:52], 16)) if traceparent else (0, 0)
     if context is None:
         return
-    traceparent, _, rest = context.partition("\n")
-    state, _, bag = rest.partition("\n")
-    _state.parent = (int(traceparent[3:35], 16), int(traceparent[36:52], 16))
     otel = _otel if _otel is not None else _sdk()
     if otel:
-        _state.token = otel.attach(_state.parent, state, bag)
+        _state.token = otel.attach(_state.parent, state, bag, sampled)
 
 
 def end() -> str | None:

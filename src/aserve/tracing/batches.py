@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from .._native import RequestTrace
-from .recorder import ERROR, INTERNAL, UNSET, Event, Link, Span, Tracer
+from .recorder import ERROR, INTERNAL, UNSET, Event, Link, Span, Tracer, parse_traceparent, parse_tracestate
 
 _MASK64 = (1 << 64) - 1
 
@@ -54,6 +54,30 @@ def batch_context(tracer: Tracer, requests: Sequence[Queued]) -> BatchContext:
     state = _shared({t.tracestate for t in traces})
     bag = _shared({t.baggage for t in traces})
     return BatchContext((hi, lo, batch_id, run_id), state, f"00-{hi:016x}{lo:016x}-{run_id:016x}-01\n{state}\n{bag}")
+
+
+def untraced_context(headers: Mapping[str, str]) -> str | None:
+    """The context model code runs in for a request that is not sampled but carries a valid
+    `traceparent` (its caller's span, not sampled: outgoing calls continue the caller's trace
+    unsampled, as W3C Trace Context asks) or `baggage`; None when it carries neither."""
+    parent = headers.get("traceparent")
+    bag = headers.get("baggage") or ""
+    parsed = parse_traceparent(parent) if parent else None
+    if parsed is None:
+        return f"\n\n{bag}" if bag else None
+    trace_id, span_id, _ = parsed
+    state = parse_tracestate(headers.get("tracestate")) or ""
+    return f"00-{trace_id:032x}-{span_id:016x}-00\n{state}\n{bag}"
+
+
+def batch_untraced_context(requests: Sequence[Any]) -> str | None:
+    """The context of an untraced batch: the one every request of it carries (a batch of one:
+    its request's), else None."""
+    first = requests[0].context
+    for r in requests:
+        if r.context != first:
+            return None
+    return first  # type: ignore[no-any-return]
 
 
 def trace_batch(tracer: Tracer, model: str, requests: Sequence[Queued], samples: int, started: float,
