@@ -4,9 +4,12 @@ baggage), from a real server to a real OTLP/HTTP receiver and a real downstream 
 from __future__ import annotations
 
 import array
+import asyncio
+import os
 import pathlib
 import random
 import shutil
+import signal
 import sys
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -18,7 +21,7 @@ from aiohttp import web
 
 from aserve.tracing.recorder import parse_tracestate
 
-from ..conftest import EXAMPLES, until
+from ..conftest import EXAMPLES, spawns, until, wait_ready
 from .conftest import Receiver, attrs
 
 # the engines whose interpreters import the OpenTelemetry SDK (3.11: private libpython copies; 3.13: PEP 684)
@@ -241,3 +244,82 @@ async def test_aserve_span_records_spans_where_the_sdk_cannot_be_imported(
     assert span.parent_span_id == run.span_id and span.trace_id == run.trace_id
     assert attrs(span) == {"rows": 2}
     assert run.start_time_unix_nano <= span.start_time_unix_nano <= span.end_time_unix_nano <= run.end_time_unix_nano
+
+
+OWN_PROVIDER = '''
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from aserve.runtime import Model, TensorSpec
+
+class Own(Model):
+    inputs = (TensorSpec("X", "FP32", (-1, 4)),)
+    outputs = (TensorSpec("SEEN", "UINT64", (-1, 3)),)
+
+    def load(self):
+        self.exported = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(self.exported))
+        trace.set_tracer_provider(provider)
+
+    def __call__(self, inputs):
+        with trace.get_tracer(__name__).start_as_current_span("own"):
+            pass
+        (span,) = self.exported.get_finished_spans()[-1:]
+        ctx = span.get_span_context()
+        rows = len(inputs["X"].cast("B")) // 16
+        return {"SEEN": [[len(self.exported.get_finished_spans()), span.parent.span_id, ctx.trace_id >> 64]] * rows}
+'''
+
+OWN_CONFIG = '''
+max_batch_size = 4
+interpreters = 1
+[[inputs]]
+name = "X"
+datatype = "FP32"
+shape = [-1, 4]
+[[outputs]]
+name = "SEEN"
+datatype = "UINT64"
+shape = [-1, 3]
+'''
+
+
+@spawns
+async def test_a_model_with_a_tracer_provider_of_its_own_keeps_it(
+    tmp_path: pathlib.Path, receiver: tuple[Receiver, str],
+) -> None:
+    """Model code that set its own TracerProvider (its own exporter) keeps it: its spans are
+    children of the run span, exported by its processor, not twice by aserve. A server
+    process of its own: an interpreter's global provider is set once, and this one's must
+    be the model's."""
+    from ..server.conftest import write_repository
+    from .test_exemplars import free_port
+
+    collector, endpoint = receiver
+    repo = write_repository(tmp_path / "repo", {"own": (OWN_PROVIDER, OWN_CONFIG)})
+    port = free_port()
+    env = dict(os.environ, ASERVE_LOG_LEVEL="warning", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+               OTEL_BSP_SCHEDULE_DELAY="50")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aserve.cli", "serve", str(repo), "--engine", ENGINES[0], "--port", str(port),
+        env=env, stderr=asyncio.subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            await wait_ready(http, url, proc)
+            body = x_body([[1.0, 2.0, 3.0, 4.0]])
+            async with http.post(f"{url}/v2/models/own/infer", json=body) as r:
+                assert r.status == 200, await r.text()
+                (seen,) = (await r.json())["outputs"]
+        proc.send_signal(signal.SIGTERM)  # closing sends every span recorded
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    await until(lambda: collector.named("run in interpreter"), what="the run span")
+    (run,) = collector.named("run in interpreter")
+    assert seen["data"] == [1, int.from_bytes(run.span_id, "big"), int.from_bytes(run.trace_id[:8], "big")]
+    assert not collector.named("own")

@@ -2,9 +2,10 @@
 
 Imported by trace.py the first time a traced batch runs here (so never while tracing
 is off), and only where `opentelemetry-sdk` is importable. It makes this interpreter's
-global TracerProvider (or, when one is already set, adds its processor to it): roots
-are not sampled (a span opened outside a traced batch is a no-op span), children follow
-their parent. While a traced batch runs, `attach` makes its run span (a non-recording
+global TracerProvider: roots are not sampled (a span opened outside a traced batch is a
+no-op span), children follow their parent. Where model code already set an SDK
+TracerProvider of its own, that one stays and exports the model's spans itself (they
+are still children of the run span); aserve collects none of them. While a traced batch runs, `attach` makes its run span (a non-recording
 span with the ids the host drew) and baggage the current context, so spans opened with
 the standard API are its children; the processor keeps every span that ends in that
 trace, and `detach` hands them to the engine as records. Spans that end after their
@@ -68,15 +69,15 @@ class Collect(SpanProcessor):
         return True
 
 
-def _install() -> TracerProvider:
-    provider = _trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider(sampler=ParentBased(root=ALWAYS_OFF))
-        _trace.set_tracer_provider(provider)
-        provider = _trace.get_tracer_provider()  # ours, unless one was set meanwhile
-    if isinstance(provider, TracerProvider):
-        provider.add_span_processor(Collect())
-    return provider  # type: ignore[return-value]
+def _install() -> TracerProvider | None:
+    """This interpreter's TracerProvider with the processor that collects the batch's spans,
+    or None when model code set a provider of its own (its processors export its spans)."""
+    if isinstance(_trace.get_tracer_provider(), TracerProvider):
+        return None
+    provider = TracerProvider(sampler=ParentBased(root=ALWAYS_OFF), shutdown_on_exit=False)  # nothing to flush
+    provider.add_span_processor(Collect())
+    _trace.set_tracer_provider(provider)
+    return provider
 
 
 _provider = _install()
