@@ -55,7 +55,7 @@ class RequestStats:
     """One model version's request outcomes; durations of successful requests only,
     so that duration sum / success count is their mean latency."""
 
-    __slots__ = ("buckets", "duration_us", "fail_us", "failures", "samples", "success")
+    __slots__ = ("buckets", "duration_us", "exemplars", "fail_us", "failures", "samples", "success")
 
     def __init__(self) -> None:
         self.success = 0
@@ -64,13 +64,19 @@ class RequestStats:
         self.samples = 0  # samples of successful requests (Triton's inference count)
         self.duration_us = 0.0
         self.buckets = [0] * (len(DURATION_BUCKETS_US) + 1)  # the last one: above every bound
+        # per bucket, the latest sampled request in it: (trace id, microseconds, when it ended (epoch s))
+        self.exemplars: list[tuple[str, float, float] | None] = [None] * len(self.buckets)
 
-    def succeeded(self, seconds: float, samples: int) -> None:
+    def succeeded(self, seconds: float, samples: int, trace_id: str | None = None) -> None:
+        """Count a successful request; trace_id (hex): it was traced, and is its bucket's exemplar."""
         us = seconds * 1e6
         self.success += 1
         self.samples += samples
         self.duration_us += us
-        self.buckets[bisect.bisect_left(DURATION_BUCKETS_US, us)] += 1
+        bucket = bisect.bisect_left(DURATION_BUCKETS_US, us)
+        self.buckets[bucket] += 1
+        if trace_id is not None:
+            self.exemplars[bucket] = (trace_id, us, time.time())
 
     def failed(self, reason: str, seconds: float = 0.0) -> None:
         self.failures[reason] = self.failures.get(reason, 0) + 1
@@ -83,7 +89,8 @@ class RequestStats:
     def counts(self) -> dict[str, Any]:
         """Its counters as plain data (another loop's, sent to the host: `Metrics.add`)."""
         return {"success": self.success, "failures": self.failures, "fail_us": self.fail_us,
-                "samples": self.samples, "duration_us": self.duration_us, "buckets": self.buckets}
+                "samples": self.samples, "duration_us": self.duration_us, "buckets": self.buckets,
+                "exemplars": self.exemplars}
 
 
 class Tracker:
@@ -152,6 +159,10 @@ class Metrics:
         mine.duration_us += counts["duration_us"]
         for i, count in enumerate(counts["buckets"]):
             mine.buckets[i] += count
+        for i, exemplar in enumerate(counts.get("exemplars", ())):  # the latest of each bucket's
+            held = mine.exemplars[i]
+            if exemplar is not None and (held is None or exemplar[2] > held[2]):
+                mine.exemplars[i] = (exemplar[0], exemplar[1], exemplar[2])
 
 
 # ---- Triton's statistics extension ----
