@@ -24,6 +24,8 @@ extensions = [
             "native/host/pool_join.c",
             "native/host/pool_cancel.c",
             "native/host/pool_type.c",
+            "native/host/link.c",
+            "native/host/link_type.c",
             "native/host/buffer.c",
             "native/host/private.c",
             "native/host/engines.c",
@@ -33,7 +35,7 @@ extensions = [
             "native/host/trace.c",
             *interp_runtime,
         ],
-        depends=["native/abi.h", "native/host/common.h", "native/host/pool.h", "native/interp/runtime.h"],
+        depends=["native/abi.h", "native/host/common.h", "native/host/pool.h", "native/host/link.h", "native/interp/runtime.h"],
         extra_compile_args=common,
         libraries=["dl", "pthread", "m"],
     )

@@ -27,6 +27,7 @@ typedef struct {
     PyTypeObject *buffer_type;
     PyTypeObject *recorder_type;
     PyTypeObject *trace_type;
+    PyTypeObject *link_type;
     PyObject *engine_error; /* aserve._native.EngineError */
 } module_state;
 
@@ -64,6 +65,10 @@ void as_fault_unregister(int slot);
 
 /* pool_type.c: the Python type Pool (pool.h: what the pool's files share) */
 extern PyType_Spec as_pool_spec;
+
+/* link_type.c: the Python type Link (link.h), and link_api() */
+extern PyType_Spec as_link_spec;
+PyObject *as_link_api_address(PyObject *module, PyObject *ignored);
 
 /* otlp.c: recorded spans to an OTLP ExportTraceServiceRequest. */
 PyObject *as_otlp_encode(PyObject *module, PyObject *args);

@@ -64,6 +64,8 @@ static PyMethodDef native_methods[] = {
     {"parse_traceparent", as_parse_traceparent, METH_O,
      "parse_traceparent(value) -> (trace id, parent span id, sampled) | None: a W3C traceparent header's "
      "fields, None when it is not one"},
+    {"link_api", as_link_api_address, METH_NOARGS,
+     "link_api() -> int: the address of the table through which a front's Link reaches this process's pools"},
     {"buffer_from_address", as_buffer_from_address, METH_VARARGS,
      "buffer_from_address(address, nbytes, keep, readonly=False) -> OutputBuffer over memory keep owns"},
     {NULL, NULL, 0, NULL},
@@ -92,6 +94,9 @@ static int native_exec(PyObject *m)
     st->recorder_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_recorder_spec, NULL);
     if (st->recorder_type == NULL || PyModule_AddType(m, st->recorder_type) < 0)
         return -1;
+    st->link_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_link_spec, NULL);
+    if (st->link_type == NULL || PyModule_AddType(m, st->link_type) < 0)
+        return -1;
     if (PyModule_AddIntConstant(m, "JOB_LOAD", AS_JOB_LOAD) < 0 ||
         PyModule_AddIntConstant(m, "JOB_UNLOAD", AS_JOB_UNLOAD) < 0 ||
         PyModule_AddIntConstant(m, "JOB_INFER", AS_JOB_INFER) < 0 ||
@@ -113,6 +118,7 @@ static int native_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->buffer_type);
     Py_VISIT(st->recorder_type);
     Py_VISIT(st->trace_type);
+    Py_VISIT(st->link_type);
     return 0;
 }
 
@@ -124,6 +130,7 @@ static int native_clear(PyObject *m)
     Py_CLEAR(st->buffer_type);
     Py_CLEAR(st->recorder_type);
     Py_CLEAR(st->trace_type);
+    Py_CLEAR(st->link_type);
     return 0;
 }
 

@@ -135,12 +135,18 @@ static int put_str(buf_t *b, int field, PyObject *s)
     return 0;
 }
 
-/* AnyValue: str, bool, int (int64), float; anything else as its str(). */
+/* AnyValue: str, bool, int (int64), float, a list or tuple of them (an ArrayValue, as the
+ * OpenTelemetry API's sequence attributes); anything else as its str(). */
 static int put_value(buf_t *b, int field, PyObject *v)
 {
     size_t at = open_msg(b, field);
     int rc = 0;
-    if (PyUnicode_Check(v)) {
+    if (PyList_Check(v) || PyTuple_Check(v)) {
+        size_t array = open_msg(b, 5);
+        for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(v); i++)
+            rc = put_value(b, 1, PySequence_Fast_GET_ITEM(v, i));
+        close_msg(b, array);
+    } else if (PyUnicode_Check(v)) {
         rc = put_str(b, 1, v);
     } else if (PyBool_Check(v)) {
         put_tag(b, 2, 0);
@@ -208,8 +214,8 @@ static int u64(PyObject *o, uint64_t *out)
     return *out == (uint64_t)-1 && PyErr_Occurred() ? -1 : 0;
 }
 
-#define SPAN_FIELDS 14
-#define REQUEST_SPAN_FIELDS 20
+#define SPAN_FIELDS 15
+#define REQUEST_SPAN_FIELDS 21
 
 /* The span id of a request's k-th child: derived from the request's (splitmix64), so the
  * loop records one tuple per request instead of one per span. */
@@ -222,15 +228,23 @@ static uint64_t child_id(uint64_t parent, uint64_t k)
     return z ? z : 1;
 }
 
+/* The W3C tracestate of a span (field 3), when it has one (a non-empty str). */
+static int put_trace_state(buf_t *b, PyObject *state)
+{
+    return PyUnicode_Check(state) && PyUnicode_GET_LENGTH(state) > 0 ? put_str(b, 3, state) : 0;
+}
+
 /* A child span of a request: name, start and end only (start 0: the request never got there). */
 static int put_child(buf_t *b, uint64_t hi, uint64_t lo, uint64_t parent, uint64_t k, const char *name,
-                     uint64_t start, uint64_t end)
+                     uint64_t start, uint64_t end, PyObject *state)
 {
     if (start == 0)
         return 0;
     size_t at = open_msg(b, 2);
     put_id(b, 1, hi, lo, 1);
     put_id(b, 2, 0, child_id(parent, k), 0);
+    if (put_trace_state(b, state) < 0)
+        return -1;
     put_id(b, 4, 0, parent, 0);
     put_bytes(b, 5, name, strlen(name));
     put_tag(b, 6, 0);
@@ -242,36 +256,37 @@ static int put_child(buf_t *b, uint64_t hi, uint64_t lo, uint64_t parent, uint64
     return b->failed ? -1 : 0;
 }
 
-static int put_children(buf_t *b, uint64_t hi, uint64_t lo, uint64_t id, const uint64_t t[6])
+static int put_children(buf_t *b, uint64_t hi, uint64_t lo, uint64_t id, const uint64_t t[6], PyObject *state)
 {
-    return put_child(b, hi, lo, id, 0, "decode", t[0], t[1]) < 0 || put_child(b, hi, lo, id, 1, "queue", t[2], t[3]) < 0 ||
-                   put_child(b, hi, lo, id, 2, "encode", t[4], t[5]) < 0
+    return put_child(b, hi, lo, id, 0, "decode", t[0], t[1], state) < 0 ||
+                   put_child(b, hi, lo, id, 1, "queue", t[2], t[3], state) < 0 ||
+                   put_child(b, hi, lo, id, 2, "encode", t[4], t[5], state) < 0
                ? -1
                : 0;
 }
 
 /* One recorded span: [trace_hi, trace_lo, span_id, parent_id, remote, name, kind (API value), start_ns,
  * end_ns, attributes, status, message, events [[name, ns, attrs]], links [[trace_hi, trace_lo, span_id,
- * attrs]]]. */
+ * attrs]], trace_state (W3C tracestate, "" for none)]. */
 static int put_span(buf_t *b, PyObject *span)
 {
     Py_ssize_t n = PyList_Check(span) || PyTuple_Check(span) ? PySequence_Fast_GET_SIZE(span) : -1;
     if (n != SPAN_FIELDS && n != REQUEST_SPAN_FIELDS) {
-        PyErr_SetString(PyExc_ValueError, "otlp_encode: a span is a sequence of 14 fields, a request of 20 "
+        PyErr_SetString(PyExc_ValueError, "otlp_encode: a span is a sequence of 15 fields, a request of 21 "
                                           "(see aserve.tracing.recorder)");
         return -1;
     }
     PyObject **f = PySequence_Fast_ITEMS(span);
     if (n == REQUEST_SPAN_FIELDS) {
-        /* a request: its server span (fields 0-13, as a span's) and the children decode, queue
-         * and encode timed by fields 14-19 */
+        /* a request: its server span (fields 0-14, as a span's) and the children decode, queue
+         * and encode timed by fields 15-20 */
         uint64_t hi, lo, id, t[6];
         if (u64(f[0], &hi) < 0 || u64(f[1], &lo) < 0 || u64(f[2], &id) < 0)
             return -1;
         for (int i = 0; i < 6; i++)
-            if (u64(f[14 + i], &t[i]) < 0)
+            if (u64(f[15 + i], &t[i]) < 0)
                 return -1;
-        if (put_children(b, hi, lo, id, t) < 0)
+        if (put_children(b, hi, lo, id, t, f[14]) < 0)
             return -1;
     }
     uint64_t hi, lo, id, parent, start, end;
@@ -284,6 +299,8 @@ static int put_span(buf_t *b, PyObject *span)
     size_t at = open_msg(b, 2); /* ScopeSpans.spans */
     put_id(b, 1, hi, lo, 1);
     put_id(b, 2, 0, id, 0);
+    if (put_trace_state(b, f[14]) < 0)
+        return -1;
     if (parent != 0)
         put_id(b, 4, 0, parent, 0);
     if (put_str(b, 5, f[5]) < 0)
@@ -433,7 +450,7 @@ static int put_request(buf_t *b, const uint64_t *v, PyObject *table, entry_t *ca
 {
     uint64_t hi = v[0], lo = v[1], id = v[2];
     entry_t *e = table_entry(table, cache, v[14]);
-    if (e == NULL || put_children(b, hi, lo, id, v + 8) < 0)
+    if (e == NULL || put_children(b, hi, lo, id, v + 8, Py_None) < 0)
         return -1;
     size_t at = open_msg(b, 2);
     if (put_head(b, hi, lo, id, v[3], e->name, NULL, 2, v[6], v[7]) < 0)

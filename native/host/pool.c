@@ -86,7 +86,7 @@ static hjob *pop_shared(pool_t *p, int index)
 }
 
 /* Hand an interpreter's output owner back to its worker, which frees it under its GIL. */
-static void give_back_owner(pool_t *p, worker_t *w, void *owner)
+void as_pool_give_back(pool_t *p, worker_t *w, void *owner)
 {
     release_t *rel = malloc(sizeof *rel);
     if (rel == NULL)
@@ -102,7 +102,7 @@ static void give_back_owner(pool_t *p, worker_t *w, void *owner)
 
 /* ---- input buffers ---- */
 
-static void inputs_free(hinputs *in)
+void as_pool_inputs_free(hinputs *in)
 {
     for (size_t i = 0; i < in->n; i++)
         if (in->views[i].obj != NULL)
@@ -117,25 +117,32 @@ static void inputs_released(void *ctx)
     pool_t *p = in->pool;
     int wake = 0;
     pthread_mutex_lock(&p->mu);
-    if (--in->refs == 0) { /* the host is done too: drain releases them under its GIL */
-        in->next = p->released;
-        p->released = in;
-        wake = must_wake_loop(p);
+    if (--in->refs == 0) {
+        if (in->link != NULL) /* a front's: that front releases its buffers on its loop */
+            as_link_post_inputs(in);
+        else { /* the host is done too: drain releases them under its GIL */
+            in->next = p->released;
+            p->released = in;
+            wake = must_wake_loop(p);
+        }
     }
     pthread_mutex_unlock(&p->mu);
     if (wake)
         wake_loop(p);
 }
 
-/* Host GIL held: drop the host's reference. */
-static void inputs_drop_host(hinputs *in)
+hinputs *as_pool_inputs_drop(hinputs *in)
 {
     pool_t *p = in->pool;
     pthread_mutex_lock(&p->mu);
     int last = --in->refs == 0;
     pthread_mutex_unlock(&p->mu);
-    if (last)
-        inputs_free(in);
+    if (!last)
+        return NULL;
+    if (in->link != NULL)
+        return in;
+    as_pool_inputs_free(in); /* the host's: host GIL held */
+    return NULL;
 }
 
 const as_host as_pool_host = {malloc, free, inputs_released};
@@ -161,9 +168,9 @@ void as_pool_model_decref(hmodel *m)
 void as_pool_job_free(hjob *j)
 {
     if (j->inputs != NULL)
-        inputs_drop_host(j->inputs);
+        as_pool_inputs_drop(j->inputs);
     if (j->job.owner != NULL && j->worker >= 0 && j->pool != NULL)
-        give_back_owner(j->pool, j->pool->workers[j->worker], j->job.owner);
+        as_pool_give_back(j->pool, j->pool->workers[j->worker], j->job.owner);
     free(j->in);
     as_pool_model_decref(j->model);
     free(j->key);
@@ -439,8 +446,8 @@ static worker_t *idle_worker(pool_t *p, uint64_t mask)
 void as_pool_enqueue(pool_t *p, hjob *j, int target)
 {
     worker_t *w;
-    if (j->id == 0) /* host GIL: next_id is the host's */
-        j->id = ++p->next_id;
+    if (j->id == 0) /* fronts number their jobs too, without the host GIL */
+        j->id = __atomic_add_fetch(&p->next_id, 1, __ATOMIC_RELAXED);
     j->job.id = j->id;
     pthread_mutex_lock(&p->mu);
     if (target >= 0) {
@@ -467,7 +474,7 @@ void as_pool_result_decref(void *ctx)
     if (--r->refs > 0)
         return;
     pool_t *p = r->pool;
-    give_back_owner(p, r->worker, r->owner);
+    as_pool_give_back(p, r->worker, r->owner);
     Py_DECREF(p);
     free(r);
 }
@@ -575,7 +582,7 @@ int as_pool_take_done(pool_t *p, hjob **ordered, Py_ssize_t *n)
     pthread_mutex_unlock(&p->mu);
     while (released != NULL) {
         hinputs *next = released->next;
-        inputs_free(released);
+        as_pool_inputs_free(released);
         released = next;
     }
     /* the list is newest first: reverse it so completions come in order */

@@ -25,6 +25,7 @@
 #define MAX_WORKERS 64
 
 struct pool;
+struct as_link;
 
 /* A model's names, interned once per load: every infer job of it points here. */
 typedef struct hmodel {
@@ -37,6 +38,8 @@ typedef struct hmodel {
 /* The host buffers of one job's (or one offered group's) inputs. */
 typedef struct hinputs {
     struct pool *pool;
+    struct as_link *link; /* a front's job: its buffers are the front's, released there (cookie) */
+    void *cookie;
     int refs; /* p->mu */
     size_t n;
     struct hinputs *next; /* p->released */
@@ -47,6 +50,8 @@ typedef struct hjob {
     as_job job;
     struct hjob *next;
     PyObject *token; /* called with (ok, payload) by the host when the job completes */
+    struct as_link *link; /* a front's job: it completes to that front (link.c), never to the host */
+    void *ftoken;         /* a front's job: the front's own object for it (never touched here) */
     int host_kind;
     int worker;
     uint64_t mask; /* shared jobs: bit i set if interpreter i may run it */
@@ -176,9 +181,18 @@ static inline void wake_loop(pool_t *p)
     while (rc < 0 && errno == EINTR);
 }
 
+/* link.c, caller holds p->mu: a front's job finished, or its inputs are no longer
+ * referenced; each goes to that front's list and wakes its loop. */
+void as_link_post(hjob *j);
+void as_link_post_inputs(hinputs *in);
+
 /* Returns whether the loop must be woken (wake_loop after unlocking). */
 static inline int post_done(pool_t *p, hjob *j)
 {
+    if (j->link != NULL) {
+        as_link_post(j);
+        return 0;
+    }
     j->next = p->done;
     __atomic_store_n(&p->done, j, __ATOMIC_RELEASE); /* pool_poll reads it without the lock */
     return must_wake_loop(p);
@@ -235,6 +249,13 @@ extern const as_host as_pool_host;
 hjob *as_pool_job_new(pool_t *p, PyObject *token, int kind);
 /* Free a job the host holds (not queued, or taken back by drain), with what it owns. */
 void as_pool_job_free(hjob *j);
+/* Any thread, no GIL: drop the submitter's reference to a job's inputs; returns them
+ * when that was the last one and they are a front's (the front releases its buffers). */
+hinputs *as_pool_inputs_drop(hinputs *in);
+/* Any thread: free inputs whose buffers were released (a front's), or release them (the host's, host GIL). */
+void as_pool_inputs_free(hinputs *in);
+/* Any thread, no GIL: give an output owner back to the worker that made it. */
+void as_pool_give_back(pool_t *p, worker_t *w, void *owner);
 void as_pool_model_decref(hmodel *m);
 /* Queue j, targeted at worker `target` or shared (-1), and wake the worker that takes it. */
 void as_pool_enqueue(pool_t *p, hjob *j, int target);

@@ -282,12 +282,13 @@ static PyObject *pool_submit(pool_t *p, PyObject *args, PyObject *kw)
 
 static PyObject *pool_infer(pool_t *p, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"model", "token", "inputs", "mask", "staged", "trace", NULL};
+    static char *kwlist[] = {"model", "token", "inputs", "mask", "staged", "trace", "context", NULL};
     PyObject *capsule, *token, *inputs;
     unsigned long long mask = ~0ULL;
     int staged = 0, trace = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|Kpp:infer", kwlist, &capsule, &token, &inputs, &mask, &staged,
-                                     &trace))
+    const char *context = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|Kppz:infer", kwlist, &capsule, &token, &inputs, &mask, &staged,
+                                     &trace, &context))
         return NULL;
     hmodel *m = model_of(capsule);
     if (m == NULL)
@@ -300,17 +301,25 @@ static PyObject *pool_infer(pool_t *p, PyObject *args, PyObject *kw)
     j->mask = mask;
     j->job.model = m->key;
     j->job.trace = trace;
+    /* the context model code runs in (W3C headers: a traced job's run span, or an untraced
+     * job's caller), read by trace_begin */
+    if (context != NULL) {
+        if ((j->text = strdup(context)) == NULL) {
+            as_pool_job_free(j);
+            return PyErr_NoMemory();
+        }
+        j->job.text = j->text;
+    }
     if (fill_inputs(p, j, inputs) < 0) {
         as_pool_job_free(j);
         return NULL;
     }
-    j->id = p->next_id + 1; /* host GIL: next_id is the host's */
+    j->id = __atomic_add_fetch(&p->next_id, 1, __ATOMIC_RELAXED); /* fronts number theirs too */
     PyObject *id = PyLong_FromUnsignedLongLong(j->id);
     if (id == NULL) {
         as_pool_job_free(j);
         return NULL;
     }
-    p->next_id = j->id;
     if (staged)
         as_pool_stage(p, j);
     as_pool_enqueue(p, j, -1);
@@ -600,6 +609,8 @@ static PyObject *pool_jobs(pool_t *p, PyObject *Py_UNUSED(ignored))
 
 static PyObject *pool_get_engine(pool_t *p, void *Py_UNUSED(closure)) { return PyUnicode_FromString(p->engine_name); }
 
+static PyObject *pool_get_address(pool_t *p, void *Py_UNUSED(closure)) { return PyLong_FromVoidPtr(p); }
+
 static PyMethodDef pool_methods[] = {
     {"add_interpreter", (PyCFunction)pool_add_interpreter, METH_O,
      "add_interpreter(token) -> index: start one more interpreter; drain reports (token, ok, error) when it is "
@@ -611,7 +622,7 @@ static PyMethodDef pool_methods[] = {
      "submit(token, kind, model=None, text=None, target=-1): queue a load, unload or exec job for interpreter "
      "target (or the first idle one)"},
     {"infer", (PyCFunction)(void (*)(void))pool_infer, METH_VARARGS | METH_KEYWORDS,
-     "infer(model, token, inputs, mask=all, staged=False, trace=False) -> job id: queue a batch (tensors "
+     "infer(model, token, inputs, mask=all, staged=False, trace=False, context=None) -> job id: queue a batch (tensors "
      "with .shape and .data, in the registered order) for the first idle interpreter whose bit is set in mask; a "
      "staged job gets an id for offer/progress and completes with (outputs, stage_seconds); a traced job completes "
      "with (payload, interpreter, ran_from_ns, ran_to_ns, model_spans_json | None)"},
@@ -654,6 +665,8 @@ static PyMethodDef pool_methods[] = {
 
 static PyGetSetDef pool_getset[] = {
     {"engine", (getter)pool_get_engine, NULL, "engine name", NULL},
+    {"address", (getter)pool_get_address, NULL,
+     "the pool's address, for a front's Link.infer (valid while this object lives)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -109,7 +109,7 @@ static int hex_digits(const char *p, size_t n, uint64_t *out)
     uint64_t v = 0;
     for (size_t i = 0; i < n; i++) {
         char c = p[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; /* HEXDIGLC only */
         if (d < 0)
             return -1;
         v = v << 4 | (uint64_t)d;
@@ -119,7 +119,8 @@ static int hex_digits(const char *p, size_t n, uint64_t *out)
 }
 
 /* version-traceid-parentid-flags: 0 and the fields, or -1 when the value is not one
- * (version ff, or 00 with more fields, ids of zeros, anything not hex). */
+ * (version ff, or 00 with more fields, ids of zeros, anything not lower-case hex): then
+ * the request starts a trace of its own, as W3C Trace Context asks. */
 static int parse_traceparent(const char *s, Py_ssize_t n, uint64_t *hi, uint64_t *lo, uint64_t *parent, int *sampled)
 {
     while (n > 0 && (*s == ' ' || *s == '\t'))
@@ -175,6 +176,8 @@ typedef struct {
     uint64_t batch[4];      /* size, samples, compute (0.1 us), interpreter + 1; zeros: not batched */
     PyObject *attributes;   /* its own beyond its status (a dict), or None */
     PyObject *common;       /* its route's attributes when not in the table, or None */
+    PyObject *tracestate;   /* the caller's W3C tracestate (str) or None */
+    PyObject *baggage;      /* the caller's W3C baggage header (str) or None */
 } Trace;
 
 struct Recorder {
@@ -238,6 +241,8 @@ static PyObject *new_trace(Recorder *r, uint64_t hi, uint64_t lo, uint64_t paren
     memset(t->batch, 0, sizeof t->batch);
     t->attributes = Py_NewRef(Py_None);
     t->common = Py_NewRef(Py_None);
+    t->tracestate = Py_NewRef(Py_None);
+    t->baggage = Py_NewRef(Py_None);
     return (PyObject *)t;
 }
 
@@ -426,16 +431,19 @@ static int as_u64(PyObject *o, uint64_t *out, const char *what)
     return 0;
 }
 
-/* batch(model, requests, samples, started, ran): the record of a batch that ran and
+/* batch(model, requests, samples, started, ran[, ids]): the record of a batch that ran and
  * succeeded, and on each sampled request of it (`requests`: the batcher's requests, each
  * with `trace` and `arrival`) its queue phase and the batch's facts. model: its entry in
  * the table; started: when the batch was dispatched (monotonic seconds); ran: the engine's
- * (interpreter, ran from, ran to, ...) in monotonic ns. */
+ * (interpreter, ran from, ran to, ...) in monotonic ns; ids: (trace_hi, trace_lo, batch
+ * span id, run span id) drawn before the run (model code saw them), else drawn here. */
 static PyObject *recorder_batch(Recorder *r, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 || !PyTuple_Check(args[4]) || PyTuple_GET_SIZE(args[4]) < 3) {
+    if ((nargs != 5 && nargs != 6) || !PyTuple_Check(args[4]) || PyTuple_GET_SIZE(args[4]) < 3 ||
+        (nargs == 6 && args[5] != Py_None && (!PyTuple_Check(args[5]) || PyTuple_GET_SIZE(args[5]) != 4))) {
         PyErr_SetString(PyExc_TypeError, "Recorder.batch(model: int, requests: sequence, samples: int, "
-                                         "started: float, ran: (interpreter, from_ns, to_ns, ...))");
+                                         "started: float, ran: (interpreter, from_ns, to_ns, ...)"
+                                         "[, ids: (trace_hi, trace_lo, span_id, run_span_id)])");
         return NULL;
     }
     uint64_t model, samples, ran_from, ran_to;
@@ -455,7 +463,16 @@ static PyObject *recorder_batch(Recorder *r, PyObject *const *args, Py_ssize_t n
     PyObject *res = NULL;
     uint64_t now = clock_ns(CLOCK_REALTIME), start = (uint64_t)llround(started * 1e9) + (uint64_t)r->offset;
     uint64_t facts[4] = {(uint64_t)n, samples, now > start ? (now - start) / 100 : 0, (uint64_t)(interpreter + 1)};
-    uint64_t hi = next_u64(r->rng), lo = next_u64(r->rng), id = next_u64(r->rng) | 1, run = next_u64(r->rng) | 1;
+    uint64_t hi, lo, id, run;
+    if (nargs == 6 && args[5] != Py_None) {
+        if (as_u64(PyTuple_GET_ITEM(args[5], 0), &hi, "trace_hi") < 0 ||
+            as_u64(PyTuple_GET_ITEM(args[5], 1), &lo, "trace_lo") < 0 ||
+            as_u64(PyTuple_GET_ITEM(args[5], 2), &id, "span_id") < 0 ||
+            as_u64(PyTuple_GET_ITEM(args[5], 3), &run, "run span_id") < 0)
+            goto finally;
+    } else {
+        hi = next_u64(r->rng), lo = next_u64(r->rng), id = next_u64(r->rng) | 1, run = next_u64(r->rng) | 1;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *req = PySequence_Fast_GET_ITEM(requests, i);
         PyObject *trace = PyObject_GetAttr(req, r->s_trace);
@@ -593,6 +610,8 @@ static void trace_dealloc(Trace *t)
     Py_CLEAR(t->rec);
     Py_CLEAR(t->attributes);
     Py_CLEAR(t->common);
+    Py_CLEAR(t->tracestate);
+    Py_CLEAR(t->baggage);
     PyObject_Free(t);
     Py_DECREF(tp);
 }
@@ -611,11 +630,11 @@ static PyObject *trace_stamp(Trace *t, PyObject *arg)
 }
 
 /* end(status) -> bool: the request was answered; its record is appended (True) unless it has
- * attributes of its own or none in the table (False: record it as a span). */
+ * attributes of its own, none in the table or a tracestate (False: record it as a span). */
 static PyObject *trace_end(Trace *t, PyObject *arg)
 {
     Recorder *r = t->rec;
-    if (t->attributes != Py_None || t->route < 0)
+    if (t->attributes != Py_None || t->route < 0 || t->tracestate != Py_None)
         Py_RETURN_FALSE;
     unsigned long long status = PyLong_AsUnsignedLongLong(arg);
     if (status == (unsigned long long)-1 && PyErr_Occurred())
@@ -755,6 +774,10 @@ static PyGetSetDef trace_getset[] = {
      (void *)offsetof(Trace, attributes)},
     {"common", (getter)trace_get_object, (setter)trace_set_object,
      "its route's attributes when the table has no entry for them, or None", (void *)offsetof(Trace, common)},
+    {"tracestate", (getter)trace_get_object, (setter)trace_set_object, "the caller's W3C tracestate or None",
+     (void *)offsetof(Trace, tracestate)},
+    {"baggage", (getter)trace_get_object, (setter)trace_set_object, "the caller's W3C baggage header or None",
+     (void *)offsetof(Trace, baggage)},
     {"decode", (getter)trace_get_numbers, (setter)trace_set_numbers, "(start_ns, end_ns) of decoding", (void *)0},
     {"queue", (getter)trace_get_numbers, (setter)trace_set_numbers, "(start_ns, end_ns) in the queue", (void *)1},
     {"encode", (getter)trace_get_numbers, (setter)trace_set_numbers, "(start_ns, end_ns) of encoding", (void *)2},

@@ -253,8 +253,10 @@ static void run_attached(as_interp *ip, as_job *job)
         PyObject *join = NULL;
         if (inputs != NULL && job->join != NULL && (join = as_join_new(ip, job->join)) == NULL)
             Py_CLEAR(inputs);
-        if (inputs != NULL && job->trace) {
-            PyObject *r = PyObject_CallNoArgs(ip->fn_trace_begin);
+        if (inputs != NULL && (job->trace || job->text != NULL)) {
+            /* the W3C headers of the batch's run span (or of an untraced batch's caller), for the
+             * OpenTelemetry context of the call */
+            PyObject *r = PyObject_CallFunction(ip->fn_trace_begin, "z", job->text);
             if (r == NULL)
                 Py_CLEAR(inputs);
             Py_XDECREF(r);
@@ -270,12 +272,12 @@ static void run_attached(as_interp *ip, as_job *job)
             Py_CLEAR(res);
         if (res != NULL && take_outputs(ip, job, res) < 0)
             Py_CLEAR(res);
-        if (job->trace) {
-            /* the spans the model opened, also when it failed */
+        if (job->trace || job->text != NULL) {
+            /* the spans the model opened, also when it failed (an untraced job has none) */
             PyObject *t, *v, *tb;
             PyErr_Fetch(&t, &v, &tb);
             PyObject *spans = PyObject_CallNoArgs(ip->fn_trace_end);
-            if (spans != NULL && PyUnicode_Check(spans) && set_text_result(ip, job, spans) < 0)
+            if (spans != NULL && job->trace && PyUnicode_Check(spans) && set_text_result(ip, job, spans) < 0)
                 PyErr_Clear();
             if (spans == NULL)
                 PyErr_Clear();

@@ -53,6 +53,12 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         int, msgspec.Meta(ge=1, description="interpreters per engine pool; None = the CPUs this process may use "
                                             "(its affinity and cgroup CPU quota)")
     ] | None = None
+    loops: Annotated[
+        int, msgspec.Meta(ge=0, le=8, description="event loops that serve connections beside the host's, each in "
+                                                  "a private interpreter of its own (0 = the host's loop serves "
+                                                  "every connection); None = chosen from the CPUs this process "
+                                                  "may use")
+    ] | None = None
     log_level: Annotated[str, _doc("least severe log record written", choices=LOG_LEVELS)] = "info"
     max_body_bytes: Annotated[
         int, msgspec.Meta(ge=1, description="largest request body accepted; larger ones get 413")
@@ -163,9 +169,19 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return is_loopback(self.host)
 
     @property
+    def loop_count(self) -> int:
+        """Front loops to start (`loops`, or the default for the CPUs available)."""
+        return self.loops if self.loops is not None else default_loops(cpus.available())
+
+    @property
     def pool_size(self) -> int:
         """Interpreters each engine pool gets."""
         return self.interpreters or cpus.available()
+
+
+def default_loops(available: int) -> int:
+    """Front loops by default: none (the host's loop serves alone) below 4 CPUs."""
+    return 0 if available < 4 else min(8, available // 4)
 
 
 FIELDS: tuple[str, ...] = ServerSettings.__struct_fields__

@@ -127,8 +127,22 @@ async def test_an_exporter_that_is_gone_drops_records_and_never_fails_a_request(
 
 def test_a_span_travels_as_the_msgpack_array_the_encoder_reads() -> None:
     fields = [1, 2, 3, 0, False, "batch m", recorder.INTERNAL, 10, 20, {"aserve.model": "m"}, recorder.UNSET, "",
-              [["stage 1 done", 15, {"aserve.stage": 1}]], [[1, 2, 5, None]]]
-    span = recorder.Span(*fields[:12], [("stage 1 done", 15, {"aserve.stage": 1})], [(1, 2, 5, None)])
+              [["stage 1 done", 15, {"aserve.stage": 1}]], [[1, 2, 5, None]], "vendor=x"]
+    span = recorder.Span(*fields[:12], [("stage 1 done", 15, {"aserve.stage": 1})], [(1, 2, 5, None)], "vendor=x")
     assert msgspec.msgpack.encode(span) == msgspec.msgpack.encode(fields)
     request = recorder.RequestSpan(*fields, 1, 2, 3, 4, 5, 6)
     assert msgspec.msgpack.encode(request) == msgspec.msgpack.encode([*fields, 1, 2, 3, 4, 5, 6])
+
+
+def test_sequence_attributes_and_trace_state_are_encoded() -> None:
+    """The OpenTelemetry API's sequence attributes become ArrayValues, and a span's W3C
+    tracestate its trace_state."""
+    span = recorder.Span(1, 2, 3, 0, False, "m", recorder.INTERNAL, 10, 20,
+                         {"tags": ["a", "b"], "sizes": (1, 2, 3), "mixed": [1.5, True]}, recorder.UNSET, "", [], [],
+                         "congo=t61rcWkgMzE")
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    request.ParseFromString(otlp_encode({}, "aserve", "0", [msgspec.msgpack.decode(msgspec.msgpack.encode(span))]))
+    (decoded,) = request.resource_spans[0].scope_spans[0].spans
+    values = {a.key: [getattr(v, v.WhichOneof("value")) for v in a.value.array_value.values] for a in decoded.attributes}
+    assert values == {"tags": ["a", "b"], "sizes": [1, 2, 3], "mixed": [1.5, True]}
+    assert decoded.trace_state == "congo=t61rcWkgMzE"

@@ -5,17 +5,15 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import random
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..conftest import until
 from ..server.conftest import ADD_CONFIG, ADD_MODEL, write_repository
+from .conftest import Receiver, attrs
 
 # ADD_MODEL that takes 20 ms per batch; TRACED_ADD also opens a span of its own around the sum.
 SLOW_ADD = ADD_MODEL.replace("from aserve.runtime import Model, TensorSpec",
@@ -25,51 +23,6 @@ TRACED_ADD = SLOW_ADD.replace(
     '        return {"SUM"', '        with span("add rows", rows=len(a) // 4):\n            pass\n        return {"SUM"', 1)
 ONE_AT_A_TIME = ADD_CONFIG.replace("max_batch_size = 8", "max_batch_size = 8\ninterpreters = 1").replace(
     "max_queue_delay_ms = 2.0", "max_queue_delay_ms = 50.0")
-
-
-class Receiver:
-    """An OTLP/HTTP trace receiver: every span it is sent, by name."""
-
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-        self.resources: list[dict[str, Any]] = []
-
-    async def traces(self, request: web.Request) -> web.Response:
-        message = trace_service_pb2.ExportTraceServiceRequest()
-        message.ParseFromString(await request.read())
-        for rs in message.resource_spans:
-            self.resources.append({a.key: a.value.string_value for a in rs.resource.attributes})
-            for ss in rs.scope_spans:
-                self.spans.extend(ss.spans)
-        answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-        return web.Response(body=answer, content_type="application/x-protobuf")
-
-    def named(self, name: str) -> list[Any]:
-        return [s for s in self.spans if s.name == name]
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[tuple[Receiver, str]]:
-    r = Receiver()
-    app = web.Application()
-    app.router.add_post("/v1/traces", r.traces)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield r, f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
-
-
-def attrs(span: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for a in span.attributes:
-        v = a.value
-        out[a.key] = getattr(v, v.WhichOneof("value"))
-    return out
 
 
 def body(values: list[int]) -> dict[str, Any]:

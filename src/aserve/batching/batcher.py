@@ -42,7 +42,7 @@ from typing import Any
 from .._native import RequestTrace
 from ..errors import EngineError, ModelError, Overloaded, RequestTimeout
 from ..tensor import Tensor, concat_inputs, same_sample_shapes, split_outputs, wrong_rows
-from ..tracing.batches import trace_batch
+from ..tracing.batches import BatchContext, batch_context, batch_untraced_context, trace_batch
 from ..tracing.recorder import Tracer
 from .fair import FairScheduler, Seat
 from .joining import Joining, LayerJoin
@@ -63,7 +63,7 @@ _NEVER = math.inf
 class _Batch:
     """A batch in flight: its requests and when it started; `done` is the engine's callback."""
 
-    __slots__ = ("batcher", "job", "requests", "samples", "started", "traced")
+    __slots__ = ("batcher", "context", "job", "requests", "samples", "started", "traced")
 
     def __init__(self, batcher: Batcher, requests: list[Request], samples: int, started: float,
                  traced: bool = False) -> None:
@@ -73,6 +73,7 @@ class _Batch:
         self.samples = samples
         self.started = started
         self.traced = traced  # a request of it is sampled: the engine reports where and when it ran
+        self.context: BatchContext | None = None  # then its ids, drawn before it runs
 
     def done(self, outputs: dict[str, Tensor] | None, error: BaseException | None, ran: Any = None) -> None:
         self.batcher._batch_done(self, outputs, error, ran)
@@ -130,6 +131,7 @@ class Batcher:
         self._drained: asyncio.Future[None] | None = None  # close() waits on it
         self.tracer: Tracer | None = None  # while tracing is on: batches of sampled requests get spans
         self._traced = 0  # sampled requests queued (at least): a batch is searched for them only then
+        self._contexts = 0  # likewise, unsampled requests with a caller's context for model code
         self._loop: asyncio.AbstractEventLoop | None = None
         self.batches = 0  # batches dispatched
         self.requests = 0  # requests answered by a batch
@@ -181,6 +183,7 @@ class Batcher:
     def submit(
         self, inputs: Sequence[Tensor], samples: int, /, *, deadline: float | None = None,
         budget: float | None = None, trace: RequestTrace | None = None, waited: float = 0.0,
+        context: str | None = None,
     ) -> asyncio.Future[dict[str, Tensor]]:
         """Queue one request; the future resolves to its outputs (split from its batch's outputs).
 
@@ -191,6 +194,8 @@ class Batcher:
         budget: this request's latency budget in seconds (None: the policy's own);
         trace: the request's RequestTrace when it is sampled (its queue span and its
         batch's spans are recorded);
+        context: when it is not sampled, the caller's W3C context model code runs in
+        (`tracing.batches.untraced_context`);
         waited: seconds the request already spent in the server (reading, decoding, behind
         other requests on the event loop): its budget counts them.
 
@@ -218,9 +223,11 @@ class Batcher:
             if deadline < self._expiry_at:
                 self._arm_expiry(loop, deadline)
         future: asyncio.Future[dict[str, Tensor]] = loop.create_future()
-        queue.append(Request(now, samples, deadline, inputs, future, budget, trace, waited))
+        queue.append(Request(now, samples, deadline, inputs, future, budget, trace, waited, context))
         if trace is not None:
             self._traced += 1
+        elif context is not None:
+            self._contexts += 1
         self._queued_samples += samples
         self._schedule()
         return future
@@ -480,8 +487,12 @@ class Batcher:
         self._batches.add(run)
         try:
             if self._traced and self._is_traced(batch):
+                assert self.tracer is not None
                 run.traced = True
-                run.job = self._run_batch(self.key, inputs, run.done, trace=True)  # type: ignore[call-arg]
+                run.context = batch_context(self.tracer, batch)
+                run.job = self._run_batch(self.key, inputs, run.done, trace=run.context.header)  # type: ignore[call-arg]
+            elif self._contexts and (context := self._untraced_context(batch)) is not None:
+                run.job = self._run_batch(self.key, inputs, run.done, context=context)  # type: ignore[call-arg]
             else:
                 run.job = self._run_batch(self.key, inputs, run.done)
         except Exception as e:  # noqa: BLE001 - the engine refused the batch: answer it from the loop
@@ -492,6 +503,12 @@ class Batcher:
         n = sum(r.trace is not None for r in batch)
         self._traced = max(0, self._traced - n)
         return n > 0 and self.tracer is not None
+
+    def _untraced_context(self, batch: list[Request]) -> str | None:
+        """The callers' context of an untraced batch, if its requests share one (counted off
+        the queued ones)."""
+        self._contexts = max(0, self._contexts - sum(r.context is not None for r in batch))
+        return batch_untraced_context(batch)
 
     def _count_batch(self, samples: int, seconds: float) -> None:
         counted = self.batch_sizes.get(samples)
@@ -516,7 +533,7 @@ class Batcher:
         requests = run.requests
         elapsed = self._clock() - run.started
         if run.traced and self.tracer is not None:
-            trace_batch(self.tracer, self.model, run.requests, run.samples, run.started, ran, error)
+            trace_batch(self.tracer, self.model, run.requests, run.samples, run.started, ran, error, context=run.context)
         self.compute_seconds += elapsed * len(requests)
         self._count_batch(run.samples, elapsed)
         isolating = False

@@ -15,12 +15,14 @@ class Request:
     """A request with its inputs and its future; `arrival`, `samples`, `deadline`, `budget`
     and `waited` are what the policy sees (policy.Pending)."""
 
-    __slots__ = ("arrival", "budget", "deadline", "future", "inputs", "samples", "state", "trace", "waited")
+    __slots__ = ("arrival", "budget", "context", "deadline", "future", "inputs", "samples", "state", "trace",
+                 "waited")
 
     def __init__(self, arrival: float, samples: int, deadline: float | None, inputs: Sequence[Tensor],
                  future: asyncio.Future[dict[str, Tensor]], budget: float | None, trace: RequestTrace | None = None,
-                 waited: float = 0.0) -> None:
+                 waited: float = 0.0, context: str | None = None) -> None:
         self.trace = trace  # the request's RequestTrace when it is sampled (aserve.tracing)
+        self.context = context  # not sampled: the caller's W3C context for model code (tracing.batches)
         self.arrival = arrival
         self.waited = waited
         self.samples = samples

@@ -31,6 +31,7 @@ from ..errors import AserveError, ModelError, Overloaded
 from ..inference import Answer, InferCall, InferRequest, InferResponse
 from ..tensor import Tensor
 from ..tracing import RequestTrace, Tracer, recorder
+from ..tracing.batches import untraced_context
 from .models import ModelHandle
 from .registry import ModelRegistry
 from .stats import Metrics, failure_reason
@@ -140,9 +141,12 @@ class DataPlane:
             handle = self.registry.get(call.model, call.version)
         start = time.perf_counter()
         trace: RequestTrace | None = None
+        caller: str | None = None  # not sampled: the caller's W3C context for model code
         try:
             if self.tracer is not None:
                 trace = start_trace(self.tracer, call)
+                if trace is None:
+                    caller = untraced_context(call.headers)
             schema = handle.require_ready()
             if trace is not None:
                 trace.stamp(recorder.DECODE_START)
@@ -163,7 +167,7 @@ class DataPlane:
             future = batcher.submit(
                 request.inputs, request.samples, deadline=now + limit / 1000.0,
                 budget=None if budget is None else budget / 1000.0, trace=trace,
-                waited=0.0 if call.received is None else now - call.received,
+                waited=0.0 if call.received is None else now - call.received, context=caller,
             )
         except BaseException as exc:
             _failed(handle, call, trace, start, exc)
@@ -235,9 +239,12 @@ class Pending:
             _failed(handle, call, trace, self.start, exc)
             self._tell(None, exc)
             return
-        handle.stats.succeeded(time.perf_counter() - self.start, request.samples)
-        if trace is not None and not trace.end(200):
-            end_trace(trace, call, None)
+        if trace is None:
+            handle.stats.succeeded(time.perf_counter() - self.start, request.samples)
+        else:
+            handle.stats.succeeded(time.perf_counter() - self.start, request.samples, trace.trace_id_hex)
+            if not trace.end(200):
+                end_trace(trace, call, None)
         self._tell(encoded, None)
 
     def _tell(self, answer: Answer | None, error: BaseException | None) -> None:
@@ -278,10 +285,15 @@ def _failed(handle: ModelHandle, call: InferCall, trace: RequestTrace | None, st
 def start_trace(tracer: Tracer, call: InferCall) -> RequestTrace | None:
     """The call's RequestTrace when it is sampled, with its OpenTelemetry HTTP server
     attributes (the same for every call to a model, route and address: made once, kept in
-    the tracer's table)."""
-    trace = tracer.start(call.headers)
+    the tracer's table) and the caller's W3C tracestate and baggage."""
+    headers = call.headers
+    trace = tracer.start(headers)
     if trace is None:
         return None
+    if trace.remote and "tracestate" in headers:  # a caller's tracestate goes with its traceparent only
+        trace.tracestate = recorder.parse_tracestate(headers["tracestate"])
+    if "baggage" in headers:
+        trace.baggage = headers["baggage"]
     protocol = call.codec.protocol(call)
     key = (call.route, call.model, call.version, protocol, call.host)
     index = tracer.route(key)

@@ -28,6 +28,7 @@ import asyncio
 import logging
 import pathlib
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -96,6 +97,9 @@ class ModelRegistry:
         self.routes: dict[str, ModelRoutes] = {}  # the request path's view: swapped, never mutated
         self.records: dict[str, ModelRecord] = {}
         self.pools: dict[str, Pool] = {}
+        self.on_publish: Callable[[], None] | None = None  # the routes changed (front loops learn them)
+        # before a load is unloaded, once its batcher answered everything: other loops answer theirs
+        self.before_unload: Callable[[str], Awaitable[None]] | None = None
         self.schedulers: dict[str, FairScheduler] = {}  # per engine, beside its pool
         self.totals: dict[tuple[str, str], BatchTotals] = {}
         self.skipped: list[Skipped] = []
@@ -429,6 +433,8 @@ class ModelRegistry:
 
     def _publish(self, record: ModelRecord) -> None:
         """Swap in the model's new routes (or drop them when the model is gone)."""
+        if self.on_publish is not None:
+            self.on_publish()
         if record.source is None and not record.serving and not record.unloading:
             self.routes.pop(record.name, None)
             self.records.pop(record.name, None)
@@ -541,6 +547,8 @@ class ModelRegistry:
             if handle.batcher is not None:
                 await handle.batcher.close()  # every request has a deadline: this ends
                 self.totals.setdefault((handle.name, handle.version), BatchTotals()).add(handle.batcher)
+            if self.before_unload is not None:
+                await self.before_unload(handle.key)
             pool = self.pools.get(handle.engine)
             if pool is not None and handle.info is not None:
                 await pool.unload(handle.key, staggered=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import time
+from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -54,7 +55,7 @@ class RequestStats:
     """One model version's request outcomes; durations of successful requests only,
     so that duration sum / success count is their mean latency."""
 
-    __slots__ = ("buckets", "duration_us", "fail_us", "failures", "samples", "success")
+    __slots__ = ("buckets", "duration_us", "exemplars", "fail_us", "failures", "samples", "success")
 
     def __init__(self) -> None:
         self.success = 0
@@ -63,13 +64,19 @@ class RequestStats:
         self.samples = 0  # samples of successful requests (Triton's inference count)
         self.duration_us = 0.0
         self.buckets = [0] * (len(DURATION_BUCKETS_US) + 1)  # the last one: above every bound
+        # per bucket, the latest sampled request in it: (trace id, microseconds, when it ended (epoch s))
+        self.exemplars: list[tuple[str, float, float] | None] = [None] * len(self.buckets)
 
-    def succeeded(self, seconds: float, samples: int) -> None:
+    def succeeded(self, seconds: float, samples: int, trace_id: str | None = None) -> None:
+        """Count a successful request; trace_id (hex): it was traced, and is its bucket's exemplar."""
         us = seconds * 1e6
         self.success += 1
         self.samples += samples
         self.duration_us += us
-        self.buckets[bisect.bisect_left(DURATION_BUCKETS_US, us)] += 1
+        bucket = bisect.bisect_left(DURATION_BUCKETS_US, us)
+        self.buckets[bucket] += 1
+        if trace_id is not None:
+            self.exemplars[bucket] = (trace_id, us, time.time())
 
     def failed(self, reason: str, seconds: float = 0.0) -> None:
         self.failures[reason] = self.failures.get(reason, 0) + 1
@@ -78,6 +85,12 @@ class RequestStats:
     def track(self) -> Tracker:
         """`with stats.track() as t: ...; t.samples = n`: time one request, count its outcome."""
         return Tracker(self)
+
+    def counts(self) -> dict[str, Any]:
+        """Its counters as plain data (another loop's, sent to the host: `Metrics.add`)."""
+        return {"success": self.success, "failures": self.failures, "fail_us": self.fail_us,
+                "samples": self.samples, "duration_us": self.duration_us, "buckets": self.buckets,
+                "exemplars": self.exemplars}
 
 
 class Tracker:
@@ -122,6 +135,35 @@ class Metrics:
         """`with metrics.track(name, version) as t: ...; t.samples = n`"""
         return Tracker(self.stats(model, version))
 
+    def items(self) -> list[tuple[tuple[str, str], RequestStats]]:
+        """((model, version), its counters) for every version counted so far."""
+        return list(self._stats.items())
+
+    def combined(self, others: list[list[Any]]) -> Metrics:
+        """A new Metrics with these counters and others' ([model, version, counts] rows) added."""
+        out = Metrics()
+        for (model, version), stats in self._stats.items():
+            out.add(model, version, stats.counts())
+        for model, version, counts in others:
+            out.add(model, version, counts)
+        return out
+
+    def add(self, model: str, version: str, counts: dict[str, Any]) -> None:
+        """Add counters another loop's RequestStats reported (`server/front.py` `stats`)."""
+        mine = self.stats(model, version)
+        mine.success += counts["success"]
+        for reason, count in counts["failures"].items():
+            mine.failures[reason] = mine.failures.get(reason, 0) + count
+        mine.fail_us += counts["fail_us"]
+        mine.samples += counts["samples"]
+        mine.duration_us += counts["duration_us"]
+        for i, count in enumerate(counts["buckets"]):
+            mine.buckets[i] += count
+        for i, exemplar in enumerate(counts.get("exemplars", ())):  # the latest of each bucket's
+            held = mine.exemplars[i]
+            if exemplar is not None and (held is None or exemplar[2] > held[2]):
+                mine.exemplars[i] = (exemplar[0], exemplar[1], exemplar[2])
+
 
 # ---- Triton's statistics extension ----
 
@@ -152,6 +194,19 @@ class BatchTotals:
         last = counts.last_inference if isinstance(counts, BatchTotals) else wall_time(counts.last_dispatch)
         self.last_inference = max(self.last_inference, last)
 
+    def add_reported(self, stats: Mapping[str, Any], batch_sizes: Mapping[int, list[float]],
+                     last_dispatch: float | None) -> None:
+        """Add the counters another loop's batcher reported (`server/front.py` `stats`)."""
+        self.batches += stats["batches"]
+        self.requests += stats["requests"]
+        self.queue_seconds += stats["queue_seconds"]
+        self.compute_seconds += stats["compute_seconds"]
+        for size, (count, seconds) in batch_sizes.items():
+            mine = self.batch_sizes.setdefault(int(size), [0, 0.0])
+            mine[0] += count
+            mine[1] += seconds
+        self.last_inference = max(self.last_inference, wall_time(last_dispatch))
+
 
 def wall_time(monotonic: float | None) -> float:
     """time.time() of a time.monotonic() reading (0 for None)."""
@@ -160,9 +215,18 @@ def wall_time(monotonic: float | None) -> float:
     return time.time() - (time.monotonic() - monotonic)
 
 
-def statistics(registry: ModelRegistry, name: str | None = None, version: str | None = None) -> list[dict[str, Any]]:
+def statistics(registry: ModelRegistry, name: str | None = None, version: str | None = None,
+               fronts: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Triton's statistics extension: per model version (of `name`, or every model; of
-    `version`, or every one served or retired), requests, queue and compute time."""
+    `version`, or every one served or retired), requests, queue and compute time; `fronts`:
+    what the front loops counted (`server/loops.py` `Loops.stats`), added in."""
+    metrics = registry.metrics
+    reported: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    if fronts:
+        metrics = metrics.combined([row for front in fronts for row in front["requests"]])
+        for front in fronts:
+            for m in front["models"]:
+                reported.setdefault((m["name"], m["version"]), []).append(m)
     if name is not None and name not in registry.routes:
         registry.get(name)  # ModelNotFound, with the registry's message
     out: list[dict[str, Any]] = []
@@ -180,7 +244,9 @@ def statistics(registry: ModelRegistry, name: str | None = None, version: str | 
             for handle in (record.serving.get(v), record.unloading.get(v)):
                 if handle is not None and handle.batcher is not None:
                     totals.add(handle.batcher)
-            out.append(triton_statistics(model, str(v), registry.metrics.stats(model, str(v)), totals))
+            for m in reported.get((model, str(v)), ()):
+                totals.add_reported(m["batcher"], m["batch_sizes"], m["last_dispatch"])
+            out.append(triton_statistics(model, str(v), metrics.stats(model, str(v)), totals))
     return out
 
 

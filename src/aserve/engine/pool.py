@@ -652,14 +652,17 @@ class Pool:
 
     # ---- batches ----
 
-    def run(self, model: str, inputs: Sequence[Tensor], done: Done, /, *, trace: bool = False) -> int:
+    def run(self, model: str, inputs: Sequence[Tensor], done: Done, /, *, trace: bool | str = False,
+            context: str | None = None) -> int:
         """Queue one batch on the first idle interpreter of `model`; returns its job id (for `cancel`).
 
         inputs: the model's declared inputs, in order. `done(outputs, None)` or
         `done(None, error)` is called from the loop's completion callback; outputs are
         buffers the interpreter keeps alive until they are garbage. With `trace`, a
         batch that ran calls `done(outputs, None, ran)`: ran is (interpreter, start_ns,
-        end_ns on the CLOCK_MONOTONIC of time.monotonic_ns, the model's spans as JSON or None)."""
+        end_ns on the CLOCK_MONOTONIC of time.monotonic_ns, the model's spans as JSON or None); a
+        str `trace` is the W3C context model code runs in (tracing/batches.py `BatchContext.header`);
+        `context`, that of an untraced batch (its caller's, not sampled)."""
         self._check_open()
         entry = self._models.get(model)
         if entry is None:
@@ -669,7 +672,10 @@ class Pool:
         try:
             if trace:
                 job: int = self._started.infer(entry.ref, functools.partial(self._traced_done, done), inputs,
-                                              entry.mask, False, True)
+                                              entry.mask, False, True, trace if isinstance(trace, str) else None)
+            elif context is not None:
+                job = self._started.infer(entry.ref, functools.partial(self._batch_done, done), inputs, entry.mask,
+                                          False, False, context)
             else:
                 job = self._started.infer(entry.ref, functools.partial(self._batch_done, done), inputs, entry.mask)
         except BaseException:
@@ -831,6 +837,16 @@ class Pool:
     def lost(self) -> list[int]:
         """Interpreters given up on: stuck in a cancelled job, they get no jobs."""
         return [i for i in range(self.interpreters) if self.lost_mask >> i & 1]
+
+    @property
+    def address(self) -> int:
+        """The native pool's address, for a front's Link (server/front.py)."""
+        address: int = self._started.address
+        return address
+
+    def mask_of(self, model: str) -> int:
+        """The interpreters that run `model`, as a bit mask."""
+        return self._entry(model).mask
 
     def serves(self, model: str) -> bool:
         """Whether an interpreter that is not lost runs `model` (False if it is not loaded)."""

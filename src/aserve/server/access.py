@@ -82,7 +82,8 @@ class Access:
 
 
 EXPOSED = "Inference-Header-Content-Length, Retry-After, WWW-Authenticate, Content-Length, Content-Type"
-ALLOWED_HEADERS = "Authorization, Content-Type, Content-Encoding, Accept, Inference-Header-Content-Length, traceparent"
+ALLOWED_HEADERS = ("Authorization, Content-Type, Content-Encoding, Accept, Inference-Header-Content-Length, "
+                   "traceparent, tracestate, baggage")
 
 
 class Cors:

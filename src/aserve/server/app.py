@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from ..config import ServerSettings, is_loopback
 from ..dataplane import DataPlane
@@ -44,3 +45,4 @@ class App:
         self.stats = HttpStats()
         self.openapi = b""  # the OpenAPI document of the route table, encoded (set by the server)
         self.draining = False  # readiness answers 503 and every answer closes its connection
+        self.loops: Any = None  # server/loops.py Loops, with --loops: readiness asks whether every loop serves

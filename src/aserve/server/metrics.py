@@ -1,4 +1,5 @@
-"""Prometheus metrics: per-request counters and the text exposition format 0.0.4, by hand.
+"""Prometheus metrics: per-request counters, in Prometheus' text format 0.0.4 or
+OpenMetrics 1.0 (with exemplars), written by hand.
 
 `Metrics` (aserve.dataplane.stats) holds what the data plane counts of each request
 (its outcome, samples and end-to-end duration); `render` adds what the models report
@@ -13,6 +14,16 @@ the name, durations are microseconds as in Triton. Per-model series carry
 pool reports that this module does not know are still exported, as untyped
 `aserve_batcher_<key>` / `aserve_batching_<key>` / `aserve_cost_model_<key>` /
 `aserve_pool_<key>` series.
+
+A scraper that asks for OpenMetrics (`Accept: application/openmetrics-text`, as
+Prometheus does) gets the same series with exemplars: each bucket of the request
+duration histogram carries the trace id of the latest sampled request that fell in it
+(`trace_id` label, its duration, when it ended), which Grafana links to the trace.
+
+The writer is this module's own, not prometheus_client's: a scrape runs on the event
+loop, which prometheus_client's writers hold several times as long
+(`benchmarks/observability.py`). The tests check both formats with prometheus_client's
+parsers and with Prometheus itself.
 """
 
 from __future__ import annotations
@@ -28,10 +39,11 @@ from ..engine import Pool
 from .app import REFUSALS, App, HttpStats
 from .http import Request, Response
 
-__all__ = ["CONTENT_TYPE", "DURATION_BUCKETS_US", "REASONS", "Exposition", "Metrics", "RequestStats",
-           "failure_reason", "render"]
+__all__ = ["CONTENT_TYPE", "DURATION_BUCKETS_US", "OPENMETRICS_CONTENT_TYPE", "REASONS", "Exposition", "Metrics",
+           "RequestStats", "failure_reason", "render"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 # ---- the exposition format ----
 
@@ -64,15 +76,22 @@ def format_value(value: float) -> str:
     return repr(float(value))
 
 
+# An exemplar: its labels (e.g. {"trace_id": ...}), its value, its time (seconds since the epoch).
+Exemplar = tuple[Mapping[str, str], float, float]
+
+
 class Exposition:
-    """Metric families in the order first added, each with its HELP, TYPE and samples."""
+    """Metric families in the order first added, each with its HELP, TYPE and samples;
+    written as the text format (`text`) or OpenMetrics (`openmetrics`, with exemplars)."""
 
     def __init__(self) -> None:
         self._families: dict[str, tuple[str, str, list[str]]] = {}
+        self._exemplars: dict[tuple[str, int], str] = {}  # (family, sample index) -> " # {...} value time"
 
     def add(self, name: str, kind: str, help: str, value: float, labels: Labels | None = None,
-            *, suffix: str = "") -> None:
-        """One sample of family `name` (`suffix`: a histogram's _bucket/_sum/_count)."""
+            *, suffix: str = "", exemplar: Exemplar | None = None) -> None:
+        """One sample of family `name` (`suffix`: a histogram's _bucket/_sum/_count; `exemplar`:
+        a bucket's, written in OpenMetrics only)."""
         if not _NAME.match(name):
             raise ValueError(f"invalid metric name {name!r}")
         family = self._families.get(name)
@@ -81,15 +100,44 @@ class Exposition:
         elif family[0] != kind:
             raise ValueError(f"metric {name!r} added as {kind}, already a {family[0]}")
         text = ",".join(f'{k}="{_escape_label(v)}"' for k, v in (labels or {}).items())
+        if exemplar is not None:
+            tags = ",".join(f'{k}="{_escape_label(v)}"' for k, v in exemplar[0].items())
+            self._exemplars[name, len(family[2])] = f" # {{{tags}}} {format_value(exemplar[1])} {exemplar[2]:.3f}"
         family[2].append(f"{name}{suffix}{{{text}}} {format_value(value)}" if text
                          else f"{name}{suffix} {format_value(value)}")
 
     def text(self) -> str:
+        """Prometheus' text format 0.0.4 (no exemplars)."""
         lines: list[str] = []
         for name, (kind, help, samples) in self._families.items():
             lines.append(f"# HELP {name} {_escape_help(help)}")
             lines.append(f"# TYPE {name} {kind}")
             lines.extend(samples)
+        return "\n".join(lines) + "\n"
+
+    def openmetrics(self) -> str:
+        """OpenMetrics 1.0: a counter's family is named without its samples' `_total`, untyped
+        is `unknown`, bucket samples carry their exemplars, and `# EOF` ends it."""
+        lines: list[str] = []
+        exemplars = self._exemplars
+        for name, (kind, help, samples) in self._families.items():
+            family, om_kind = name, kind
+            if kind == "counter":
+                if name.endswith("_total"):
+                    family = name[:-6]
+                else:
+                    om_kind = "unknown"  # OpenMetrics counters' samples end in _total
+            elif kind == "untyped":
+                om_kind = "unknown"
+            om_help = _escape_help(help).replace('"', '\\"')  # OpenMetrics escapes quotes in HELP too
+            lines.append(f"# HELP {family} {om_help}")
+            lines.append(f"# TYPE {family} {om_kind}")
+            if not exemplars:
+                lines.extend(samples)
+                continue
+            for i, sample in enumerate(samples):
+                lines.append(sample + exemplars[name, i] if (name, i) in exemplars else sample)
+        lines.append("# EOF")
         return "\n".join(lines) + "\n"
 
 
@@ -191,10 +239,12 @@ def _requests(out: Exposition, labels: Labels, stats: RequestStats) -> None:
             stats.samples, labels)
     name, help = "aserve_inference_request_duration_us", "End-to-end duration of successful requests, microseconds."
     cumulative = 0
-    for bound, count in zip((*DURATION_BUCKETS_US, math.inf), stats.buckets):
+    for bound, count, exemplar in zip((*DURATION_BUCKETS_US, math.inf), stats.buckets, stats.exemplars):
         cumulative += count
         le = "+Inf" if bound == math.inf else str(bound)
-        out.add(name, "histogram", help, cumulative, {**labels, "le": le}, suffix="_bucket")
+        out.add(name, "histogram", help, cumulative, {**labels, "le": le}, suffix="_bucket",
+                exemplar=None if exemplar is None else
+                ({"trace_id": exemplar[0]}, round(exemplar[1], 1), exemplar[2]))
     out.add(name, "histogram", help, stats.duration_us, labels, suffix="_sum")
     out.add(name, "histogram", help, stats.success, labels, suffix="_count")
 
@@ -241,11 +291,21 @@ def _batcher(out: Exposition, labels: Labels, stats: Mapping[str, Any]) -> None:
 
 def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Metrics,
            schedulers: Mapping[str, Any] | None = None, http: HttpStats | None = None,
-           tracing: Mapping[str, int] | None = None) -> str:
-    """The exposition text: every model (requests, batcher, policy), then every pool
-    (with its fair scheduler's slots), then the HTTP front (`app.HttpStats`), then
-    the tracer's records (`Tracer.stats()`, when tracing is on)."""
+           tracing: Mapping[str, int] | None = None, *, openmetrics: bool = False,
+           fronts: list[dict[str, Any]] | None = None, loops: Any = None) -> str:
+    """The exposition text (OpenMetrics with exemplars when asked): every model (requests,
+    batcher, policy), then every pool (with its fair scheduler's slots), then the HTTP
+    front (`app.HttpStats`), then the tracer's records (`Tracer.stats()`, when tracing is on).
+    `fronts`: what the front loops counted (`server/loops.py` `Loops.stats`), added to the
+    host's; `loops`: the `Loops` themselves (how many serve, how many were started again)."""
     out = Exposition()
+    reported: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    if fronts:
+        metrics = metrics.combined([row for front in fronts for row in front["requests"]])
+        http = _http_combined(http, [front["http"] for front in fronts])
+        for front in fronts:
+            for m in front["models"]:
+                reported.setdefault((m["name"], m["version"]), []).append(m["batcher"])
     for handle in sorted(models, key=lambda h: h.name):
         labels = {"model": handle.name, "version": handle.version}
         out.add("aserve_model_ready", "gauge", "1 when the model answers requests.", int(handle.ready), labels)
@@ -256,7 +316,8 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
                 labels)
         _requests(out, labels, metrics.stats(handle.name, handle.version))
         if handle.batcher is not None:
-            _batcher(out, labels, handle.batcher.stats())
+            _batcher(out, labels, _batcher_combined(handle.batcher.stats(),
+                                                    reported.get((handle.name, handle.version), ())))
     for engine in sorted(pools):
         for key, value in pools[engine].stats().items():
             number = _number(value)
@@ -284,10 +345,41 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
                     "Requests refused before a handler saw them, by reason: malformed (400), header_size (431), "
                     "body_size (413), timeout (408: not received within --request-timeout), connection_limit "
                     "(503: over --max-connections).", http.refused[reason], {"reason": reason})
+    if loops is not None:
+        out.add("aserve_event_loops", "gauge", "Front event loops serving connections (--loops).", loops.serving)
+        out.add("aserve_event_loop_restarts_total", "counter",
+                "Front event loops that ended without being told to, and were started again.", loops.restarts)
+        for front in loops.fronts:
+            out.add("aserve_event_loop_connections", "gauge",
+                    "Connections a front event loop serves now (new ones go to the loop with the fewest).",
+                    front.connections, {"loop": str(front.index)})
     if tracing is not None:
         for key, help in _TRACE_COUNTERS.items():
             out.add(f"aserve_trace_{key}_total", "counter", help, tracing[key])
-    return out.text()
+    return out.openmetrics() if openmetrics else out.text()
+
+
+def _http_combined(http: HttpStats | None, others: list[Mapping[str, Any]]) -> HttpStats:
+    out = HttpStats()
+    mine: list[Mapping[str, Any]] = [] if http is None else [
+        {"requests": http.requests, "connections": http.connections, "refused": http.refused}]
+    for counts in mine + others:
+        out.requests += counts["requests"]
+        out.connections += counts["connections"]
+        for reason, count in counts["refused"].items():
+            out.refused[reason] = out.refused.get(reason, 0) + count
+    return out
+
+
+def _batcher_combined(stats: dict[str, Any], others: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """A model's batcher counters with other loops' batchers of the same load added (its
+    policy's state is the host's)."""
+    for other in others:
+        for key, value in other.items():
+            mine = stats.get(key)
+            if key != "policy" and isinstance(value, (int, float)) and isinstance(mine, (int, float)):
+                stats[key] = mine + value
+    return stats
 
 
 _TRACE_COUNTERS = {
@@ -297,10 +389,25 @@ _TRACE_COUNTERS = {
 }
 
 
+def wants_openmetrics(accept: str | None) -> bool:
+    """Whether an Accept header asks for OpenMetrics text (Prometheus' scrapes do, with
+    q-values; a q of 0 refuses it)."""
+    if not accept or "application/openmetrics-text" not in accept:
+        return False
+    for item in accept.split(","):
+        media, *params = (part.strip() for part in item.split(";"))
+        if media.lower() == "application/openmetrics-text":
+            return not any(p.replace(" ", "").lower() in ("q=0", "q=0.0", "q=0.00", "q=0.000") for p in params)
+    return False
+
+
 async def metrics(app: App, request: Request) -> Response:
-    """GET /metrics"""
+    """GET /metrics: the text format, or OpenMetrics (with exemplars) when the Accept header asks for it."""
     plane = app.plane
     registry = plane.registry
+    openmetrics = wants_openmetrics(request.headers.get("accept"))
+    fronts = await app.loops.stats() if app.loops is not None else None
     text = render(registry.handles(), registry.pools, plane.metrics, registry.schedulers, http=app.stats,
-                  tracing=plane.tracer.stats() if plane.tracer else None)
-    return Response(200, text.encode(), content_type=CONTENT_TYPE)
+                  tracing=plane.tracer.stats() if plane.tracer else None, openmetrics=openmetrics,
+                  fronts=fronts, loops=app.loops)
+    return Response(200, text.encode(), content_type=OPENMETRICS_CONTENT_TYPE if openmetrics else CONTENT_TYPE)

@@ -69,8 +69,8 @@ def _routes() -> tuple[Route, ...]:
               statuses=(503,)),
         Route("GET", "/v2", v2_routes.server_metadata, API, "server_metadata", "Server name, version and protocol "
               "extensions", "metadata", response=m.ServerMetadata),
-        Route("GET", "/metrics", metrics.metrics, OPEN, "metrics", "Prometheus metrics (text format 0.0.4)", "health",
-              content="text/plain"),
+        Route("GET", "/metrics", metrics.metrics, OPEN, "metrics", "Prometheus metrics (text format 0.0.4, or "
+              "OpenMetrics 1.0 with exemplars when the Accept header asks for it)", "health", content="text/plain"),
         Route("GET", "/v2/models/stats", v2_routes.model_statistics, API, "statistics", "Statistics of every model "
               "version (Triton's statistics extension)", "metadata", response=m.StatisticsResponse),
         Route("POST", "/v2/repository/index", admin.repository_index, ADMIN, "repository_index", "Every model "

@@ -7,6 +7,7 @@ import logging
 import os
 import pathlib
 import signal
+import socket
 import sys
 
 import msgspec
@@ -18,11 +19,13 @@ from ..logs import AccessLogger
 from ..tracing import Tracing
 from .app import App
 from .connection import HttpServer, Limits
+from .loops import Loops
 from .openapi import document
 from .router import Dispatcher, Router
 from .routes import ROUTES
 
 READY_PATH = "/v2/health/ready"
+LOOPS_START_S = 60.0  # longest the start waits for every front loop to serve
 
 log = logging.getLogger("aserve.server")
 
@@ -43,7 +46,11 @@ class Server:
         access_log = AccessLogger(logging.getLogger("aserve.access")) if settings.access_log else None
         self.http = HttpServer(Dispatcher(self.app, Router(ROUTES)), Limits.of(settings), access_log=access_log)
         self.tracing = Tracing(settings.tracing)
+        count = settings.loop_count
+        self.loops = Loops(self, count) if count > 0 else None
+        self.app.loops = self.loops
         self._listener: asyncio.Server | None = None
+        self._socket: socket.socket | None = None  # with loops: the listening socket the host accepts on
         self._loading: asyncio.Task[None] | None = None
         self._polling: asyncio.Task[None] | None = None
         self._rescans: set[asyncio.Task[None]] = set()
@@ -52,17 +59,62 @@ class Server:
     async def start(self) -> None:
         self.plane.scan()
         loop = asyncio.get_running_loop()
-        self._listener = await loop.create_server(self.http, self.settings.host, self.settings.port,
-                                                  reuse_address=True, backlog=self.settings.backlog)
+        if self.loops is None:
+            self._listener = await loop.create_server(self.http, self.settings.host, self.settings.port,
+                                                      reuse_address=True, backlog=self.settings.backlog)
+        else:
+            # the host accepts, and hands each connection to a front (Loops.hand) or serves it
+            sock = self._socket = socket.create_server((self.settings.host, self.settings.port),
+                                                       family=_family(self.settings.host),
+                                                       backlog=self.settings.backlog)
+            sock.setblocking(False)
+            loop.add_reader(sock.fileno(), self._accept)
+            registry = self.plane.registry
+            registry.on_publish = self.loops.publish
+            registry.before_unload = self.loops.retire
         self._loading = loop.create_task(self._load())
 
+    def _accept(self) -> None:
+        """The listening socket is readable: accept what waits, and hand it on."""
+        assert self._socket is not None and self.loops is not None
+        for _ in range(64):
+            try:
+                conn, _ = self._socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # out of descriptors: the kernel keeps the rest queued
+                log.error("accepting a connection failed: %s", e)
+                return
+            conn.setblocking(False)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.adopt(conn)
+
+    def adopt(self, conn: socket.socket) -> None:
+        """Serve an accepted connection: on a front loop, or on the host's when none serves."""
+        assert self.loops is not None
+        if not self.loops.hand(conn):
+            asyncio.get_running_loop().create_task(self._serve_here(conn))
+
+    async def _serve_here(self, conn: socket.socket) -> None:
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(self.http, conn)
+        except OSError:  # the client left before it was served
+            conn.close()
+
     async def _load(self) -> None:
-        """Start tracing (its exporter's interpreter), then load the models."""
+        """Start the front loops and tracing (its exporter's interpreter), then load the models."""
+        if self.loops is not None:
+            await self.loops.start()
         try:
             self.plane.set_tracer(await self.tracing.start())
         except Exception as e:  # noqa: BLE001 - a server without traces still serves
             log.error("tracing is off: %s", e)
+        if self.loops is not None:
+            self.loops.publish()  # whether the host traces
         await self.plane.start()
+        if self.loops is not None and not await self.loops.serving_all(LOOPS_START_S):
+            log.error("%d of %d event loops serve %.0f s after the start", self.loops.serving, self.loops.count,
+                      LOOPS_START_S)
         if self.settings.repository_poll_s > 0:
             self._polling = asyncio.get_running_loop().create_task(self._poll(self.settings.repository_poll_s))
 
@@ -102,6 +154,8 @@ class Server:
         if self._drain_began is None:
             self._drain_began = asyncio.get_running_loop().time()
             self.app.draining = True
+            if self.loops is not None:
+                self.loops.drain()
             log.info("draining: %s answers 503 while requests are still served", READY_PATH)
 
     @property
@@ -127,6 +181,9 @@ class Server:
     @property
     def port(self) -> int:
         """The port actually bound (useful with port 0)."""
+        if self._socket is not None:
+            bound: int = self._socket.getsockname()[1]
+            return bound
         assert self._listener is not None
         port: int = self._listener.sockets[0].getsockname()[1]
         return port
@@ -136,8 +193,15 @@ class Server:
         if self._polling is not None:
             self._polling.cancel()
         try:
+            if self._socket is not None and self._socket.fileno() >= 0:
+                asyncio.get_running_loop().remove_reader(self._socket.fileno())
+                self._socket.close()
             if self._listener is not None:
                 self._listener.close()
+            if self.loops is not None:  # every loop answers what it accepted, the host's too
+                await asyncio.gather(self.loops.close(self.settings.shutdown_timeout_s),
+                                     self.http.shutdown(self.settings.shutdown_timeout_s))
+            elif self._listener is not None:
                 await self.http.shutdown(self.settings.shutdown_timeout_s)
         finally:
             if self._loading is not None and not self._loading.done():
@@ -147,6 +211,10 @@ class Server:
                     log.error("model loading failed: %s", e)
             await self.plane.close(timeout=self.settings.shutdown_timeout_s)
             await self.tracing.close()
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 async def serve(settings: ServerSettings, *, repository: str | pathlib.Path) -> None:

@@ -40,6 +40,10 @@ async def ready(app: App, request: Request) -> Response:
     plane = app.plane
     if app.draining:
         return message(request, m.ReadyResponse(False, "draining: the server is about to stop"), 503)
+    loops = app.loops
+    if loops is not None and not loops.ready:
+        return message(request, m.ReadyResponse(
+            False, f"{loops.serving} of {loops.count} event loops serve: one is being started again"), 503)
     if plane.ready:
         return message(request, m.ReadyResponse(True))
     registry = plane.registry
@@ -93,5 +97,6 @@ async def model_config(app: App, request: Request) -> Response:
 async def model_statistics(app: App, request: Request) -> Response:
     """GET /v2/models[/{model}[/versions/{version}]]/stats, in Triton's statistics format."""
     params = request.params
-    stats = statistics(app.plane.registry, params.get("model"), params.get("version"))
+    fronts = await app.loops.stats() if app.loops is not None else None
+    stats = statistics(app.plane.registry, params.get("model"), params.get("version"), fronts)
     return message(request, m.StatisticsResponse(msgspec.convert(stats, list[m.ModelStatistics])))

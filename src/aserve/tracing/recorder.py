@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -74,6 +75,7 @@ class Span(msgspec.Struct, array_like=True, gc=False):
     message: str  # the status message
     events: Sequence[Event]
     links: Sequence[Link]
+    trace_state: str  # the W3C tracestate of its trace ("" for none)
 
 
 class RequestSpan(Span, array_like=True, gc=False):
@@ -99,6 +101,34 @@ def parse_traceparent(value: str | None) -> tuple[int, int, bool] | None:
     """(trace id, parent span id, sampled) of a W3C `traceparent` header, or None if absent or
     invalid: the rule the native sampler applies."""
     return _parse_traceparent(value) if value else None
+
+
+# W3C Trace Context `tracestate`: up to 32 list members key=value, keys unique
+_STATE_KEY = re.compile(r"[a-z][a-z0-9_\-*/]{0,255}|[a-z0-9][a-z0-9_\-*/]{0,240}@[a-z][a-z0-9_\-*/]{0,13}")
+_STATE_VALUE = re.compile(r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
+MAX_STATE_MEMBERS = 32
+
+
+def parse_tracestate(value: str | None) -> str | None:
+    """A W3C `tracestate` header as its members joined by commas, or None when it is absent,
+    empty or not valid (a malformed member, a key twice, more than 32 members): then it is
+    dropped whole, as the OpenTelemetry SDK does, and the trace goes on without it."""
+    if not value:
+        return None
+    members = []
+    keys = set()
+    for member in value.split(","):
+        member = member.strip(" \t")
+        if not member:
+            continue
+        key, eq, val = member.partition("=")
+        if not eq or key in keys or not _STATE_KEY.fullmatch(key) or not _STATE_VALUE.fullmatch(val):
+            return None
+        keys.add(key)
+        members.append(member)
+    if not members or len(members) > MAX_STATE_MEMBERS:
+        return None
+    return ",".join(members)
 
 
 def traceparent(trace_id: int, span_id: int, sampled: bool = True) -> str:
@@ -137,7 +167,7 @@ def finish(trace: RequestTrace, name: str, status: int, error: BaseException | N
     trace_id = trace.trace_id
     tracer.record(RequestSpan(trace_id >> 64, trace_id & _MASK64, trace.span_id, trace.parent_id, trace.remote,
                               name, SERVER, trace.start, end, (common, batch, attributes), code, message, events,
-                              NO_EVENTS, *trace.decode, *trace.queue, *trace.encode))
+                              NO_EVENTS, trace.tracestate or "", *trace.decode, *trace.queue, *trace.encode))
 
 
 class Tracer:

@@ -1,0 +1,164 @@
+/* The host's side of links (link.h): plain C over the pool's queues. */
+#include "link.h"
+
+#include <fcntl.h>
+#include <string.h>
+#include <sys/eventfd.h>
+
+static void link_wake(as_link *l)
+{
+    uint64_t one = 1;
+    ssize_t rc;
+    do
+        rc = write(l->efd, &one, sizeof one);
+    while (rc < 0 && errno == EINTR);
+}
+
+void as_link_post(hjob *j)
+{
+    as_link *l = j->link;
+    pthread_mutex_lock(&l->mu);
+    j->next = l->done;
+    l->done = j;
+    int wake = !l->signalled;
+    l->signalled = 1;
+    pthread_mutex_unlock(&l->mu);
+    if (wake)
+        link_wake(l);
+}
+
+void as_link_post_inputs(hinputs *in)
+{
+    as_link *l = in->link;
+    pthread_mutex_lock(&l->mu);
+    in->next = l->released;
+    l->released = in;
+    int wake = !l->signalled;
+    l->signalled = 1;
+    pthread_mutex_unlock(&l->mu);
+    if (wake)
+        link_wake(l);
+}
+
+static as_link *link_open(void)
+{
+    as_link *l = calloc(1, sizeof *l);
+    if (l == NULL)
+        return NULL;
+    l->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (l->efd < 0) {
+        free(l);
+        return NULL;
+    }
+    pthread_mutex_init(&l->mu, NULL);
+    return l;
+}
+
+/* The front has taken every job and released every input first (it closes last). */
+static void link_close(as_link *l)
+{
+    close(l->efd);
+    pthread_mutex_destroy(&l->mu);
+    free(l);
+}
+
+static int link_infer(as_link *l, pool_t *p, const char *key, uint64_t mask, size_t n, const as_tensor *in,
+                      void *token, void *cookie, int trace, uint64_t *id)
+{
+    /* one block: the tensors, then their names and datatypes */
+    size_t size = (n ? n : 1) * sizeof(as_tensor);
+    for (size_t i = 0; i < n; i++)
+        size += strlen(in[i].name) + strlen(in[i].datatype) + 2;
+    hjob *j = calloc(1, sizeof *j);
+    as_tensor *copy = malloc(size);
+    hinputs *inputs = calloc(1, sizeof *inputs);
+    char *key_copy = strdup(key);
+    if (j == NULL || copy == NULL || inputs == NULL || key_copy == NULL) {
+        free(j);
+        free(copy);
+        free(inputs);
+        free(key_copy);
+        errno = ENOMEM;
+        return -1;
+    }
+    char *text = (char *)(copy + (n ? n : 1));
+    for (size_t i = 0; i < n; i++) {
+        copy[i] = in[i];
+        size_t a = strlen(in[i].name) + 1, b = strlen(in[i].datatype) + 1;
+        copy[i].name = memcpy(text, in[i].name, a);
+        copy[i].datatype = memcpy(text + a, in[i].datatype, b);
+        copy[i].readonly = 1;
+        text += a + b;
+    }
+    inputs->pool = p;
+    inputs->link = l;
+    inputs->cookie = cookie;
+    inputs->refs = 1; /* the front's, dropped when it frees the job */
+    j->pool = p;
+    j->worker = -1;
+    j->link = l;
+    j->ftoken = token;
+    j->job.kind = AS_JOB_INFER;
+    j->key = key_copy;
+    j->job.model = key_copy;
+    j->mask = mask;
+    j->in = copy;
+    j->inputs = inputs;
+    j->job.inputs = copy;
+    j->job.n_inputs = n;
+    j->job.inputs_ctx = inputs;
+    j->job.trace = trace;
+    as_pool_enqueue(p, j, -1);
+    *id = j->id;
+    return 0;
+}
+
+static hjob *link_take(as_link *l, hinputs **released)
+{
+    uint64_t count;
+    if (read(l->efd, &count, sizeof count) < 0) {
+        /* EAGAIN: nothing was written since the last take */
+    }
+    pthread_mutex_lock(&l->mu);
+    hjob *j = l->done;
+    l->done = NULL;
+    *released = l->released;
+    l->released = NULL;
+    l->signalled = 0;
+    pthread_mutex_unlock(&l->mu);
+    hjob *ordered = NULL; /* newest first: reverse */
+    while (j != NULL) {
+        hjob *next = j->next;
+        j->next = ordered;
+        ordered = j;
+        j = next;
+    }
+    return ordered;
+}
+
+static hinputs *link_job_free(hjob *j)
+{
+    hinputs *in = j->inputs;
+    j->inputs = NULL;
+    hinputs *last = in != NULL ? as_pool_inputs_drop(in) : NULL;
+    as_pool_job_free(j); /* no Python object in a front's job: safe without the host GIL */
+    return last;
+}
+
+static void link_give_back(pool_t *p, int worker, void *owner)
+{
+    as_pool_give_back(p, p->workers[worker], owner);
+}
+
+const as_link_api as_link_api_table = {
+    .version = AS_LINK_API_VERSION,
+    .job_size = sizeof(hjob),
+    .link_size = sizeof(as_link),
+    .open = link_open,
+    .close = link_close,
+    .infer = link_infer,
+    .take = link_take,
+    .job_free = link_job_free,
+    .inputs_free = as_pool_inputs_free,
+    .give_back = link_give_back,
+};

@@ -1,0 +1,51 @@
+/* Links: how a front (an event loop in an interpreter of its own, with its own copy of
+ * this extension) submits batches to a pool and gets their completions back.
+ *
+ * A front cannot call the host's Python objects: the link is plain C. The host hands a
+ * front the address of as_link_api (aserve._native.link_api()) and of each pool it may
+ * submit to (Pool.address); the front's own copy of this extension calls through the
+ * table, so every function below runs the host's code with the host's libc, whichever
+ * namespace calls it. None of them takes a GIL or calls the Python API.
+ *
+ * Locks: p->mu, then l->mu (a worker posts a completion under p->mu).
+ */
+#ifndef ASERVE_HOST_LINK_H
+#define ASERVE_HOST_LINK_H
+
+#include "pool.h"
+
+#define AS_LINK_API_VERSION 1
+
+typedef struct as_link {
+    pthread_mutex_t mu;
+    int efd;            /* written when something arrives and nothing was pending */
+    int signalled;
+    hjob *done;         /* finished jobs, newest first */
+    hinputs *released;  /* inputs the interpreters no longer reference: the front releases them */
+} as_link;
+
+typedef struct as_link_api {
+    int version;
+    size_t job_size, link_size; /* sizeof(hjob), sizeof(as_link): the two copies must agree */
+    /* a new link and its eventfd; NULL when out of memory or descriptors (errno) */
+    as_link *(*open)(void);
+    void (*close)(as_link *l);
+    /* Queue a batch of `key` (loaded on the interpreters in `mask`) on pool p. in[i].name
+     * and .datatype are copied; .data must stay valid until the inputs come back through
+     * take (cookie). The job completes to l with `token`. 0 and *id, or -1 (errno). */
+    int (*infer)(as_link *l, pool_t *p, const char *key, uint64_t mask, size_t n, const as_tensor *in,
+                 void *token, void *cookie, int trace, uint64_t *id);
+    /* The jobs finished since the last take, oldest first (linked by next), and the inputs
+     * no longer referenced (linked by next; release their cookie, then inputs_free). */
+    hjob *(*take)(as_link *l, hinputs **released);
+    /* Free a taken job (its outputs' owner taken out first, or given back here); returns
+     * its inputs when the front's reference was the last one (release, then inputs_free). */
+    hinputs *(*job_free)(hjob *j);
+    void (*inputs_free)(hinputs *in);
+    /* An output owner no buffer exports any more: back to the worker that made it. */
+    void (*give_back)(pool_t *p, int worker, void *owner);
+} as_link_api;
+
+extern const as_link_api as_link_api_table;
+
+#endif

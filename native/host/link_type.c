@@ -1,0 +1,317 @@
+/* Link: the Python type a front uses, in its own interpreter and its own copy of this
+ * extension, to submit batches to the host's pools (link.h) and take their completions.
+ *
+ * Everything that touches a Python object here runs under the front's GIL; everything
+ * that touches a pool runs through the host's as_link_api. A job's token and the
+ * buffers of its inputs are the front's objects: the host only carries their addresses.
+ */
+#include "link.h"
+
+#include <string.h>
+
+typedef struct {
+    PyObject_HEAD
+    const as_link_api *api;
+    as_link *link;
+    Py_ssize_t jobs;   /* submitted, not yet taken */
+    Py_ssize_t inputs; /* inputs still referenced by the host or an interpreter */
+} linkobj;
+
+/* The front's hold on one job's input memory. */
+typedef struct {
+    size_t n;
+    Py_buffer views[];
+} held_t;
+
+/* The outputs of one finished job, shared by the buffers over them (front GIL). */
+typedef struct {
+    const as_link_api *api;
+    pool_t *pool;
+    int worker;
+    void *owner;
+    Py_ssize_t refs;
+} fresult_t;
+
+static void held_release(held_t *h)
+{
+    for (size_t i = 0; i < h->n; i++)
+        PyBuffer_Release(&h->views[i]);
+    PyMem_Free(h);
+}
+
+static void result_decref(void *ctx)
+{
+    fresult_t *r = ctx;
+    if (--r->refs > 0)
+        return;
+    r->api->give_back(r->pool, r->worker, r->owner);
+    PyMem_Free(r);
+}
+
+static PyObject *link_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"api", NULL};
+    PyObject *address;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:Link", kwlist, &address))
+        return NULL;
+    const as_link_api *api = PyLong_AsVoidPtr(address);
+    if (api == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "Link: api must be the address link_api() returned");
+        return NULL;
+    }
+    if (api->version != AS_LINK_API_VERSION || api->job_size != sizeof(hjob) || api->link_size != sizeof(as_link)) {
+        PyErr_Format(PyExc_RuntimeError, "Link: the host's link table is version %d (%zu, %zu); this build has "
+                     "%d (%zu, %zu)", api->version, api->job_size, api->link_size, AS_LINK_API_VERSION,
+                     sizeof(hjob), sizeof(as_link));
+        return NULL;
+    }
+    linkobj *self = (linkobj *)tp->tp_alloc(tp, 0);
+    if (self == NULL)
+        return NULL;
+    self->api = api;
+    self->link = api->open();
+    if (self->link == NULL) {
+        Py_DECREF(self);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return (PyObject *)self;
+}
+
+static void link_dealloc(linkobj *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    /* a link with jobs out is leaked rather than freed under a worker's feet */
+    if (self->link != NULL && self->jobs == 0 && self->inputs == 0)
+        self->api->close(self->link);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyObject *link_fileno(linkobj *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromLong(self->link->efd);
+}
+
+static PyObject *link_infer(linkobj *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"pool", "model", "mask", "names", "datatypes", "inputs", "token", "trace", NULL};
+    PyObject *pool_address, *names, *datatypes, *inputs, *token;
+    const char *key;
+    unsigned long long mask;
+    int trace = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKOOOO|p:infer", kwlist, &pool_address, &key, &mask, &names,
+                                     &datatypes, &inputs, &token, &trace))
+        return NULL;
+    pool_t *p = PyLong_AsVoidPtr(pool_address);
+    if (p == NULL)
+        return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "Link.infer: no pool at address 0");
+    if (!PyTuple_Check(names) || !PyTuple_Check(datatypes) || !PyList_Check(inputs) ||
+        PyTuple_GET_SIZE(names) != PyList_GET_SIZE(inputs) || PyTuple_GET_SIZE(datatypes) != PyList_GET_SIZE(inputs))
+        return PyErr_Format(PyExc_TypeError, "Link.infer: names and datatypes (tuples) and inputs (a list) "
+                                             "must have one item per input");
+    size_t n = (size_t)PyList_GET_SIZE(inputs);
+    as_tensor *in = PyMem_Calloc(n ? n : 1, sizeof(as_tensor));
+    held_t *held = PyMem_Calloc(1, sizeof(held_t) + n * sizeof(Py_buffer));
+    if (in == NULL || held == NULL) {
+        PyMem_Free(in);
+        PyMem_Free(held);
+        return PyErr_NoMemory();
+    }
+    for (size_t i = 0; i < n; i++) {
+        as_tensor *t = &in[i];
+        t->name = (char *)PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, (Py_ssize_t)i));
+        t->datatype = (char *)PyUnicode_AsUTF8(PyTuple_GET_ITEM(datatypes, (Py_ssize_t)i));
+        if (t->name == NULL || t->datatype == NULL)
+            goto error;
+        PyObject *item = PyList_GET_ITEM(inputs, (Py_ssize_t)i);
+        PyObject *shape = PyObject_GetAttrString(item, "shape");
+        if (shape == NULL || !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > AS_MAX_DIMS) {
+            if (shape != NULL)
+                PyErr_Format(PyExc_ValueError, "Link.infer: input %s: shape must be a tuple of at most %d "
+                             "dimensions", t->name, AS_MAX_DIMS);
+            Py_XDECREF(shape);
+            goto error;
+        }
+        t->ndim = (int)PyTuple_GET_SIZE(shape);
+        for (int d = 0; d < t->ndim; d++) {
+            t->shape[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+            if (t->shape[d] == -1 && PyErr_Occurred()) {
+                Py_DECREF(shape);
+                goto error;
+            }
+        }
+        Py_DECREF(shape);
+        PyObject *data = PyObject_GetAttrString(item, "data");
+        if (data == NULL)
+            goto error;
+        int rc = PyObject_GetBuffer(data, &held->views[i], PyBUF_C_CONTIGUOUS);
+        Py_DECREF(data);
+        if (rc < 0)
+            goto error;
+        held->n = i + 1;
+        t->data = held->views[i].buf;
+        t->nbytes = (size_t)held->views[i].len;
+    }
+    uint64_t id;
+    if (self->api->infer(self->link, p, key, mask, n, in, token, held, trace, &id) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto error;
+    }
+    PyMem_Free(in);
+    Py_INCREF(token); /* the job's, until take hands it back */
+    self->jobs++;
+    self->inputs++;
+    return PyLong_FromUnsignedLongLong(id);
+error:
+    PyMem_Free(in);
+    held_release(held);
+    return NULL;
+}
+
+static PyObject *make_outputs(linkobj *self, hjob *j, PyTypeObject *buffer_type)
+{
+    size_t n = j->job.n_outputs;
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    fresult_t *r = list != NULL ? PyMem_Calloc(1, sizeof *r) : NULL;
+    if (r == NULL) {
+        Py_XDECREF(list);
+        return PyErr_NoMemory(); /* job_free gives the owner back */
+    }
+    r->api = self->api;
+    r->pool = j->pool;
+    r->worker = j->worker;
+    r->owner = j->job.owner;
+    r->refs = 1; /* held while building */
+    j->job.owner = NULL;
+    for (size_t i = 0; i < n; i++) {
+        as_tensor *t = &j->job.outputs[i];
+        PyObject *shape = PyTuple_New(t->ndim);
+        if (shape == NULL)
+            goto error;
+        for (int d = 0; d < t->ndim; d++)
+            PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(t->shape[d]));
+        r->refs++;
+        PyObject *buf = as_buffer_new(buffer_type, result_decref, r, NULL, t->data, t->nbytes, t->readonly);
+        if (buf == NULL) {
+            r->refs--;
+            Py_DECREF(shape);
+            goto error;
+        }
+        PyObject *item = Py_BuildValue("(ssNN)", t->name, t->datatype, shape, buf);
+        if (item == NULL)
+            goto error;
+        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    result_decref(r);
+    return list;
+error:
+    Py_DECREF(list);
+    result_decref(r);
+    return NULL;
+}
+
+/* (token, ok, payload) as Pool.drain gives them; NULL with an exception set. */
+static PyObject *completion(linkobj *self, hjob *j, PyTypeObject *buffer_type)
+{
+    PyObject *token = j->ftoken;
+    if (j->job.failed)
+        return Py_BuildValue("(OO(ss))", token, Py_False, j->job.error_type ? j->job.error_type : "Error",
+                             j->job.error ? j->job.error : "");
+    PyObject *outputs = make_outputs(self, j, buffer_type);
+    if (outputs == NULL)
+        return NULL;
+    if (j->job.trace)
+        return Py_BuildValue("(OO(NiLLz))", token, Py_True, outputs, j->worker, (long long)j->ran_from,
+                             (long long)j->ran_to, j->job.result);
+    return Py_BuildValue("(OON)", token, Py_True, outputs);
+}
+
+static void release_inputs(linkobj *self, hinputs *in)
+{
+    held_release(in->cookie);
+    self->api->inputs_free(in);
+    self->inputs--;
+}
+
+static PyObject *link_drain(linkobj *self, PyObject *Py_UNUSED(ignored))
+{
+    module_state *st = as_state_of_type(Py_TYPE(self));
+    if (st == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "Link.drain: the module is gone");
+    hinputs *released;
+    hjob *j = self->api->take(self->link, &released);
+    while (released != NULL) {
+        hinputs *next = released->next;
+        release_inputs(self, released);
+        released = next;
+    }
+    PyObject *out = PyList_New(0);
+    for (; j != NULL;) {
+        hjob *next = j->next;
+        PyObject *item = out != NULL ? completion(self, j, st->buffer_type) : NULL;
+        if (item == NULL) { /* the job fails with the reason, and no other */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
+            PyErr_Clear();
+            item = Py_BuildValue("(OO(sO))", (PyObject *)j->ftoken, Py_False, "EngineError",
+                                 text != NULL ? text : Py_None);
+            Py_XDECREF(text);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+        }
+        if (out != NULL && item != NULL && PyList_Append(out, item) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(item);
+        Py_DECREF((PyObject *)j->ftoken); /* the job's reference */
+        self->jobs--;
+        hinputs *last = self->api->job_free(j);
+        if (last != NULL)
+            release_inputs(self, last);
+        j = next;
+    }
+    return out;
+}
+
+static PyObject *link_pending(linkobj *self, void *Py_UNUSED(closure))
+{
+    return Py_BuildValue("(nn)", self->jobs, self->inputs);
+}
+
+static PyMethodDef link_methods[] = {
+    {"fileno", (PyCFunction)link_fileno, METH_NOARGS, "the eventfd written when a job finishes"},
+    {"infer", (PyCFunction)(void (*)(void))link_infer, METH_VARARGS | METH_KEYWORDS,
+     "infer(pool, model, mask, names, datatypes, inputs, token, trace=False) -> job id: queue a batch of "
+     "`model` (inputs: tensors with .shape and .data) on the pool at address `pool`"},
+    {"drain", (PyCFunction)link_drain, METH_NOARGS,
+     "drain() -> [(token, ok, payload)]: the jobs finished since the last drain, as Pool.drain gives them"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef link_getset[] = {
+    {"pending", (getter)link_pending, NULL, "(jobs not yet drained, inputs not yet given back)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot link_slots[] = {
+    {Py_tp_new, link_new},
+    {Py_tp_dealloc, link_dealloc},
+    {Py_tp_methods, link_methods},
+    {Py_tp_getset, link_getset},
+    {Py_tp_doc, "Link(api): a front's way to the host's pools (api: aserve._native.link_api() of the host)."},
+    {0, NULL},
+};
+
+PyType_Spec as_link_spec = {
+    .name = "aserve._native.Link",
+    .basicsize = sizeof(linkobj),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = link_slots,
+};
+
+PyObject *as_link_api_address(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromVoidPtr((void *)&as_link_api_table);
+}

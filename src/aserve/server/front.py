@@ -1,0 +1,359 @@
+"""A front: an event loop of its own, in an interpreter of its own, serving the connections
+the host hands it (`aserve serve --loops N`; the host's side is `server/loops.py`).
+
+A front runs the same connection protocol, router and data plane as the host's loop. It
+answers the infer routes of the models the host lists as its own (their batches go to
+the host's pools through a native `Link`, with no Python of the host's on the way), and
+hands every other request to the host's loop over its channel (`server/channel.py`):
+admin, metadata, metrics, health, the repository, trace settings, a model loading or not
+ready, a model whose policy needs the host (adaptive), and every infer request while the
+host traces. The client cannot tell which loop answered.
+
+It runs in a private interpreter (its own libpython, its own GIL), started by the host as
+a job that returns when the front stops; its log records go to the host's handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from .. import _native
+from ..batching import Batcher, FairScheduler
+from ..batching.policy import WindowPolicy
+from ..config import ServerSettings
+from ..dataplane import DataPlane
+from ..dataplane.models import READY, ModelHandle, ModelRoutes
+from ..dataplane.stats import BatchTotals
+from ..engine.pool import Done, ModelInfo, _error, tensors
+from ..errors import EngineError, ModelNotFound
+from ..inference import ModelSchema
+from ..logs import AccessLogger
+from ..repository.config import ModelConfig
+from ..repository.scan import VersionSource
+from . import infer as infer_routes
+from .app import App
+from .channel import Channel
+from .connection import HttpServer, Limits
+from .http import Request, Response
+from .router import Dispatcher, Router
+from .routes import ROUTES, Route
+
+FORWARD = "forward"  # an infer request's state when the host answers it
+
+
+def main(config: str) -> None:
+    """The front's whole life (the job the host runs in the front's interpreter): serve
+    until the host says close, or the channel to it is gone."""
+    import uvloop
+
+    cfg = msgspec.json.decode(config)
+    loop = uvloop.new_event_loop()  # no signal handlers: signals are the host's
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(Front(cfg).serve())
+    finally:
+        loop.close()
+        asyncio.set_event_loop(None)
+
+
+class LinkEngine:
+    """What a front's batchers run batches on: the host's pools, through a native Link."""
+
+    def __init__(self, api: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.link = _native.Link(api)
+        self.loop = loop
+        # a model's key -> (its pool's address, the interpreters that run it, its inputs' names and datatypes)
+        self.models: dict[str, tuple[int, int, tuple[str, ...], tuple[str, ...]]] = {}
+        self.in_flight = 0
+        loop.add_reader(self.link.fileno(), self._drain)
+
+    def run(self, model: str, inputs: Sequence[Any], done: Done, /, *, trace: bool = False) -> int:
+        """`Pool.run` for a front: queue one batch on the first idle interpreter of `model`."""
+        found = self.models.get(model)
+        if found is None:
+            raise ModelNotFound(f"model {model!r} is not loaded")
+        pool, mask, names, datatypes = found
+        job: int = self.link.infer(pool, model, mask, names, datatypes, list(inputs),
+                                   functools.partial(self._done, done, trace), trace)
+        self.in_flight += 1
+        return job
+
+    def _drain(self) -> None:
+        for token, ok, payload in self.link.drain():
+            try:
+                token(ok, payload)
+            except Exception as exc:  # noqa: BLE001 - every other completion is still answered
+                self.loop.call_exception_handler({"message": "aserve: a batch's completion raised", "exception": exc})
+
+    def _done(self, done: Any, traced: bool, ok: bool, payload: Any) -> None:
+        self.in_flight -= 1
+        if not ok:
+            done(None, _error(payload))
+        elif traced:
+            outputs, interpreter, start_ns, end_ns, spans = payload
+            done(tensors(outputs), None, (interpreter, start_ns, end_ns, spans))
+        else:
+            done(tensors(payload), None)
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.link.fileno())
+
+
+class _Connections(set[Any]):
+    """The front's open connections; each one that closes tells the host (it spreads new
+    connections over the fronts by how many each has: those it handed, less those gone)."""
+
+    def __init__(self, gone: Any) -> None:
+        super().__init__()
+        self._gone = gone
+
+    def discard(self, conn: Any) -> None:
+        if conn in self:
+            super().discard(conn)
+            self._gone()
+
+
+_RECORD_FIELDS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+class _ToHost(logging.Handler):
+    """Sends the front's log records to the host, whose handlers write them."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__()
+        self.channel = channel
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+            if record.exc_info:
+                text += "\n" + logging.Formatter().formatException(record.exc_info)
+            extra = {k: v for k, v in record.__dict__.items()
+                     if k not in _RECORD_FIELDS and isinstance(v, (str, int, float, bool))}
+            self.channel.send({"op": "log", "name": record.name, "level": record.levelno, "message": text,
+                               "extra": extra})
+        except Exception:  # noqa: BLE001 - logging must never fail the caller
+            self.handleError(record)
+
+
+class Front:
+    """One front's state: its connections, the models it answers, what it asked the host."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.index: int = cfg["index"]
+        self.fd: int = cfg["fd"]
+        self.api: int = cfg["api"]
+        self.settings = settings = msgspec.convert(cfg["settings"], ServerSettings)
+        root = logging.getLogger()
+        root.handlers[:] = [logging.NullHandler()]  # until the channel is open
+        root.setLevel(settings.log_level.upper())
+        self.plane = DataPlane(settings.repository or ".", settings)  # its routes are the host's (`models`)
+        self.app = App(self.plane, settings)
+        access_log = AccessLogger(logging.getLogger("aserve.access")) if settings.access_log else None
+        self.http = HttpServer(Dispatcher(self.app, Router(self._routes())), Limits.of(settings),
+                               access_log=access_log)
+        self.http.connections = _Connections(self._gone)
+        self.forward_infer = False  # the host traces: it answers every infer request
+        self.handles: dict[str, ModelHandle] = {}  # by key: those the host lists now
+        self.retired: dict[str, ModelHandle] = {}  # no longer listed, not yet closed
+        self.schedulers: dict[str, FairScheduler] = {}
+        self.totals: dict[tuple[str, str], BatchTotals] = {}  # the batchers of loads retired, summed
+        self._asked: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._next = 0
+        self.engine: LinkEngine | None = None
+        self.channel: Channel | None = None
+
+    def _routes(self) -> list[Route]:
+        """The route table with the front's handlers: its own infer path, the host for the rest."""
+        out = []
+        for route in ROUTES:
+            if route.codec is not None:
+                out.append(route._replace(head=self._prepare, handler=self._infer))
+            else:
+                out.append(route._replace(head=None, handler=self.forward))
+        return out
+
+    # ---- requests ----
+
+    def _prepare(self, app: App, request: Request) -> None:
+        """The infer routes' head check, or the mark that the host answers the request."""
+        if self.forward_infer:
+            request.state = FORWARD
+            return
+        try:
+            infer_routes.prepare(app, request)
+        except ModelNotFound:  # not one of the front's: the host knows (and answers 404 if none)
+            request.state = FORWARD
+
+    def _infer(self, app: App, request: Request) -> Any:
+        if request.state == FORWARD:
+            return self.forward(app, request)
+        return infer_routes.infer(app, request)
+
+    async def forward(self, app: App, request: Request) -> Response:
+        """The host's answer to a request (it runs the same checks and handler)."""
+        channel = self.channel
+        if channel is None:
+            raise EngineError("the server is shutting down")
+        self._next += 1
+        key = self._next
+        future = self._asked[key] = asyncio.get_running_loop().create_future()
+        body = request.body
+        channel.send({"op": "forward", "id": key, "method": request.method, "target": request.target,
+                      "version": request.version, "headers": request.headers,
+                      "body": body if isinstance(body, bytes) else bytes(body), "remote": request.remote,
+                      "received": request.received})
+        try:
+            answer = await future
+        finally:
+            self._asked.pop(key, None)
+        response = Response(answer["status"], answer["body"], answer["headers"], close=answer["close"])
+        response.hold = answer["hold"]
+        return response
+
+    # ---- the host's messages ----
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        channel = self.channel = await Channel.open(socket.socket(fileno=self.fd))
+        logging.getLogger().handlers[:] = [_ToHost(channel)]
+        self.engine = LinkEngine(self.api, loop)
+        channel.send({"op": "ready", "index": self.index})
+        try:
+            while True:
+                message = await channel.receive()
+                if message is None:  # the host is gone
+                    await self._close(0.0)
+                    return
+                op = message["op"]
+                if op == "conn":
+                    sock = socket.socket(fileno=message["fd"])
+                    channel.send({"op": "took", "fd": message["fd"]})
+                    try:
+                        await loop.connect_accepted_socket(self.http, sock)
+                    except OSError:  # the client left before it was served
+                        sock.close()
+                        self._gone()
+                elif op == "answer":
+                    future = self._asked.get(message["id"])
+                    if future is not None and not future.done():
+                        future.set_result(message)
+                elif op == "models":
+                    self._models(message["models"], message["labels"])
+                    self.forward_infer = message["tracing"]
+                elif op == "retire":
+                    loop.create_task(self._retire(message["key"], message["id"]))
+                elif op == "stats":
+                    channel.send({"op": "stats", "id": message["id"], "data": self.stats()})
+                elif op == "drain":
+                    self.app.draining = True
+                elif op == "close":
+                    await self._close(message["timeout"])
+                    return
+                elif op == "fail":
+                    raise RuntimeError(f"loop {self.index} was told to fail")
+        finally:
+            for conn in list(self.http.connections):  # a loop that ends leaves no connection behind
+                if conn.transport is not None:
+                    conn.transport.abort()
+            for future in self._asked.values():
+                if not future.done():
+                    future.set_exception(EngineError("the server is shutting down"))
+            if self.engine is not None:
+                self.engine.close()
+            logging.getLogger().handlers[:] = []
+            channel.close()
+
+    def _gone(self) -> None:
+        if self.channel is not None:
+            self.channel.send({"op": "gone"})
+
+    async def _close(self, timeout: float) -> None:
+        """Answer what was accepted (within `timeout`), then stop."""
+        await self.http.shutdown(timeout)
+        for handle in [*self.handles.values(), *self.retired.values()]:
+            if handle.batcher is not None:
+                await handle.batcher.close()
+
+    def _models(self, models: list[dict[str, Any]], labels: dict[str, dict[str, int]]) -> None:
+        """The models the host lists as the front's: every serving version of each, as handles
+        with batchers of the front's own; a model not listed is the host's."""
+        handles: dict[str, ModelHandle] = {}
+        versions: dict[str, dict[int, ModelHandle]] = {}
+        assert self.engine is not None
+        for m in models:
+            key = m["key"]
+            handle = self.handles.pop(key, None) or self._handle(m)
+            handles[key] = handle
+            versions.setdefault(handle.name, {})[handle.number] = handle
+            self.engine.models[key] = (m["pool"], m["mask"], tuple(m["names"]), tuple(m["datatypes"]))
+        self.retired.update(self.handles)  # listed no more: closed when the host retires them
+        for handle in self.handles.values():
+            handle.retired = True
+        self.handles = handles
+        self.plane.registry.routes = {name: ModelRoutes(name, vs, labels.get(name, {}), {})
+                                      for name, vs in versions.items()}
+
+    def _handle(self, m: dict[str, Any]) -> ModelHandle:
+        config = msgspec.convert(m["config"], ModelConfig)
+        source = VersionSource(version=m["version"], directory=m["directory"], config=config,
+                               fingerprint=m["fingerprint"])
+        name = m["name"]
+        handle = ModelHandle(name, source, key=m["key"], stats=self.plane.metrics.stats(name, str(m["version"])))
+        info = msgspec.convert(m["info"], ModelInfo)
+        schema = ModelSchema(name, handle.version, inputs=info.inputs, outputs=info.outputs,
+                             max_batch_size=config.max_batch_size, max_latency_budget_ms=handle.timeout_ms)
+        engine = m["engine"]
+        scheduler = self.schedulers.get(engine)
+        if scheduler is None:
+            scheduler = self.schedulers[engine] = FairScheduler(m["interpreters"])
+        assert self.engine is not None
+        handle.batcher = Batcher(
+            model=name, key=handle.key, run=self.engine.run,
+            policy=WindowPolicy(max_queue_delay=config.batching.max_queue_delay_ms / 1000.0),
+            max_batch_size=config.max_batch_size, interpreters=info.interpreters,
+            max_queue_size=config.batching.max_queue_size, scheduler=scheduler, uniform=schema.uniform,
+        )
+        handle.engine, handle.info, handle.schema, handle.state = engine, info, schema, READY
+        return handle
+
+    async def _retire(self, key: str, ask: int) -> None:
+        """The host unloads `key` once every front answered what it queued of it."""
+        handle = self.retired.pop(key, None) or self.handles.pop(key, None)
+        try:
+            if handle is not None and handle.batcher is not None:
+                handle.retired = True
+                await handle.batcher.close()
+                self.totals.setdefault((handle.name, handle.version), BatchTotals()).add(handle.batcher)
+        finally:
+            if self.engine is not None:
+                self.engine.models.pop(key, None)
+            if self.channel is not None:
+                self.channel.send({"op": "retired", "id": ask})
+
+    def stats(self) -> dict[str, Any]:
+        """What the front counted, for the host's metrics and statistics (added to its own)."""
+        http = self.app.stats
+        models: list[dict[str, Any]] = []
+        for handle in [*self.handles.values(), *self.retired.values()]:
+            batcher = handle.batcher
+            models.append({
+                "name": handle.name, "version": handle.version,
+                "batcher": batcher.stats() if batcher is not None else {},
+                "batch_sizes": batcher.batch_sizes if batcher is not None else {},
+                "last_dispatch": batcher.last_dispatch if batcher is not None else None,
+            })
+        for (name, version), t in self.totals.items():
+            models.append({"name": name, "version": version, "last_dispatch": None, "batch_sizes": t.batch_sizes,
+                           "batcher": {"batches": t.batches, "requests": t.requests, "queue_seconds": t.queue_seconds,
+                                       "compute_seconds": t.compute_seconds}})
+        requests = [[name, version, s.counts()] for (name, version), s in self.plane.metrics.items()]
+        return {"http": {"requests": http.requests, "connections": http.connections, "refused": http.refused},
+                "requests": requests, "models": models}

@@ -1,0 +1,315 @@
+"""The host's side of `--loops N`: fronts, each an event loop in a private interpreter of its own.
+
+The host's loop accepts every connection and hands it to the front with the fewest open
+(least connections; the descriptor is the process's, so handing it over is a number on
+the front's channel). A front serves its connections' infer requests on its own loop
+and submits their batches to the host's pools in C (`server/front.py`, `native/host/link.c`);
+the host answers what a front hands back (admin, metrics, health, ... and infer requests
+for models the front does not serve) with its own router, as if the request had come
+on one of its connections. With no front serving, the host serves the connection itself.
+
+The host tells the fronts which models they serve (`models`, on every change of the
+routes), retires a load only once every front answered what it queued of it (`retire`),
+gathers their counters when metrics or statistics are asked for (`stats`), and passes on
+draining (`drain`) and shutdown (`close`). A front whose loop ends without being told to
+is reported in the log, the metrics (`aserve_loop_restarts_total`) and readiness (503
+until it is replaced), and started again in the same interpreter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from .. import _native
+from ..dataplane.plane import Pending
+from ..engine import Pool
+from .channel import Channel
+from .http import Request
+
+if TYPE_CHECKING:
+    from .serve import Server
+
+log = logging.getLogger("aserve.server")
+
+STATS_TIMEOUT_S = 5.0  # longest the host waits for a front's counters
+RESTART_FIRST_S = 0.5  # a loop that ended is started again after this, doubled while it keeps ending
+RESTART_MAX_S = 10.0
+RESTART_RESET_S = 60.0  # a loop that ran this long before it ended starts again after RESTART_FIRST_S
+
+
+class FrontLoop:
+    """The host's view of one front."""
+
+    __slots__ = ("channel", "connections", "failures", "handed", "index", "job", "ready", "started")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.job: asyncio.Future[str] | None = None  # the front's life, as a job of the loops' pool
+        self.channel: Channel | None = None
+        self.ready = False
+        self.connections = 0
+        self.handed: set[int] = set()  # descriptors sent to it that it has not yet taken
+        self.started = time.monotonic()
+        self.failures = 0  # ends in a row, each soon after its start
+
+
+class Loops:
+    """N fronts over the host's models (see the module's docstring)."""
+
+    def __init__(self, server: Server, count: int) -> None:
+        self.server = server
+        self.count = count
+        self.fronts = [FrontLoop(i) for i in range(count)]
+        self.pool: Pool | None = None
+        self.restarts = 0
+        self.closing = False
+        self._asked: dict[int, asyncio.Future[Any]] = {}
+        self._next = 0
+        self._publishing = False
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._serving = asyncio.Event()  # every front serves (set and cleared as they come and go)
+
+    async def start(self) -> None:
+        """Start every front's interpreter and loop (they report ready on their own)."""
+        self.pool = Pool(engine="private", interpreters=self.count, spin_us=0)
+        await self.pool.start()
+        for front in self.fronts:
+            self._start(front)
+
+    def _start(self, front: FrontLoop) -> None:
+        assert self.pool is not None
+        host_end, front_end = socket.socketpair()
+        settings = self.server.settings
+        config = msgspec.json.encode({"index": front.index, "fd": front_end.detach(), "api": _native.link_api(),
+                                      "settings": msgspec.to_builtins(settings)}).decode()
+        source = f"from aserve.server.front import main\nmain({config!r})\nresult = None\n"
+        front.ready = False
+        front.connections = 0
+        front.started = time.monotonic()
+        front.job = asyncio.ensure_future(self.pool.execute(front.index, source))
+        front.job.add_done_callback(lambda job: self._ended(front, job))
+        self._spawn(self._talk(front, host_end))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @property
+    def serving(self) -> int:
+        return sum(f.ready for f in self.fronts)
+
+    @property
+    def ready(self) -> bool:
+        """Every front serves (readiness is 503 while one is being replaced)."""
+        return self.closing or all(f.ready for f in self.fronts)
+
+    def pick(self) -> FrontLoop | None:
+        """The serving front with the fewest open connections, or None (the host serves)."""
+        best = None
+        for front in self.fronts:
+            if front.ready and (best is None or front.connections < best.connections):
+                best = front
+        return best
+
+    def hand(self, conn: socket.socket) -> bool:
+        """Give an accepted connection to a front; False when none serves."""
+        front = self.pick()
+        if front is None or front.channel is None:
+            return False
+        front.connections += 1
+        fd = conn.detach()
+        front.handed.add(fd)
+        front.channel.send({"op": "conn", "fd": fd})
+        return True
+
+    # ---- one front's channel ----
+
+    async def _talk(self, front: FrontLoop, sock: socket.socket) -> None:
+        channel = front.channel = await Channel.open(sock)
+        try:
+            while True:
+                message = await channel.receive()
+                if message is None:
+                    return
+                op = message["op"]
+                if op == "forward":
+                    self._spawn(self._answer(channel, message))
+                elif op == "log":
+                    logging.getLogger(message["name"]).log(message["level"], "%s", message["message"],
+                                                           extra=message["extra"])
+                elif op == "gone":
+                    front.connections -= 1
+                elif op == "took":
+                    front.handed.discard(message["fd"])
+                elif op in ("stats", "retired"):
+                    future = self._asked.get(message["id"])
+                    if future is not None and not future.done():
+                        future.set_result(message.get("data"))
+                elif op == "ready":
+                    channel.send(self._models())
+                    front.ready = True
+                    if self.serving == self.count:
+                        self._serving.set()
+                    log.info("loop %d serving", front.index)
+        finally:
+            front.ready = False
+            self._serving.clear()
+            front.channel = None
+            channel.close()
+            handed, front.handed = front.handed, set()
+            for fd in handed:  # sent, never taken: nothing was read from them yet, so another loop serves them
+                self.server.adopt(socket.socket(fileno=fd))
+
+    async def serving_all(self, timeout: float) -> bool:
+        """Wait until every front serves (at most `timeout` s); whether they do."""
+        try:
+            await asyncio.wait_for(self._serving.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def fail(self, index: int) -> None:
+        """Make front `index`'s loop raise, as a fault in it would: its connections close and it
+        is started again (the tests' way to a loop that dies)."""
+        channel = self.fronts[index].channel
+        if channel is not None:
+            channel.send({"op": "fail"})
+
+    def _ended(self, front: FrontLoop, job: asyncio.Future[str]) -> None:
+        """A front's loop returned: told to (shutdown), or it failed and is started again."""
+        front.ready = False
+        self._serving.clear()
+        if self.closing:
+            return
+        error = job.exception() if not job.cancelled() else None
+        self.restarts += 1
+        # a loop that keeps failing is started again ever later (at most RESTART_MAX_S), not in a tight circle
+        front.failures = front.failures + 1 if time.monotonic() - front.started < RESTART_RESET_S else 1
+        delay = min(RESTART_MAX_S, RESTART_FIRST_S * 2 ** (front.failures - 1))
+        log.error("loop %d ended (%s): its connections are closed; starting it again in %.1f s", front.index,
+                  f"{type(error).__name__}: {error}" if error else "it returned", delay)
+        asyncio.get_running_loop().call_later(delay, self._restart, front)
+
+    def _restart(self, front: FrontLoop) -> None:
+        if not self.closing:
+            self._start(front)
+
+    async def _answer(self, channel: Channel, message: dict[str, Any]) -> None:
+        """Answer a request a front handed over, with the host's router and handlers."""
+        dispatcher = self.server.http.dispatcher
+        body = message["body"]
+        request = Request(message["method"], message["target"], message["version"], message["headers"],
+                          received=message["received"], remote=message["remote"])
+        response: Any = dispatcher.head(request, len(body))
+        if response is None:
+            request.body = body
+            try:
+                pending = dispatcher.respond(request)
+                answer = await (pending.answer if isinstance(pending, Pending) else pending)
+                response = dispatcher.finish(request, answer)
+            except Exception as exc:  # noqa: BLE001 - every failure is an answer, as on a connection
+                response = dispatcher.failed(request, exc)
+        channel.send({"op": "answer", "id": message["id"], "status": response.status, "headers": response.headers,
+                      "body": b"".join(bytes(c) for c in response.chunks), "close": response.close,
+                      "hold": getattr(response, "hold", 0.0)})
+
+    # ---- what the fronts serve ----
+
+    def publish(self) -> None:
+        """The routes changed: tell every front (once per turn of the loop)."""
+        if self._publishing:
+            return
+        self._publishing = True
+        asyncio.get_running_loop().call_soon(self._publish)
+
+    def _publish(self) -> None:
+        self._publishing = False
+        message = self._models()
+        for front in self.fronts:
+            if front.ready and front.channel is not None:
+                front.channel.send(message)
+
+    def _models(self) -> dict[str, Any]:
+        """The `models` message: every serving version of each model a front can serve whole
+        (every version of it ready, window policy, a pool of the host's), and its labels."""
+        registry = self.server.plane.registry
+        models: list[dict[str, Any]] = []
+        labels: dict[str, dict[str, int]] = {}
+        for name, routes in list(registry.routes.items()):
+            handles = list(routes.versions.values())
+            if not handles or not all(_servable(h) for h in handles):
+                continue
+            for handle in handles:
+                pool = handle.pool
+                assert pool is not None and handle.info is not None
+                models.append({
+                    "name": name, "version": handle.number, "key": handle.key, "engine": handle.engine,
+                    "config": msgspec.to_builtins(handle.config), "directory": handle.source.directory,
+                    "fingerprint": handle.fingerprint, "info": msgspec.to_builtins(handle.info),
+                    "pool": pool.address, "mask": pool.mask_of(handle.key), "interpreters": pool.interpreters,
+                    "names": [s.name for s in handle.info.inputs], "datatypes": [s.datatype for s in handle.info.inputs],
+                })
+            labels[name] = {label: int(v) for label, v in routes.labels.items()}
+        tracing = self.server.plane.tracer is not None
+        return {"op": "models", "models": models, "labels": labels, "tracing": tracing}
+
+    async def retire(self, key: str) -> None:
+        """Before `key` is unloaded: every front answers what it queued of it."""
+        await asyncio.gather(*(self._ask(front, {"op": "retire", "key": key}) for front in self.fronts
+                               if front.ready))
+
+    async def _ask(self, front: FrontLoop, message: dict[str, Any], timeout: float | None = None) -> Any:
+        if front.channel is None:
+            return None
+        self._next += 1
+        key = self._next
+        future = self._asked[key] = asyncio.get_running_loop().create_future()
+        front.channel.send({**message, "id": key})
+        job = front.job
+        try:
+            waits = [future] if job is None else [future, job]  # a front that ends answers nothing
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            return future.result() if future.done() else None
+        finally:
+            self._asked.pop(key, None)
+
+    async def stats(self) -> list[dict[str, Any]]:
+        """Every serving front's counters."""
+        found = await asyncio.gather(*(self._ask(front, {"op": "stats"}, STATS_TIMEOUT_S) for front in self.fronts
+                                       if front.ready))
+        return [s for s in found if s is not None]
+
+    # ---- draining and shutdown ----
+
+    def drain(self) -> None:
+        for front in self.fronts:
+            if front.channel is not None:
+                front.channel.send({"op": "drain"})
+
+    async def close(self, timeout: float) -> None:
+        """Every front answers what it accepted (within `timeout`) and stops."""
+        self.closing = True
+        jobs = []
+        for front in self.fronts:
+            if front.channel is not None:
+                front.channel.send({"op": "close", "timeout": timeout})
+            if front.job is not None:
+                jobs.append(front.job)
+        if jobs:
+            await asyncio.wait(jobs, timeout=timeout + 5.0)
+        for task in list(self._tasks):
+            task.cancel()
+        if self.pool is not None:
+            await self.pool.close(timeout=1.0)
+
+
+def _servable(handle: Any) -> bool:
+    return (handle.ready and handle.batcher is not None and handle.pool is not None and handle.info is not None
+            and handle.config.batching.policy == "window" and not handle.retired)

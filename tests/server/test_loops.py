@@ -1,0 +1,241 @@
+"""`--loops N`: connections served by front loops, each in a private interpreter of its own.
+
+A real server on 127.0.0.1 with two fronts: infer answers come from the fronts' own
+batchers over the host's pools, every other route is answered through the host, the
+counters count each request once, a loop that dies is replaced while the other serves,
+and a shutdown answers what every loop accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+import time
+
+import aiohttp
+import pytest
+
+from .conftest import ADD_CONFIG, ADD_MODEL, MODELS, write_repository
+from .test_metrics import scrape, value
+
+
+def add_body(rows: list[list[int]], other: list[list[int]]) -> dict[str, object]:
+    return {"inputs": [{"name": "A", "datatype": "INT32", "shape": [len(rows), 4], "data": rows},
+                       {"name": "B", "datatype": "INT32", "shape": [len(other), 4], "data": other}]}
+
+
+def expected(rows: list[list[int]], other: list[list[int]]) -> tuple[list[int], list[int]]:
+    flat_a = [v for r in rows for v in r]
+    flat_b = [v for r in other for v in r]
+    return [a + b for a, b in zip(flat_a, flat_b)], [a - b for a, b in zip(flat_a, flat_b)]
+
+
+async def infer(session: aiohttp.ClientSession, url: str, seed: int) -> None:
+    rows = [[seed, seed + 1, seed + 2, seed + 3]]
+    other = [[seed * 2, 7, -3, seed]]
+    async with session.post(f"{url}/v2/models/add/infer", json=add_body(rows, other)) as r:
+        assert r.status == 200, await r.text()
+        out = {o["name"]: o["data"] for o in (await r.json())["outputs"]}
+    total, diff = expected(rows, other)
+    assert out == {"SUM": total, "DIFF": diff}
+
+
+async def front_requests(server: object) -> list[int]:
+    """HTTP requests each front answered, from its own counters."""
+    return [front["http"]["requests"] for front in await server.loops.stats()]  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+async def looped(start_server, tmp_path: pathlib.Path):  # type: ignore[no-untyped-def]
+    server, url = await start_server(write_repository(tmp_path / "repo"), loops=2)
+    assert server.loops.serving == 2
+    return server, url
+
+
+async def test_infer_is_served_by_every_loop_and_counted_once(looped) -> None:  # type: ignore[no-untyped-def]
+    server, url = looped
+    # eight connections: the host hands each to the front with the fewest
+    sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) for _ in range(8)]
+
+    async def client(i: int, session: aiohttp.ClientSession) -> None:
+        for k in range(5):
+            await infer(session, url, 10 * i + k)
+
+    try:
+        await asyncio.gather(*(client(i, s) for i, s in enumerate(sessions)))
+        async with aiohttp.ClientSession() as http:
+            balance = await scrape(http, url)
+    finally:
+        for s in sessions:
+            await s.close()
+    # the eight are still open while the scrape's own connection is served: four and four, plus that one
+    counts = sorted(value(balance, "aserve_event_loop_connections", loop=str(i)) for i in range(2))
+    assert counts == [4, 5], counts
+    per_front = await front_requests(server)
+    assert sum(per_front) == 41 and all(n >= 15 for n in per_front), per_front  # the 40 and the scrape
+    assert server.plane.model("add").batcher.requests == 0  # the host's batcher ran none of them
+    async with aiohttp.ClientSession() as http:
+        text = await scrape(http, url)
+    assert value(text, "aserve_inference_request_success_total", model="add", version="1") == 40
+    assert value(text, "aserve_batcher_requests_total", model="add", version="1") == 40
+    assert value(text, "aserve_inference_count_total", model="add", version="1") == 40  # samples
+    assert value(text, "aserve_event_loops") == 2
+    # the scrape itself went through a front: 40 infers and at least the scrape answered
+    assert value(text, "aserve_http_requests_total") >= 40
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/v2/models/add/stats") as r:
+        stats = (await r.json())["model_stats"][0]
+    assert stats["inference_stats"]["success"]["count"] == 40
+    assert stats["execution_count"] >= 1
+
+
+async def test_every_route_answers_on_a_front_connection(looped) -> None:  # type: ignore[no-untyped-def]
+    server, url = looped
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
+        async with http.get(f"{url}/v2/health/ready") as r:
+            assert r.status == 200 and (await r.json())["ready"] is True
+        async with http.get(f"{url}/v2/models/add") as r:
+            meta = await r.json()
+            assert [i["name"] for i in meta["inputs"]] == ["A", "B"]
+        async with http.post(f"{url}/v2/repository/index") as r:
+            assert {m["name"] for m in await r.json()} == set(MODELS)
+        async with http.post(f"{url}/v2/models/nope/infer", json=add_body([[1, 2, 3, 4]], [[1, 2, 3, 4]])) as r:
+            assert r.status == 404 and "unknown model 'nope'" in (await r.json())["error"]
+        bad = add_body([[1, 2, 3]], [[1, 2, 3, 4]])
+        async with http.post(f"{url}/v2/models/add/infer", json=bad) as r:
+            assert r.status == 400 and "inputs[0].data" in (await r.json())["error"]
+        async with http.post(f"{url}/v2/models/upper/infer", json={"inputs": [
+                {"name": "TEXT", "datatype": "BYTES", "shape": [1, 2], "data": ["ab", "cde"]}]}) as r:
+            out = {o["name"]: o["data"] for o in (await r.json())["outputs"]}
+            assert out == {"UPPER": ["AB", "CDE"], "LENGTH": [2, 3]}
+        async with http.post(f"{url}/v2/models/add/versions/1/infer", json=add_body([[1, 1, 1, 1]],
+                                                                                    [[2, 2, 2, 2]])) as r:
+            assert (await r.json())["outputs"][0]["data"] == [3, 3, 3, 3]
+        async with http.head(f"{url}/v2/health/live") as r:
+            assert r.status == 200 and await r.read() == b""
+        async with http.get(f"{url}/v2/trace/setting") as r:
+            assert r.status == 200
+        assert value(await scrape(http, url), "aserve_event_loops") == 2
+    # all on one connection, which a front served: it answered every request itself or through the host
+    assert sorted(await front_requests(server)) == [0, 10]
+
+
+async def test_reload_under_loops_retires_the_old_load_after_the_fronts(looped) -> None:  # type: ignore[no-untyped-def]
+    server, url = looped
+    old = server.plane.model("add").key
+    async with aiohttp.ClientSession() as http:
+        running = asyncio.gather(*(infer(http, url, k) for k in range(40)))
+        reload = {"parameters": {"config": {"batching": {"max_queue_delay_ms": 3.0}}}}
+        async with http.post(f"{url}/v2/repository/models/add/load", json=reload) as r:
+            assert r.status == 200, await r.text()
+        await running
+        assert server.plane.model("add").key != old
+        await asyncio.gather(*(infer(http, url, k) for k in range(10)))
+        async with http.get(f"{url}/v2/models/add/stats") as r:
+            stats = (await r.json())["model_stats"][0]
+        assert stats["inference_stats"]["success"]["count"] == 50
+        # unloaded: the fronts no longer serve it, and answer as the host does
+        async with http.post(f"{url}/v2/repository/models/add/unload") as r:
+            assert r.status == 200
+        async with http.post(f"{url}/v2/models/add/infer", json=add_body([[1, 2, 3, 4]], [[1, 2, 3, 4]])) as r:
+            assert r.status == 503 and "unloaded" in (await r.json())["error"]
+
+
+async def test_a_loop_that_dies_is_replaced_while_the_other_serves(looped, caplog) -> None:  # type: ignore[no-untyped-def]
+    server, url = looped
+    loops = server.loops
+    sessions = [aiohttp.ClientSession() for _ in range(4)]
+    try:
+        await asyncio.gather(*(infer(s, url, i) for i, s in enumerate(sessions)))
+        doomed = [f.connections for f in loops.fronts]
+        assert doomed == [2, 2]
+        with caplog.at_level(logging.ERROR, logger="aserve.server"):
+            loops.fail(0)
+            while loops.restarts < 1:
+                await asyncio.sleep(0.01)
+            # the other loop serves on while the first waits to be started again; readiness says so
+            async with aiohttp.ClientSession() as fresh:
+                async with fresh.get(f"{url}/v2/health/ready") as r:
+                    answer = await r.json()
+                assert r.status == 503 and answer["reason"] == "1 of 2 event loops serve: one is being started again"
+                await infer(fresh, url, 99)
+            assert await loops.serving_all(30)
+        assert any("loop 0 ended" in m and "loop 0 was told to fail" in m for m in caplog.messages), caplog.messages
+        # connections of the loop that died were closed; clients reconnect and are served
+        for i, s in enumerate(sessions):
+            for attempt in range(2):
+                try:
+                    await infer(s, url, 200 + i)
+                    break
+                except aiohttp.ClientConnectionError:
+                    assert attempt == 0
+        async with aiohttp.ClientSession() as http:
+            text = await scrape(http, url)
+            async with http.get(f"{url}/v2/health/ready") as r:
+                assert r.status == 200
+        assert value(text, "aserve_event_loop_restarts_total") == 1
+        assert value(text, "aserve_event_loops") == 2
+    finally:
+        for s in sessions:
+            await s.close()
+
+
+async def test_shutdown_answers_what_every_loop_accepted(start_server, tmp_path: pathlib.Path) -> None:
+    slow = ADD_MODEL.replace("    def __call__(self, inputs):\n",
+                             "    def __call__(self, inputs):\n        import time; time.sleep(0.3)\n")
+    server, url = await start_server(write_repository(tmp_path / "repo", {"add": (slow, ADD_CONFIG)}), loops=2)
+    sessions = [aiohttp.ClientSession() for _ in range(6)]
+    try:
+        calls = [asyncio.ensure_future(infer(s, url, i)) for i, s in enumerate(sessions)]
+        # every request is accepted (queued in a front's batcher) before the shutdown begins
+        while sum(s["batcher"]["requests"] + s["batcher"]["queued_requests"] + s["batcher"]["running_batches"]
+                  for front in await server.loops.stats() for s in front["models"] if s["name"] == "add") < 6:
+            await asyncio.sleep(0.01)
+        began = time.monotonic()
+        await server.close()
+        await asyncio.gather(*calls)  # every one answered 200 with the right values
+        assert time.monotonic() - began < 30
+    finally:
+        for s in sessions:
+            await s.close()
+
+
+async def test_access_log_has_each_request_once(start_server, tmp_path: pathlib.Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    _, url = await start_server(write_repository(tmp_path / "repo"), loops=2, access_log=True,
+                                     log_level="info")
+    with caplog.at_level(logging.INFO, logger="aserve.access"):
+        async with aiohttp.ClientSession() as http:
+            await infer(http, url, 1)
+            async with http.get(f"{url}/v2/models/add") as r:
+                assert r.status == 200
+        # the fronts' records reach the host over their channels
+        end = time.monotonic() + 10
+        lines = []
+        while time.monotonic() < end:
+            lines = [m for m in caplog.messages if "/v2/models/add" in m]
+            if len(lines) >= 2:
+                break
+            await asyncio.sleep(0.02)
+    assert len([m for m in lines if "POST /v2/models/add/infer" in m]) == 1, lines
+    assert len([m for m in lines if "GET /v2/models/add " in m]) == 1, lines
+    records = [r for r in caplog.records if r.name == "aserve.access" and "infer" in r.getMessage()]
+    assert records[0].status == 200 and records[0].remote == "127.0.0.1"  # the fields the JSON format writes
+
+
+async def test_draining_reaches_every_loop(looped) -> None:  # type: ignore[no-untyped-def]
+    server, url = looped
+    sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) for _ in range(2)]
+    try:
+        await asyncio.gather(*(infer(s, url, i) for i, s in enumerate(sessions)))
+        assert [f.connections for f in server.loops.fronts] == [1, 1]
+        server.drain()
+        await server.loops.stats()  # a round trip to every front: each has read the drain before it
+        for i, session in enumerate(sessions):  # one connection on each loop: answered, then closed
+            rows = [[i, 1, 2, 3]]
+            async with session.post(f"{url}/v2/models/add/infer", json=add_body(rows, rows)) as r:
+                assert r.status == 200 and r.headers["Connection"] == "close"
+            async with session.get(f"{url}/v2/health/ready") as r:
+                assert r.status == 503 and "draining" in (await r.json())["reason"]
+    finally:
+        for s in sessions:
+            await s.close()
