@@ -7,7 +7,8 @@ engine they are skipped, and without the image (ASERVE_IMAGE, default aserve:lat
 - the bundled models: the container runs as its non-root user, its HEALTHCHECK reports
   healthy, tritonclient infers through the published port (JSON and binary tensors) and gets
   the answers computed here, the spans reach an OTLP/HTTP receiver on the host under the
-  caller's traceparent, and /metrics counts the requests;
+  caller's traceparent (examples/traced's own, opened with the OpenTelemetry API, under its
+  batch's run, with the caller's baggage), and /metrics counts the requests;
 - a mounted repository replaces the bundled models; SIGTERM with requests queued and running
   answers every one of them with its own values, and the container exits 0.
 
@@ -225,6 +226,11 @@ async def test_bundled_models_answer_trace_and_count_through_the_published_port(
         expected_mlp = mlp_network()(torch.from_numpy(x)).numpy()
     trace_id, parent_id = random.getrandbits(128), random.getrandbits(64)
     traceparent = {"traceparent": f"00-{trace_id:032x}-{parent_id:016x}-01"}
+    # examples/traced opens spans with the OpenTelemetry API alone and reads the caller's baggage
+    scaled = rng.standard_normal((2, 4)).astype(np.float32)
+    traced_id = random.getrandbits(128)
+    traced_headers = {"traceparent": f"00-{traced_id:032x}-{random.getrandbits(64):016x}-01",
+                      "baggage": "tenant=acme"}
 
     async with receiver() as (collector, receiver_port), container(
         "-e", f"OTEL_EXPORTER_OTLP_ENDPOINT=http://{host_name()}:{receiver_port}",
@@ -241,12 +247,14 @@ async def test_bundled_models_answer_trace_and_count_through_the_published_port(
         uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
         assert uids == [str(NON_ROOT_UID)] * 4, uids
 
-        json_simple, binary_simple, json_mlp, binary_mlp = await asyncio.to_thread(triton_infer, c.url, [
+        json_simple, binary_simple, json_mlp, binary_mlp, traced = await asyncio.to_thread(triton_infer, c.url, [
             ("simple", {"INPUT0": a, "INPUT1": b}, False, traceparent),
             ("simple", {"INPUT0": a, "INPUT1": b}, True, {}),
             ("mlp", {"INPUT": x}, False, {}),
             ("mlp", {"INPUT": x}, True, {}),
+            ("traced", {"X": scaled}, True, traced_headers),
         ])
+        np.testing.assert_array_equal(traced["Y"], scaled * 2)  # its scale without a feature service
         for answer in (json_simple, binary_simple):
             np.testing.assert_array_equal(answer["OUTPUT0"], a + b)
             np.testing.assert_array_equal(answer["OUTPUT1"], a - b)
@@ -275,10 +283,24 @@ async def test_bundled_models_answer_trace_and_count_through_the_published_port(
                    for s in named("run in interpreter"))
         assert {"service.name": "aserve-in-a-container"}.items() <= collector.resources[0].items()
 
+        # the model's own spans (the OpenTelemetry API in the image's interpreters) hang from
+        # its batch's run, and carry the caller's baggage
+        def model_spans() -> list[Any]:
+            batches = [s for s in named("batch traced")
+                       if any(int.from_bytes(link.trace_id, "big") == traced_id for link in s.links)]
+            runs = [s for s in named("run in interpreter") for b in batches if s.parent_span_id == b.span_id]
+            return [s for s in collector.spans for r in runs if s.parent_span_id == r.span_id]
+
+        await until(lambda: {"fetch scale", "scale rows"} <= {s.name for s in model_spans()}, timeout=60,
+                    what="the traced model's OpenTelemetry API spans at the receiver", every=0.05)
+        [rows] = [s for s in model_spans() if s.name == "scale rows"]
+        attributes = {a.key: a.value for a in rows.attributes}
+        assert attributes["tenant"].string_value == "acme" and attributes["rows"].int_value == 2
+
         async with aiohttp.ClientSession() as http:
             samples = await scrape(http, c.url)
-        for model in ("simple", "mlp"):
-            assert counted(samples, "aserve_inference_request_success_total", model) == 2, model
+        for model, requests in (("simple", 2), ("mlp", 2), ("traced", 1)):
+            assert counted(samples, "aserve_inference_request_success_total", model) == requests, model
             assert counted(samples, "aserve_inference_request_failure_total", model) == 0, model
     print(f"\n{ENGINE} {IMAGE}: healthy {healthy_s:.1f} s after run; {len(collector.spans)} spans received")
 
