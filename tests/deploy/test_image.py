@@ -10,7 +10,10 @@ engine they are skipped, and without the image (ASERVE_IMAGE, default aserve:lat
   caller's traceparent (examples/traced's own, opened with the OpenTelemetry API, under its
   batch's run, with the caller's baggage), and /metrics counts the requests;
 - a mounted repository replaces the bundled models; SIGTERM with requests queued and running
-  answers every one of them with its own values, and the container exits 0.
+  answers every one of them with its own values, and the container exits 0;
+- the compose stack (`./dev compose`, docker/compose.sh): aserve and Prometheus come up,
+  Prometheus scrapes every bundled model's series, a headless Locust run loads aserve
+  without a failure, and `down` leaves no container behind.
 
 podman runs health checks from systemd timers: on a host without systemd the test runs the
 image's HEALTHCHECK itself (`podman healthcheck run`), which records the same health status.
@@ -25,9 +28,13 @@ import json
 import os
 import pathlib
 import random
+import re
 import shutil
+import socket
 import subprocess
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -42,7 +49,7 @@ from aiohttp import web
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..conftest import EXAMPLES, load_script, needs_torch, spawns, until
+from ..conftest import EXAMPLES, ROOT, load_script, needs_torch, spawns, until
 
 IMAGE = os.environ.get("ASERVE_IMAGE", "aserve:latest")
 NON_ROOT_UID = 10001  # the Dockerfile's `useradd --uid`
@@ -349,3 +356,54 @@ async def test_mounted_repository_and_sigterm_under_load(tmp_path: pathlib.Path)
     print(f"\n{ENGINE} {IMAGE}, mounted repository: healthy {healthy_s:.1f} s after run; SIGTERM with "
           f"{int(at_signal['queued'])} queued and {int(at_signal['running'])} running of {requests}: all "
           f"answered 200, exit 0 {stopped_s:.1f} s after the signal")
+
+
+def compose(*args: str, timeout: float = 600.0) -> str:
+    done = subprocess.run([str(ROOT / "docker" / "compose.sh"), *args], check=False, capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, f"compose {' '.join(args)}: exit status {done.returncode}: {done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_compose_stack_up_scraped_and_loaded() -> None:
+    for port in (8000, 9090):  # the compose file publishes these on the host
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                pytest.skip(f"port {port} is taken on this host: the compose stack publishes it")
+    models = sorted(p.name for p in EXAMPLES.iterdir() if (p / "config.toml").is_file())
+    compose("up", "-d")
+    try:
+        def query(expr: str) -> list[dict[str, Any]]:
+            url = "http://127.0.0.1:9090/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return json.load(r)["data"]["result"]  # type: ignore[no-any-return]
+
+        end = time.monotonic() + 120
+        while True:  # Prometheus scrapes aserve every 5 s (docker/prometheus.yml)
+            try:
+                ready = query('aserve_model_ready{job="aserve"} == 1')
+                if sorted(r["metric"]["model"] for r in ready) == models:
+                    break
+            except OSError:
+                pass  # Prometheus still starting
+            assert time.monotonic() < end, f"Prometheus never saw every model ready: {models}"
+            time.sleep(0.5)
+        [target] = query('up{job="aserve"}')
+        assert target["value"][1] == "1"
+
+        out = compose("--profile", "load", "run", "--rm", "locust", "--headless", "--users", "4",
+                      "--spawn-rate", "4", "--run-time", "8s", "--json")
+        # the engine's run mixes Locust's log into its output: the statistics are the JSON list
+        # that starts a line of its own
+        start = re.search(r"^\[\s*$", out, re.MULTILINE)
+        assert start, out[-3000:]
+        stats, _ = json.JSONDecoder().raw_decode(out[start.start():])
+        assert stats and sum(s["num_requests"] for s in stats) > 0
+        assert sum(s["num_failures"] for s in stats) == 0, stats
+    finally:
+        compose("down")
+    left = subprocess.run([str(ENGINE), "ps", "-a", "--filter", "name=^aserve_", "-q"], check=False,
+                          capture_output=True, text=True).stdout.split()
+    assert not left, left
+    print(f"\ncompose: aserve and Prometheus up, {len(models)} models scraped, Locust "
+          f"{sum(s['num_requests'] for s in stats)} requests without a failure")
