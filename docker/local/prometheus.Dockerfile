@@ -1,9 +1,9 @@
 # Prometheus for the compose stack where prom/prometheus cannot be pulled: Debian's own
 # build (the `prometheus` package) on the debootstrap'd bookworm that docker/image.sh
-# imports, started as the official image starts it.
+# imports, started as the official image starts it. Its context is docker/base (sources.list).
 ARG ROOTFS=localhost/aserve-bookworm-rootfs:minbase
 FROM ${ROOTFS}
-COPY docker/base/sources.list /etc/apt/sources.list
+COPY sources.list /etc/apt/sources.list
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus \
  && apt-get clean \
