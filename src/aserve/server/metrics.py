@@ -204,6 +204,8 @@ _POOL_COUNTERS = {
                      "Batches that woke an interpreter asleep until its polling window (they came early)."),
     "woke_blocked": ("aserve_pool_woke_blocked_batches_total",
                      "Batches that woke an interpreter blocked after its polling window, or not polling."),
+    "coalesced": ("aserve_pool_coalesced_batches_total",
+                  "Front loops' batches that ran as one batch with another front's of the same model (--loops)."),
 }
 
 
