@@ -4,6 +4,7 @@
  *                  comment has the lock order and who owns what, for all of them
  *   pool_join.c    layer joining: staged jobs, the offers they absorb, their progress
  *   pool_cancel.c  faults: cancelling jobs, the cancellation thread, giving jobs up
+ *   pool_coalesce.c  fronts' batches of one model run as one batch
  *   pool_type.c    the Python type Pool: argument parsing, jobs built from Python
  *                  objects, results as Python objects
  *
