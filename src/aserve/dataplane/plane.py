@@ -160,6 +160,9 @@ class DataPlane:
             timeout = request.timeout_ms
             if timeout is not None and timeout < limit:
                 limit = timeout
+            timeout = call.timeout_ms  # the front's deadline (gRPC's)
+            if timeout is not None and timeout < limit:
+                limit = timeout
             budget = request.latency_budget_ms
             now = time.monotonic()
             batcher = handle.batcher
@@ -302,15 +305,19 @@ def start_trace(tracer: Tracer, call: InferCall) -> RequestTrace | None:
         address, _, port = host.rpartition(":") if ":" in host else (host, "", "")
         version = call.version or ""
         path = call.route.replace("{model}", call.model).replace("{version}", version).replace("{label}", version)
-        attributes: dict[str, Any] = {
-            "http.request.method": "POST", "http.route": call.route, "url.scheme": "http",
-            "url.path": path, "server.address": address or host,
-            "network.protocol.version": "1.1", "aserve.model": call.model,
-            "aserve.version": call.version or "latest", "aserve.protocol": protocol,
-        }
+        attributes: dict[str, Any]
+        if protocol == "grpc":  # route: the method's full name, package.Service/Method
+            service, _, method = call.route.rpartition("/")
+            attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method,
+                          "server.address": address or host, "network.protocol.version": "2"}
+        else:
+            attributes = {"http.request.method": "POST", "http.route": call.route, "url.scheme": "http",
+                          "url.path": path, "server.address": address or host, "network.protocol.version": "1.1"}
+        attributes.update({"aserve.model": call.model, "aserve.version": call.version or "latest",
+                           "aserve.protocol": protocol})
         if port.isdigit():
             attributes["server.port"] = int(port)
-        index = tracer.add_route(key, f"POST {call.route}", attributes)
+        index = tracer.add_route(key, span_name(call), attributes)
         if index < 0:  # the table is full (a client sending many Host names): as a span
             trace.common = recorder.shared(attributes)
     trace.route = index
@@ -325,4 +332,9 @@ def end_trace(trace: RequestTrace, call: InferCall, error: BaseException | None)
         status = error.status if isinstance(error, AserveError) else 500
         if isinstance(error, asyncio.CancelledError):
             status = 499  # the client went away
-    recorder.finish(trace, f"POST {call.route}", status, error)
+    recorder.finish(trace, span_name(call), status, error)
+
+
+def span_name(call: InferCall) -> str:
+    """A call's server span name: `POST /route` over HTTP, the method's full name over gRPC."""
+    return call.route if call.codec.protocol(call) == "grpc" else f"POST {call.route}"
