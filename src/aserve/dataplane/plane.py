@@ -195,7 +195,7 @@ class Pending:
     (`ran`), its caller learns the answer: from `done(answer, None)` or `done(None, error)` when
     it gave one (`then`), else from the `answer` future. `drop()` when the caller stops waiting."""
 
-    __slots__ = ("_answer", "_done", "call", "dropped", "future", "handle", "request", "start", "trace")
+    __slots__ = ("_answer", "_done", "call", "dropped", "finished", "future", "handle", "request", "start", "trace")
 
     def __init__(self, call: InferCall, handle: ModelHandle, request: InferRequest, trace: RequestTrace | None,
                  start: float, future: asyncio.Future[dict[str, Tensor]]) -> None:
@@ -206,6 +206,7 @@ class Pending:
         self.start = start
         self.future = future
         self.dropped = False
+        self.finished = False  # `ran` counted the outcome
         self._answer: asyncio.Future[Answer] | None = None
         self._done: Done | None = None
 
@@ -227,6 +228,7 @@ class Pending:
         error = future.exception()
         if self.dropped:
             return
+        self.finished = True
         call, handle, request, trace = self.call, self.handle, self.request, self.trace
         try:
             if error is not None:
@@ -265,7 +267,7 @@ class Pending:
 
     def drop(self) -> None:
         """The caller stopped waiting: free the call's place in the queue if it has not run."""
-        if self.dropped:
+        if self.dropped or self.finished:  # finished: answered (a caller that stops waiting then counts once)
             return
         self.dropped = True
         batcher = self.handle.batcher
