@@ -19,7 +19,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from ..conftest import until
-from .conftest import MODELS, write_repository
+from .conftest import MODELS
 
 
 @pytest.fixture
@@ -168,8 +168,8 @@ async def test_bad_input_and_unknown_model(stub: service_pb2_grpc.GRPCInferenceS
     typed = service_pb2.ModelInferRequest(model_name="add")
     for name in "AB":
         typed.inputs.add(name=name, datatype="INT32", shape=[1, 4]).contents.fp32_contents.extend([1.0] * 4)
-    cases.append((typed, "inputs[0].contents.fp32_contents: input 'A' is INT32: its elements go in "
-                         "contents.int_contents"))
+    cases.append((typed, ("inputs[0].contents.fp32_contents: input 'A' is INT32: its elements go in "
+                          "contents.int_contents")))
     for request, words in cases:
         error = await code_of(stub.ModelInfer(request))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
