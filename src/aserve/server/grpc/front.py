@@ -121,6 +121,7 @@ class GrpcFront:
         await server.start()
         self.server = server
         self.port = bound
+        self.methods.host = _address(host, bound)
 
     async def stop(self, grace: float | None) -> None:
         """Stop taking calls; answer those accepted (cancel what still runs after `grace` s)."""

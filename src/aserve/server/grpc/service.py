@@ -72,6 +72,7 @@ class Methods:
         self.plane = app.plane
         self.stats = stats
         self.access_log = access_log
+        self.host = ""  # host:port the front listens on (what a trace's server span names)
 
     # ---- the one wrapper every unary method runs in ----
 
@@ -238,7 +239,7 @@ class Methods:
         remaining = context.time_remaining()
         return InferCall(
             codec=GRPC, model=request.model_name, version=request.model_version or None, body=request,
-            headers=md, received=time.monotonic(), route=route.lstrip("/"), host=md.get(":authority", ""),
+            headers=md, received=time.monotonic(), route=route.lstrip("/"), host=self.host,
             timeout_ms=None if remaining is None else max(remaining, 0.0) * 1000.0,
         )
 
