@@ -88,7 +88,8 @@ class Methods:
                 md = metadata(context)
                 self.app.access.check_credential(md.get("authorization"), level)
                 response = await handler(request, context, md)
-                size = response.ByteSize()
+                if self.access_log is not None:
+                    size = response.ByteSize()
                 return response
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED  # the client went away, or its deadline passed
