@@ -316,3 +316,31 @@ async def test_drain_and_shutdown_answer_what_was_accepted(grpc_server: tuple[An
         await closing
         error = await code_of(stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=5))
         assert error.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_shutdown_ends_open_streams_after_their_answers(start_server, repository: pathlib.Path) -> None:
+    """A health Watch and a ModelStreamInfer left open by their clients do not hold the
+    shutdown for its whole timeout: the stream answers the request it took, then both end."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    server, _ = await start_server(repository, grpc=True, shutdown_timeout_s=30)
+    batcher = server.plane.model("slow").batcher
+    async with grpc.aio.insecure_channel(target(server)) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+        stream = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+        request = slow_request(300)
+        request.id = "in-flight"
+        await stream.write(request)
+        await until(lambda: batcher.running == 1, what="the stream's request to run")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await server.close()
+        assert loop.time() - began < 10  # not the 30 s timeout
+        answer = await stream.read()
+        assert answer.error_message == "" and answer.infer_response.id == "in-flight"
+        assert np.frombuffer(answer.infer_response.raw_output_contents[0], np.float32).tolist() == [300.0]
+        assert await stream.read() == grpc.aio.EOF
+        assert await stream.code() == grpc.StatusCode.OK
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert await watch.read() == grpc.aio.EOF

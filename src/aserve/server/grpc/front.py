@@ -38,6 +38,7 @@ class Health:
 
     def __init__(self, app: App) -> None:
         self.app = app
+        self.closing: asyncio.Event | None = None  # set on shutdown: Watch streams end
 
     def status(self, service: str) -> int | None:
         """The service's status, None for a service this server does not know."""
@@ -56,15 +57,31 @@ class Health:
 
     async def watch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         """The status now, then each change (SERVICE_UNKNOWN for a service this server does not know)."""
+        if self.closing is None:
+            self.closing = asyncio.Event()
+        closing = self.closing
         last = None
         while True:
             status = self.status(request.service)
             if status is None:
                 status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+            if closing.is_set():
+                status = NOT_SERVING if status != health_pb2.HealthCheckResponse.SERVICE_UNKNOWN else status
             if status != last:
                 last = status
                 yield health_pb2.HealthCheckResponse(status=status)
-            await asyncio.sleep(WATCH_EVERY_S)
+            if closing.is_set():
+                return  # shutting down: the stream ends rather than hold the server's stop
+            try:
+                await asyncio.wait_for(closing.wait(), WATCH_EVERY_S)
+            except TimeoutError:
+                pass
+
+    def close(self) -> None:
+        """Shutting down: Watch streams say NOT_SERVING and end."""
+        if self.closing is None:
+            self.closing = asyncio.Event()
+        self.closing.set()
 
     def handler(self) -> grpc.GenericRpcHandler:
         request = health_pb2.HealthCheckRequest.FromString
@@ -124,6 +141,10 @@ class GrpcFront:
         self.methods.host = _address(host, bound)
 
     async def stop(self, grace: float | None) -> None:
-        """Stop taking calls; answer those accepted (cancel what still runs after `grace` s)."""
+        """Stop taking calls; answer those accepted (cancel what still runs after `grace` s).
+        Open streams end: a Watch at once, a ModelStreamInfer once it answered the requests
+        it had taken."""
         if self.server is not None:
+            self.health.close()
+            self.methods.stop_reading()
             await self.server.stop(grace)

@@ -29,7 +29,7 @@ from ...errors import InvalidInput
 from ...inference import InferCall
 from ...logs import AccessLogger
 from ..access import ADMIN, API, OPEN, Level
-from ..admin import _apply_trace_setting, _trace_setting
+from ..admin import apply_trace_setting, current_trace_setting
 from ..app import App
 from ..v2 import EXTENSIONS
 from . import protos
@@ -73,6 +73,12 @@ class Methods:
         self.stats = stats
         self.access_log = access_log
         self.host = ""  # host:port the front listens on (what a trace's server span names)
+        self.readers: set[asyncio.Task[None]] = set()  # each open stream's reading of its requests
+
+    def stop_reading(self) -> None:
+        """Shutting down: every stream takes no more requests, answers those it took, and ends."""
+        for reader in list(self.readers):
+            reader.cancel()
 
     # ---- the one wrapper every unary method runs in ----
 
@@ -228,9 +234,9 @@ class Methods:
             if tracer is None:
                 raise InvalidInput("trace setting: tracing is off in this server; start it with "
                                    "OTEL_EXPORTER_OTLP_ENDPOINT set or [tracing] enabled = true")
-            _apply_trace_setting(tracer, wanted)
+            apply_trace_setting(tracer, wanted)
         message = protos.TraceSettingResponse()
-        for key, value in msgspec.to_builtins(_trace_setting(tracer)).items():
+        for key, value in msgspec.to_builtins(current_trace_setting(tracer)).items():
             message.settings[key].value.extend(value if isinstance(value, list) else [str(value)])
         return message
 
@@ -295,6 +301,7 @@ class Methods:
                 answers.put_nowait(None)  # wakes the writer to see the stream's end
 
         reader = asyncio.get_running_loop().create_task(read())
+        self.readers.add(reader)
         try:
             while reading or waiting:
                 item = await answers.get()
@@ -303,12 +310,15 @@ class Methods:
                 waiting -= 1
                 self.stats.count("ModelStreamInfer", item[0])
                 await context.write(item[1])
-            await reader
+            error = None if reader.cancelled() else reader.exception()
+            if error is not None:
+                raise error  # reading the stream failed
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
             raise
         finally:
             reader.cancel()
+            self.readers.discard(reader)
             for pending in list(pendings):
                 pending.drop()
             if self.access_log is not None:
