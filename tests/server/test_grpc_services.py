@@ -281,3 +281,20 @@ async def test_serve_reports_the_grpc_port(repository: pathlib.Path) -> None:
         finally:
             proc.terminate()
             assert await asyncio.wait_for(proc.wait(), 60) == 0
+
+
+@spawns
+async def test_a_grpc_port_in_use_is_an_error_at_start(repository: pathlib.Path) -> None:
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aserve.cli", "serve", str(repository), "--engine", "main", "--interpreters", "1",
+            "--port", "0", "--grpc-port", str(port), stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1, err.decode()
+    assert f"aserve: cannot listen on 127.0.0.1:{port}: the gRPC front cannot bind it" in err.decode()

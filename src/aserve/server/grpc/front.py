@@ -92,6 +92,14 @@ class Health:
         })
 
 
+class Unbound(OSError):
+    """The gRPC front cannot bind its address (`address`: what the CLI names)."""
+
+    def __init__(self, address: str, why: str) -> None:
+        super().__init__(f"the gRPC front cannot bind it (in use, or not an address of this machine): {why}")
+        self.address = address
+
+
 def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
@@ -132,9 +140,9 @@ class GrpcFront:
         try:
             bound = server.add_insecure_port(address)
         except RuntimeError as e:  # grpc's "Failed to bind to address"
-            raise OSError(f"cannot listen for gRPC on {address}: {e}") from None
+            raise Unbound(address, str(e)) from None
         if bound == 0:
-            raise OSError(f"cannot listen for gRPC on {address}")
+            raise Unbound(address, "grpc bound no port")
         await server.start()
         self.server = server
         self.port = bound
