@@ -192,3 +192,4 @@ class InferCall(msgspec.Struct, kw_only=True, gc=False):
     route: str = ""
     host: str = ""
     timeout_ms: float | None = None
+    front: str = "http"  # the protocol it came in (http, grpc): what the metrics label it

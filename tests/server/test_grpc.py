@@ -289,11 +289,16 @@ async def test_metrics_and_access_log_name_the_protocol(start_server, repository
             await code_of(stub.ModelInfer(service_pb2.ModelInferRequest(model_name="absent")))
         async with http.get(f"{url}/v2/health/live") as r:
             assert r.status == 200
+        body = {"inputs": [{"name": "MS", "datatype": "FP32", "shape": [1], "data": [0.0]}]}
+        async with http.post(f"{url}/v2/models/slow/infer", json=body) as r:
+            assert r.status == 200
     async with http.get(f"{url}/metrics") as r:
         text = await r.text()
+    assert 'aserve_inference_request_protocol_total{model="slow",version="1",protocol="grpc"} 3' in text
+    assert 'aserve_inference_request_protocol_total{model="slow",version="1",protocol="http"} 1' in text
     assert 'aserve_grpc_requests_total{method="ModelInfer",code="OK"} 3' in text
     assert 'aserve_grpc_requests_total{method="ModelInfer",code="NOT_FOUND"} 1' in text
-    assert 'aserve_inference_request_success_total{model="slow",version="1"} 3' in text
+    assert 'aserve_inference_request_success_total{model="slow",version="1"} 4' in text
     rpc = [r for r in caplog.records if getattr(r, "protocol", None) == "grpc"]
     assert [r.grpc_status for r in rpc] == ["OK", "OK", "OK", "NOT_FOUND"]  # type: ignore[attr-defined]
     assert rpc[0].request == "POST /inference.GRPCInferenceService/ModelInfer HTTP/2"  # type: ignore[attr-defined]

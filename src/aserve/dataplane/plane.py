@@ -244,12 +244,14 @@ class Pending:
             _failed(handle, call, trace, self.start, exc)
             self._tell(None, exc)
             return
+        stats = handle.stats
         if trace is None:
-            handle.stats.succeeded(time.perf_counter() - self.start, request.samples)
+            stats.succeeded(time.perf_counter() - self.start, request.samples)
         else:
-            handle.stats.succeeded(time.perf_counter() - self.start, request.samples, trace.trace_id_hex)
+            stats.succeeded(time.perf_counter() - self.start, request.samples, trace.trace_id_hex)
             if not trace.end(200):
                 end_trace(trace, call, None)
+        stats.answered(call.front)
         self._tell(encoded, None)
 
     def _tell(self, answer: Answer | None, error: BaseException | None) -> None:
@@ -280,7 +282,9 @@ class Pending:
 def _failed(handle: ModelHandle, call: InferCall, trace: RequestTrace | None, start: float,
             exc: BaseException) -> None:
     """Count a call that failed with `exc` (and name the model a model error came from)."""
-    handle.stats.failed(failure_reason(exc), time.perf_counter() - start)
+    stats = handle.stats
+    stats.failed(failure_reason(exc), time.perf_counter() - start)
+    stats.answered(call.front)
     if isinstance(exc, ModelError):
         exc.model, exc.version = handle.name, handle.version
     if trace is not None:

@@ -236,6 +236,10 @@ def _requests(out: Exposition, labels: Labels, stats: RequestStats) -> None:
         out.add("aserve_inference_request_failure_total", "counter",
                 "Requests that failed, by reason (invalid, overloaded, timeout, model, unavailable, cancelled, other).",
                 count, {**labels, "reason": reason})
+    for protocol in ("http", "grpc"):
+        out.add("aserve_inference_request_protocol_total", "counter",
+                "Requests answered, successfully or not, by the protocol they came in (http, grpc).",
+                stats.protocols.get(protocol, 0), {**labels, "protocol": protocol})
     out.add("aserve_inference_count_total", "counter",
             "Samples answered successfully (Triton's inference count; / exec count = mean batch size).",
             stats.samples, labels)

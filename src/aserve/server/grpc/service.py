@@ -247,7 +247,7 @@ class Methods:
         return InferCall(
             codec=GRPC, model=request.model_name, version=request.model_version or None, body=request,
             headers=md, received=time.monotonic(), route=route.lstrip("/"), host=self.host,
-            timeout_ms=None if remaining is None else max(remaining, 0.0) * 1000.0,
+            timeout_ms=None if remaining is None else max(remaining, 0.0) * 1000.0, front="grpc",
         )
 
     async def model_infer(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
