@@ -67,7 +67,7 @@ def decode_infer(message: Any, schema: ModelSchema) -> InferRequest:
         field = f"inputs[{index}]"
         datatype = item.datatype
         shape = tuple(item.shape)
-        if any(d < 0 for d in shape):
+        if shape and min(shape) < 0:
             raise InvalidInput(f"{field}.shape: expected dimensions >= 0, got {list(shape)}")
         spec = checked.check(index, item.name, datatype, shape)
         if item.parameters:
