@@ -264,7 +264,7 @@ async def test_tokens_from_authorization_metadata(start_server, repository: path
 
 
 async def test_message_size_limit_matches_http(start_server, repository: pathlib.Path) -> None:
-    server, _ = await start_server(repository, grpc=True, max_body_bytes=1000)
+    server, _ = await start_server(repository, grpc=True, max_body_bytes=1000, max_header_bytes=1024)
     async with grpc.aio.insecure_channel(target(server)) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         request = service_pb2.ModelInferRequest(model_name="upper")
@@ -276,6 +276,10 @@ async def test_message_size_limit_matches_http(start_server, repository: pathlib
         request.raw_input_contents[0] = (2).to_bytes(4, "little") + b"ab" + (1).to_bytes(4, "little") + b"c"
         response = await stub.ModelInfer(request)
         assert response.raw_output_contents[0] == (2).to_bytes(4, "little") + b"AB" + (1).to_bytes(4, "little") + b"C"
+        # metadata larger in all than --max-header-bytes
+        error = await code_of(stub.ModelInfer(request, metadata=[("x-large", "v" * 1100)]))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert (await stub.ModelInfer(request, metadata=[("x-small", "v" * 100)])).raw_output_contents
 
 
 async def test_metrics_and_access_log_name_the_protocol(start_server, repository: pathlib.Path, http: Any,

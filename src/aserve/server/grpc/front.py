@@ -3,8 +3,8 @@
 It serves `inference.GRPCInferenceService` (`service.Methods`), gRPC's standard health
 service (`grpc.health.v1.Health`, for Kubernetes `grpc:` probes) and server reflection
 (so that grpcurl needs no proto files). Its limits are HTTP's: a message larger than
-`--max-body-bytes` is refused with RESOURCE_EXHAUSTED, metadata larger than
-`--max-header-bytes` is refused. `stop` stops taking calls and answers those accepted.
+`--max-body-bytes` is refused with RESOURCE_EXHAUSTED, and so is metadata larger in all
+than `--max-header-bytes`. `stop` stops taking calls and answers those accepted.
 
 Health answers from the server's state when asked: the service "" and
 `inference.GRPCInferenceService` are SERVING when every model is ready and the server is
@@ -123,7 +123,9 @@ class GrpcFront:
         options = [
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             ("grpc.max_send_message_length", -1),
+            # metadata: grpc refuses some calls above the soft limit and all above the hard one
             ("grpc.max_metadata_size", settings.max_header_bytes),
+            ("grpc.absolute_max_metadata_size", settings.max_header_bytes),
             # a port another process holds is an error, as for the HTTP listener
             ("grpc.so_reuseport", 0),
         ]
