@@ -91,7 +91,8 @@ class Methods:
             code = grpc.StatusCode.OK
             size = 0
             try:
-                md = metadata(context)
+                # the metadata are read only when a token or a trace may be in them
+                md = metadata(context) if self.app.access.guards_anything or self.plane.tracer is not None else {}
                 self.app.access.check_credential(md.get("authorization"), level)
                 response = await handler(request, context, md)
                 if self.access_log is not None:
@@ -107,15 +108,16 @@ class Methods:
                     context.set_trailing_metadata(status.trailers)
                 await context.abort(status.code, status.message)
             finally:
-                self._done(method, code, size, start, context)
+                self._done(name, code, size, start, context)
 
         return call
 
-    def _done(self, method: str, code: grpc.StatusCode, size: int, start: float,
+    def _done(self, name: str, code: grpc.StatusCode, size: int, start: float,
               context: grpc.aio.ServicerContext) -> None:
-        self.stats.count(method.rpartition("/")[2], code)
+        self.stats.count(name, code)
         if self.access_log is not None:
-            self.access_log.rpc(context.peer(), method, code.value[0], code.name, size, time.perf_counter() - start)
+            self.access_log.rpc(context.peer(), f"/{SERVICE}/{name}", code.value[0], code.name, size,
+                                time.perf_counter() - start)
 
     # ---- health and metadata ----
 
@@ -267,7 +269,7 @@ class Methods:
             self.app.access.check_credential(md.get("authorization"), API)
         except Exception as exc:  # noqa: BLE001 - the stream is refused whole
             status = status_of(exc, self.app.policy, STREAM)
-            self._done(STREAM, status.code, 0, start, context)
+            self._done("ModelStreamInfer", status.code, 0, start, context)
             await context.abort(status.code, status.message)
         answers: asyncio.Queue[Any] = asyncio.Queue()
         waiting = 0
