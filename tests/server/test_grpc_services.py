@@ -298,3 +298,47 @@ async def test_a_grpc_port_in_use_is_an_error_at_start(repository: pathlib.Path)
         _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 1, err.decode()
     assert f"aserve: cannot listen on 127.0.0.1:{port}: the gRPC front cannot bind it" in err.decode()
+
+
+async def test_the_synchronous_tritonclient_grpc(served: tuple[Any, str]) -> None:
+    """tritonclient.grpc's classic client (blocking calls, a stream with a callback), from a thread
+    of its own as an application would use it."""
+    import queue
+
+    import tritonclient.grpc as sync_client
+
+    def use() -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+        client = sync_client.InferenceServerClient(served[1])
+        try:
+            assert client.is_server_ready() and client.is_model_ready("add")
+            a = np.arange(8, dtype=np.int32).reshape(2, 4)
+            inputs = [sync_client.InferInput("A", [2, 4], "INT32"), sync_client.InferInput("B", [2, 4], "INT32")]
+            inputs[0].set_data_from_numpy(a)
+            inputs[1].set_data_from_numpy(a * 10)
+            result = client.infer("add", inputs, outputs=[sync_client.InferRequestedOutput("SUM")])
+            sums = [result.as_numpy("SUM")]
+            answers: queue.Queue[Any] = queue.Queue()
+            client.start_stream(callback=lambda result, error: answers.put((result, error)))
+            for n in range(10):
+                row = np.full((1, 4), n, np.int32)
+                inputs[0].set_shape([1, 4])
+                inputs[1].set_shape([1, 4])
+                inputs[0].set_data_from_numpy(row)
+                inputs[1].set_data_from_numpy(row * 2)
+                client.async_stream_infer("add", inputs, request_id=str(n))
+            by_id = {}
+            for _ in range(10):
+                result, error = answers.get(timeout=30)
+                assert error is None, error
+                by_id[result.get_response().id] = result.as_numpy("SUM")
+            client.stop_stream()
+            return sums, by_id
+        finally:
+            client.close()
+
+    sums, by_id = await asyncio.to_thread(use)
+    a = np.arange(8, dtype=np.int32).reshape(2, 4)
+    np.testing.assert_array_equal(sums[0], a + a * 10)
+    assert sorted(by_id, key=int) == [str(n) for n in range(10)]
+    for request_id, total in by_id.items():  # each answer is its own request's: n + 2n
+        np.testing.assert_array_equal(total, np.full((1, 4), 3 * int(request_id), np.int32))
