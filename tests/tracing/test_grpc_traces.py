@@ -13,13 +13,13 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from ..conftest import until
 from ..server.conftest import ADD_CONFIG, ADD_MODEL, write_repository
-from .test_traces import Receiver, attrs, receiver  # noqa: F401 - the receiver fixture
+from .conftest import Receiver, attrs
 
 METHOD = "inference.GRPCInferenceService/ModelInfer"
 
 
 async def test_traceparent_metadata_continues_the_trace(
-    start_server, tmp_path: pathlib.Path, receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    start_server, tmp_path: pathlib.Path, receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     collector, endpoint = receiver
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
