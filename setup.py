@@ -23,6 +23,7 @@ extensions = [
             "native/host/pool.c",
             "native/host/pool_join.c",
             "native/host/pool_cancel.c",
+            "native/host/pool_coalesce.c",
             "native/host/pool_type.c",
             "native/host/link.c",
             "native/host/link_type.c",

@@ -218,11 +218,13 @@ def aserve_server(name: str, model: str, repository: pathlib.Path, *, interprete
     if name == "aserve-main":
         argv += ["--engine", "main"]
     argv += SETTINGS.get(name, [])
-    env = None
+    # the gRPC front on a free port rather than 8001, which another server may hold (a build
+    # without gRPC ignores the variable)
+    env = dict(os.environ, ASERVE_GRPC_PORT="0")
     if name in TRACED:
         if otlp is None:
             raise ValueError(f"{name} needs an OTLP endpoint")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
         env.update(OTEL_EXPORTER_OTLP_ENDPOINT=otlp, OTEL_TRACES_SAMPLER="parentbased_traceidratio",
                    OTEL_TRACES_SAMPLER_ARG=str(TRACED[name]))
     return ServerProcess(name, model, argv, env=env, ready="aserve")

@@ -160,8 +160,9 @@ def model_dir(tmp_path: pathlib.Path):
 @pytest.fixture
 async def start_server() -> AsyncIterator[Callable[..., Any]]:
     """start(repository, **settings) -> (Server, base URL): a real server on 127.0.0.1
-    (ephemeral port, engine main and 2 interpreters unless told otherwise), its models
-    loaded; every server is closed at teardown."""
+    (ephemeral port, engine main and 2 interpreters unless told otherwise; gRPC off unless
+    `grpc=True`, then on an ephemeral port too), its models loaded; every server is closed
+    at teardown."""
     from aserve.config import ServerSettings
     from aserve.server import Server
 
@@ -169,7 +170,7 @@ async def start_server() -> AsyncIterator[Callable[..., Any]]:
 
     async def start(repository: pathlib.Path, **settings: object) -> tuple[Server, str]:
         values: dict[str, object] = {"host": "127.0.0.1", "port": 0, "engine": "main", "interpreters": 2,
-                                     "log_level": "warning"}
+                                     "log_level": "warning", "grpc": False, "grpc_port": 0}
         values.update(settings)
         server = Server(ServerSettings(**values), repository=repository)  # type: ignore[arg-type]
         servers.append(server)
@@ -189,3 +190,6 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 os.environ.setdefault("ASERVE_LOG_LEVEL", "warning")
+# servers the tests spawn (`aserve serve`) take a free gRPC port rather than 8001, which another
+# server, or a test before, may hold
+os.environ.setdefault("ASERVE_GRPC_PORT", "0")

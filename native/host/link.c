@@ -63,7 +63,7 @@ static void link_close(as_link *l)
 }
 
 static int link_infer(as_link *l, pool_t *p, const char *key, uint64_t mask, size_t n, const as_tensor *in,
-                      void *token, void *cookie, int trace, uint64_t *id)
+                      void *token, void *cookie, int trace, int64_t max_rows, uint64_t *id)
 {
     /* one block: the tensors, then their names and datatypes */
     size_t size = (n ? n : 1) * sizeof(as_tensor);
@@ -108,6 +108,7 @@ static int link_infer(as_link *l, pool_t *p, const char *key, uint64_t mask, siz
     j->job.n_inputs = n;
     j->job.inputs_ctx = inputs;
     j->job.trace = trace;
+    j->max_rows = max_rows;
     as_pool_enqueue(p, j, -1);
     *id = j->id;
     return 0;
@@ -161,4 +162,5 @@ const as_link_api as_link_api_table = {
     .job_free = link_job_free,
     .inputs_free = as_pool_inputs_free,
     .give_back = link_give_back,
+    .shared_release = as_pool_shared_release,
 };

@@ -14,7 +14,7 @@
 
 #include "pool.h"
 
-#define AS_LINK_API_VERSION 1
+#define AS_LINK_API_VERSION 2
 
 typedef struct as_link {
     pthread_mutex_t mu;
@@ -32,9 +32,11 @@ typedef struct as_link_api {
     void (*close)(as_link *l);
     /* Queue a batch of `key` (loaded on the interpreters in `mask`) on pool p. in[i].name
      * and .datatype are copied; .data must stay valid until the inputs come back through
-     * take (cookie). The job completes to l with `token`. 0 and *id, or -1 (errno). */
+     * take (cookie). The job completes to l with `token`. max_rows > 0: it may run in one
+     * batch with other fronts' jobs of the model, of that many rows in all (pool_coalesce.c).
+     * 0 and *id, or -1 (errno). */
     int (*infer)(as_link *l, pool_t *p, const char *key, uint64_t mask, size_t n, const as_tensor *in,
-                 void *token, void *cookie, int trace, uint64_t *id);
+                 void *token, void *cookie, int trace, int64_t max_rows, uint64_t *id);
     /* The jobs finished since the last take, oldest first (linked by next), and the inputs
      * no longer referenced (linked by next; release their cookie, then inputs_free). */
     hjob *(*take)(as_link *l, hinputs **released);
@@ -44,6 +46,8 @@ typedef struct as_link_api {
     void (*inputs_free)(hinputs *in);
     /* An output owner no buffer exports any more: back to the worker that made it. */
     void (*give_back)(pool_t *p, int worker, void *owner);
+    /* The same for a job's shared owner (hjob.shared: it ran coalesced with others). */
+    void (*shared_release)(pool_t *p, void *owner);
 } as_link_api;
 
 extern const as_link_api as_link_api_table;

@@ -28,6 +28,7 @@ typedef struct {
     const as_link_api *api;
     pool_t *pool;
     int worker;
+    int shared; /* the owner is a shared one: the job ran coalesced with others */
     void *owner;
     Py_ssize_t refs;
 } fresult_t;
@@ -44,7 +45,10 @@ static void result_decref(void *ctx)
     fresult_t *r = ctx;
     if (--r->refs > 0)
         return;
-    r->api->give_back(r->pool, r->worker, r->owner);
+    if (r->shared)
+        r->api->shared_release(r->pool, r->owner);
+    else
+        r->api->give_back(r->pool, r->worker, r->owner);
     PyMem_Free(r);
 }
 
@@ -95,13 +99,15 @@ static PyObject *link_fileno(linkobj *self, PyObject *Py_UNUSED(ignored))
 
 static PyObject *link_infer(linkobj *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"pool", "model", "mask", "names", "datatypes", "inputs", "token", "trace", NULL};
+    static char *kwlist[] = {"pool", "model", "mask", "names", "datatypes", "inputs", "token", "trace", "max_rows",
+                             NULL};
     PyObject *pool_address, *names, *datatypes, *inputs, *token;
     const char *key;
     unsigned long long mask;
     int trace = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKOOOO|p:infer", kwlist, &pool_address, &key, &mask, &names,
-                                     &datatypes, &inputs, &token, &trace))
+    long long max_rows = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKOOOO|pL:infer", kwlist, &pool_address, &key, &mask, &names,
+                                     &datatypes, &inputs, &token, &trace, &max_rows))
         return NULL;
     pool_t *p = PyLong_AsVoidPtr(pool_address);
     if (p == NULL)
@@ -154,7 +160,7 @@ static PyObject *link_infer(linkobj *self, PyObject *args, PyObject *kw)
         t->nbytes = (size_t)held->views[i].len;
     }
     uint64_t id;
-    if (self->api->infer(self->link, p, key, mask, n, in, token, held, trace, &id) < 0) {
+    if (self->api->infer(self->link, p, key, mask, n, in, token, held, trace, max_rows, &id) < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         goto error;
     }
@@ -181,6 +187,7 @@ static PyObject *make_outputs(linkobj *self, hjob *j, PyTypeObject *buffer_type)
     r->api = self->api;
     r->pool = j->pool;
     r->worker = j->worker;
+    r->shared = j->shared;
     r->owner = j->job.owner;
     r->refs = 1; /* held while building */
     j->job.owner = NULL;
@@ -283,8 +290,9 @@ static PyObject *link_pending(linkobj *self, void *Py_UNUSED(closure))
 static PyMethodDef link_methods[] = {
     {"fileno", (PyCFunction)link_fileno, METH_NOARGS, "the eventfd written when a job finishes"},
     {"infer", (PyCFunction)(void (*)(void))link_infer, METH_VARARGS | METH_KEYWORDS,
-     "infer(pool, model, mask, names, datatypes, inputs, token, trace=False) -> job id: queue a batch of "
-     "`model` (inputs: tensors with .shape and .data) on the pool at address `pool`"},
+     "infer(pool, model, mask, names, datatypes, inputs, token, trace=False, max_rows=0) -> job id: queue a "
+     "batch of `model` (inputs: tensors with .shape and .data) on the pool at address `pool`; max_rows > 0: it "
+     "may run in one batch with other fronts' batches of the model, of at most that many rows"},
     {"drain", (PyCFunction)link_drain, METH_NOARGS,
      "drain() -> [(token, ok, payload)]: the jobs finished since the last drain, as Pool.drain gives them"},
     {NULL, NULL, 0, NULL},

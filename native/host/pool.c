@@ -107,6 +107,7 @@ void as_pool_inputs_free(hinputs *in)
     for (size_t i = 0; i < in->n; i++)
         if (in->views[i].obj != NULL)
             PyBuffer_Release(&in->views[i]);
+    free(in->own);
     free(in);
 }
 
@@ -115,10 +116,12 @@ static void inputs_released(void *ctx)
 {
     hinputs *in = ctx;
     pool_t *p = in->pool;
-    int wake = 0;
+    int wake = 0, own = 0;
     pthread_mutex_lock(&p->mu);
     if (--in->refs == 0) {
-        if (in->link != NULL) /* a front's: that front releases its buffers on its loop */
+        if (in->own != NULL) /* a coalesced batch's block: no Python buffer, freed here */
+            own = 1;
+        else if (in->link != NULL) /* a front's: that front releases its buffers on its loop */
             as_link_post_inputs(in);
         else { /* the host is done too: drain releases them under its GIL */
             in->next = p->released;
@@ -127,6 +130,8 @@ static void inputs_released(void *ctx)
         }
     }
     pthread_mutex_unlock(&p->mu);
+    if (own)
+        as_pool_inputs_free(in);
     if (wake)
         wake_loop(p);
 }
@@ -169,8 +174,12 @@ void as_pool_job_free(hjob *j)
 {
     if (j->inputs != NULL)
         as_pool_inputs_drop(j->inputs);
-    if (j->job.owner != NULL && j->worker >= 0 && j->pool != NULL)
-        as_pool_give_back(j->pool, j->pool->workers[j->worker], j->job.owner);
+    if (j->job.owner != NULL && j->worker >= 0 && j->pool != NULL) {
+        if (j->shared)
+            as_pool_shared_release(j->pool, j->job.owner);
+        else
+            as_pool_give_back(j->pool, j->pool->workers[j->worker], j->job.owner);
+    }
     free(j->in);
     as_pool_model_decref(j->model);
     free(j->key);
@@ -316,7 +325,9 @@ static void *worker_main(void *arg)
             w->since = monotonic_ns();
             j->running = 1;
             j->worker = w->index;
-            if (j->inputs != NULL)
+            if (j->link != NULL && j->max_rows > 0)
+                as_pool_coalesce(p, j, w->index); /* other fronts' jobs of its model join it */
+            if (j->inputs != NULL && j->parts == NULL)
                 j->inputs->refs++; /* the interpreter's, given back with inputs_released */
             if (j->job.join != NULL)
                 clock_gettime(CLOCK_MONOTONIC, &j->started);
@@ -324,7 +335,10 @@ static void *worker_main(void *arg)
             if (j->job.trace)
                 j->ran_from = monotonic_ns();
             as_fault_job(w->fault_slot, j->job.model, j->job.kind);
-            w->engine.run(w->ip, &j->job);
+            if (j->parts != NULL)
+                as_pool_run_coalesced(p, w, j);
+            else
+                w->engine.run(w->ip, &j->job);
             as_fault_job(w->fault_slot, NULL, 0);
             if (j->job.trace)
                 j->ran_to = monotonic_ns();
@@ -333,6 +347,10 @@ static void *worker_main(void *arg)
             w->current = NULL;
             w->lost = 0; /* back from a job it was given up in: it takes jobs again */
             wake = j->job.join != NULL ? as_pool_finish_staged(p, j) : 0;
+            for (hjob *k = j->parts, *next; k != NULL; k = next) {
+                next = k->part_next;
+                wake |= post_done(p, k);
+            }
             wake |= post_done(p, j);
             if (wake) {
                 pthread_mutex_unlock(&p->mu);
@@ -657,6 +675,7 @@ void as_pool_stats(pool_t *p, pool_stats_t *out)
     out->polled = p->polled;
     out->woke_napping = p->woke_napping;
     out->woke_blocked = p->woke_blocked;
+    out->coalesced = p->coalesced;
     pthread_mutex_unlock(&p->mu);
 }
 

@@ -4,6 +4,7 @@
  *                  comment has the lock order and who owns what, for all of them
  *   pool_join.c    layer joining: staged jobs, the offers they absorb, their progress
  *   pool_cancel.c  faults: cancelling jobs, the cancellation thread, giving jobs up
+ *   pool_coalesce.c  fronts' batches of one model run as one batch
  *   pool_type.c    the Python type Pool: argument parsing, jobs built from Python
  *                  objects, results as Python objects
  *
@@ -40,6 +41,7 @@ typedef struct hinputs {
     struct pool *pool;
     struct as_link *link; /* a front's job: its buffers are the front's, released there (cookie) */
     void *cookie;
+    void *own;    /* a coalesced batch's inputs: one block the pool allocated (no buffers to release) */
     int refs; /* p->mu */
     size_t n;
     struct hinputs *next; /* p->released */
@@ -52,6 +54,14 @@ typedef struct hjob {
     PyObject *token; /* called with (ok, payload) by the host when the job completes */
     struct as_link *link; /* a front's job: it completes to that front (link.c), never to the host */
     void *ftoken;         /* a front's job: the front's own object for it (never touched here) */
+    /* coalescing (pool_coalesce.c): a front's job of a model that batches may run in one
+     * batch with other fronts' queued jobs of the same model (max_rows > 0: at most that many
+     * rows in all); the job a worker took lists the others in `parts` and is itself the
+     * first of the chain by part_next (it, then its parts, in the order they were queued).
+     * A part's outputs are slices of the batch's: its owner is then a shared owner (`shared`). */
+    int64_t max_rows;
+    struct hjob *parts, *part_next;
+    int shared;
     int host_kind;
     int worker;
     uint64_t mask; /* shared jobs: bit i set if interpreter i may run it */
@@ -140,6 +150,7 @@ typedef struct pool {
     int spinners, max_spinners;
     uint64_t polled;    /* shared jobs that found a worker polling for them */
     uint64_t woke_napping, woke_blocked; /* shared jobs that had to wake a worker napping toward its window, or blocked */
+    uint64_t coalesced; /* fronts' jobs that ran in a batch with another front's job (pool_coalesce.c) */
     hjob *staged;       /* staged jobs not yet complete */
     uint64_t next_id;
     int efd;
@@ -281,12 +292,24 @@ void as_pool_set_spin(pool_t *p, long long us, int spinners);
 /* Only the first n workers take shared jobs. */
 void as_pool_set_active(pool_t *p, long n);
 
+/* ---- pool_coalesce.c: fronts' jobs run as one batch (no GIL but the worker's interpreter's) ---- */
+
+/* Caller holds p->mu: take the queued jobs worker `index` may run that can join j (a front's
+ * job just taken) into j->parts; returns how many. */
+int as_pool_coalesce(pool_t *p, hjob *j, int index);
+/* Without p->mu, on w's thread: run j and its parts as one batch and give each its slice of
+ * the outputs; if the batch fails, or its outputs cannot be sliced by rows, run each alone. */
+void as_pool_run_coalesced(pool_t *p, worker_t *w, hjob *j);
+/* A part's shared owner is no longer needed by it: the last one gives the owner back. */
+void as_pool_shared_release(pool_t *p, void *shared);
+
 typedef struct {
     int ready, busy, active, lost, spinning;
     size_t queued;
     int64_t spin_ns; /* time spent polling for jobs, all workers together */
     uint64_t polled; /* shared jobs that found a worker polling for them */
     uint64_t woke_napping, woke_blocked; /* ... that woke a worker napping before its window, or blocked */
+    uint64_t coalesced;
 } pool_stats_t;
 void as_pool_stats(pool_t *p, pool_stats_t *out);
 

@@ -126,7 +126,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"aserve: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"aserve: cannot listen on {settings.host}:{settings.port}: {e.strerror or e}", file=sys.stderr)
+        where = getattr(e, "address", None) or f"{settings.host}:{settings.port}"  # the gRPC front names its own
+        print(f"aserve: cannot listen on {where}: {e.strerror or e}", file=sys.stderr)
         return 1
     return 0
 

@@ -46,6 +46,11 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     ] = None
     host: Annotated[str, _doc("address to listen on")] = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535, description="TCP port (0 = any free port)")] = 8000
+    grpc_port: Annotated[
+        int, msgspec.Meta(ge=0, le=65535, description="TCP port of the gRPC front (Open Inference Protocol and "
+                                                      "Triton's gRPC service; 0 = any free port)")
+    ] = 8001
+    grpc: Annotated[bool, _doc("serve gRPC on --grpc-port beside HTTP (--no-grpc: HTTP only)")] = True
     engine: Annotated[
         str, _doc("default interpreter engine for models whose config names none", choices=ENGINE_CHOICES)
     ] = "auto"

@@ -176,7 +176,9 @@ class InferCall(msgspec.Struct, kw_only=True, gc=False):
     Inference-Header-Content-Length). headers: where a trace context is read from
     (`traceparent`, lower-case names). received: time.monotonic() when the request's first
     bytes arrived (its latency budget counts from then). route, host: the route template
-    and Host a trace's server span names."""
+    (gRPC: the method's full name) and Host a trace's server span names. timeout_ms: the
+    deadline the front itself was given (gRPC's `grpc-timeout`); it may only shorten the
+    model's and the request's own."""
 
     codec: Codec
     model: str
@@ -189,3 +191,5 @@ class InferCall(msgspec.Struct, kw_only=True, gc=False):
     received: float | None = None
     route: str = ""
     host: str = ""
+    timeout_ms: float | None = None
+    front: str = "http"  # the protocol it came in (http, grpc): what the metrics label it

@@ -85,5 +85,21 @@ class AccessLogger:
         self.logger.info(
             '%s - - [%s] "%s" %d %d', remote, now, line, status, size,
             extra={"remote": remote, "request": line, "status": status, "bytes": size,
-                   "duration_ms": round(seconds * 1000, 3)},
+                   "duration_ms": round(seconds * 1000, 3), "protocol": "http"},
+        )
+
+    def rpc(self, peer: str, method: str, code: int, code_name: str, size: int, seconds: float) -> None:
+        """A gRPC call to `method` (/package.Service/Method) from `peer` (grpc's `ipv4:1.2.3.4:5`)
+        ended with status `code` (`code_name`: OK, NOT_FOUND, ...), its answer `size` bytes: the
+        same line, with the gRPC status code where HTTP has its status."""
+        if not self.logger.isEnabledFor(logging.INFO):
+            return
+        now = datetime.datetime.now(datetime.UTC).strftime("%d/%b/%Y:%H:%M:%S +0000")
+        kind, _, address = peer.partition(":")
+        remote = address.rpartition(":")[0].strip("[]") if kind in ("ipv4", "ipv6") else peer or "-"
+        line = f"POST {method} HTTP/2"
+        self.logger.info(
+            '%s - - [%s] "%s" %d %d', remote, now, line, code, size,
+            extra={"remote": remote, "request": line, "status": code, "bytes": size,
+                   "duration_ms": round(seconds * 1000, 3), "protocol": "grpc", "grpc_status": code_name},
         )

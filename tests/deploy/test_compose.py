@@ -16,7 +16,7 @@ from .conftest import DOCKER, ROOT, Dockerfile, container_ports, published
 from .test_dockerfile import env
 
 SERVICES = {"aserve", "jaeger", "prometheus", "grafana", "locust"}
-HOST_PORTS = {"aserve": 8000, "jaeger": 16686, "prometheus": 9090, "grafana": 3000, "locust": 8089}
+HOST_PORTS = {"aserve": 8000, "aserve-grpc": 8001, "jaeger": 16686, "prometheus": 9090, "grafana": 3000, "locust": 8089}
 
 
 def mounts(service: dict) -> dict[str, pathlib.Path]:
@@ -52,6 +52,7 @@ def test_services_and_host_ports(compose: dict) -> None:
     services = compose["services"]
     assert set(services) == SERVICES
     for name, port in HOST_PORTS.items():
+        name = name.removesuffix("-grpc")
         assert port in published(services[name]).values(), f"{name} does not publish {port}"
     every = [p for s in services.values() for p in published(s).values()]
     assert sorted(every) == sorted(HOST_PORTS.values())  # one host port each, no clashes
@@ -66,8 +67,9 @@ def test_aserve_is_the_image_on_the_dockerfile_port(compose: dict, dockerfile: D
     assert (DOCKER / build["context"]).resolve() == ROOT
     assert (ROOT / build["dockerfile"]).resolve() == DOCKER / "Dockerfile"
     port = int(env(dockerfile.final)["ASERVE_PORT"])
-    assert dockerfile.final.all("EXPOSE") == [str(port)]
-    assert published(service) == {port: 8000}
+    grpc_port = int(env(dockerfile.final)["ASERVE_GRPC_PORT"])
+    assert dockerfile.final.all("EXPOSE") == [f"{port} {grpc_port}"]
+    assert published(service) == {port: 8000, grpc_port: 8001}
     for key in service.get("environment", {}):
         if key.startswith("ASERVE_"):  # overrides of the image's settings must be settings
             assert key.removeprefix("ASERVE_").lower() in FIELDS, key

@@ -131,6 +131,7 @@ def test_dashboard_has_the_panels_asked_for(dashboard: dict) -> None:
     assert some(r"aserve_inference_refused_total") and some(r"aserve_inference_timed_out_total")
     assert some(r"by \(model, reason\) \(rate\(aserve_inference_request_failure_total")
     assert some(rf"^{MEMORY}\{{")
+    assert some(r"sum by \(protocol\) \(rate\(aserve_inference_request_protocol_total")  # HTTP against gRPC
 
 
 # ---- against a real server ----

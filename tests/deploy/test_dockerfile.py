@@ -140,9 +140,10 @@ def test_runs_as_a_non_root_user(dockerfile: Dockerfile) -> None:
 def test_serves_models_on_port_8000_of_all_interfaces(dockerfile: Dockerfile) -> None:
     final = dockerfile.final
     variables = env(final)
-    assert final.all("EXPOSE") == ["8000"]
+    assert final.all("EXPOSE") == ["8000 8001"]  # HTTP, gRPC
     assert exec_form(final.all("CMD")[-1]) == ["aserve", "serve"]  # no flags: the ASERVE_* variables apply
     assert variables["ASERVE_PORT"] == "8000"
+    assert variables["ASERVE_GRPC_PORT"] == "8001"
     assert variables["ASERVE_HOST"] == "0.0.0.0"
     assert variables["ASERVE_REPOSITORY"] == "/models"
     for key in variables:  # every ASERVE_* variable the image sets is a setting config.py reads

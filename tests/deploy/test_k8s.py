@@ -195,10 +195,12 @@ def check_container(container: dict, settings: ServerSettings, dockerfile: Docke
     assert settings.host == "0.0.0.0"
     exposed = {int(p.split("/")[0]) for args in dockerfile.final.all("EXPOSE") for p in args.split()}
     ports = {p.get("name"): p["containerPort"] for p in container["ports"]}
-    assert set(ports.values()) == {settings.port} and settings.port in exposed
+    # HTTP, and gRPC where the container declares it (Knative routes one port: KServe's runtime
+    # declares HTTP's, and an InferenceService may name gRPC's instead)
+    assert settings.port in ports.values() and set(ports.values()) <= {settings.port, settings.grpc_port}
+    assert settings.port in exposed  # EXPOSE names the image's defaults: HTTP's 8000 and gRPC's 8001
     for probe, path in (("readinessProbe", READY), ("livenessProbe", LIVE)):
-        get = container[probe]["httpGet"]
-        assert get["path"] == path and get["port"] in (settings.port, *ports), (probe, get)
+        check_probe(container[probe], path, settings, ports)
     # a leaving pod fails its readiness probe within its drain (where only the probe takes it out)
     readiness = container["readinessProbe"]
     assert settings.drain_s >= readiness.get("periodSeconds", 10) * readiness.get("failureThreshold", 3)
@@ -208,6 +210,19 @@ def check_container(container: dict, settings: ServerSettings, dockerfile: Docke
     run_as = container.get("securityContext", {}).get("runAsUser")
     assert run_as in (None, int(uid[1]))
     check_pre_stop(container, settings)
+
+
+def check_probe(probe: dict, path: str, settings: ServerSettings, ports: dict[str | None, int]) -> None:
+    """An HTTP probe GETs the health route on the HTTP port; a gRPC one asks the gRPC front's
+    health service for readiness ("") or liveness ("liveness")."""
+    if "grpc" in probe:
+        assert settings.grpc and probe["grpc"]["port"] == settings.grpc_port, probe
+        assert probe["grpc"].get("service", "") == ("" if path == READY else "liveness"), probe
+        return
+    get = probe["httpGet"]
+    assert get["path"] == path and get["port"] in (settings.port, *ports), get
+    if get["port"] in ports:
+        assert ports[get["port"]] == settings.port, (get, ports)
 
 
 def pre_stop_code(container: dict) -> str:
@@ -237,6 +252,23 @@ def runtimes() -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def isvc() -> dict:
     return one(KSERVE / "inferenceservice-mlp.yaml")
+
+
+def test_grpc_inference_service_reaches_the_grpc_port(runtimes: dict[str, dict], dockerfile: Dockerfile) -> None:
+    """inferenceservice-grpc.yaml names the runtime's --grpc-port as its one (h2c) port, and
+    switches both probes to gRPC's health service."""
+    grpc_isvc = one(KSERVE / "inferenceservice-grpc.yaml")
+    validate_custom(grpc_isvc)
+    model = grpc_isvc["spec"]["predictor"]["model"]
+    [container] = runtimes["ServingRuntime"]["spec"]["containers"]
+    settings = served_settings(container, **{"{{.Name}}": grpc_isvc["metadata"]["name"]})
+    assert settings.grpc and settings.grpc_port == 8001
+    assert model["runtime"] == runtimes["ServingRuntime"]["metadata"]["name"]
+    assert [(p["name"], p["containerPort"]) for p in model["ports"]] == [("h2c", settings.grpc_port)]
+    assert str(settings.grpc_port) in " ".join(dockerfile.final.all("EXPOSE")).split()
+    check_probe(model["readinessProbe"], READY, settings, {})
+    check_probe(model["livenessProbe"], LIVE, settings, {})
+    assert "grpc" in model["readinessProbe"] and "grpc" in model["livenessProbe"]
 
 
 def test_kserve_files_are_valid(runtimes: dict[str, dict], isvc: dict) -> None:
@@ -313,8 +345,11 @@ EVERYTHING = {
     "extraEnv": [{"name": "ASERVE_ENGINE", "value": "private"}],
     "resources": {"requests": {"cpu": "4000m", "memory": "3Gi"}, "limits": {"memory": "6Gi"}, "cpuLimit": False},
     "terminationGracePeriodSeconds": 60,
+    "probes": {"type": "grpc"},
+    "grpc": {"port": 9001},
 }
 VOLUME = {
+    "grpc": {"enabled": False},
     "repository": {"volume": {"persistentVolumeClaim": {"claimName": "aserve-models", "readOnly": True}}},
     "autoscaling": {"enabled": False}, "podDisruptionBudget": {"enabled": False}, "replicaCount": 3,
 }
@@ -326,6 +361,8 @@ REFUSED = [
     ({"resources": {"limits": {"cpu": "1"}}}, "resources.limits.cpu is 1 but interpreters is 2"),
     ({"terminationGracePeriodSeconds": 30}, "must be above drainSeconds + shutdownTimeoutSeconds (38)"),
     ({"repository": {"init": {"enabled": True}}}, "repository.init.image is required"),
+    ({"probes": {"type": "grpc"}, "grpc": {"enabled": False}}, "probes.type grpc needs grpc.enabled"),
+    ({"probes": {"type": "tcp"}}, 'probes.type: expected http or grpc, got "tcp"'),
 ]
 CASES = [DEFAULTS, EVERYTHING, VOLUME] + [values for values, _ in REFUSED]
 
@@ -404,7 +441,11 @@ def test_chart_agrees_with_the_server(rendered: dict, index: int, dockerfile: Do
     assert grace > settings.drain_s + settings.shutdown_timeout_s
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     # the probes: startup on readiness (liveness waits for the first load), then both
-    assert container["startupProbe"]["httpGet"]["path"] == READY
+    check_probe(container["startupProbe"], READY, settings, {p["name"]: p["containerPort"] for p in container["ports"]})
+    assert ("grpc" in container["startupProbe"]) == (index == 1)  # EVERYTHING: probes.type grpc
+    assert settings.grpc == (index != 2)  # VOLUME: grpc.enabled false, --no-grpc
+    if settings.grpc:
+        assert settings.grpc_port == (9001 if index == 1 else 8001)
     # the preStop hook is the KServe runtime's, which test_k8s_serve.py runs against a real server
     [runtime] = one(KSERVE / "servingruntime.yaml")["spec"]["containers"]
     assert pre_stop_code(container) == pre_stop_code(runtime)
@@ -415,7 +456,8 @@ def test_chart_agrees_with_the_server(rendered: dict, index: int, dockerfile: Do
     service = found["Service"]["spec"]
     assert service["selector"].items() <= labels.items()
     assert found["Deployment"]["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert [p["targetPort"] for p in service["ports"]] == [p["name"] for p in container["ports"]] == ["http"]
+    names = ["http", "grpc"] if settings.grpc else ["http"]
+    assert [p["targetPort"] for p in service["ports"]] == [p["name"] for p in container["ports"]] == names
     env = {e["name"]: e.get("value") for e in container.get("env", [])}
     mounts = {m["name"]: m for m in container.get("volumeMounts", [])}
     volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}

@@ -29,9 +29,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
+import grpc
 import pytest
 import yaml
 from aiohttp import web
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from aserve.repository import RepositoryError
 from aserve.repository.scan import ModelSource, root_model, scan_model, scan_repository
@@ -120,6 +123,7 @@ class Served:
     proc: asyncio.subprocess.Process
     port: int
     log: pathlib.Path
+    grpc_port: int
 
     @property
     def url(self) -> str:
@@ -135,13 +139,14 @@ class Processes:
 
     async def start(self, *args: str, port: int | None = None) -> Served:
         port = port or free_port()
+        grpc_port = free_port()  # after the deployment's own --grpc-port: the last flag wins
         log = self.tmp / f"aserve-{len(self.started)}.log"
         env = dict(os.environ, ASERVE_LOG_LEVEL="info")
         with log.open("wb") as out:  # the child writes to its own copy of the descriptor
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "aserve.cli", "serve", *args, f"--port={port}", env=env,
-                stdout=out, stderr=out)
-        served = Served(proc, port, log)
+                sys.executable, "-m", "aserve.cli", "serve", *args, f"--port={port}", f"--grpc-port={grpc_port}",
+                env=env, stdout=out, stderr=out)
+        served = Served(proc, port, log, grpc_port)
         self.started.append(served)
         return served
 
@@ -212,6 +217,14 @@ async def test_kserve_model_mount_is_served(example: str, tmp_path: pathlib.Path
             assert [(m["name"], m["state"]) for m in index] == [(isvc, "READY")]
             async with http.get(f"{served.url}/v2/models/{example}") as r:
                 assert r.status == 404
+        # the runtime's gRPC front: the probes' health service, the model under the same name
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{served.grpc_port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for service in ("", "liveness"):
+                check = await health.Check(health_pb2.HealthCheckRequest(service=service))
+                assert check.status == health_pb2.HealthCheckResponse.SERVING
+            model = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            assert (await model.ModelReady(service_pb2.ModelReadyRequest(name=isvc))).ready
         served.proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(served.proc.wait(), 60) == 0
     finally:

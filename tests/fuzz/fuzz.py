@@ -1,7 +1,7 @@
 """One fuzz target under atheris (libFuzzer): `python -m tests.fuzz.fuzz TARGET [libFuzzer flags] [CORPUS...]`.
 
-TARGET is one of `tests.fuzz.targets.TARGETS`. The codec (`aserve.protocol` and what
-it imports of aserve) is instrumented for coverage; half the mutations are libFuzzer's,
+TARGET is one of `tests.fuzz.targets.TARGETS`. The codec (`aserve.protocol`, the gRPC
+front's, and what they import of aserve) is instrumented for coverage; half the mutations are libFuzzer's,
 half change the decoded message (`tests.fuzz.mutate`). Everything after TARGET goes to
 libFuzzer as it is (`-runs=N`, `-max_total_time=S`, `-timeout=S`, corpus folders,
 or files to replay). `python -m tests.fuzz.run` runs every target for a bounded

@@ -201,10 +201,61 @@ def http_front() -> dict[str, bytes]:
             "http10": request(["GET /v2/health/ready HTTP/1.0"]), "pipelined_close": live + close + live}
 
 
+def grpc() -> dict[str, bytes]:
+    """Serialized ModelInferRequests as tritonclient.grpc builds them (raw contents), and with
+    typed contents as other KServe clients send them."""
+    from tritonclient.grpc import service_pb2
+    from tritonclient.utils import serialize_byte_tensor
+
+    def message(inputs: list[tuple[str, str, np.ndarray]], typed: bool = False, **fields: Any) -> bytes:
+        request = service_pb2.ModelInferRequest(**fields)
+        for name, datatype, array in inputs:
+            tensor = request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
+            if typed:
+                field = {"INT32": "int_contents", "FP32": "fp32_contents", "BOOL": "bool_contents",
+                         "BYTES": "bytes_contents", "UINT64": "uint64_contents", "INT8": "int_contents"}[datatype]
+                getattr(tensor.contents, field).extend(array.ravel().tolist())
+            elif datatype == "BYTES":
+                request.raw_input_contents.append(serialize_byte_tensor(array).item())  # as tritonclient.grpc sends it
+            else:
+                request.raw_input_contents.append(array.tobytes())
+        return request.SerializeToString()
+
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    simple = [("INPUT0", "INT32", a), ("INPUT1", "INT32", np.ones_like(a))]
+    mlp = [("INPUT", "FP32", np.linspace(-1, 1, 32, dtype=np.float32).reshape(2, 16))]
+    text = [("TEXT", "BYTES", np.array([b"The striker scored", b"", b"\xff\xfe binary"], dtype=object))]
+    unbatched = [("MASK", "BOOL", np.array([[True, False], [False, True]])),
+                 ("SCALE", "FP32", np.array(2.0, dtype=np.float32)),
+                 ("WORDS", "BYTES", np.array([[b"x", b"yz"]], dtype=object))]
+    wide = [("U64", "UINT64", np.array([[1, 2**63, 2**64 - 1]], dtype=np.uint64)),
+            ("H", "FP16", np.array([0.5], dtype=np.float16)),
+            ("B", "BF16", np.array([[1.0, -2.5]], dtype=ml_dtypes.bfloat16)),
+            ("I8", "INT8", np.array([-1], dtype=np.int8))]
+    out = {
+        "simple_raw": message(simple, model_name="simple", id="7"),
+        "simple_typed": message(simple, typed=True, model_name="simple"),
+        "mlp_raw": message(mlp, model_name="mlp"),
+        "mlp_typed": message(mlp, typed=True, model_name="mlp"),
+        "textclass_raw": message(text, model_name="textclass"),
+        "textclass_typed": message(text, typed=True, model_name="textclass"),
+        "unbatched_raw": message(unbatched, model_name="unbatched"),
+        "unbatched_typed": message(unbatched, typed=True, model_name="unbatched"),
+        "wide_raw": message(wide, model_name="wide"),
+    }
+    request = service_pb2.ModelInferRequest.FromString(out["textclass_raw"])
+    request.parameters["latency_budget_ms"].int64_param = 10
+    request.parameters["timeout"].int64_param = 5000
+    request.outputs.add(name="LABEL").parameters["binary_data"].bool_param = False
+    request.outputs.add(name="SCORES").parameters["classification"].int64_param = 2
+    out["textclass_parameters"] = request.SerializeToString()
+    return out
+
+
 def main() -> None:
     random.seed(12)
     for target, make in (("v2_json", v2_json), ("v2_binary", v2_binary), ("msgpack", msgpack),
-                         ("tfserving", tfserving), ("http_front", http_front)):
+                         ("tfserving", tfserving), ("grpc", grpc), ("http_front", http_front)):
         folder = CORPUS / target
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)

@@ -8,6 +8,7 @@ key or element dropped, duplicated or moved; a list nested or flattened) and enc
 it again, so that the decoders' checks past the syntax get exercised. `v2_binary`
 inputs keep their form (`<header length>\\n<JSON header><tensor bytes>`): the header
 is mutated as JSON, the tensor bytes as bytes, and the header length mostly follows.
+`grpc` inputs (a serialized ModelInferRequest) are parsed and changed field by field.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ KEYS = ["inputs", "outputs", "name", "shape", "datatype", "data", "parameters", 
         "instances", "signature_name", "b64"]
 INTS = [-1, 0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 255, 256, 65535, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**53 + 1,
         2**62, 2**63 - 1, 2**63, 2**64 - 1, -(2**31), -(2**63)]
+INT64S = [v for v in INTS if -(2**63) <= v < 2**63]  # what a protobuf int64 field holds
 FLOATS = [0.5, -0.0, 1.5, 65504.0, 65519.0, 65520.0, 3.4028234663852886e38, 3.5e38, 1e39, 1e300, -1e300, 5e-324,
           1e-45]
 STRINGS = ["", "a", "\u00e9", "\u2603", "x" * 40, "AAAA", "AA==", "====", "\u00e9\u00e9=="]
@@ -220,8 +222,76 @@ def _http_stream(data: bytes, rng: random.Random) -> bytes | None:
     return b"".join(requests)
 
 
+def _grpc(data: bytes, rng: random.Random) -> bytes | None:
+    """A ModelInferRequest changed where the codec checks it: a dimension, a datatype, an
+    input's name, raw contents of the wrong size (or one too few or many), typed contents in
+    the wrong field or beside raw ones, an input twice, a parameter of another type."""
+    from google.protobuf.message import DecodeError
+
+    from aserve.server.grpc import protos
+
+    try:
+        message = protos.ModelInferRequest.FromString(data)
+    except DecodeError:
+        return None
+    inputs = message.inputs
+    raw = message.raw_input_contents
+    kind = rng.randrange(9)
+    if kind == 0 and inputs:
+        item = rng.choice(inputs)
+        if item.shape:
+            item.shape[rng.randrange(len(item.shape))] = rng.choice(INT64S)
+        else:
+            item.shape.append(rng.choice(INT64S))
+    elif kind == 1 and inputs:
+        rng.choice(inputs).datatype = rng.choice(DATATYPES)
+    elif kind == 2 and inputs:
+        rng.choice(inputs).name = rng.choice(NAMES)
+    elif kind == 3 and raw:
+        i = rng.randrange(len(raw))
+        cut = rng.choice([0, 1, 3, 4, len(raw[i]) // 2, len(raw[i]) + 1])
+        raw[i] = raw[i][:cut] if cut <= len(raw[i]) else raw[i] + rng.randbytes(rng.randint(1, 8))
+    elif kind == 4:
+        if raw and rng.random() < 0.5:
+            del raw[rng.randrange(len(raw))]
+        else:
+            raw.append(rng.choice([b"", b"\x00" * 4, b"\x01\x00\x00\x00a", rng.randbytes(8)]))
+    elif kind == 5 and inputs:
+        contents = rng.choice(inputs).contents
+        field = rng.choice(["bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents",
+                            "fp32_contents", "fp64_contents", "bytes_contents"])
+        values = {"bool_contents": [True, False], "bytes_contents": [b"", b"\xff", b"ab"],
+                  "fp32_contents": [0.5, float("nan"), 3.0e38], "fp64_contents": [1e300, -0.0]}.get(
+            field, [0, 1, 127, 128, 255, 256, 65535, 2**31 - 1])
+        getattr(contents, field).extend(rng.choice(values) for _ in range(rng.randint(0, 6)))
+    elif kind == 6 and inputs:
+        inputs.add().CopyFrom(rng.choice(inputs))
+        if raw:
+            raw.append(raw[-1])
+    elif kind == 7:
+        parameter = message.parameters[rng.choice(["timeout", "latency_budget_ms", "binary_data_output", "x"])]
+        choice = rng.randrange(4)
+        if choice == 0:
+            parameter.int64_param = rng.choice(INT64S)
+        elif choice == 1:
+            parameter.bool_param = rng.random() < 0.5
+        elif choice == 2:
+            parameter.string_param = rng.choice(STRINGS)
+        else:
+            parameter.double_param = rng.choice(FLOATS + [float("nan"), float("inf")])
+    else:
+        output = message.outputs.add(name=rng.choice(NAMES))
+        key = rng.choice(["classification", "binary_data", "shared_memory_region"])
+        if key == "classification":
+            output.parameters[key].int64_param = rng.choice(INT64S)
+        else:
+            output.parameters[key].bool_param = True
+    return bytes(message.SerializeToString())
+
+
 STRUCTURED: dict[str, Callable[[bytes, random.Random], bytes | None]] = {
     "v2_json": _json, "tfserving": _json, "msgpack": _msgpack, "v2_binary": _binary, "http_front": _http_stream,
+    "grpc": _grpc,
 }
 
 

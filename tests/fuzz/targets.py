@@ -29,6 +29,11 @@ request it hands a handler is the request h11 (an independent HTTP/1.1 parser) r
 the same place in the stream, with the same method, target and body. A stream the two
 parsers split differently is the request-smuggling setup.
 
+`grpc` is the gRPC front's codec (`aserve.server.grpc.codec`): a serialized
+`ModelInferRequest` as grpc hands it over, its inputs in typed `contents` or in
+`raw_input_contents` (whose sizes need not agree with the shapes); the same property, the
+values read from the message's fields.
+
 Input formats: `v2_json`, `msgpack` and `tfserving` take a request body as it is;
 `v2_binary` takes `<Inference-Header-Content-Length value>\\n<body>` (a first line that
 is not an integer means the header is absent); `http_front` takes the bytes a client sends
@@ -49,8 +54,9 @@ from typing import Any
 
 import msgpack as _msgpack
 import msgspec
+from google.protobuf.message import DecodeError
 
-from aserve.errors import AserveError
+from aserve.errors import AserveError, InvalidInput
 from aserve.inference import InferRequest, ModelSchema
 from aserve.protocol import arrays, decode_infer, decode_predict
 from aserve.runtime.datatypes import decode_bytes, element_count
@@ -58,6 +64,8 @@ from aserve.runtime.model import TensorSpec
 from aserve.server.app import HttpStats
 from aserve.server.connection import Connection, HttpServer, Limits
 from aserve.server.errors import ErrorPolicy
+from aserve.server.grpc import codec as grpc_codec
+from aserve.server.grpc import protos
 from aserve.server.http import Response
 
 INT64_MAX = 2**63 - 1
@@ -197,6 +205,8 @@ def decode(target: str, data: bytes, schema: ModelSchema) -> InferRequest:
         return decode_infer(data, content_type="application/msgpack", header_length=None, schema=schema)
     if target == "tfserving":
         return decode_predict(data, schema=schema)
+    if target == "grpc":
+        return grpc_codec.decode_infer(grpc_message(data), schema)
     header_length, body = split_binary(data)
     return decode_infer(body, content_type="application/octet-stream", header_length=header_length, schema=schema)
 
@@ -312,8 +322,33 @@ def _reference(target: str, data: bytes) -> tuple[Any, bytes] | None:
         return None
 
 
+def grpc_message(data: bytes) -> Any:
+    """The ModelInferRequest in `data`; grpc refuses what does not parse before any codec runs
+    (InvalidInput stands for that here)."""
+    try:
+        return protos.ModelInferRequest.FromString(data)
+    except DecodeError as exc:
+        raise InvalidInput(f"not a ModelInferRequest: {exc}") from None
+
+
+def _grpc_values(message: Any, request: InferRequest) -> None:
+    """Each decoded tensor holds its raw contents' bytes, or its typed contents' values."""
+    tensors = request.named()
+    raw = message.raw_input_contents
+    for index, item in enumerate(message.inputs):
+        tensor = tensors[item.name]
+        if raw:
+            _expect(item.name, item.datatype, raw[index], tensor)
+        else:
+            values = list(getattr(item.contents, grpc_codec.CONTENTS[item.datatype]))
+            _expect(item.name, item.datatype, [bool(v) if item.datatype == "BOOL" else v for v in values], tensor)
+
+
 def check_values(target: str, data: bytes, request: InferRequest) -> None:
     """Each decoded tensor holds the values (or bytes) its message gave, in C order."""
+    if target == "grpc":
+        _grpc_values(grpc_message(data), request)
+        return
     reference = _reference(target, data)
     if reference is None:
         return
@@ -339,6 +374,11 @@ def msgpack(data: bytes) -> None:
 def tfserving(data: bytes) -> None:
     """A TF-Serving predict request (`instances` or `inputs`)."""
     _decode_each("tfserving", data)
+
+
+def grpc_infer(data: bytes) -> None:
+    """A gRPC ModelInferRequest, serialized."""
+    _decode_each("grpc", data)
 
 
 def split_binary(data: bytes) -> tuple[int | None, bytes]:
@@ -567,4 +607,5 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "v2_binary": v2_binary,
     "msgpack": msgpack,
     "tfserving": tfserving,
+    "grpc": grpc_infer,
 }

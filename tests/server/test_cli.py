@@ -28,7 +28,8 @@ def test_settings_precedence(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyP
     args = build_parser().parse_args(["serve", "repo", "--config", str(file), "--interpreters", "4"])
     s = settings_from_args(args)
     assert s == ServerSettings(repository="repo", host="0.0.0.0", port=9100, engine="main", interpreters=4,
-                               max_body_bytes=2048, log_level=os.environ.get("ASERVE_LOG_LEVEL", "info"))
+                               max_body_bytes=2048, log_level=os.environ.get("ASERVE_LOG_LEVEL", "info"),
+                               grpc_port=int(os.environ.get("ASERVE_GRPC_PORT", "8001")))
 
 
 def serve_help(capsys: pytest.CaptureFixture[str]) -> dict[str, str]:

@@ -16,6 +16,7 @@ import time
 import aiohttp
 import pytest
 
+from ..conftest import until
 from .conftest import ADD_CONFIG, ADD_MODEL, MODELS, write_repository
 from .test_metrics import scrape, value
 
@@ -239,3 +240,100 @@ async def test_draining_reaches_every_loop(looped) -> None:  # type: ignore[no-u
     finally:
         for s in sessions:
             await s.close()
+
+
+# Y = 2 X and B = the rows of the batch it ran in (FP32 rows of one); a negative X holds its batch
+# until the file `gate` exists; X = 99 raises
+GATE_MODEL = '''
+import os
+import time
+from array import array
+from aserve.runtime import Model, TensorSpec
+
+class Gate(Model):
+    inputs = [TensorSpec("X", "FP32", (-1, 1))]
+    outputs = [TensorSpec("Y", "FP32", (-1, 1)), TensorSpec("B", "FP32", (-1, 1))]
+
+    def load(self):
+        self.gate = self.parameters["gate"]
+
+    def __call__(self, inputs):
+        x = inputs["X"].cast("B").cast("f")
+        if any(v == 99 for v in x):
+            raise ValueError("99 is not served")
+        if any(v < 0 for v in x):
+            end = time.monotonic() + 60
+            while not os.path.exists(self.gate) and time.monotonic() < end:
+                time.sleep(0.001)
+        return {"Y": array("f", [2 * v for v in x]), "B": array("f", [float(len(x))] * len(x))}
+'''
+
+GATE_CONFIG = '''
+interpreters = 1
+max_batch_size = 8
+[[inputs]]
+name = "X"
+datatype = "FP32"
+shape = [-1, 1]
+[[outputs]]
+name = "Y"
+datatype = "FP32"
+shape = [-1, 1]
+[[outputs]]
+name = "B"
+datatype = "FP32"
+shape = [-1, 1]
+[parameters]
+gate = "{gate}"
+'''
+
+
+async def gate_call(session: aiohttp.ClientSession, url: str, xs: list[float]) -> tuple[int, dict[str, object]]:
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [len(xs), 1], "data": xs}]}
+    async with session.post(f"{url}/v2/models/gate/infer", json=body) as r:
+        answer = await r.json()
+        if r.status != 200:
+            return r.status, answer
+        return r.status, {o["name"]: o["data"] for o in answer["outputs"]}
+
+
+async def test_batches_of_different_loops_run_as_one(start_server, tmp_path: pathlib.Path) -> None:
+    gate = tmp_path / "gate"
+    repo = write_repository(tmp_path / "repo", {"gate": (GATE_MODEL, GATE_CONFIG.format(gate=gate))})
+    server, url = await start_server(repo, loops=3)
+    pool = server.plane.model("gate").pool
+    sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) for _ in range(3)]
+    try:
+        for s in sessions:  # one connection each, handed to loops 0, 1 and 2 in turn
+            assert (await gate_call(s, url, [0.5]))[0] == 200
+        assert [f.connections for f in server.loops.fronts] == [1, 1, 1]
+        before = pool.stats()["coalesced"]  # a parked pool of an earlier server counted on
+
+        async def phase(first: list[float], second: list[float]) -> list[tuple[int, dict[str, object]]]:
+            held = asyncio.ensure_future(gate_call(sessions[2], url, [-1.0]))  # loop 2 holds the interpreter
+            await until(lambda: pool.stats()["busy"] == 1, what="the held batch runs")
+            calls = [asyncio.ensure_future(gate_call(sessions[0], url, first)),
+                     asyncio.ensure_future(gate_call(sessions[1], url, second))]
+            await until(lambda: pool.stats()["queued"] == 2, what="a batch of loop 0 and one of loop 1 wait")
+            gate.touch()
+            answers = await asyncio.gather(*calls)
+            assert (await held)[0] == 200
+            gate.unlink()
+            return answers
+
+        # one batch of three rows: each loop's request gets its own rows of it
+        (s0, a0), (s1, a1) = await phase([1.0, 2.0], [3.0])
+        assert (s0, a0) == (200, {"Y": [2.0, 4.0], "B": [3.0, 3.0]})
+        assert (s1, a1) == (200, {"Y": [6.0], "B": [3.0]})
+        assert pool.stats()["coalesced"] - before == 2
+        # a request that makes the model fail fails alone: the other runs again by itself
+        (s0, a0), (s1, a1) = await phase([99.0], [4.0])
+        assert s0 == 500 and "99 is not served" in str(a0["error"])
+        assert (s1, a1) == (200, {"Y": [8.0], "B": [1.0]})
+        async with aiohttp.ClientSession() as http:
+            text = await scrape(http, url)
+        assert value(text, "aserve_pool_coalesced_batches_total", engine="main") - before == 4
+    finally:
+        for s in sessions:
+            await s.close()
+

@@ -160,6 +160,9 @@ class DataPlane:
             timeout = request.timeout_ms
             if timeout is not None and timeout < limit:
                 limit = timeout
+            timeout = call.timeout_ms  # the front's deadline (gRPC's)
+            if timeout is not None and timeout < limit:
+                limit = timeout
             budget = request.latency_budget_ms
             now = time.monotonic()
             batcher = handle.batcher
@@ -192,7 +195,7 @@ class Pending:
     (`ran`), its caller learns the answer: from `done(answer, None)` or `done(None, error)` when
     it gave one (`then`), else from the `answer` future. `drop()` when the caller stops waiting."""
 
-    __slots__ = ("_answer", "_done", "call", "dropped", "future", "handle", "request", "start", "trace")
+    __slots__ = ("_answer", "_done", "call", "dropped", "finished", "future", "handle", "request", "start", "trace")
 
     def __init__(self, call: InferCall, handle: ModelHandle, request: InferRequest, trace: RequestTrace | None,
                  start: float, future: asyncio.Future[dict[str, Tensor]]) -> None:
@@ -203,6 +206,7 @@ class Pending:
         self.start = start
         self.future = future
         self.dropped = False
+        self.finished = False  # `ran` counted the outcome
         self._answer: asyncio.Future[Answer] | None = None
         self._done: Done | None = None
 
@@ -224,6 +228,7 @@ class Pending:
         error = future.exception()
         if self.dropped:
             return
+        self.finished = True
         call, handle, request, trace = self.call, self.handle, self.request, self.trace
         try:
             if error is not None:
@@ -239,12 +244,14 @@ class Pending:
             _failed(handle, call, trace, self.start, exc)
             self._tell(None, exc)
             return
+        stats = handle.stats
         if trace is None:
-            handle.stats.succeeded(time.perf_counter() - self.start, request.samples)
+            stats.succeeded(time.perf_counter() - self.start, request.samples)
         else:
-            handle.stats.succeeded(time.perf_counter() - self.start, request.samples, trace.trace_id_hex)
+            stats.succeeded(time.perf_counter() - self.start, request.samples, trace.trace_id_hex)
             if not trace.end(200):
                 end_trace(trace, call, None)
+        stats.answered(call.front)
         self._tell(encoded, None)
 
     def _tell(self, answer: Answer | None, error: BaseException | None) -> None:
@@ -262,7 +269,7 @@ class Pending:
 
     def drop(self) -> None:
         """The caller stopped waiting: free the call's place in the queue if it has not run."""
-        if self.dropped:
+        if self.dropped or self.finished:  # finished: answered (a caller that stops waiting then counts once)
             return
         self.dropped = True
         batcher = self.handle.batcher
@@ -275,7 +282,9 @@ class Pending:
 def _failed(handle: ModelHandle, call: InferCall, trace: RequestTrace | None, start: float,
             exc: BaseException) -> None:
     """Count a call that failed with `exc` (and name the model a model error came from)."""
-    handle.stats.failed(failure_reason(exc), time.perf_counter() - start)
+    stats = handle.stats
+    stats.failed(failure_reason(exc), time.perf_counter() - start)
+    stats.answered(call.front)
     if isinstance(exc, ModelError):
         exc.model, exc.version = handle.name, handle.version
     if trace is not None:
@@ -302,15 +311,19 @@ def start_trace(tracer: Tracer, call: InferCall) -> RequestTrace | None:
         address, _, port = host.rpartition(":") if ":" in host else (host, "", "")
         version = call.version or ""
         path = call.route.replace("{model}", call.model).replace("{version}", version).replace("{label}", version)
-        attributes: dict[str, Any] = {
-            "http.request.method": "POST", "http.route": call.route, "url.scheme": "http",
-            "url.path": path, "server.address": address or host,
-            "network.protocol.version": "1.1", "aserve.model": call.model,
-            "aserve.version": call.version or "latest", "aserve.protocol": protocol,
-        }
+        attributes: dict[str, Any]
+        if protocol == "grpc":  # route: the method's full name, package.Service/Method
+            service, _, method = call.route.rpartition("/")
+            attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method,
+                          "server.address": address or host, "network.protocol.version": "2"}
+        else:
+            attributes = {"http.request.method": "POST", "http.route": call.route, "url.scheme": "http",
+                          "url.path": path, "server.address": address or host, "network.protocol.version": "1.1"}
+        attributes.update({"aserve.model": call.model, "aserve.version": call.version or "latest",
+                           "aserve.protocol": protocol})
         if port.isdigit():
             attributes["server.port"] = int(port)
-        index = tracer.add_route(key, f"POST {call.route}", attributes)
+        index = tracer.add_route(key, span_name(call), attributes)
         if index < 0:  # the table is full (a client sending many Host names): as a span
             trace.common = recorder.shared(attributes)
     trace.route = index
@@ -325,4 +338,9 @@ def end_trace(trace: RequestTrace, call: InferCall, error: BaseException | None)
         status = error.status if isinstance(error, AserveError) else 500
         if isinstance(error, asyncio.CancelledError):
             status = 499  # the client went away
-    recorder.finish(trace, f"POST {call.route}", status, error)
+    recorder.finish(trace, span_name(call), status, error)
+
+
+def span_name(call: InferCall) -> str:
+    """A call's server span name: `POST /route` over HTTP, the method's full name over gRPC."""
+    return call.route if call.codec.protocol(call) == "grpc" else f"POST {call.route}"

@@ -55,9 +55,10 @@ class RequestStats:
     """One model version's request outcomes; durations of successful requests only,
     so that duration sum / success count is their mean latency."""
 
-    __slots__ = ("buckets", "duration_us", "exemplars", "fail_us", "failures", "samples", "success")
+    __slots__ = ("buckets", "duration_us", "exemplars", "fail_us", "failures", "protocols", "samples", "success")
 
     def __init__(self) -> None:
+        self.protocols: dict[str, int] = {}  # requests answered (either way) by the front they came in: http, grpc
         self.success = 0
         self.failures = dict.fromkeys(REASONS, 0)
         self.fail_us = 0.0  # summed durations of failed requests
@@ -78,6 +79,11 @@ class RequestStats:
         if trace_id is not None:
             self.exemplars[bucket] = (trace_id, us, time.time())
 
+    def answered(self, front: str) -> None:
+        """Count a request answered, successfully or not, under the front it came in."""
+        protocols = self.protocols
+        protocols[front] = protocols.get(front, 0) + 1
+
     def failed(self, reason: str, seconds: float = 0.0) -> None:
         self.failures[reason] = self.failures.get(reason, 0) + 1
         self.fail_us += seconds * 1e6
@@ -90,7 +96,7 @@ class RequestStats:
         """Its counters as plain data (another loop's, sent to the host: `Metrics.add`)."""
         return {"success": self.success, "failures": self.failures, "fail_us": self.fail_us,
                 "samples": self.samples, "duration_us": self.duration_us, "buckets": self.buckets,
-                "exemplars": self.exemplars}
+                "exemplars": self.exemplars, "protocols": self.protocols}
 
 
 class Tracker:
@@ -156,6 +162,8 @@ class Metrics:
             mine.failures[reason] = mine.failures.get(reason, 0) + count
         mine.fail_us += counts["fail_us"]
         mine.samples += counts["samples"]
+        for front, count in counts.get("protocols", {}).items():
+            mine.protocols[front] = mine.protocols.get(front, 0) + count
         mine.duration_us += counts["duration_us"]
         for i, count in enumerate(counts["buckets"]):
             mine.buckets[i] += count

@@ -884,10 +884,11 @@ class Pool:
         (polling for a job) counts; spin_s: seconds the interpreters' threads spent polling;
         polled: batches that found an interpreter polling for them (no wake-up);
         woke_napping, woke_blocked: batches that woke one asleep until its polling window
-        (early), or blocked (late, or not polling)."""
+        (early), or blocked (late, or not polling); coalesced: front loops' batches that ran
+        as one batch with another front's (--loops)."""
         if self._native is None:
             return {"interpreters": 0, "ready": 0, "active": 0, "busy": 0, "queued": 0, "spinning": 0,
-                    "spin_s": 0.0, "polled": 0, "woke_napping": 0, "woke_blocked": 0}
+                    "spin_s": 0.0, "polled": 0, "woke_napping": 0, "woke_blocked": 0, "coalesced": 0}
         stats: dict[str, Any] = self._native.stats()
         return stats
 

@@ -192,7 +192,7 @@ def _decode(header: memoryview, blobs: memoryview, fmt: Format, header_length: i
     parameters = wire.parameters
     if parameters is None:
         request = InferRequest(schema=schema, inputs=inputs, samples=samples, id=wire.id,
-                               outputs=_requested_outputs(wire.outputs, schema, False))
+                               outputs=requested_outputs(wire.outputs, schema, False))
         return request, plan
     default_binary = parameters.get("binary_data_output", False)
     if not isinstance(default_binary, bool):
@@ -202,10 +202,10 @@ def _decode(header: memoryview, blobs: memoryview, fmt: Format, header_length: i
         inputs=inputs,
         samples=samples,
         id=wire.id,
-        outputs=_requested_outputs(wire.outputs, schema, default_binary),
+        outputs=requested_outputs(wire.outputs, schema, default_binary),
         parameters=parameters,
-        timeout_ms=_timeout_ms(parameters.get("timeout")),
-        latency_budget_ms=_latency_budget_ms(parameters.get("latency_budget_ms"), schema.max_latency_budget_ms),
+        timeout_ms=timeout_ms(parameters.get("timeout")),
+        latency_budget_ms=latency_budget_ms(parameters.get("latency_budget_ms"), schema.max_latency_budget_ms),
         binary_outputs=default_binary,
     )
     return request, plan
@@ -310,7 +310,7 @@ for _fmt in ("json", "msgpack"):
         _decoder(_fmt, _dt, 1)
 
 
-def _timeout_ms(value: Any) -> float | None:
+def timeout_ms(value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -318,7 +318,7 @@ def _timeout_ms(value: Any) -> float | None:
     return value / 1000.0
 
 
-def _latency_budget_ms(value: Any, limit: float | None) -> float | None:
+def latency_budget_ms(value: Any, limit: float | None) -> float | None:
     if value is None:
         return None
     accepted = "milliseconds > 0" if limit is None else f"milliseconds in (0, {limit:g}] (the model's timeout_ms)"
@@ -328,7 +328,7 @@ def _latency_budget_ms(value: Any, limit: float | None) -> float | None:
     return float(value)
 
 
-def _requested_outputs(
+def requested_outputs(
     wire: list[_WireOutput] | None, schema: ModelSchema, default_binary: bool
 ) -> list[RequestedOutput]:
     if not wire:
@@ -410,7 +410,7 @@ def encode_infer(
     if request.outputs:
         selected = [(r.name, r.binary) for r in request.outputs]
         if any(r.classification for r in request.outputs):
-            outputs = _classified(outputs, request, labels)
+            outputs = classified(outputs, request, labels)
     else:
         default_binary = request.binary_outputs
         selected = [(name, default_binary) for name in outputs]
@@ -422,7 +422,7 @@ def encode_infer(
             raise ModelError(
                 f"model {model_name!r} returned no output {name!r} (it returned {list(outputs)})"
             )
-        view = _output_view(model_name, name, tensor)
+        view = output_view(model_name, name, tensor)
         if fmt == "msgpack":
             data: Any = decode_bytes(view) if tensor.datatype == "BYTES" else view
             wire.append(_WireOutputTensor(name, tensor.datatype, tensor.shape, data))
@@ -446,7 +446,7 @@ def encode_infer(
     return [header, *blobs], {"Content-Type": OCTET_STREAM, HEADER_LENGTH: str(len(header))}
 
 
-def _classified(outputs: dict[str, Tensor], request: InferRequest,
+def classified(outputs: dict[str, Tensor], request: InferRequest,
                 labels: Callable[[str], Sequence[str] | None] | None) -> dict[str, Tensor]:
     out = dict(outputs)
     batched = request.schema.max_batch_size > 0
@@ -458,7 +458,7 @@ def _classified(outputs: dict[str, Tensor], request: InferRequest,
     return out
 
 
-def _output_view(model_name: str, name: str, tensor: Tensor) -> memoryview:
+def output_view(model_name: str, name: str, tensor: Tensor) -> memoryview:
     view: memoryview = tensor.data
     if type(view) is not memoryview:
         view = memoryview(view)

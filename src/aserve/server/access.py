@@ -59,6 +59,11 @@ class Access:
     def check(self, request: Request, level: Level) -> None:
         """Raise Unauthorized (no bearer token) or Forbidden (another token) unless the
         request may call an endpoint of `level`."""
+        if level != OPEN:
+            self.check_credential(request.headers.get("authorization"), level)
+
+    def check_credential(self, header: str | None, level: Level) -> None:
+        """`check` for a front that read the `authorization` value itself (gRPC metadata)."""
         if level == OPEN:
             return
         tokens = self._api if level == API else self._admin
@@ -66,9 +71,8 @@ class Access:
             return
         flag = self.api_flag if level == API else self.admin_flag
         what = "inference and metadata" if level == API else "the repository and trace-setting endpoints"
-        header = request.headers.get("authorization")
         if header is None:
-            raise Unauthorized(f"{what} need a bearer token: send `Authorization: Bearer <token>` with the token the "
+            raise Unauthorized(f"{what} need a bearer token: send `Authorization: Bearer <token>` (gRPC: `authorization` metadata) with the token the "
                                f"server was started with ({flag})")
         scheme, _, given = header.strip().partition(" ")
         if scheme.lower() != "bearer" or not given.strip():

@@ -101,11 +101,12 @@ async def trace_setting(app: App, request: Request) -> Response:
         if tracer is None:
             raise InvalidInput("trace setting: tracing is off in this server; start it with "
                                "OTEL_EXPORTER_OTLP_ENDPOINT set or [tracing] enabled = true")
-        _apply_trace_setting(tracer, wanted)
-    return message(request, _trace_setting(tracer))
+        apply_trace_setting(tracer, wanted)
+    return message(request, current_trace_setting(tracer))
 
 
-def _apply_trace_setting(tracer: Tracer, wanted: dict[str, Any]) -> None:
+def apply_trace_setting(tracer: Tracer, wanted: dict[str, Any]) -> None:
+    """Set trace_level and trace_rate as asked (either front's request); InvalidInput names a bad value."""
     level = wanted.get("trace_level")
     if level is not None:
         levels = [level] if isinstance(level, str) else level
@@ -128,7 +129,8 @@ def _apply_trace_setting(tracer: Tracer, wanted: dict[str, Any]) -> None:
         tracer.set_ratio(1.0 / n)
 
 
-def _trace_setting(tracer: Tracer | None) -> m.TraceSetting:
+def current_trace_setting(tracer: Tracer | None) -> m.TraceSetting:
+    """The trace settings in force, as Triton names them."""
     if tracer is None or not tracer.enabled:
         level = ["OFF"]
     else:

@@ -46,3 +46,4 @@ class App:
         self.openapi = b""  # the OpenAPI document of the route table, encoded (set by the server)
         self.draining = False  # readiness answers 503 and every answer closes its connection
         self.loops: Any = None  # server/loops.py Loops, with --loops: readiness asks whether every loop serves
+        self.grpc_stats: Any = None  # grpc.service.GrpcStats, while the gRPC front serves

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import AserveError, BodyTimeout, ModelError, Overloaded, Unauthorized
 from ..protocol import encode_error
@@ -106,14 +106,40 @@ def error_response(request: Request, status: int, message: str, headers: dict[st
     return Response(status, body, headers, content_type=content_type, close=close)
 
 
+class Failure(NamedTuple):
+    """What a client is told about an exception, in any protocol: the HTTP status its class
+    carries, the message it may read, and the error id its log line carries (a model's
+    failure and anything unexpected)."""
+
+    status: int
+    message: str
+    error_id: str | None = None
+
+
+def describe(exc: BaseException, policy: ErrorPolicy, where: str) -> Failure:
+    """What every front tells a client about `exc`, raised answering `where` (the request
+    as the log names it): a model's failure and anything unexpected are logged here, with
+    the error id the client gets; other aserve errors keep their message, redacted."""
+    if isinstance(exc, ModelError):
+        error_id = new_error_id()
+        what = f"model {exc.model!r} version {exc.version}" if exc.model else "the model"
+        log.info("model error on %s (error id %s): %s failed: %s", where, error_id, what,
+                 (exc.traceback or str(exc)).strip())
+        message = policy.redact(str(exc)) if policy.expose_model_errors else f"{what} failed (error id {error_id})"
+        return Failure(500, message, error_id)
+    if not isinstance(exc, AserveError) or (
+            exc.status >= 500 and not isinstance(exc, Overloaded) and exc.status not in (501, 503, 504)):
+        error_id = new_error_id()
+        log.error("internal error (error id %s) answering %s", error_id, where, exc_info=exc)
+        return Failure(500, "internal error", error_id)
+    return Failure(exc.status, policy.redact(str(exc)))
+
+
 def from_exception(request: Request, exc: BaseException, policy: ErrorPolicy) -> Response:
     """The response for an exception raised while answering `request`."""
-    if not isinstance(exc, AserveError):
-        return _internal(request, exc)
-    if isinstance(exc, ModelError):
-        return _model_failed(request, exc, policy)
-    if exc.status >= 500 and not isinstance(exc, Overloaded) and exc.status not in (501, 503, 504):
-        return _internal(request, exc)
+    failure = describe(exc, policy, f"{request.method} {request.path}")
+    if failure.error_id is not None:
+        return error_response(request, failure.status, failure.message, error_id=failure.error_id)
     headers = None
     if isinstance(exc, Overloaded):
         headers = {"Retry-After": retry_after(exc.retry_after)}
@@ -122,25 +148,9 @@ def from_exception(request: Request, exc: BaseException, policy: ErrorPolicy) ->
     elif isinstance(exc, MethodNotAllowed):
         headers = {"Allow": ", ".join(exc.allow)}
     # a body not sent in time: the connection closes rather than read the rest
-    response = error_response(request, exc.status, policy.redact(str(exc)), headers,
-                              close=isinstance(exc, BodyTimeout))
+    response = error_response(request, failure.status, failure.message, headers, close=isinstance(exc, BodyTimeout))
     if isinstance(exc, Overloaded):
         # a client that ignores Retry-After has its next request read no sooner than the
         # server expects to admit one: refusing it again would only take CPU from the batches
         response.hold = exc.retry_after
     return response
-
-
-def _model_failed(request: Request, exc: ModelError, policy: ErrorPolicy) -> Response:
-    error_id = new_error_id()
-    what = f"model {exc.model!r} version {exc.version}" if exc.model else "the model"
-    log.info("model error on %s (error id %s): %s failed: %s", request.path, error_id, what,
-             (exc.traceback or str(exc)).strip())
-    message = policy.redact(str(exc)) if policy.expose_model_errors else f"{what} failed (error id {error_id})"
-    return error_response(request, 500, message, error_id=error_id)
-
-
-def _internal(request: Request, exc: BaseException) -> Response:
-    error_id = new_error_id()
-    log.error("internal error (error id %s) answering %s %s", error_id, request.method, request.path, exc_info=exc)
-    return error_response(request, 500, "internal error", error_id=error_id)

@@ -69,8 +69,9 @@ class LinkEngine:
     def __init__(self, api: int, loop: asyncio.AbstractEventLoop) -> None:
         self.link = _native.Link(api)
         self.loop = loop
-        # a model's key -> (its pool's address, the interpreters that run it, its inputs' names and datatypes)
-        self.models: dict[str, tuple[int, int, tuple[str, ...], tuple[str, ...]]] = {}
+        # a model's key -> (its pool's address, the interpreters that run it, its inputs' names and datatypes,
+        # the most rows a batch coalesced with other fronts' may hold: 0 never)
+        self.models: dict[str, tuple[int, int, tuple[str, ...], tuple[str, ...], int]] = {}
         self.in_flight = 0
         loop.add_reader(self.link.fileno(), self._drain)
 
@@ -79,9 +80,9 @@ class LinkEngine:
         found = self.models.get(model)
         if found is None:
             raise ModelNotFound(f"model {model!r} is not loaded")
-        pool, mask, names, datatypes = found
+        pool, mask, names, datatypes, max_rows = found
         job: int = self.link.infer(pool, model, mask, names, datatypes, list(inputs),
-                                   functools.partial(self._done, done, trace), trace)
+                                   functools.partial(self._done, done, trace), trace, max_rows)
         self.in_flight += 1
         return job
 
@@ -293,7 +294,11 @@ class Front:
             handle = self.handles.pop(key, None) or self._handle(m)
             handles[key] = handle
             versions.setdefault(handle.name, {})[handle.number] = handle
-            self.engine.models[key] = (m["pool"], m["mask"], tuple(m["names"]), tuple(m["datatypes"]))
+            assert handle.info is not None
+            tensors = (*handle.info.inputs, *handle.info.outputs)
+            # other fronts' batches join this one's in the pool when rows can be sliced apart
+            rows = handle.config.max_batch_size if all(t.datatype != "BYTES" for t in tensors) else 0
+            self.engine.models[key] = (m["pool"], m["mask"], tuple(m["names"]), tuple(m["datatypes"]), rows)
         self.retired.update(self.handles)  # listed no more: closed when the host retires them
         for handle in self.handles.values():
             handle.retired = True

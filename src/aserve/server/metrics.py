@@ -204,6 +204,8 @@ _POOL_COUNTERS = {
                      "Batches that woke an interpreter asleep until its polling window (they came early)."),
     "woke_blocked": ("aserve_pool_woke_blocked_batches_total",
                      "Batches that woke an interpreter blocked after its polling window, or not polling."),
+    "coalesced": ("aserve_pool_coalesced_batches_total",
+                  "Front loops' batches that ran as one batch with another front's of the same model (--loops)."),
 }
 
 
@@ -234,6 +236,10 @@ def _requests(out: Exposition, labels: Labels, stats: RequestStats) -> None:
         out.add("aserve_inference_request_failure_total", "counter",
                 "Requests that failed, by reason (invalid, overloaded, timeout, model, unavailable, cancelled, other).",
                 count, {**labels, "reason": reason})
+    for protocol in ("http", "grpc"):
+        out.add("aserve_inference_request_protocol_total", "counter",
+                "Requests answered, successfully or not, by the protocol they came in (http, grpc).",
+                stats.protocols.get(protocol, 0), {**labels, "protocol": protocol})
     out.add("aserve_inference_count_total", "counter",
             "Samples answered successfully (Triton's inference count; / exec count = mean batch size).",
             stats.samples, labels)
@@ -292,10 +298,12 @@ def _batcher(out: Exposition, labels: Labels, stats: Mapping[str, Any]) -> None:
 def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Metrics,
            schedulers: Mapping[str, Any] | None = None, http: HttpStats | None = None,
            tracing: Mapping[str, int] | None = None, *, openmetrics: bool = False,
-           fronts: list[dict[str, Any]] | None = None, loops: Any = None) -> str:
+           fronts: list[dict[str, Any]] | None = None, loops: Any = None,
+           grpc: Mapping[tuple[str, str], int] | None = None) -> str:
     """The exposition text (OpenMetrics with exemplars when asked): every model (requests,
     batcher, policy), then every pool (with its fair scheduler's slots), then the HTTP
-    front (`app.HttpStats`), then the tracer's records (`Tracer.stats()`, when tracing is on).
+    front (`app.HttpStats`) and the gRPC front's calls by method and code (`grpc`), then the
+    tracer's records (`Tracer.stats()`, when tracing is on).
     `fronts`: what the front loops counted (`server/loops.py` `Loops.stats`), added to the
     host's; `loops`: the `Loops` themselves (how many serve, how many were started again)."""
     out = Exposition()
@@ -353,6 +361,11 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
             out.add("aserve_event_loop_connections", "gauge",
                     "Connections a front event loop serves now (new ones go to the loop with the fewest).",
                     front.connections, {"loop": str(front.index)})
+    if grpc is not None:
+        for (method, code), count in sorted(grpc.items()):
+            out.add("aserve_grpc_requests_total", "counter",
+                    "gRPC calls answered, by method and status code (a stream's requests one by one).", count,
+                    {"method": method, "code": code})
     if tracing is not None:
         for key, help in _TRACE_COUNTERS.items():
             out.add(f"aserve_trace_{key}_total", "counter", help, tracing[key])
@@ -409,5 +422,5 @@ async def metrics(app: App, request: Request) -> Response:
     fronts = await app.loops.stats() if app.loops is not None else None
     text = render(registry.handles(), registry.pools, plane.metrics, registry.schedulers, http=app.stats,
                   tracing=plane.tracer.stats() if plane.tracer else None, openmetrics=openmetrics,
-                  fronts=fronts, loops=app.loops)
+                  fronts=fronts, loops=app.loops, grpc=app.grpc_stats.calls if app.grpc_stats is not None else None)
     return Response(200, text.encode(), content_type=OPENMETRICS_CONTENT_TYPE if openmetrics else CONTENT_TYPE)

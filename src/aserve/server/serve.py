@@ -9,6 +9,7 @@ import pathlib
 import signal
 import socket
 import sys
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -24,6 +25,9 @@ from .openapi import document
 from .router import Dispatcher, Router
 from .routes import ROUTES
 
+if TYPE_CHECKING:
+    from .grpc import GrpcFront
+
 READY_PATH = "/v2/health/ready"
 LOOPS_START_S = 60.0  # longest the start waits for every front loop to serve
 
@@ -31,7 +35,7 @@ log = logging.getLogger("aserve.server")
 
 
 class Server:
-    """The HTTP front over a data plane.
+    """The HTTP front (and the gRPC front, unless `grpc` is off) over a data plane.
 
     `start()` listens at once (live) and loads the models in the background (ready
     when all are loaded); `drain()` makes it unready while it serves on (so that load
@@ -45,6 +49,11 @@ class Server:
         self.app.openapi = msgspec.json.encode(document(ROUTES))
         access_log = AccessLogger(logging.getLogger("aserve.access")) if settings.access_log else None
         self.http = HttpServer(Dispatcher(self.app, Router(ROUTES)), Limits.of(settings), access_log=access_log)
+        self.grpc: GrpcFront | None = None
+        if settings.grpc:  # imported only when it serves: a server with --no-grpc loads no grpc
+            from .grpc import GrpcFront
+
+            self.grpc = GrpcFront(self.app, access_log=access_log)
         self.tracing = Tracing(settings.tracing)
         count = settings.loop_count
         self.loops = Loops(self, count) if count > 0 else None
@@ -72,6 +81,16 @@ class Server:
             registry = self.plane.registry
             registry.on_publish = self.loops.publish
             registry.before_unload = self.loops.retire
+        if self.grpc is not None:
+            try:
+                await self.grpc.start(self.settings.host, self.settings.grpc_port)
+            except OSError:  # the HTTP port is given back too
+                if self._listener is not None:
+                    self._listener.close()
+                if self._socket is not None:
+                    loop.remove_reader(self._socket.fileno())
+                    self._socket.close()
+                raise
         self._loading = loop.create_task(self._load())
 
     def _accept(self) -> None:
@@ -188,6 +207,11 @@ class Server:
         port: int = self._listener.sockets[0].getsockname()[1]
         return port
 
+    @property
+    def grpc_port(self) -> int | None:
+        """The gRPC front's port actually bound (None: gRPC is off)."""
+        return self.grpc.port if self.grpc is not None and self.grpc.server is not None else None
+
     async def close(self) -> None:
         """Stop listening, finish the requests in flight, close the models' pools."""
         if self._polling is not None:
@@ -198,11 +222,15 @@ class Server:
                 self._socket.close()
             if self._listener is not None:
                 self._listener.close()
+            timeout = self.settings.shutdown_timeout_s
+            fronts = []
             if self.loops is not None:  # every loop answers what it accepted, the host's too
-                await asyncio.gather(self.loops.close(self.settings.shutdown_timeout_s),
-                                     self.http.shutdown(self.settings.shutdown_timeout_s))
+                fronts += [self.loops.close(timeout), self.http.shutdown(timeout)]
             elif self._listener is not None:
-                await self.http.shutdown(self.settings.shutdown_timeout_s)
+                fronts.append(self.http.shutdown(timeout))
+            if self.grpc is not None:
+                fronts.append(self.grpc.stop(timeout))
+            await asyncio.gather(*fronts)
         finally:
             if self._loading is not None and not self._loading.done():
                 try:
@@ -231,6 +259,8 @@ async def serve(settings: ServerSettings, *, repository: str | pathlib.Path) -> 
     try:
         await server.start()
         log.info("aserve listening on http://%s:%d (repository %s)", settings.host, server.port, repository)
+        if server.grpc_port is not None:
+            log.info("aserve listening for gRPC on %s:%d", settings.host, server.grpc_port)
         await stop.wait()
         await server.drained(settings.drain_s)
         log.info("shutting down: finishing accepted requests")

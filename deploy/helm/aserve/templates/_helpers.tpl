@@ -70,3 +70,27 @@ limits:
 {{- int .Values.terminationGracePeriodSeconds }}
 {{- end }}
 {{- end }}
+
+{{/*
+A probe's handler: `list . "ready"` or `list . "live"`. probes.type http GETs the health
+route; grpc asks gRPC's health service (the service "" for readiness, "liveness").
+*/}}
+{{- define "aserve.probe" -}}
+{{- $root := index . 0 -}}
+{{- $what := index . 1 -}}
+{{- $type := $root.Values.probes.type | default "http" -}}
+{{- if eq $type "grpc" -}}
+{{- if not $root.Values.grpc.enabled -}}
+{{- fail "probes.type grpc needs grpc.enabled: the probes ask the gRPC front's health service" -}}
+{{- end -}}
+grpc:
+  port: {{ int $root.Values.grpc.port }}
+  service: {{ ternary "" "liveness" (eq $what "ready") | quote }}
+{{- else if eq $type "http" -}}
+httpGet:
+  path: {{ ternary "/v2/health/ready" "/v2/health/live" (eq $what "ready") }}
+  port: http
+{{- else -}}
+{{- fail (printf "probes.type: expected http or grpc, got %q" $type) -}}
+{{- end -}}
+{{- end -}}

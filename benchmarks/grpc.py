@@ -1,0 +1,445 @@
+"""gRPC against HTTP on the same model in the same run, with MLServer's gRPC as the peer.
+
+    python -m benchmarks.grpc [--json FILE] [--concurrency 1,16] [--duration S] [--rounds N]
+                              [--servers aserve-grpc,aserve-http,mlserver-grpc]
+
+One aserve process serves examples/simple over both fronts (`--interpreters 2`): the
+same models, batchers and interpreters answer `aserve-grpc` (ModelInfer with raw
+contents, as tritonclient.grpc sends it) and `aserve-http` (the V2 binary tensor
+extension, binary outputs: the HTTP form closest to gRPC's raw contents). The peer is
+MLServer from PyPI (`MLSERVER_VERSION`, with uvloop below 0.22, which its workers need),
+installed with pip on first use into a virtual environment of its own under `--peer-venvs`, serving the same arithmetic as a custom
+runtime (`benchmarks.peers.mlserver_model`: a model folder with model-settings.json and
+`mlserver start`, as its users set it up) with `parallel_workers` equal to aserve's
+interpreters, called over its gRPC with the same message.
+
+Before measuring, each configuration's answer is checked against values computed here
+(a wrong answer is an error record, never a number). Then, for each round, each
+concurrency and each configuration, in an order that rotates every round, the client (this
+process: grpc.aio or aiohttp on uvloop, one request in flight per worker, `concurrency`
+workers) warms up for `--warmup` seconds and measures for `--duration` seconds. Records:
+
+| key | meaning |
+| --- | --- |
+| `server`, `concurrency`, `round` | what ran |
+| `requests_per_s`, `p50_ms`, `p99_ms`, `requests`, `errors` | completed requests over the measured interval; any failed call is an error |
+| `server_cpu_us_per_request` | CPU of the server's whole process tree (psutil, utime + stime) over the requests: the cost on the server's side, not the client's |
+| `client_cpu_us_per_request` | this process's CPU over the requests (the two clients differ: grpc's C core, aiohttp) |
+
+The last line is the summary: per configuration and concurrency the median over rounds,
+and the ratios of aserve's gRPC to aserve's HTTP and to MLServer's gRPC. The machine is
+shared by the client and the servers (2 cores here): figures are for comparing the
+configurations of one run, not absolute capacities.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pathlib
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import numpy as np
+import psutil
+
+from . import ROOT, child_env
+from .servers import ServerFailed, _imports, _pip, free_port, get
+
+SERVERS = ("aserve-grpc", "aserve-http", "mlserver-grpc")
+MLSERVER_VERSION = "1.7.1"
+# MLServer 1.7.1's parallel workers call asyncio.get_event_loop() with uvloop's policy set and no
+# loop running, which uvloop 0.22 made an error: with a newer uvloop its workers die at start
+UVLOOP_PIN = "uvloop<0.22"
+UVLOOP_CHECK = "import sys, uvloop; sys.exit(tuple(map(int, uvloop.__version__.split('.')[:2])) >= (0, 22))"
+MODEL = "simple"
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+ROWS = 1  # samples per request
+
+
+class Process:
+    """A server subprocess: started, probed until ready, measured (its tree's CPU), stopped."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], ready_url: str) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.ready_url = ready_url
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = pathlib.Path(tempfile.mkstemp(prefix=f"benchmarks-{name}-", suffix=".log")[1])
+
+    def start(self, timeout: float = 300.0) -> None:
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerFailed(f"{self.name} exited with {self.proc.returncode}: {self.tail()}")
+            try:
+                if get(self.ready_url, timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass  # not listening yet
+            time.sleep(0.1)  # poll the server's observable state until the deadline
+        raise ServerFailed(f"{self.name} was not ready after {timeout:.0f} s: {self.tail()}")
+
+    def tail(self, n: int = 1500) -> str:
+        return self.log.read_text(errors="replace")[-n:].strip() or "(no output)"
+
+    def cpu_s(self) -> float:
+        assert self.proc is not None
+        total = 0.0
+        try:
+            root = psutil.Process(self.proc.pid)
+            family = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return 0.0
+        for p in family:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        try:
+            family = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            family = []
+        self.proc.terminate()
+        try:
+            rc = self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        for p in family:  # MLServer's workers: started by this server, ended by their ids
+            try:
+                p.wait(10)
+            except psutil.TimeoutExpired:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.log.unlink(missing_ok=True)
+        return rc
+
+
+# ---- the servers ----
+
+def aserve_process(repository: pathlib.Path, interpreters: int) -> tuple[Process, int, int]:
+    """aserve serving `repository` over HTTP and gRPC; (process, HTTP port, gRPC port)."""
+    port, grpc_port = free_port(), free_port()
+    argv = [sys.executable, "-m", "aserve.cli", "serve", str(repository), "--interpreters", str(interpreters),
+            "--port", str(port), "--grpc-port", str(grpc_port), "--log-level", "warning"]
+    return Process("aserve", argv, child_env(), f"http://127.0.0.1:{port}/v2/health/ready"), port, grpc_port
+
+
+def mlserver_python(folder: pathlib.Path) -> tuple[pathlib.Path, str]:
+    """MLServer's virtual environment under `folder`, made with pip on first use: (its python, MLServer's version)."""
+    venv = folder / "mlserver-venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        print(f"grpc: creating MLServer's environment in {venv} (once)", file=sys.stderr, flush=True)
+        base = getattr(sys, "_base_executable", sys.executable)
+        made = subprocess.run([base, "-m", "venv", "--clear", str(venv)], capture_output=True, text=True, check=False)
+        if made.returncode != 0:
+            raise ServerFailed(f"cannot create {venv}: {made.stderr.strip()}")
+    old_uvloop = subprocess.run([str(python), "-c", UVLOOP_CHECK], capture_output=True, check=False).returncode == 0
+    if not (_imports(python, "mlserver") and old_uvloop):
+        print(f"grpc: installing mlserver=={MLSERVER_VERSION} into {venv}", file=sys.stderr, flush=True)
+        got = _pip(python, f"mlserver=={MLSERVER_VERSION}", UVLOOP_PIN)
+        if got.returncode != 0:
+            raise ServerFailed(f"pip could not install mlserver into {venv}: {got.stderr.strip()[-800:]}")
+    version = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('mlserver'))"],
+                             capture_output=True, text=True, check=False).stdout.strip()
+    return python, version
+
+
+def mlserver_process(python: pathlib.Path, folder: pathlib.Path, workers: int) -> tuple[Process, int]:
+    """`mlserver start` over a model folder of the custom runtime; (process, gRPC port)."""
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    (folder / "settings.json").write_text(json.dumps({
+        "http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port,
+        "parallel_workers": workers, "debug": False}))
+    model = folder / MODEL
+    model.mkdir(exist_ok=True)
+    (model / "model-settings.json").write_text(json.dumps({
+        "name": MODEL, "implementation": "benchmarks.peers.mlserver_model.Simple"}))
+    env = child_env()  # the repository on PYTHONPATH: the runtime's class is benchmarks.peers.mlserver_model
+    argv = [str(python.parent / "mlserver"), "start", str(folder)]
+    return Process("mlserver", argv, env, f"http://127.0.0.1:{http_port}/v2/models/{MODEL}/ready"), grpc_port
+
+
+# ---- the clients ----
+
+def tensors(round_: int) -> tuple[np.ndarray, np.ndarray]:
+    a = (np.arange(16, dtype=np.int32) + round_).reshape(ROWS, 16)
+    return a, np.full_like(a, 3)
+
+
+def grpc_message(a: np.ndarray, b: np.ndarray) -> bytes:
+    from aserve.server.grpc import protos
+
+    request = protos.ModelInferRequest(model_name=MODEL)
+    for name, value in (("INPUT0", a), ("INPUT1", b)):
+        request.inputs.add(name=name, datatype="INT32", shape=list(value.shape))
+        request.raw_input_contents.append(value.tobytes())
+    data: bytes = request.SerializeToString()
+    return data
+
+
+def grpc_outputs(data: bytes) -> dict[str, np.ndarray]:
+    """The outputs of a ModelInferResponse, raw or typed (MLServer answers typed contents)."""
+    from aserve.server.grpc import protos
+
+    response = protos.ModelInferResponse.FromString(data)
+    out = {}
+    for i, o in enumerate(response.outputs):
+        values = (np.frombuffer(response.raw_output_contents[i], np.int32) if response.raw_output_contents
+                  else np.array(o.contents.int_contents, np.int32))
+        out[o.name] = values.reshape(list(o.shape))
+    return out
+
+
+def http_body(a: np.ndarray, b: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    head = json.dumps({"inputs": [
+        {"name": name, "datatype": "INT32", "shape": list(v.shape), "parameters": {"binary_data_size": v.nbytes}}
+        for name, v in (("INPUT0", a), ("INPUT1", b))], "parameters": {"binary_data_output": True}}).encode()
+    return head + a.tobytes() + b.tobytes(), {"Inference-Header-Content-Length": str(len(head)),
+                                              "Content-Type": "application/octet-stream"}
+
+
+def http_outputs(body: bytes, header_length: int) -> dict[str, np.ndarray]:
+    head = json.loads(body[:header_length])
+    out, offset = {}, header_length
+    for o in head["outputs"]:
+        size = o["parameters"]["binary_data_size"]
+        out[o["name"]] = np.frombuffer(body[offset:offset + size], np.int32).reshape(o["shape"])
+        offset += size
+    return out
+
+
+Send = Callable[[], Awaitable[dict[str, np.ndarray]]]
+
+
+class Clients:
+    """One sender per configuration, over a channel or session opened once."""
+
+    def __init__(self, targets: dict[str, str], a: np.ndarray, b: np.ndarray) -> None:
+        import grpc
+
+        self.channels = {name: grpc.aio.insecure_channel(target) for name, target in targets.items()
+                         if name.endswith("-grpc")}
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        self.targets = targets
+        self.message = grpc_message(a, b)
+        self.body, self.headers = http_body(a, b)
+
+    def sender(self, name: str) -> Send:
+        if name.endswith("-grpc"):
+            call = self.channels[name].unary_unary(INFER, request_serializer=None, response_deserializer=None)
+            message = self.message
+
+            async def send_grpc() -> dict[str, np.ndarray]:
+                return grpc_outputs(await call(message))
+            return send_grpc
+        url, body, headers = self.targets[name], self.body, self.headers
+        session = self.session
+
+        async def send_http() -> dict[str, np.ndarray]:
+            async with session.post(url, data=body, headers=headers) as r:
+                data = await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}: {data[:200]!r}")
+                return http_outputs(data, int(r.headers["Inference-Header-Content-Length"]))
+        return send_http
+
+    async def close(self) -> None:
+        for channel in self.channels.values():
+            await channel.close()
+        await self.session.close()
+
+
+async def drive(send: Send, concurrency: int, seconds: float) -> tuple[int, int, list[float]]:
+    """`concurrency` workers, each with one request in flight, for `seconds`: (answered, errors, latencies in s)."""
+    loop = asyncio.get_running_loop()
+    stop = loop.time() + seconds
+    latencies: list[float] = []
+    errors = 0
+
+    async def worker() -> None:
+        nonlocal errors
+        while loop.time() < stop:
+            t0 = time.perf_counter()
+            try:
+                await send()
+            except Exception:  # noqa: BLE001 - counted: every failed call is an error
+                errors += 1
+                continue
+            latencies.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return len(latencies), errors, latencies
+
+
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def measure(args: argparse.Namespace, clients: Clients, processes: dict[str, Process],
+                  expected: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    names = list(args.servers)
+    for name in names:  # every configuration answers right before any is measured
+        got = await clients.sender(name)()
+        for key, want in expected.items():
+            if not np.array_equal(got[key], want):
+                raise ServerFailed(f"{name}: {key} = {got[key].tolist()}, expected {want.tolist()}")
+    for round_ in range(args.rounds):
+        order = names[round_ % len(names):] + names[:round_ % len(names)]
+        for concurrency in args.concurrency:
+            for name in order:
+                send = clients.sender(name)
+                await drive(send, concurrency, args.warmup)
+                server = processes[name]
+                cpu0, own0, t0 = server.cpu_s(), own_cpu_s(), time.perf_counter()
+                answered, errors, latencies = await drive(send, concurrency, args.duration)
+                wall = time.perf_counter() - t0
+                cpu1, own1 = server.cpu_s(), own_cpu_s()
+                latencies.sort()
+                record = {
+                    "server": name, "concurrency": concurrency, "round": round_, "requests": answered,
+                    "errors": errors, "duration_s": round(wall, 3),
+                    "requests_per_s": round(answered / wall, 1),
+                    "p50_ms": round(latencies[len(latencies) // 2] * 1e3, 3) if latencies else None,
+                    "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e3, 3)
+                    if latencies else None,
+                    "server_cpu_us_per_request": round((cpu1 - cpu0) / max(answered, 1) * 1e6, 1),
+                    "client_cpu_us_per_request": round((own1 - own0) / max(answered, 1) * 1e6, 1),
+                }
+                print(json.dumps(record), flush=True)
+                records.append(record)
+    return records
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    points: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in records:
+        points.setdefault((r["server"], r["concurrency"]), []).append(r)
+    table: dict[str, dict[str, Any]] = {}
+    for (server, concurrency), rows in sorted(points.items()):
+        table.setdefault(server, {})[str(concurrency)] = {
+            key: statistics.median(r[key] for r in rows)
+            for key in ("requests_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_request",
+                        "client_cpu_us_per_request")
+        } | {"errors": sum(r["errors"] for r in rows), "rounds": len(rows)}
+    ratios: dict[str, dict[str, Any]] = {}
+    ours = table.get("aserve-grpc", {})
+    for other in ("aserve-http", "mlserver-grpc"):
+        theirs = table.get(other, {})
+        for level, point in ours.items():
+            base = theirs.get(level)
+            if base:
+                ratios.setdefault(f"aserve-grpc/{other}", {})[level] = {
+                    "requests_per_s": round(point["requests_per_s"] / base["requests_per_s"], 3),
+                    "server_cpu_per_request": round(
+                        point["server_cpu_us_per_request"] / base["server_cpu_us_per_request"], 3),
+                }
+    return {"summary": table, "ratios": ratios}
+
+
+async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    work = pathlib.Path(tempfile.mkdtemp(prefix="benchmarks-grpc-"))
+    processes: dict[str, Process] = {}
+    started: list[Process] = []
+    targets: dict[str, str] = {}
+    try:
+        repository = work / "repo"
+        shutil.copytree(args.repository / MODEL, repository / MODEL)
+        if {"aserve-grpc", "aserve-http"} & set(args.servers):
+            aserve, port, grpc_port = aserve_process(repository, args.interpreters)
+            started.append(aserve)
+            aserve.start()
+            processes["aserve-grpc"] = processes["aserve-http"] = aserve
+            targets["aserve-grpc"] = f"127.0.0.1:{grpc_port}"
+            targets["aserve-http"] = f"http://127.0.0.1:{port}/v2/models/{MODEL}/infer"
+        if "mlserver-grpc" in args.servers:
+            python, version = mlserver_python(args.peer_venvs)
+            folder = work / "mlserver"
+            folder.mkdir()
+            mlserver, grpc_port = mlserver_process(python, folder, args.interpreters)
+            started.append(mlserver)
+            mlserver.start()
+            processes["mlserver-grpc"] = mlserver
+            targets["mlserver-grpc"] = f"127.0.0.1:{grpc_port}"
+            records.append({"peer": "mlserver", "version": version, "parallel_workers": args.interpreters})
+            print(json.dumps(records[-1]), flush=True)
+        a, b = tensors(0)
+        clients = Clients(targets, a, b)
+        try:
+            records += await measure(args, clients, processes, {"OUTPUT0": a + b, "OUTPUT1": a - b})
+        finally:
+            await clients.close()
+    except ServerFailed as e:
+        records.append({"error": str(e), "errors": 1})
+        print(json.dumps(records[-1]), flush=True)
+    finally:
+        for p in started:
+            rc = p.stop()
+            if rc not in (0, None, -15):
+                records.append({"error": f"{p.name} exited with {rc} on SIGTERM", "errors": 1})
+        shutil.rmtree(work, ignore_errors=True)
+    return records
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.grpc", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", help="also write every record, and the summary last, to this file")
+    p.add_argument("--servers", default=",".join(SERVERS), help="comma-separated (default %(default)s)")
+    p.add_argument("--concurrency", type=_ints, default=[1, 16], help="requests in flight (default 1,16)")
+    p.add_argument("--duration", type=float, default=5.0, help="seconds measured per point (default %(default)s)")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds before each point (default %(default)s)")
+    p.add_argument("--rounds", type=int, default=2, help="rounds, the order rotating (default %(default)s)")
+    p.add_argument("--interpreters", type=int, default=2,
+                   help="aserve's interpreters and MLServer's parallel workers (default %(default)s)")
+    p.add_argument("--peer-venvs", type=pathlib.Path,
+                   default=pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
+                   / "aserve" / "peers", help="where MLServer's virtual environment is kept (default %(default)s)")
+    p.add_argument("--repository", type=pathlib.Path, default=ROOT / "examples",
+                   help="folder with the example models (default: examples/)")
+    args = p.parse_args(argv)
+    args.servers = [s for s in args.servers.split(",") if s]
+    unknown = sorted(set(args.servers) - set(SERVERS))
+    if unknown:
+        p.error(f"unknown servers {unknown}; expected some of {', '.join(SERVERS)}")
+    import uvloop
+
+    records = uvloop.run(run(args))
+    summary = summarize([r for r in records if "server" in r])
+    print(json.dumps(summary), flush=True)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps([*records, summary], indent=1) + "\n")
+    return 1 if any(r.get("errors") for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+/* Coalescing: front loops' batches of one model run as one batch.
+ *
+ * Each front loop batches its own requests, so N fronts split a model's traffic into N
+ * streams of smaller batches. When a worker takes a front's job and others of the same
+ * model wait in the shared queue (the interpreters were busy), it takes those too, up to
+ * the model's largest batch: their inputs are copied one after another into one block,
+ * the model runs once, and each job gets its rows of every output, as views of the one
+ * output memory. That memory goes back to the interpreter when the last of those jobs'
+ * buffers is gone (a shared owner, counted under p->mu).
+ *
+ * Only fronts' jobs (link != NULL) that say how many rows a batch may hold (max_rows,
+ * set by the front for a model that batches and has no BYTES tensor) and are not traced
+ * coalesce; two coalesce when every input has the same datatype and the same shape but
+ * for the first (batch) dimension. If the batch fails, or an output's first dimension is
+ * not the batch's rows, each job runs again alone: a request that makes the model fail
+ * fails only its own job, as the batcher's retry makes it fail only itself.
+ */
+#include "pool.h"
+
+#include <string.h>
+
+typedef struct {
+    void *owner;
+    int worker;
+    int refs; /* p->mu */
+} shared_owner_t;
+
+/* The rows (first dimension) of every input of j, or -1 when they differ or j has none. */
+static int64_t rows_of(const hjob *j)
+{
+    if (j->job.n_inputs == 0 || j->in[0].ndim < 1)
+        return -1;
+    int64_t rows = j->in[0].shape[0];
+    for (size_t i = 1; i < j->job.n_inputs; i++)
+        if (j->in[i].ndim < 1 || j->in[i].shape[0] != rows)
+            return -1;
+    return rows;
+}
+
+static int compatible(const hjob *a, const hjob *b)
+{
+    if (a->job.n_inputs != b->job.n_inputs || strcmp(a->key, b->key) != 0)
+        return 0;
+    for (size_t i = 0; i < a->job.n_inputs; i++) {
+        const as_tensor *x = &a->in[i], *y = &b->in[i];
+        if (x->ndim != y->ndim || strcmp(x->datatype, y->datatype) != 0 || strcmp(x->name, y->name) != 0)
+            return 0;
+        for (int d = 1; d < x->ndim; d++)
+            if (x->shape[d] != y->shape[d])
+                return 0;
+    }
+    return 1;
+}
+
+int as_pool_coalesce(pool_t *p, hjob *j, int index)
+{
+    if (j->link == NULL || j->max_rows <= 0 || j->job.trace)
+        return 0;
+    int64_t rows = rows_of(j);
+    if (rows < 0)
+        return 0;
+    int n = 0;
+    hjob **tail = &j->part_next; /* j, then its parts, in the order they were queued */
+    hjob *prev = NULL;
+    for (hjob *k = p->head; k != NULL;) {
+        hjob *next = k->next;
+        int64_t more = k->link != NULL && k->max_rows == j->max_rows && !k->job.trace && (k->mask >> index & 1) &&
+                               compatible(j, k)
+                           ? rows_of(k)
+                           : -1;
+        if (more >= 0 && rows + more <= j->max_rows) {
+            unlink_shared(p, prev, k);
+            p->queued--;
+            k->running = 1;
+            *tail = k;
+            tail = &k->part_next;
+            rows += more;
+            n++;
+        } else
+            prev = k;
+        k = next;
+    }
+    j->parts = j->part_next;
+    p->coalesced += n ? (uint64_t)n + 1 : 0;
+    return n;
+}
+
+void as_pool_shared_release(pool_t *p, void *shared)
+{
+    shared_owner_t *so = shared;
+    pthread_mutex_lock(&p->mu);
+    int last = --so->refs == 0;
+    pthread_mutex_unlock(&p->mu);
+    if (last) {
+        as_pool_give_back(p, p->workers[so->worker], so->owner);
+        free(so);
+    }
+}
+
+static void free_outputs(as_job *job)
+{
+    for (size_t i = 0; i < job->n_outputs; i++) {
+        free(job->outputs[i].name);
+        free(job->outputs[i].datatype);
+    }
+    free(job->outputs);
+    job->outputs = NULL;
+    job->n_outputs = 0;
+}
+
+/* Each job runs alone, as if it had never been coalesced. */
+static void run_each(pool_t *p, worker_t *w, hjob *j)
+{
+    for (hjob *k = j; k != NULL; k = k->part_next) {
+        pthread_mutex_lock(&p->mu);
+        k->worker = w->index;
+        if (k->inputs != NULL)
+            k->inputs->refs++; /* the interpreter's, given back with inputs_released */
+        pthread_mutex_unlock(&p->mu);
+        w->engine.run(w->ip, &k->job);
+    }
+}
+
+/* Give each job its rows of every output; 0 (nothing given) when an output cannot be sliced. */
+static int slice(pool_t *p, worker_t *w, hjob *j, as_job *batch, int64_t total)
+{
+    size_t n = batch->n_outputs;
+    for (size_t i = 0; i < n; i++) {
+        const as_tensor *t = &batch->outputs[i];
+        if (t->ndim < 1 || t->shape[0] != total || strcmp(t->datatype, "BYTES") == 0 ||
+            (total > 0 && t->nbytes % (size_t)total != 0))
+            return 0;
+    }
+    int parts = 0;
+    for (hjob *k = j; k != NULL; k = k->part_next)
+        parts++;
+    shared_owner_t *so = malloc(sizeof *so);
+    if (so == NULL)
+        return 0;
+    /* every job's outputs first, so that a failed allocation leaves no job half done */
+    for (hjob *k = j; k != NULL; k = k->part_next) {
+        k->job.outputs = calloc(n ? n : 1, sizeof(as_tensor));
+        if (k->job.outputs == NULL)
+            goto no_memory;
+        k->job.n_outputs = n;
+        for (size_t i = 0; i < n; i++) {
+            k->job.outputs[i].name = strdup(batch->outputs[i].name);
+            k->job.outputs[i].datatype = strdup(batch->outputs[i].datatype);
+            if (k->job.outputs[i].name == NULL || k->job.outputs[i].datatype == NULL)
+                goto no_memory;
+        }
+    }
+    so->owner = batch->owner;
+    so->worker = w->index;
+    so->refs = parts;
+    int64_t offset = 0;
+    for (hjob *k = j; k != NULL; k = k->part_next) {
+        int64_t rows = rows_of(k);
+        for (size_t i = 0; i < n; i++) {
+            const as_tensor *t = &batch->outputs[i];
+            as_tensor *o = &k->job.outputs[i];
+            size_t row = total > 0 ? t->nbytes / (size_t)total : 0;
+            o->ndim = t->ndim;
+            memcpy(o->shape, t->shape, sizeof o->shape);
+            o->shape[0] = rows;
+            o->data = (char *)t->data + (size_t)offset * row;
+            o->nbytes = (size_t)rows * row;
+            o->readonly = t->readonly;
+        }
+        offset += rows;
+        k->job.owner = so;
+        k->shared = 1;
+        k->worker = w->index;
+        k->job.failed = 0;
+    }
+    (void)p;
+    return 1;
+no_memory:
+    for (hjob *k = j; k != NULL; k = k->part_next)
+        free_outputs(&k->job);
+    free(so);
+    return 0;
+}
+
+void as_pool_run_coalesced(pool_t *p, worker_t *w, hjob *j)
+{
+    size_t n = j->job.n_inputs;
+    int64_t total = 0;
+    for (hjob *k = j; k != NULL; k = k->part_next)
+        total += rows_of(k);
+    /* the batch's inputs: one block holding each input's rows of every job, in order */
+    size_t bytes = 0;
+    for (hjob *k = j; k != NULL; k = k->part_next)
+        for (size_t i = 0; i < n; i++)
+            bytes += k->in[i].nbytes;
+    as_tensor *in = calloc(n ? n : 1, sizeof(as_tensor));
+    hinputs *held = calloc(1, sizeof *held);
+    char *block = malloc(bytes ? bytes : 1);
+    if (in == NULL || held == NULL || block == NULL) {
+        free(in);
+        free(held);
+        free(block);
+        run_each(p, w, j);
+        return;
+    }
+    char *at = block;
+    for (size_t i = 0; i < n; i++) {
+        in[i] = j->in[i];
+        in[i].shape[0] = total;
+        in[i].data = at;
+        in[i].nbytes = 0;
+        for (hjob *k = j; k != NULL; k = k->part_next) {
+            memcpy(at, k->in[i].data, k->in[i].nbytes);
+            at += k->in[i].nbytes;
+            in[i].nbytes += k->in[i].nbytes;
+        }
+    }
+    held->pool = p;
+    held->own = block;
+    held->refs = 1; /* the interpreter's: the last view of the block gone frees it */
+    as_job batch = j->job;
+    batch.inputs = in;
+    batch.inputs_ctx = held;
+    batch.failed = 0;
+    batch.error_type = batch.error = batch.result = NULL;
+    batch.outputs = NULL;
+    batch.n_outputs = 0;
+    batch.owner = NULL;
+    w->engine.run(w->ip, &batch);
+    free(in);
+    int sliced = !batch.failed && slice(p, w, j, &batch, total);
+    if (!batch.failed && !sliced && batch.owner != NULL)
+        w->engine.release(w->ip, batch.owner);
+    free(batch.error_type);
+    free(batch.error);
+    free(batch.result);
+    free_outputs(&batch);
+    if (!sliced)
+        run_each(p, w, j);
+}

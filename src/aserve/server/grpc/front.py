@@ -1,0 +1,160 @@
+"""The gRPC front: a grpc.aio server on the HTTP front's event loop, in the same process.
+
+It serves `inference.GRPCInferenceService` (`service.Methods`), gRPC's standard health
+service (`grpc.health.v1.Health`, for Kubernetes `grpc:` probes) and server reflection
+(so that grpcurl needs no proto files). Its limits are HTTP's: a message larger than
+`--max-body-bytes` is refused with RESOURCE_EXHAUSTED, and so is metadata larger in all
+than `--max-header-bytes`. `stop` stops taking calls and answers those accepted.
+
+Health answers from the server's state when asked: the service "" and
+`inference.GRPCInferenceService` are SERVING when every model is ready and the server is
+not draining (readiness), "liveness" while the process serves (liveness).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection, reflection_pb2
+
+from ...logs import AccessLogger
+from ..app import App
+from . import protos
+from .service import GrpcStats, Methods
+
+HEALTH = "grpc.health.v1.Health"
+LIVENESS = "liveness"
+SERVING: int = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
+WATCH_EVERY_S = 0.5  # a Watch stream looks at readiness this often (the server has no event for it)
+
+
+class Health:
+    """grpc.health.v1.Health, answered from the server's readiness."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.closing: asyncio.Event | None = None  # set on shutdown: Watch streams end
+
+    def status(self, service: str) -> int | None:
+        """The service's status, None for a service this server does not know."""
+        if service == LIVENESS:
+            return SERVING
+        if service not in ("", protos.SERVICE):
+            return None
+        return SERVING if self.app.plane.ready and not self.app.draining else NOT_SERVING
+
+    async def check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        status = self.status(request.service)
+        if status is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}; expected '', "
+                                                           f"{protos.SERVICE!r} or {LIVENESS!r}")
+        return health_pb2.HealthCheckResponse(status=status)
+
+    async def watch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        """The status now, then each change (SERVICE_UNKNOWN for a service this server does not know)."""
+        if self.closing is None:
+            self.closing = asyncio.Event()
+        closing = self.closing
+        last = None
+        while True:
+            status = self.status(request.service)
+            if status is None:
+                status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+            if closing.is_set():
+                status = NOT_SERVING if status != health_pb2.HealthCheckResponse.SERVICE_UNKNOWN else status
+            if status != last:
+                last = status
+                yield health_pb2.HealthCheckResponse(status=status)
+            if closing.is_set():
+                return  # shutting down: the stream ends rather than hold the server's stop
+            try:
+                await asyncio.wait_for(closing.wait(), WATCH_EVERY_S)
+            except TimeoutError:
+                pass
+
+    def close(self) -> None:
+        """Shutting down: Watch streams say NOT_SERVING and end."""
+        if self.closing is None:
+            self.closing = asyncio.Event()
+        self.closing.set()
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        request = health_pb2.HealthCheckRequest.FromString
+        serialize = health_pb2.HealthCheckResponse.SerializeToString
+        return grpc.method_handlers_generic_handler(HEALTH, {
+            "Check": grpc.unary_unary_rpc_method_handler(self.check, request, serialize),
+            "Watch": grpc.unary_stream_rpc_method_handler(self.watch, request, serialize),
+        })
+
+
+class Unbound(OSError):
+    """The gRPC front cannot bind its address (`address`: what the CLI names)."""
+
+    def __init__(self, address: str, why: str) -> None:
+        super().__init__(f"the gRPC front cannot bind it (in use, or not an address of this machine): {why}")
+        self.address = address
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class GrpcFront:
+    """The gRPC server of an App: `start(host, port)` binds (port 0: a free one, `port`
+    says which), `stop(grace)` answers what was accepted within `grace` seconds."""
+
+    def __init__(self, app: App, *, access_log: AccessLogger | None = None) -> None:
+        self.app = app
+        self.stats = GrpcStats()
+        app.grpc_stats = self.stats
+        self.methods = Methods(app, self.stats, access_log)
+        self.health = Health(app)
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> None:
+        """Listen on host:port; OSError when the address cannot be bound."""
+        settings = self.app.settings
+        options = [
+            ("grpc.max_receive_message_length", settings.max_body_bytes),
+            ("grpc.max_send_message_length", -1),
+            # metadata: grpc refuses some calls above the soft limit and all above the hard one
+            ("grpc.max_metadata_size", settings.max_header_bytes),
+            ("grpc.absolute_max_metadata_size", settings.max_header_bytes),
+            # a port another process holds is an error, as for the HTTP listener
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.aio.server(options=options)
+        server.add_generic_rpc_handlers((self.methods.handler(), self.health.handler()))
+        for file in (health_pb2.DESCRIPTOR, reflection_pb2.DESCRIPTOR):
+            try:
+                protos.POOL.FindFileByName(file.name)
+            except KeyError:
+                protos.POOL.AddSerializedFile(file.serialized_pb)
+        reflection.enable_server_reflection((protos.SERVICE, HEALTH, reflection.SERVICE_NAME), server,
+                                            pool=protos.POOL)
+        address = _address(host, port)
+        try:
+            bound = server.add_insecure_port(address)
+        except RuntimeError as e:  # grpc's "Failed to bind to address"
+            raise Unbound(address, str(e)) from None
+        if bound == 0:
+            raise Unbound(address, "grpc bound no port")
+        await server.start()
+        self.server = server
+        self.port = bound
+        self.methods.host = _address(host, bound)
+
+    async def stop(self, grace: float | None) -> None:
+        """Stop taking calls; answer those accepted (cancel what still runs after `grace` s).
+        Open streams end: a Watch at once, a ModelStreamInfer once it answered the requests
+        it had taken."""
+        if self.server is not None:
+            self.health.close()
+            self.methods.stop_reading()
+            await self.server.stop(grace)

@@ -1,0 +1,380 @@
+"""`inference.GRPCInferenceService`: the Open Inference Protocol's gRPC methods, over the
+same data plane, access rules, error policy and counters as the HTTP routes.
+
+Every method runs through `Methods._call`: the `authorization` metadata is checked as
+HTTP checks the header (`Access`), what it raises becomes a status (`status.status_of`),
+and the call is counted (`GrpcStats`, `aserve_grpc_requests_total`) and, with
+`--access-log`, logged. `ModelInfer` is an `InferCall` with the gRPC codec handed to
+`DataPlane.infer`, its deadline the client's (`grpc-timeout`); `ModelStreamInfer` queues
+each request of the stream with `DataPlane.submit` as it arrives and writes each answer,
+or its error alone, as it is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import msgspec
+from google.protobuf import json_format
+
+from ... import __version__
+from ...dataplane.stats import statistics
+from ...errors import InvalidInput
+from ...inference import InferCall
+from ...logs import AccessLogger
+from ..access import ADMIN, API, OPEN, Level
+from ..admin import apply_trace_setting, current_trace_setting
+from ..app import App
+from ..v2 import EXTENSIONS
+from . import protos
+from .codec import GRPC
+from .status import status_of
+
+log = logging.getLogger("aserve.server")
+
+SERVICE = protos.SERVICE
+INFER = f"/{SERVICE}/ModelInfer"
+STREAM = f"/{SERVICE}/ModelStreamInfer"
+
+Handler = Callable[[Any, grpc.aio.ServicerContext, dict[str, str]], Awaitable[Any]]
+
+
+class GrpcStats:
+    """Calls answered by the gRPC front, by method and status code (`aserve_grpc_requests_total`);
+    a stream's requests are counted one by one under ModelStreamInfer."""
+
+    __slots__ = ("calls",)
+
+    def __init__(self) -> None:
+        self.calls: dict[tuple[str, str], int] = {}
+
+    def count(self, method: str, code: grpc.StatusCode) -> None:
+        key = (method, code.name)
+        self.calls[key] = self.calls.get(key, 0) + 1
+
+
+def metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """The call's metadata as lower-case names (binary `-bin` values left out)."""
+    return {k.lower(): v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+
+
+class Methods:
+    """The service's methods, bound to a server's App."""
+
+    def __init__(self, app: App, stats: GrpcStats, access_log: AccessLogger | None) -> None:
+        self.app = app
+        self.plane = app.plane
+        self.stats = stats
+        self.access_log = access_log
+        self.host = ""  # host:port the front listens on (what a trace's server span names)
+        self.readers: set[asyncio.Task[None]] = set()  # each open stream's reading of its requests
+
+    def stop_reading(self) -> None:
+        """Shutting down: every stream takes no more requests, answers those it took, and ends."""
+        for reader in list(self.readers):
+            reader.cancel()
+
+    # ---- the one wrapper every unary method runs in ----
+
+    def unary(self, name: str, level: Level, handler: Handler) -> Callable[[Any, grpc.aio.ServicerContext],
+                                                                           Awaitable[Any]]:
+        method = f"/{SERVICE}/{name}"
+
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            start = time.perf_counter()
+            code = grpc.StatusCode.OK
+            size = 0
+            try:
+                # the metadata are read only when a token or a trace may be in them
+                md = metadata(context) if self.app.access.guards_anything or self.plane.tracer is not None else {}
+                self.app.access.check_credential(md.get("authorization"), level)
+                response = await handler(request, context, md)
+                if self.access_log is not None:
+                    size = response.ByteSize()
+                return response
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED  # the client went away, or its deadline passed
+                raise
+            except Exception as exc:  # noqa: BLE001 - answered with its status
+                status = status_of(exc, self.app.policy, method)
+                code = status.code
+                if status.trailers:
+                    context.set_trailing_metadata(status.trailers)
+                await context.abort(status.code, status.message)
+            finally:
+                self._done(name, code, size, start, context)
+
+        return call
+
+    def _done(self, name: str, code: grpc.StatusCode, size: int, start: float,
+              context: grpc.aio.ServicerContext) -> None:
+        self.stats.count(name, code)
+        if self.access_log is not None:
+            self.access_log.rpc(context.peer(), f"/{SERVICE}/{name}", code.value[0], code.name, size,
+                                time.perf_counter() - start)
+
+    # ---- health and metadata ----
+
+    async def server_live(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
+        return protos.ServerLiveResponse(live=True)
+
+    async def server_ready(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
+        return protos.ServerReadyResponse(ready=self.plane.ready and not self.app.draining)
+
+    async def model_ready(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
+        handle = self.plane.model(request.name, request.version or None)
+        return protos.ModelReadyResponse(ready=handle.ready)
+
+    async def server_metadata(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
+        return protos.ServerMetadataResponse(name="aserve", version=__version__, extensions=EXTENSIONS)
+
+    async def model_metadata(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
+        handle = self.plane.model(request.name, request.version or None)
+        inputs = handle.info.inputs if handle.info else handle.config.input_specs
+        outputs = handle.info.outputs if handle.info else handle.config.output_specs
+        routes = self.plane.registry.routes[handle.name]
+        return protos.ModelMetadataResponse(
+            name=handle.name, versions=list(routes.versions), platform="aserve",
+            inputs=[{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in inputs],
+            outputs=[{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in outputs],
+        )
+
+    async def model_config(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
+        """Triton's model configuration, from the version's config.toml and what its load reports."""
+        handle = self.plane.model(request.name, request.version or None)
+        config = handle.config
+        batch = config.max_batch_size
+        inputs = handle.info.inputs if handle.info else config.input_specs
+        outputs = handle.info.outputs if handle.info else config.output_specs
+
+        def dims(shape: Any) -> list[int]:
+            return list(shape[1:] if batch > 0 and shape else shape)
+
+        parameters = self.app.policy.redactor().value(msgspec.to_builtins(config.parameters))
+        message = protos.ModelConfigResponse()
+        out = message.config
+        out.name = handle.name
+        out.platform = "aserve"
+        out.backend = "python"
+        out.max_batch_size = batch
+        for s in inputs:
+            out.input.add(name=s.name, data_type=_data_type(s.datatype), dims=dims(s.shape))
+        for s in outputs:
+            out.output.add(name=s.name, data_type=_data_type(s.datatype), dims=dims(s.shape))
+        interpreters = handle.info.interpreters if handle.info else (config.interpreters or 0)
+        out.instance_group.add(name=handle.name, count=interpreters, kind=2)  # KIND_CPU
+        if batch > 0:
+            out.dynamic_batching.max_queue_delay_microseconds = int(config.batching.max_queue_delay_ms * 1000)
+        for key, value in parameters.items():
+            out.parameters[key].string_value = value if isinstance(value, str) else json.dumps(value)
+        return message
+
+    async def model_statistics(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
+        rows = statistics(self.plane.registry, request.name or None, request.version or None)
+        return json_format.ParseDict({"model_stats": rows}, protos.ModelStatisticsResponse(),
+                                     ignore_unknown_fields=True)
+
+    # ---- the repository and trace settings ----
+
+    async def repository_index(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
+        message = protos.RepositoryIndexResponse()
+        for row in self.plane.registry.index(ready_only=request.ready):
+            message.models.add(name=row["name"], version=str(row.get("version") or ""), state=row.get("state", ""),
+                               reason=self.app.policy.redact(row.get("reason") or ""))
+        return message
+
+    async def repository_load(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
+        """Load or reload a model; parameter `config` (a JSON object of config.toml fields, as a
+        string or bytes) is laid over its config.toml until the next load."""
+        override: Any = None
+        for key, value in request.parameters.items():
+            given = getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+            if key.startswith("file:"):
+                raise InvalidInput(f"parameters.{key}: model files in the request are not taken; put them in the "
+                                   f"repository folder {request.model_name}/ and load it")
+            if key != "config":
+                raise InvalidInput(f"parameters.{key}: unknown load parameter; expected config")
+            if isinstance(given, bytes):
+                given = given.decode("utf-8", "replace")
+            if not isinstance(given, str):
+                raise InvalidInput(f"parameters.config: expected a string_param holding a JSON object, got {given!r}")
+            try:
+                override = msgspec.json.decode(given) if given.strip() else None
+            except msgspec.DecodeError as e:
+                raise InvalidInput(f"parameters.config: malformed JSON: {e}") from None
+            if override is not None and not isinstance(override, dict):
+                raise InvalidInput(f"parameters.config: expected a JSON object of config.toml fields, got {override!r}")
+        if not request.model_name:
+            raise InvalidInput("model_name: expected the name of a model folder in the repository, got ''")
+        await self.plane.load(request.model_name, override)
+        return protos.RepositoryModelLoadResponse()
+
+    async def repository_unload(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
+        unknown = sorted(set(request.parameters) - {"unload_dependents"})
+        if unknown:
+            raise InvalidInput(f"parameters.{unknown[0]}: unknown unload parameter; expected unload_dependents")
+        await self.plane.unload(request.model_name)
+        return protos.RepositoryModelUnloadResponse()
+
+    async def trace_setting(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
+        """Triton's trace settings (trace_level, trace_rate), server-wide as over HTTP."""
+        tracer = self.plane.tracer
+        if request.model_name:
+            self.plane.model(request.model_name)  # NOT_FOUND for an unknown model
+        wanted: dict[str, Any] = {}
+        for key, value in request.settings.items():
+            values = list(value.value)
+            if values:
+                wanted[key] = values if key == "trace_level" else values[0]
+        if wanted:
+            if tracer is None:
+                raise InvalidInput("trace setting: tracing is off in this server; start it with "
+                                   "OTEL_EXPORTER_OTLP_ENDPOINT set or [tracing] enabled = true")
+            apply_trace_setting(tracer, wanted)
+        message = protos.TraceSettingResponse()
+        for key, value in msgspec.to_builtins(current_trace_setting(tracer)).items():
+            message.settings[key].value.extend(value if isinstance(value, list) else [str(value)])
+        return message
+
+    # ---- infer ----
+
+    def _call(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str], route: str) -> InferCall:
+        remaining = context.time_remaining()
+        return InferCall(
+            codec=GRPC, model=request.model_name, version=request.model_version or None, body=request,
+            headers=md, received=time.monotonic(), route=route.lstrip("/"), host=self.host,
+            timeout_ms=None if remaining is None else max(remaining, 0.0) * 1000.0, front="grpc",
+        )
+
+    async def model_infer(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
+        call = self._call(request, context, md, INFER)
+        handle = self.plane.model(call.model, call.version)
+        self.plane.head(call, handle=handle)
+        answer = await self.plane.infer(call, handle=handle)
+        return answer.chunks[0]
+
+    async def model_stream_infer(self, requests: Any, context: grpc.aio.ServicerContext) -> None:
+        """Each request of the stream is queued as it arrives and answered as soon as its batch
+        ran, with its id; a request that fails is answered with its error and the stream goes on."""
+        start = time.perf_counter()
+        code = grpc.StatusCode.OK
+        md = metadata(context)
+        try:
+            self.app.access.check_credential(md.get("authorization"), API)
+        except Exception as exc:  # noqa: BLE001 - the stream is refused whole
+            status = status_of(exc, self.app.policy, STREAM)
+            self._done("ModelStreamInfer", status.code, 0, start, context)
+            await context.abort(status.code, status.message)
+        answers: asyncio.Queue[Any] = asyncio.Queue()
+        waiting = 0
+        reading = True
+        pendings: set[Any] = set()
+
+        def answered(request: Any, pending: Any) -> Callable[[Any, BaseException | None], None]:
+            def done(answer: Any, error: BaseException | None) -> None:
+                pendings.discard(pending)
+                if error is not None:
+                    answers.put_nowait(self._stream_error(request, error))
+                else:
+                    answers.put_nowait((grpc.StatusCode.OK,
+                                        protos.ModelStreamInferResponse(infer_response=answer.chunks[0])))
+            return done
+
+        async def read() -> None:
+            nonlocal reading, waiting
+            try:
+                async for request in requests:
+                    waiting += 1
+                    try:
+                        pending = self.plane.submit(self._call(request, context, md, STREAM))
+                    except Exception as exc:  # noqa: BLE001 - this request fails alone
+                        answers.put_nowait(self._stream_error(request, exc))
+                        continue
+                    pendings.add(pending)
+                    pending.then(answered(request, pending))
+            finally:
+                reading = False
+                answers.put_nowait(None)  # wakes the writer to see the stream's end
+
+        reader = asyncio.get_running_loop().create_task(read())
+        self.readers.add(reader)
+        try:
+            while reading or waiting:
+                item = await answers.get()
+                if item is None:
+                    continue
+                waiting -= 1
+                self.stats.count("ModelStreamInfer", item[0])
+                await context.write(item[1])
+            error = None if reader.cancelled() else reader.exception()
+            if error is not None:
+                raise error  # reading the stream failed
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        finally:
+            reader.cancel()
+            self.readers.discard(reader)
+            for pending in list(pendings):
+                pending.drop()
+            if self.access_log is not None:
+                self.access_log.rpc(context.peer(), STREAM, code.value[0], code.name, 0,
+                                    time.perf_counter() - start)
+
+    def _stream_error(self, request: Any, exc: BaseException) -> tuple[grpc.StatusCode, Any]:
+        """A stream's answer to one request that failed: its status's message, and its id."""
+        status = status_of(exc, self.app.policy, STREAM)
+        return status.code, protos.ModelStreamInferResponse(
+            error_message=status.message,
+            infer_response=protos.ModelInferResponse(model_name=request.model_name,
+                                                     model_version=request.model_version, id=request.id),
+        )
+
+    # ---- the handler grpc.aio serves ----
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        unary = [
+            ("ServerLive", OPEN, self.server_live, protos.ServerLiveRequest),
+            ("ServerReady", OPEN, self.server_ready, protos.ServerReadyRequest),
+            ("ModelReady", OPEN, self.model_ready, protos.ModelReadyRequest),
+            ("ServerMetadata", API, self.server_metadata, protos.ServerMetadataRequest),
+            ("ModelMetadata", API, self.model_metadata, protos.ModelMetadataRequest),
+            ("ModelInfer", API, self.model_infer, protos.ModelInferRequest),
+            ("ModelConfig", API, self.model_config, protos.ModelConfigRequest),
+            ("ModelStatistics", API, self.model_statistics, protos.ModelStatisticsRequest),
+            ("RepositoryIndex", ADMIN, self.repository_index, protos.RepositoryIndexRequest),
+            ("RepositoryModelLoad", ADMIN, self.repository_load, protos.RepositoryModelLoadRequest),
+            ("RepositoryModelUnload", ADMIN, self.repository_unload, protos.RepositoryModelUnloadRequest),
+            ("TraceSetting", ADMIN, self.trace_setting, protos.TraceSettingRequest),
+        ]
+        handlers: dict[str, grpc.RpcMethodHandler] = {
+            name: grpc.unary_unary_rpc_method_handler(
+                self.unary(name, level, fn), request_deserializer=kind.FromString,
+                response_serializer=_serialize)
+            for name, level, fn, kind in unary
+        }
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+            self.model_stream_infer, request_deserializer=protos.ModelInferRequest.FromString,
+            response_serializer=_serialize)
+        return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+def _serialize(message: Any) -> bytes:
+    data: bytes = message.SerializeToString()
+    return data
+
+
+_DATA_TYPES = {name: index for index, name in enumerate(
+    ("INVALID", "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
+     "FP64", "BYTES", "BF16"))}
+
+
+def _data_type(datatype: str) -> int:
+    """Triton's DataType enum value of a V2 datatype (BYTES is TYPE_STRING)."""
+    return _DATA_TYPES.get(datatype, 0)
