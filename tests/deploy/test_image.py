@@ -5,10 +5,11 @@ them out (the `image` marker, pyproject.toml): building takes minutes. Without a
 engine they are skipped, and without the image (ASERVE_IMAGE, default aserve:latest) too.
 
 - the bundled models: the container runs as its non-root user, its HEALTHCHECK reports
-  healthy, tritonclient infers through the published port (JSON and binary tensors) and gets
-  the answers computed here, the spans reach an OTLP/HTTP receiver on the host under the
-  caller's traceparent (examples/traced's own, opened with the OpenTelemetry API, under its
-  batch's run, with the caller's baggage), and /metrics counts the requests;
+  healthy, tritonclient infers through the published ports (HTTP with JSON and binary
+  tensors, and gRPC) and gets the answers computed here, the spans reach an OTLP/HTTP
+  receiver on the host under the caller's traceparent (examples/traced's own, opened with
+  the OpenTelemetry API, under its batch's run, with the caller's baggage), and /metrics
+  counts the requests;
 - a mounted repository replaces the bundled models; SIGTERM with requests queued and running
   answers every one of them with its own values, and the container exits 0;
 - the compose stack (`./dev compose`, docker/compose.sh): aserve and Prometheus come up,
@@ -99,6 +100,7 @@ async def engine(*args: str, check: bool = True, timeout: float = 120.0) -> str:
 class Container:
     name: str
     url: str
+    grpc: str  # host:port of the published gRPC port
     started: float  # time.monotonic() of `run`
 
     async def inspect(self) -> dict[str, Any]:
@@ -134,12 +136,13 @@ async def container(*options: str) -> AsyncIterator[Container]:
     on failure) on the way out."""
     name = f"aserve-test-{uuid.uuid4().hex[:12]}"
     started = time.monotonic()
-    await engine("run", "-d", "--name", name, "-p", "127.0.0.1::8000", *options, IMAGE)
+    await engine("run", "-d", "--name", name, "-p", "127.0.0.1::8000", "-p", "127.0.0.1::8001", *options, IMAGE)
     try:
         address = (await engine("port", name, "8000/tcp")).split()[0]
-        yield Container(name, f"http://{address}", started)
+        grpc = (await engine("port", name, "8001/tcp")).split()[0]
+        yield Container(name, f"http://{address}", grpc, started)
     except BaseException:
-        print(f"---- {name} logs ----\n{await Container(name, '', started).logs()}")
+        print(f"---- {name} logs ----\n{await Container(name, '', '', started).logs()}")
         raise
     finally:
         await engine("rm", "-f", "-t", "0", name, check=False)
@@ -186,6 +189,23 @@ def mlp_network() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.build()
+
+
+def grpc_infer(address: str, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+    """tritonclient.grpc's `simple` call on one thread: its outputs."""
+    import tritonclient.grpc as triton_grpc
+
+    client = triton_grpc.InferenceServerClient(address)
+    try:
+        inputs = []
+        for name, value in (("INPUT0", a), ("INPUT1", b)):
+            tensor = triton_grpc.InferInput(name, list(value.shape), "INT32")
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        result = client.infer("simple", inputs)
+        return {name: result.as_numpy(name) for name in ("OUTPUT0", "OUTPUT1")}
+    finally:
+        client.close()
 
 
 def triton_infer(url: str, calls: list[tuple[str, dict[str, np.ndarray], bool, dict[str, str]]]
@@ -262,6 +282,9 @@ async def test_bundled_models_answer_trace_and_count_through_the_published_port(
             ("traced", {"X": scaled}, True, traced_headers),
         ])
         np.testing.assert_array_equal(traced["Y"], scaled * 2)  # its scale without a feature service
+        over_grpc = await asyncio.to_thread(grpc_infer, c.grpc, a, b)  # the published gRPC port
+        np.testing.assert_array_equal(over_grpc["OUTPUT0"], a + b)
+        np.testing.assert_array_equal(over_grpc["OUTPUT1"], a - b)
         for answer in (json_simple, binary_simple):
             np.testing.assert_array_equal(answer["OUTPUT0"], a + b)
             np.testing.assert_array_equal(answer["OUTPUT1"], a - b)
@@ -306,7 +329,7 @@ async def test_bundled_models_answer_trace_and_count_through_the_published_port(
 
         async with aiohttp.ClientSession() as http:
             samples = await scrape(http, c.url)
-        for model, requests in (("simple", 2), ("mlp", 2), ("traced", 1)):
+        for model, requests in (("simple", 3), ("mlp", 2), ("traced", 1)):
             assert counted(samples, "aserve_inference_request_success_total", model) == requests, model
             assert counted(samples, "aserve_inference_request_failure_total", model) == 0, model
     print(f"\n{ENGINE} {IMAGE}: healthy {healthy_s:.1f} s after run; {len(collector.spans)} spans received")
