@@ -111,8 +111,14 @@ def test_grafana_provisions_the_prometheus_datasource_and_the_dashboard(compose:
     provisioning = mounted(service, "/etc/grafana/provisioning")
     assert provisioning == DOCKER / "grafana" / "provisioning"
     (datasources,) = (yaml.safe_load(p.read_text()) for p in (provisioning / "datasources").glob("*.y*ml"))
-    (source,) = datasources["datasources"]
+    source, traces = datasources["datasources"]
     assert source["type"] == "prometheus" and source["access"] == "proxy"
+    # an exemplar's trace id (aserve writes it as trace_id) opens the trace in the Jaeger datasource
+    (link,) = source["jsonData"]["exemplarTraceIdDestinations"]
+    assert link == {"name": "trace_id", "datasourceUid": traces["uid"]} and traces["type"] == "jaeger"
+    assert endpoint(traces["url"]) == ("jaeger", 16686)
+    reaches(compose, "jaeger", 16686)
+    assert "--enable-feature=exemplar-storage" in compose["services"]["prometheus"]["command"]
     host, port = endpoint(source["url"])
     assert (host, port) == ("prometheus", 9090)
     reaches(compose, host, port)

@@ -67,7 +67,7 @@ def dashboard() -> dict:
 @pytest.fixture(scope="module")
 def datasource() -> dict:
     provisioned = yaml.safe_load((DOCKER / "grafana" / "provisioning" / "datasources" / "prometheus.yaml").read_text())
-    (source,) = provisioned["datasources"]
+    (source,) = (s for s in provisioned["datasources"] if s["type"] == "prometheus")  # Jaeger is beside it
     return {"type": source["type"], "uid": source["uid"]}
 
 
