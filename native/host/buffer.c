@@ -78,6 +78,43 @@ PyType_Spec as_buffer_spec = {
     .slots = buffer_slots,
 };
 
+PyObject *as_output_list(PyTypeObject *tp, const as_job *job, as_buffer_free_fn on_free, void *ctx, Py_ssize_t *refs)
+{
+    size_t n = job->n_outputs;
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (list == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        const as_tensor *t = &job->outputs[i];
+        PyObject *shape = PyTuple_New(t->ndim);
+        if (shape == NULL)
+            goto error;
+        for (int d = 0; d < t->ndim; d++) {
+            PyObject *size = PyLong_FromLongLong(t->shape[d]);
+            if (size == NULL) {
+                Py_DECREF(shape);
+                goto error;
+            }
+            PyTuple_SET_ITEM(shape, d, size);
+        }
+        (*refs)++;
+        PyObject *buf = as_buffer_new(tp, on_free, ctx, NULL, t->data, t->nbytes, t->readonly);
+        if (buf == NULL) {
+            (*refs)--;
+            Py_DECREF(shape);
+            goto error;
+        }
+        PyObject *item = Py_BuildValue("(ssNN)", t->name, t->datatype, shape, buf);
+        if (item == NULL)
+            goto error;
+        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    return list;
+error:
+    Py_DECREF(list); /* the buffers made so far drop their references as they go */
+    return NULL;
+}
+
 PyObject *as_buffer_from_address(PyObject *module, PyObject *args)
 {
     PyObject *addr, *keep;

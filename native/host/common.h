@@ -91,5 +91,9 @@ extern PyType_Spec as_buffer_spec;
 PyObject *as_buffer_new(PyTypeObject *tp, as_buffer_free_fn on_free, void *ctx, PyObject *keep, void *data,
                         size_t nbytes, int readonly);
 PyObject *as_buffer_from_address(PyObject *module, PyObject *args);
+/* A finished job's outputs as a list of (name, datatype, shape, OutputBuffer): each buffer
+ * takes one reference on *refs and calls on_free(ctx) when gone (the caller holds one of its
+ * own while this runs). NULL with an exception set. */
+PyObject *as_output_list(PyTypeObject *tp, const as_job *job, as_buffer_free_fn on_free, void *ctx, Py_ssize_t *refs);
 
 #endif

@@ -177,13 +177,9 @@ error:
 
 static PyObject *make_outputs(linkobj *self, hjob *j, PyTypeObject *buffer_type)
 {
-    size_t n = j->job.n_outputs;
-    PyObject *list = PyList_New((Py_ssize_t)n);
-    fresult_t *r = list != NULL ? PyMem_Calloc(1, sizeof *r) : NULL;
-    if (r == NULL) {
-        Py_XDECREF(list);
+    fresult_t *r = PyMem_Calloc(1, sizeof *r);
+    if (r == NULL)
         return PyErr_NoMemory(); /* job_free gives the owner back */
-    }
     r->api = self->api;
     r->pool = j->pool;
     r->worker = j->worker;
@@ -191,31 +187,9 @@ static PyObject *make_outputs(linkobj *self, hjob *j, PyTypeObject *buffer_type)
     r->owner = j->job.owner;
     r->refs = 1; /* held while building */
     j->job.owner = NULL;
-    for (size_t i = 0; i < n; i++) {
-        as_tensor *t = &j->job.outputs[i];
-        PyObject *shape = PyTuple_New(t->ndim);
-        if (shape == NULL)
-            goto error;
-        for (int d = 0; d < t->ndim; d++)
-            PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(t->shape[d]));
-        r->refs++;
-        PyObject *buf = as_buffer_new(buffer_type, result_decref, r, NULL, t->data, t->nbytes, t->readonly);
-        if (buf == NULL) {
-            r->refs--;
-            Py_DECREF(shape);
-            goto error;
-        }
-        PyObject *item = Py_BuildValue("(ssNN)", t->name, t->datatype, shape, buf);
-        if (item == NULL)
-            goto error;
-        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
-    }
+    PyObject *list = as_output_list(buffer_type, &j->job, result_decref, r, &r->refs);
     result_decref(r);
     return list;
-error:
-    Py_DECREF(list);
-    result_decref(r);
-    return NULL;
 }
 
 /* (token, ok, payload) as Pool.drain gives them; NULL with an exception set. */

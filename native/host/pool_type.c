@@ -371,43 +371,17 @@ static PyObject *make_outputs(pool_t *p, hjob *j)
     module_state *st = as_state_of_type(Py_TYPE(p));
     if (st == NULL)
         return NULL;
-    size_t n = j->job.n_outputs;
-    PyObject *list = PyList_New((Py_ssize_t)n);
-    struct as_result *r = list != NULL ? calloc(1, sizeof *r) : NULL;
-    if (r == NULL) {
-        Py_XDECREF(list);
+    struct as_result *r = calloc(1, sizeof *r);
+    if (r == NULL)
         return PyErr_NoMemory(); /* as_pool_job_free gives the owner back */
-    }
     r->pool = (pool_t *)Py_NewRef(p);
     r->worker = p->workers[j->worker];
     r->owner = j->job.owner;
     r->refs = 1; /* held while building; dropped below */
     j->job.owner = NULL;
-    for (size_t i = 0; i < n; i++) {
-        as_tensor *t = &j->job.outputs[i];
-        PyObject *shape = PyTuple_New(t->ndim);
-        if (shape == NULL)
-            goto error;
-        for (int d = 0; d < t->ndim; d++)
-            PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(t->shape[d]));
-        r->refs++;
-        PyObject *buf = as_buffer_new(st->buffer_type, as_pool_result_decref, r, NULL, t->data, t->nbytes, t->readonly);
-        if (buf == NULL) {
-            r->refs--;
-            Py_DECREF(shape);
-            goto error;
-        }
-        PyObject *item = Py_BuildValue("(ssNN)", t->name, t->datatype, shape, buf);
-        if (item == NULL)
-            goto error;
-        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
-    }
+    PyObject *list = as_output_list(st->buffer_type, &j->job, as_pool_result_decref, r, &r->refs);
     as_pool_result_decref(r);
     return list;
-error:
-    Py_DECREF(list);
-    as_pool_result_decref(r);
-    return NULL;
 }
 
 /* (token, ok, payload) for one finished job, or NULL with an exception set. */
