@@ -46,11 +46,10 @@ import aiohttp
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from aiohttp import web
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..conftest import EXAMPLES, ROOT, load_script, needs_torch, spawns, until
+from ..peers import Receiver
 
 IMAGE = os.environ.get("ASERVE_IMAGE", "aserve:latest")
 NON_ROOT_UID = 10001  # the Dockerfile's `useradd --uid`
@@ -148,38 +147,12 @@ async def container(*options: str) -> AsyncIterator[Container]:
         await engine("rm", "-f", "-t", "0", name, check=False)
 
 
-class Receiver:
-    """An OTLP/HTTP trace receiver on the host: the spans it is sent and their resources."""
-
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-        self.resources: list[dict[str, str]] = []
-
-    async def traces(self, request: web.Request) -> web.Response:
-        message = trace_service_pb2.ExportTraceServiceRequest()
-        message.ParseFromString(await request.read())
-        for rs in message.resource_spans:
-            self.resources.append({a.key: a.value.string_value for a in rs.resource.attributes})
-            for ss in rs.scope_spans:
-                self.spans.extend(ss.spans)
-        return web.Response(body=trace_service_pb2.ExportTraceServiceResponse().SerializeToString(),
-                            content_type="application/x-protobuf")
-
-
 @asynccontextmanager
 async def receiver() -> AsyncIterator[tuple[Receiver, int]]:
     """Listening on every address: the container reaches the host through its bridge."""
     r = Receiver()
-    app = web.Application()
-    app.router.add_post("/v1/traces", r.traces)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "0.0.0.0", 0)
-    await site.start()
-    try:
-        yield r, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    finally:
-        await runner.cleanup()
+    async with r.serving("0.0.0.0") as port:
+        yield r, port
 
 
 def mlp_network() -> Any:

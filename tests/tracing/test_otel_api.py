@@ -22,7 +22,8 @@ from aiohttp import web
 from aserve.tracing.recorder import parse_tracestate
 
 from ..conftest import EXAMPLES, spawns, until, wait_ready
-from .conftest import Receiver, attrs
+from ..peers import Receiver, serving
+from .conftest import attrs
 
 # the engines whose interpreters import the OpenTelemetry SDK (3.11: private libpython copies; 3.13: PEP 684)
 ENGINES = ["private", "main"] if sys.version_info < (3, 12) else ["subinterp", "main"]
@@ -42,17 +43,8 @@ class Features:
 @pytest.fixture
 async def features() -> AsyncIterator[tuple[Features, str]]:
     f = Features()
-    app = web.Application()
-    app.router.add_get("/scale", f.scale)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with serving([("GET", "/scale", f.scale)]) as port:
         yield f, f"http://127.0.0.1:{port}/scale"
-    finally:
-        await runner.cleanup()
 
 
 def traced_example(folder: pathlib.Path, feature_url: str) -> pathlib.Path:
