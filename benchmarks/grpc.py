@@ -54,7 +54,7 @@ import numpy as np
 import psutil
 
 from . import ROOT, child_env
-from .servers import ServerFailed, _imports, _pip, free_port, get
+from .servers import ServerFailed, _imports, _pip, cpu_s, free_port, get, stop_tree
 
 SERVERS = ("aserve-grpc", "aserve-http", "mlserver-grpc")
 MLSERVER_VERSION = "1.7.1"
@@ -99,40 +99,16 @@ class Process:
 
     def cpu_s(self) -> float:
         assert self.proc is not None
-        total = 0.0
         try:
             root = psutil.Process(self.proc.pid)
-            family = [root, *root.children(recursive=True)]
+            return cpu_s([root, *root.children(recursive=True)])
         except psutil.NoSuchProcess:
             return 0.0
-        for p in family:
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.NoSuchProcess:
-                pass
-        return total
 
     def stop(self) -> int | None:
         if self.proc is None:
             return None
-        try:
-            family = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            family = []
-        self.proc.terminate()
-        try:
-            rc = self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        for p in family:  # MLServer's workers: started by this server, ended by their ids
-            try:
-                p.wait(10)
-            except psutil.TimeoutExpired:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+        rc = stop_tree(self.proc)
         self.log.unlink(missing_ok=True)
         return rc
 

@@ -38,6 +38,41 @@ TORCH_PIN = "torch==2.13.0"  # the CPU wheel; an unpinned torch pulls gigabytes 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def cpu_s(processes: list[psutil.Process]) -> float:
+    """User and system CPU seconds of `processes` together (those gone count nothing)."""
+    total = 0.0
+    for p in processes:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def stop_tree(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM a server, wait (kill it after 30 s), then end the processes it had started
+    (workers, a front) by their ids; its exit status."""
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    proc.terminate()
+    try:
+        rc = proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait()
+    for p in family:
+        try:
+            p.wait(10)
+        except psutil.TimeoutExpired:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return rc
+
+
 class ServerFailed(RuntimeError):
     """The server did not start or did not become ready; the message says why (log tail included)."""
 
@@ -133,23 +168,7 @@ class ServerProcess:
         """SIGTERM, wait, then kill whatever of its tree is left; the exit status of the server."""
         if self.proc is None:
             return None
-        try:
-            family = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            family = []
-        self.proc.terminate()
-        try:
-            rc = self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        for p in family:  # MOSEC's workers and front: started by this server, ended by their ids
-            try:
-                p.wait(10)
-            except psutil.TimeoutExpired:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+        rc = stop_tree(self.proc)
         if self.log is not None:
             self.log.unlink(missing_ok=True)
         return rc
@@ -178,14 +197,7 @@ class ServerProcess:
         return total / 2**20
 
     def tree_cpu_s(self) -> float:
-        total = 0.0
-        for p in self.tree():
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.NoSuchProcess:
-                pass
-        return total
+        return cpu_s(self.tree())
 
     def front_cpu_s(self) -> float:
         """CPU of the server's front: its event-loop thread, or MOSEC's Rust process (all threads)."""
