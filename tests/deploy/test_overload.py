@@ -17,10 +17,12 @@ async def test_overload_refuses_with_retry_after_and_nothing_else() -> None:
     # the capacity is measured on the window server, as the load test does: measured on the
     # adaptive one, the closed loop's refused clients send again at once, and their 503s take
     # the cores from the interpreters (about a fifth of the capacity read, so 3x that is no overload)
-    # memory: the window server is held to the load test's bound (its batches of up to 32 images
-    # hold about 250 MB of activations at once), the adaptive one's small batches to 100 MB below
+    # memory (PSS less the libraries): the window server, without admission control, runs batches
+    # of up to 32 images in both interpreters at once, and each interpreter's C library keeps the
+    # largest working set its arenas held: it is held to 500 MB, against a leak; the adaptive
+    # one's small batches to 100 MB below
     args = overload.parse(["--policies", "window,adaptive", "--duration", "3", "--capacity-seconds", "2",
-                           "--connections", "64", "--factor", "3"])
+                           "--connections", "64", "--factor", "3", "--max-pss-growth-mb", "500"])
     result = await overload.run(args)
     adaptive = result["policies"]["adaptive"]
     assert overload.problems(result, args.max_pss_growth_mb) == [], adaptive
@@ -31,8 +33,8 @@ async def test_overload_refuses_with_retry_after_and_nothing_else() -> None:
     # latency from the send is part of latency from the scheduled arrival; the client's own delay is reported
     assert adaptive["admitted_from_send_p99_ms"] <= adaptive["admitted_p99_ms"], adaptive
     assert adaptive["client_send_lag_p99_ms"] >= 0.0 and 0.0 <= adaptive["within_budget_from_send"] <= 1.0, adaptive
-    pss = adaptive["pss_mb"]
-    assert pss["peak"] - pss["before"] <= 100, pss
+    own = adaptive["own_mb"]  # PSS less the libraries, whose share moves as other processes map them
+    assert own["peak"] - own["before"] <= 100, own
 
 
 @needs_torch
