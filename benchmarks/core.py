@@ -198,3 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
