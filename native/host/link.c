@@ -19,7 +19,7 @@ void as_link_post(hjob *j)
     as_link *l = j->link;
     pthread_mutex_lock(&l->mu);
     j->next = l->done;
-    __atomic_store_n(&l->done, j, __ATOMIC_RELEASE); /* Link.poll reads it without the lock */
+    l->done = j;
     int wake = !l->signalled;
     l->signalled = 1;
     pthread_mutex_unlock(&l->mu);
@@ -32,7 +32,7 @@ void as_link_post_inputs(hinputs *in)
     as_link *l = in->link;
     pthread_mutex_lock(&l->mu);
     in->next = l->released;
-    __atomic_store_n(&l->released, in, __ATOMIC_RELEASE); /* Link.poll reads it without the lock */
+    l->released = in;
     int wake = !l->signalled;
     l->signalled = 1;
     pthread_mutex_unlock(&l->mu);

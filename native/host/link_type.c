@@ -256,16 +256,6 @@ static PyObject *link_drain(linkobj *self, PyObject *Py_UNUSED(ignored))
     return out;
 }
 
-/* drain() if a job finished or inputs came back since the last drain, else None: cheap
- * enough to call on every turn of the loop. */
-static PyObject *link_poll(linkobj *self, PyObject *Py_UNUSED(ignored))
-{
-    as_link *l = self->link;
-    if (__atomic_load_n(&l->done, __ATOMIC_ACQUIRE) == NULL && __atomic_load_n(&l->released, __ATOMIC_ACQUIRE) == NULL)
-        Py_RETURN_NONE;
-    return link_drain(self, NULL);
-}
-
 static PyObject *link_pending(linkobj *self, void *Py_UNUSED(closure))
 {
     return Py_BuildValue("(nn)", self->jobs, self->inputs);
@@ -279,7 +269,6 @@ static PyMethodDef link_methods[] = {
      "may run in one batch with other fronts' batches of the model, of at most that many rows"},
     {"drain", (PyCFunction)link_drain, METH_NOARGS,
      "drain() -> [(token, ok, payload)]: the jobs finished since the last drain, as Pool.drain gives them"},
-    {"poll", (PyCFunction)link_poll, METH_NOARGS, "poll() -> drain() if something finished since the last drain, else None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -147,49 +147,17 @@ async def test_the_loop_polls_only_for_lone_batches_short_enough_to_pay(model_di
     async with Pool(engine="private", interpreters=1, spin_us=20_000, spinners=1) as pool:
         await pool.load(ModelSpec(name="slow", path=str(model_dir(SLOW))))
         await pool.load(ModelSpec(name="double", path=str(model_dir(DOUBLE))))
-        assert pool._lone.pays
+        assert pool._lone_pays
         for i in range(8):
             assert _y(await pool.infer("slow", _x(i))) == [2 * i]
-        assert not pool._lone.pays
+        assert not pool._lone_pays
         for i in range(400):  # fast batches: polling pays again once most of the last few were fast
             assert _y(await pool.infer("double", _x(i))) == [2 * i]
-            if pool._lone.pays:
+            if pool._lone_pays:
                 break
-        assert pool._lone.pays
+        assert pool._lone_pays
 
 
 def test_spin_must_not_be_negative() -> None:
     with pytest.raises(EngineError, match="spin_us must be >= 0"):
         Pool(engine="main", interpreters=1, spin_us=-1)
-
-
-@pytest.mark.parametrize("poll_us", [20_000, 0])
-async def test_a_front_polls_its_link_for_a_lone_batch(model_dir, poll_us: int) -> None:
-    """A front loop's Link is polled for a lone batch's answer as the host's pool is: with
-    the link's eventfd left unwatched, polling alone answers it; without polling, the
-    eventfd does (the Link here is opened in the host's own interpreter, on the host's table)."""
-    from aserve import _native
-    from aserve.server.front import LinkEngine
-
-    async with Pool(engine="private", interpreters=1) as pool:
-        info = await pool.load(ModelSpec(name="double", path=str(model_dir(DOUBLE))))
-        loop = asyncio.get_running_loop()
-        engine = LinkEngine(_native.link_api(), loop, poll_us / 1e6)
-        names = tuple(s.name for s in info.inputs)
-        datatypes = tuple(s.datatype for s in info.inputs)
-        engine.models["double"] = (pool.address, pool.mask_of("double"), names, datatypes, 0)
-        try:
-            if poll_us:
-                loop.remove_reader(engine.link.fileno())  # polling must answer by itself
-            for i in range(3):
-                got: asyncio.Future[list[int]] = loop.create_future()
-                engine.run("double", [_x(i, i + 1)["x"]],
-                           lambda out, err: got.set_exception(err) if err else got.set_result(_y(out)))
-                assert await asyncio.wait_for(got, 30) == [2 * i, 2 * i + 2]
-                assert engine.in_flight == 0
-            assert engine.lone.pays
-            if poll_us:
-                loop.add_reader(engine.link.fileno(), engine._drain)
-            await until(lambda: engine.link.pending == (0, 0))  # the inputs came back too
-        finally:
-            engine.close()

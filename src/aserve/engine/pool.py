@@ -44,7 +44,6 @@ from ..errors import EngineError, InvalidInput, ModelError, ModelLoadError, Mode
 from ..runtime.model import TensorSpec
 from ..tensor import Tensor
 from . import tunables
-from .lone import LonePoll
 
 ENGINES = ("private", "subinterp", "main")
 BOOTSTRAP = "aserve.runtime._worker"
@@ -56,6 +55,8 @@ def _spinners(cpus: int) -> int:
     return 0 if cpus < 2 else max(1, (cpus - 1) // 2)
 
 
+_LONE_JOBS = 8  # lone jobs whose times decide whether the loop polls for the next one
+_POLL_PAYS_S = 100e-6  # the loop polls for lone jobs answered within this: a few times what its wake-up costs
 
 
 class BatchCancelled(RequestTimeout):
@@ -280,11 +281,16 @@ class Pool:
         self.interpreters = n
         self.spin_us = spin_us
         self.spinners = spinners if spinners is not None else _spinners(have)
-        # on one CPU the loop's polling for a lone job starves the batch
-        self._lone = LonePoll(spin_us / 1e6 if have >= 2 else 0.0, self._poll_take, self._answer, self._poll_busy)
+        self._poll_s = spin_us / 1e6 if have >= 2 else 0.0  # on one CPU the loop's polling starves the batch
+        self._polling = False  # a _poll callback is scheduled
+        self._poll_until = 0.0
         self._native: _native.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._in_flight = 0  # jobs submitted and not yet completed
+        self._lone_from = 0.0  # when the job now alone in flight was queued (0: none, or not alone)
+        self._lone: list[float] = []  # seconds the last lone jobs took, queued to answered
+        self._lone_pays = True  # whether the loop polls for a lone job's answer
+        self._lone_count = 0  # lone jobs queued, all told
         self._idle: asyncio.Future[None] | None = None  # resolved when _in_flight drops to 0
         self._models: dict[str, _Model] = {}
         self._closed = False
@@ -309,7 +315,6 @@ class Pool:
         native = self._take_native()
         have = native.stats()["ready"]
         self._native, self._loop = native, loop
-        self._lone.bind(loop)
         loop.add_reader(native.fileno(), self._drain)
         futures = []
         for _ in range(self.interpreters - have):
@@ -429,15 +434,52 @@ class Pool:
         self._answer(self._started.drain())
 
     def _poll_soon(self) -> None:
-        """A job was queued (and counted in flight): poll for its answer if it is alone (lone.py)."""
-        self._lone.queued(self._in_flight)
+        """A job was queued (and counted in flight): poll for answers from the next turn of the
+        loop on, if it is the only one (at low load; under load the loop turns anyway, and
+        polling would only add a callback to every turn) and lone jobs polled for have lately
+        been answered within about what a wake-up costs (polling for a longer batch burns
+        the loop's CPU for the whole batch to save one wake-up; one lone job in
+        _LONE_JOBS is polled for all the same, to learn whether that changed), or while
+        polling goes on."""
+        lone = self._in_flight == 1
+        if lone:
+            self._lone_from = time.perf_counter()
+            self._lone_count += 1
+        else:
+            self._lone_from = 0.0  # not alone: its time says nothing of a lone job's
+        if self._poll_s and (self._polling or (lone and (self._lone_pays or self._lone_count % _LONE_JOBS == 0))):
+            self._poll_until = time.perf_counter() + self._poll_s
+            if not self._polling and self._loop is not None:
+                self._polling = True
+                self._loop.call_soon(self._poll)
 
-    def _poll_busy(self) -> bool:
-        return bool(self._in_flight) and not self._closed and self._native is not None
+    def _lone_done(self) -> None:
+        """The only job in flight was answered: if the loop polled for it (a time taken
+        waiting for the eventfd would count the wake-up too), remember how long it took,
+        and whether polling for the next lone one pays (the median of the last few)."""
+        if self._polling:
+            lone = self._lone
+            lone.append(time.perf_counter() - self._lone_from)
+            if len(lone) > _LONE_JOBS:
+                del lone[0]
+            self._lone_pays = len(lone) < _LONE_JOBS or sorted(lone)[_LONE_JOBS // 2] <= _POLL_PAYS_S
+        self._lone_from = 0.0
 
-    def _poll_take(self) -> list[Any] | None:
-        native = self._native
-        return None if native is None else native.poll()
+    def _poll(self) -> None:
+        """While a batch runs, answer what finished at every turn of the loop rather than
+        wait for the eventfd to wake it, until nothing is in flight or spin_us passed
+        since the last batch was queued. I/O is served between two turns as usual."""
+        if self._closed or self._native is None:
+            self._polling = False
+            return
+        items = self._native.poll()
+        if items is not None:
+            self._answer(items)
+        if self._in_flight and time.perf_counter() < self._poll_until:
+            assert self._loop is not None
+            self._loop.call_soon(self._poll)
+        else:
+            self._polling = False
 
     def _answer(self, items: list[Any]) -> None:
         """Call each finished job's token; one that raises is reported to the loop and
@@ -461,8 +503,8 @@ class Pool:
 
     def _done_one(self) -> None:
         self._in_flight -= 1
-        if self._in_flight == 0:
-            self._lone.finished()
+        if self._in_flight == 0 and self._lone_from:
+            self._lone_done()
         if self._in_flight == 0 and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
 
@@ -474,7 +516,7 @@ class Pool:
 
     def _forget(self) -> None:
         """A job that was never queued after all (no lone job's time either)."""
-        self._lone.forget()
+        self._lone_from = 0.0
         self._done_one()
 
     def _submit(self, kind: int, *, model: str | None = None, text: str | None = None,

@@ -24,14 +24,13 @@ from typing import Any
 
 import msgspec
 
-from .. import _native, cpus
+from .. import _native
 from ..batching import Batcher, FairScheduler
 from ..batching.policy import WindowPolicy
 from ..config import ServerSettings
 from ..dataplane import DataPlane
 from ..dataplane.models import READY, ModelHandle, ModelRoutes
 from ..dataplane.stats import BatchTotals
-from ..engine.lone import LonePoll
 from ..engine.pool import Done, ModelInfo, _error, tensors
 from ..errors import EngineError, ModelNotFound
 from ..inference import ModelSchema
@@ -67,11 +66,9 @@ def main(config: str) -> None:
 class LinkEngine:
     """What a front's batchers run batches on: the host's pools, through a native Link."""
 
-    def __init__(self, api: int, loop: asyncio.AbstractEventLoop, poll_s: float) -> None:
+    def __init__(self, api: int, loop: asyncio.AbstractEventLoop) -> None:
         self.link = _native.Link(api)
         self.loop = loop
-        self.lone = LonePoll(poll_s, self.link.poll, self._answer, self._busy)
-        self.lone.bind(loop)
         # a model's key -> (its pool's address, the interpreters that run it, its inputs' names and datatypes,
         # the most rows a batch coalesced with other fronts' may hold: 0 never)
         self.models: dict[str, tuple[int, int, tuple[str, ...], tuple[str, ...], int]] = {}
@@ -87,17 +84,10 @@ class LinkEngine:
         job: int = self.link.infer(pool, model, mask, names, datatypes, list(inputs),
                                    functools.partial(self._done, done, trace), trace, max_rows)
         self.in_flight += 1
-        self.lone.queued(self.in_flight)
         return job
 
-    def _busy(self) -> bool:
-        return self.in_flight > 0
-
     def _drain(self) -> None:
-        self._answer(self.link.drain())
-
-    def _answer(self, items: list[Any]) -> None:
-        for token, ok, payload in items:
+        for token, ok, payload in self.link.drain():
             try:
                 token(ok, payload)
             except Exception as exc:  # noqa: BLE001 - every other completion is still answered
@@ -105,8 +95,6 @@ class LinkEngine:
 
     def _done(self, done: Any, traced: bool, ok: bool, payload: Any) -> None:
         self.in_flight -= 1
-        if not self.in_flight:
-            self.lone.finished()
         if not ok:
             done(None, _error(payload))
         elif traced:
@@ -237,8 +225,7 @@ class Front:
         loop = asyncio.get_running_loop()
         channel = self.channel = await Channel.open(socket.socket(fileno=self.fd))
         logging.getLogger().handlers[:] = [_ToHost(channel)]
-        # the host's pools poll for a lone batch the same way (engine/lone.py); on one CPU never
-        self.engine = LinkEngine(self.api, loop, self.settings.spin_us / 1e6 if cpus.available() >= 2 else 0.0)
+        self.engine = LinkEngine(self.api, loop)
         channel.send({"op": "ready", "index": self.index})
         try:
             while True:
