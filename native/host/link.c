@@ -163,4 +163,5 @@ const as_link_api as_link_api_table = {
     .inputs_free = as_pool_inputs_free,
     .give_back = link_give_back,
     .shared_release = as_pool_shared_release,
+    .cancel = as_pool_cancel,
 };

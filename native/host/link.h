@@ -14,7 +14,7 @@
 
 #include "pool.h"
 
-#define AS_LINK_API_VERSION 2
+#define AS_LINK_API_VERSION 3
 
 typedef struct as_link {
     pthread_mutex_t mu;
@@ -48,6 +48,10 @@ typedef struct as_link_api {
     void (*give_back)(pool_t *p, int worker, void *owner);
     /* The same for a job's shared owner (hjob.shared: it ran coalesced with others). */
     void (*shared_release)(pool_t *p, void *owner);
+    /* Cancel job `id` of pool p (as_pool_cancel): "queued" (it completes now, failed with
+     * Cancelled), "running" (Cancelled is raised in its interpreter), or NULL (finished, or
+     * running in one batch with other jobs, whose rows must still come). */
+    const char *(*cancel)(pool_t *p, uint64_t id);
 } as_link_api;
 
 extern const as_link_api as_link_api_table;

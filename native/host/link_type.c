@@ -256,6 +256,21 @@ static PyObject *link_drain(linkobj *self, PyObject *Py_UNUSED(ignored))
     return out;
 }
 
+static PyObject *link_cancel(linkobj *self, PyObject *args)
+{
+    PyObject *pool_address;
+    unsigned long long id;
+    if (!PyArg_ParseTuple(args, "OK:cancel", &pool_address, &id))
+        return NULL;
+    pool_t *p = PyLong_AsVoidPtr(pool_address);
+    if (p == NULL)
+        return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "Link.cancel: no pool at address 0");
+    const char *state = self->api->cancel(p, (uint64_t)id);
+    if (state == NULL)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(state);
+}
+
 static PyObject *link_pending(linkobj *self, void *Py_UNUSED(closure))
 {
     return Py_BuildValue("(nn)", self->jobs, self->inputs);
@@ -269,6 +284,9 @@ static PyMethodDef link_methods[] = {
      "may run in one batch with other fronts' batches of the model, of at most that many rows"},
     {"drain", (PyCFunction)link_drain, METH_NOARGS,
      "drain() -> [(token, ok, payload)]: the jobs finished since the last drain, as Pool.drain gives them"},
+    {"cancel", (PyCFunction)link_cancel, METH_VARARGS,
+     "cancel(pool, job) -> 'queued' | 'running' | None: a queued job completes now, failed with Cancelled; "
+     "Cancelled is raised in a running one; None: it finished, or runs in one batch with other jobs"},
     {NULL, NULL, 0, NULL},
 };
 

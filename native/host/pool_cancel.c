@@ -100,7 +100,9 @@ const char *as_pool_cancel(pool_t *p, uint64_t id)
         break;
     }
     worker_t *w = state == NULL ? running_worker(p, id) : NULL;
-    if (w != NULL && !w->current->orphan) { /* an orphan's token has completed: nothing to cancel */
+    /* an orphan's token has completed: nothing to cancel; a batch coalesced with others runs
+     * their requests too (pool_coalesce.c): it is left to finish */
+    if (w != NULL && !w->current->orphan && w->current->part_next == NULL) {
         state = "running";
         start = begin_cancel(w);
     }

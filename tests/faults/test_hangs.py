@@ -31,6 +31,23 @@ async def test_hung_batch_is_cancelled_and_the_interpreter_answers_next(engine, 
     assert await call_ok(http, url, 1) == (200, 2)
 
 
+@pytest.mark.parametrize("act", [SPIN, SLEEP], ids=["spin", "sleep"])
+async def test_a_front_loops_hung_batch_is_cancelled(act, repository, start_server, http) -> None:
+    """The same with the request served by a front loop (`--loops 1`): its batcher cancels the
+    batch through its link, and the interpreter the hang held answers the next request."""
+    server, url = await start_server(repository, engine="private", interpreters=2, loops=1)
+    assert server.loops.serving == 1
+    status, answer = await call_faulty(http, url, act, timeout_us=300_000)
+    assert status == 504, answer
+    status, answer = await call_faulty(http, url, 0)
+    assert status == 200, answer
+    assert [front["http"]["requests"] for front in await server.loops.stats()] == [2]  # the front served both
+    seen = await metrics(http, url)
+    assert seen[f"aserve_batch_cancelled_total{LABELS}"] == 1
+    assert seen['aserve_pool_lost{engine="private"}'] == 0
+    assert seen['aserve_inference_request_failure_total{model="faulty",version="1",reason="timeout"}'] == 1
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 async def test_native_hang_loses_its_interpreter(engine, repository, start_server, http, monkeypatch,
                                                  caplog) -> None:

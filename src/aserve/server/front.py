@@ -75,8 +75,9 @@ class LinkEngine:
         self.in_flight = 0
         loop.add_reader(self.link.fileno(), self._drain)
 
-    def run(self, model: str, inputs: Sequence[Any], done: Done, /, *, trace: bool = False) -> int:
-        """`Pool.run` for a front: queue one batch on the first idle interpreter of `model`."""
+    def run(self, model: str, inputs: Sequence[Any], done: Done, /, *, trace: bool = False) -> tuple[int, int]:
+        """`Pool.run` for a front: queue one batch on the first idle interpreter of `model`;
+        returns what `cancel` takes (its pool's address and the job's id)."""
         found = self.models.get(model)
         if found is None:
             raise ModelNotFound(f"model {model!r} is not loaded")
@@ -84,7 +85,16 @@ class LinkEngine:
         job: int = self.link.infer(pool, model, mask, names, datatypes, list(inputs),
                                    functools.partial(self._done, done, trace), trace, max_rows)
         self.in_flight += 1
-        return job
+        return pool, job
+
+    def cancel(self, job: tuple[int, int], /) -> bool:
+        """`Pool.cancel` for a front: a batch nobody waits for any more never runs, or gets
+        Cancelled raised in its interpreter (its completion still comes, failed). False: it
+        finished, or runs in one batch with other batches (pool_coalesce.c), whose requests
+        still wait. A running batch that ignores Cancelled (blocked in native code) keeps its
+        interpreter: giving an interpreter up is the host pool's (Pool.cancel)."""
+        pool, number = job
+        return self.link.cancel(pool, number) is not None
 
     def _drain(self) -> None:
         for token, ok, payload in self.link.drain():
@@ -325,6 +335,7 @@ class Front:
             policy=WindowPolicy(max_queue_delay=config.batching.max_queue_delay_ms / 1000.0),
             max_batch_size=config.max_batch_size, interpreters=info.interpreters,
             max_queue_size=config.batching.max_queue_size, scheduler=scheduler, uniform=schema.uniform,
+            cancel=self.engine.cancel,
         )
         handle.engine, handle.info, handle.schema, handle.state = engine, info, schema, READY
         return handle
