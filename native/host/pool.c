@@ -534,8 +534,9 @@ int as_pool_add_worker(pool_t *p, PyObject *token)
     }
     if (p->library != NULL && as_private_namespaces_in_use() >= AS_MAX_NAMESPACES) {
         as_engine_error(Py_TYPE(p),
-                        "Pool.add_interpreter: glibc allows at most %d private interpreters per process "
-                        "(%d in use); use fewer interpreters or engine='subinterp'",
+                        "Pool.add_interpreter: glibc allows at most %d private interpreters per process, "
+                        "front loops (--loops) included (%d in use); use fewer interpreters or loops, or "
+                        "engine='subinterp'",
                         AS_MAX_NAMESPACES, as_private_namespaces_in_use());
         return -1;
     }

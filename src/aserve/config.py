@@ -56,7 +56,8 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     ] = "auto"
     interpreters: Annotated[
         int, msgspec.Meta(ge=1, description="interpreters per engine pool; None = the CPUs this process may use "
-                                            "(its affinity and cgroup CPU quota)")
+                                            "(its affinity and cgroup CPU quota), for the private engine at most "
+                                            "the link-map namespaces the front loops leave")
     ] | None = None
     loops: Annotated[
         int, msgspec.Meta(ge=0, le=8, description="event loops that serve connections beside the host's, each in "
@@ -178,15 +179,28 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         """Front loops to start (`loops`, or the default for the CPUs available)."""
         return self.loops if self.loops is not None else default_loops(cpus.available())
 
-    @property
-    def pool_size(self) -> int:
-        """Interpreters each engine pool gets."""
-        return self.interpreters or cpus.available()
+    def pool_size(self, engine: str) -> int:
+        """Interpreters the pool of `engine` gets: `interpreters`, or one per CPU available.
+        A private interpreter and a front loop each take one of glibc's link-map namespaces
+        (PRIVATE_NAMESPACES in all), so by default the private pool takes at most what the
+        front loops leave, not an interpreter count that fails to start on 16 CPUs or more."""
+        if self.interpreters:
+            return self.interpreters
+        n = cpus.available()
+        if engine == "private":
+            n = min(n, PRIVATE_NAMESPACES - self.loop_count)
+        return max(1, n)
+
+
+# glibc.rtld.nns=16 (engine/tunables.py) less the base namespace: _native.MAX_NAMESPACES
+PRIVATE_NAMESPACES = 15
 
 
 def default_loops(available: int) -> int:
-    """Front loops by default: none (the host's loop serves alone) below 4 CPUs."""
-    return 0 if available < 4 else min(8, available // 4)
+    """Front loops by default: none (the host's loop serves alone) below 4 CPUs, then one per
+    4 CPUs, at most 4: each takes a link-map namespace the private interpreters also need,
+    and 4 loops carry several times what one does while leaving 11 for interpreters."""
+    return 0 if available < 4 else min(4, available // 4)
 
 
 FIELDS: tuple[str, ...] = ServerSettings.__struct_fields__

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from aserve import cpus
+from aserve import _native, cpus
+from aserve.config import PRIVATE_NAMESPACES, ServerSettings
 from aserve.engine import Pool
 
 
@@ -74,3 +75,23 @@ def test_polling_needs_a_cpu_besides_the_loop(monkeypatch: pytest.MonkeyPatch, a
     monkeypatch.setattr(cpus, "available", lambda *a: available)
     pool = Pool(engine="main", spin_us=200)
     assert pool.spinners == spinners and pool.interpreters == available
+
+
+@pytest.mark.parametrize(("available", "loops", "private", "subinterp"),
+                         [(1, 0, 1, 1), (2, 0, 2, 2), (4, 1, 4, 4), (16, 4, 11, 16), (64, 4, 11, 64)])
+def test_default_interpreters_and_loops_fit_glibcs_namespaces(monkeypatch: pytest.MonkeyPatch, available: int,
+                                                             loops: int, private: int, subinterp: int) -> None:
+    """Every front loop and private interpreter takes a link-map namespace: by default the
+    private pool takes what the loops leave, so the default server starts on any CPU count."""
+    monkeypatch.setattr(cpus, "available", lambda *a: available)
+    settings = ServerSettings()
+    assert settings.loop_count == loops
+    assert settings.pool_size("private") == private and settings.pool_size("subinterp") == subinterp
+    assert settings.pool_size("main") == subinterp
+    assert loops + private <= _native.MAX_NAMESPACES == PRIVATE_NAMESPACES
+
+
+def test_explicit_loops_and_interpreters_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpus, "available", lambda *a: 16)
+    assert ServerSettings(loops=8).pool_size("private") == 7
+    assert ServerSettings(loops=8, interpreters=12).pool_size("private") == 12  # asked for: the engine says no

@@ -462,7 +462,7 @@ class ModelRegistry:
         pool = self.pools.get(engine)
         if pool is not None:
             return pool
-        pool = Pool(engine=engine, interpreters=self.settings.pool_size, spin_us=self.settings.spin_us)
+        pool = Pool(engine=engine, interpreters=self.settings.pool_size(engine), spin_us=self.settings.spin_us)
         try:
             await pool.start()
         except Exception as e:
