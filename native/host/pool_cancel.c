@@ -147,7 +147,7 @@ int as_pool_lose(pool_t *p, uint64_t id, PyObject *on_return, running_t *out)
     int wake = 0;
     pthread_mutex_lock(&p->mu);
     worker_t *w = running_worker(p, id);
-    if (w != NULL && !w->lost) {
+    if (w != NULL && !w->lost && w->current->part_next == NULL) { /* never a coalesced batch (as_pool_cancel) */
         hjob *j = w->current;
         out->index = w->index;
         out->seconds = (double)(monotonic_ns() - w->since) / 1e9;
@@ -159,6 +159,17 @@ int as_pool_lose(pool_t *p, uint64_t id, PyObject *on_return, running_t *out)
         proxy->token = j->token;
         j->token = Py_NewRef(on_return);
         Py_DECREF(token); /* None: immortal or referenced elsewhere, never freed here */
+        if (j->link != NULL) {
+            /* a front's job: the proxy completes it to the front, with the job's reference to
+             * the inputs (the interpreter keeps its own until it lets go of them, then they go
+             * back to the front); the orphan, now the host's, completes to on_return */
+            proxy->link = j->link;
+            proxy->ftoken = j->ftoken;
+            proxy->inputs = j->inputs;
+            j->link = NULL;
+            j->ftoken = NULL;
+            j->inputs = NULL;
+        }
         proxy->job.kind = j->job.kind;
         proxy->job.failed = 1;
         proxy->job.error_type = strdup("InterpreterLost");

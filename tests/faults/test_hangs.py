@@ -89,3 +89,36 @@ async def test_native_hang_loses_its_interpreter(engine, repository, start_serve
         assert (parameters["interpreters_lost"], parameters["interpreters_serving"]) == ([0], 1)
     async with http.get(f"{url}/v2/models/ok/ready") as r:
         assert r.status == 200
+
+
+async def test_a_front_loops_native_hang_loses_its_interpreter(repository, start_server, http, monkeypatch,
+                                                             caplog) -> None:
+    """The same with the request served by a front loop: the front cancels the batch, the host's
+    pool gives the interpreter up after the grace, and the fronts stop serving the model, which
+    the host answers as not ready."""
+    monkeypatch.setattr(Pool, "cancel_grace_s", 0.5)
+    caplog.set_level(logging.WARNING, logger="aserve.engine")
+    server, url = await start_server(repository, engine="private", interpreters=2, loops=1)
+    assert server.loops.serving == 1
+    status, answer = await call_faulty(http, url, PAUSE, timeout_us=300_000)
+    assert status == 504, answer
+
+    async def lost() -> bool:
+        return (await metrics(http, url))['aserve_pool_lost{engine="private"}'] == 1
+
+    await until(lost, what="interpreter 0 to be marked lost")
+    (front,) = await server.loops.stats()
+    assert front["http"]["requests"] >= 1  # the front served it
+    seen = await metrics(http, url)
+    assert seen[f"aserve_batch_cancelled_total{LABELS}"] == 1
+    assert seen[f"aserve_model_ready{LABELS}"] == 0
+    assert any("interpreter 0 of the private pool is lost: model faulty version 1" in r.getMessage()
+               for r in caplog.records)
+
+    async def refused() -> bool:  # the fronts learn the model has no interpreter left
+        status, _ = await call_faulty(http, url, 0, timeout_us=300_000)
+        return status == 503
+
+    await until(refused, what="faulty to be answered 503 (not ready)")
+    assert await call_ok(http, url, 1) == (200, 2)  # the pool's other model goes on, on the front
+

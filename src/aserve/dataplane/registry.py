@@ -431,6 +431,11 @@ class ModelRegistry:
                      ", ".join(f"{k} -> {v}" for k, v in sorted(labels.items())) or "none")
         record.labels = labels
 
+    def _lost_changed(self) -> None:
+        """An interpreter was given up or came back: which models are ready changed."""
+        if self.on_publish is not None:
+            self.on_publish()
+
     def _publish(self, record: ModelRecord) -> None:
         """Swap in the model's new routes (or drop them when the model is gone)."""
         if self.on_publish is not None:
@@ -463,6 +468,7 @@ class ModelRegistry:
         if pool is not None:
             return pool
         pool = Pool(engine=engine, interpreters=self.settings.pool_size(engine), spin_us=self.settings.spin_us)
+        pool.on_lost = self._lost_changed
         try:
             await pool.start()
         except Exception as e:

@@ -296,6 +296,7 @@ class Pool:
         self._closed = False
         self.lost_mask = 0  # bit i: interpreter i is lost (stuck in a job it was asked to give up)
         self._giving_up: dict[int, asyncio.TimerHandle] = {}  # job -> its grace timer
+        self.on_lost: Callable[[], None] | None = None  # an interpreter was given up, or came back
 
     @property
     def _started(self) -> _native.Pool:
@@ -803,10 +804,15 @@ class Pool:
         if self._native is None or self._closed:
             return False
         state = self._native.cancel(job)
-        if state == "running" and job not in self._giving_up:
-            assert self._loop is not None
-            self._giving_up[job] = self._loop.call_later(self.cancel_grace_s, self._give_up, job)
+        if state == "running":
+            self.watch(job)
         return state is not None
+
+    def watch(self, job: int, /) -> None:
+        """A running job was cancelled (here, or by a front loop's Link): give its interpreter
+        up if it has not returned `cancel_grace_s` from now."""
+        if job not in self._giving_up and self._loop is not None and not self._closed:
+            self._giving_up[job] = self._loop.call_later(self.cancel_grace_s, self._give_up, job)
 
     def _give_up(self, job: int) -> None:
         """The grace period of a cancelled job ended: if it still runs, its interpreter is lost."""
@@ -816,6 +822,7 @@ class Pool:
             return
         index, key, seconds = given_up
         self.lost_mask |= 1 << index
+        self._lost_changed()
         usable = self.interpreters - self.lost_mask.bit_count()
         log.error(
             "interpreter %d of the %s pool is lost: %s has not returned %.1f s into a batch that was cancelled "
@@ -830,8 +837,13 @@ class Pool:
         for index in self.lost:
             if index not in still:
                 self.lost_mask &= ~(1 << index)
+                self._lost_changed()
                 log.warning("interpreter %d of the %s pool is back %.1f s after it was given up; it takes jobs "
                             "again", index, self.engine, time.monotonic() - since)
+
+    def _lost_changed(self) -> None:
+        if self.on_lost is not None:
+            self.on_lost()
 
     @property
     def lost(self) -> list[int]:

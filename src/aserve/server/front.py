@@ -19,7 +19,7 @@ import asyncio
 import functools
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -66,9 +66,10 @@ def main(config: str) -> None:
 class LinkEngine:
     """What a front's batchers run batches on: the host's pools, through a native Link."""
 
-    def __init__(self, api: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, api: int, loop: asyncio.AbstractEventLoop, cancelled: Callable[[int, int], None]) -> None:
         self.link = _native.Link(api)
         self.loop = loop
+        self.cancelled = cancelled  # (pool, job): a running batch was cancelled; the host watches it
         # a model's key -> (its pool's address, the interpreters that run it, its inputs' names and datatypes,
         # the most rows a batch coalesced with other fronts' may hold: 0 never)
         self.models: dict[str, tuple[int, int, tuple[str, ...], tuple[str, ...], int]] = {}
@@ -91,10 +92,13 @@ class LinkEngine:
         """`Pool.cancel` for a front: a batch nobody waits for any more never runs, or gets
         Cancelled raised in its interpreter (its completion still comes, failed). False: it
         finished, or runs in one batch with other batches (pool_coalesce.c), whose requests
-        still wait. A running batch that ignores Cancelled (blocked in native code) keeps its
-        interpreter: giving an interpreter up is the host pool's (Pool.cancel)."""
+        still wait. A running one is reported to the host, whose pool gives its interpreter up
+        if it has not returned within the grace period (Pool.watch)."""
         pool, number = job
-        return self.link.cancel(pool, number) is not None
+        state = self.link.cancel(pool, number)
+        if state == "running":
+            self.cancelled(pool, number)
+        return state is not None
 
     def _drain(self) -> None:
         for token, ok, payload in self.link.drain():
@@ -235,7 +239,8 @@ class Front:
         loop = asyncio.get_running_loop()
         channel = self.channel = await Channel.open(socket.socket(fileno=self.fd))
         logging.getLogger().handlers[:] = [_ToHost(channel)]
-        self.engine = LinkEngine(self.api, loop)
+        self.engine = LinkEngine(self.api, loop, lambda pool, job: channel.send({"op": "cancelled", "pool": pool,
+                                                                                   "job": job}))
         channel.send({"op": "ready", "index": self.index})
         try:
             while True:

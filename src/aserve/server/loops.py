@@ -146,6 +146,10 @@ class Loops:
                                                            extra=message["extra"])
                 elif op == "gone":
                     front.connections -= 1
+                elif op == "cancelled":  # its running batch: given up with the host's own if it never returns
+                    for pool in self.server.plane.registry.pools.values():
+                        if pool.address == message["pool"]:
+                            pool.watch(message["job"])
                 elif op == "took":
                     front.handed.discard(message["fd"])
                 elif op in ("stats", "retired"):
