@@ -9,6 +9,7 @@ and a shutdown answers what every loop accepted.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import pathlib
 import time
@@ -18,6 +19,7 @@ import pytest
 
 from ..conftest import until
 from .conftest import ADD_CONFIG, ADD_MODEL, MODELS, write_repository
+from .test_http_front import read_response
 from .test_metrics import scrape, value
 
 
@@ -337,3 +339,31 @@ async def test_batches_of_different_loops_run_as_one(start_server, tmp_path: pat
         for s in sessions:
             await s.close()
 
+
+
+async def test_a_request_the_host_refuses_from_its_head_is_answered_before_its_body(looped) -> None:  # type: ignore[no-untyped-def]
+    """A front hands an infer request it does not serve to the host; the host's head checks
+    run as soon as the head arrives, so its refusal (here: no such model) comes before the
+    body is sent, the body is dropped, and the connection serves the next request."""
+    server, _ = looped
+    before = await front_requests(server)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        big = 1 << 20
+        writer.write((f"POST /v2/models/nope/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {big}\r\n\r\n").encode())
+        status, headers, body = await read_response(reader)
+        assert status == 404 and "connection" not in headers, body
+        assert "nope" in json.loads(body)["error"]
+        writer.write(b"{" * big)  # not JSON: decoded, it would be a 400
+        rows, other = [[1, 2, 3, 4]], [[4, 3, 2, 1]]
+        data = json.dumps(add_body(rows, other)).encode()
+        writer.write((f"POST /v2/models/add/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(data)}\r\n\r\n").encode() + data)
+        status, headers, body = await read_response(reader)
+        assert status == 200, body
+        assert {o["name"]: o["data"] for o in json.loads(body)["outputs"]} == dict(zip(("SUM", "DIFF"),
+                                                                                      expected(rows, other)))
+    finally:
+        writer.close()
+    assert sum(await front_requests(server)) == sum(before) + 2  # a front answered both

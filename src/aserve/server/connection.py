@@ -275,6 +275,7 @@ class Connection(asyncio.Protocol):
             method_name, target = _METHODS.get(method) or method.decode("ascii"), self._url.decode("latin-1")
         request = Request(method_name, target, version, headers, keep_alive=parser.should_keep_alive(),
                           received=self._received, remote=self.remote)
+        request.connection = self
         queue = self.queue
         if not queue and not self.busy:
             request.began = self._head_began
@@ -314,6 +315,18 @@ class Connection(asyncio.Protocol):
             request.decoder = zlib.decompressobj(31 if encoding == "gzip" else 15)
         if expect:
             request.expect = True
+
+    def answer_early(self, request: Request, answer: Response) -> bool:
+        """An answer decided after the request's head, before its body is whole (a front loop's
+        refusal from the host's head checks): sent as a head's answer is, the body dropped as it
+        comes (or the connection closed). False when the body is whole already (the handler
+        answers) or the request was answered."""
+        if request.answer is not None or request.complete or self.closing:
+            return False
+        request.answer = answer
+        request.drop = self._drops(request, answer)
+        self._advance()
+        return True
 
     def _drops(self, request: Request, answer: Response) -> bool:
         """Whether the connection stays open after an answer its head decided, the body read

@@ -45,8 +45,6 @@ from .http import Request, Response
 from .router import Dispatcher, Router
 from .routes import ROUTES, Route
 
-FORWARD = "forward"  # an infer request's state when the host answers it
-
 
 def main(config: str) -> None:
     """The front's whole life (the job the host runs in the front's interpreter): serve
@@ -61,6 +59,21 @@ def main(config: str) -> None:
     finally:
         loop.close()
         asyncio.set_event_loop(None)
+
+
+def _response(answer: dict[str, Any]) -> Response:
+    """The host's answer (Loops.answer's fields) as the front's response."""
+    response = Response(answer["status"], answer["body"], answer["headers"], close=answer["close"])
+    response.hold = answer["hold"]
+    return response
+
+
+def _refuse_early(request: Request, head: asyncio.Future[dict[str, Any]]) -> None:
+    """The host refused the request from its head while its body was still on the way: the
+    refusal goes out now, and the body is dropped as it comes."""
+    if head.cancelled() or head.result()["status"] is None or request.connection is None:
+        return
+    request.connection.answer_early(request, _response(head.result()))
 
 
 class LinkEngine:
@@ -198,40 +211,53 @@ class Front:
     # ---- requests ----
 
     def _prepare(self, app: App, request: Request) -> None:
-        """The infer routes' head check, or the mark that the host answers the request."""
-        if self.forward_infer:
-            request.state = FORWARD
-            return
-        try:
-            infer_routes.prepare(app, request)
-        except ModelNotFound:  # not one of the front's: the host knows (and answers 404 if none)
-            request.state = FORWARD
+        """The infer routes' head check; or, for a request the host answers, its head sent to
+        the host at once: the host's head checks (a refusal for overload, 404, a model not
+        ready) answer while the body arrives, and a refused request's body never goes over."""
+        if not self.forward_infer:
+            try:
+                infer_routes.prepare(app, request)
+                return
+            except ModelNotFound:  # not one of the front's: the host knows (and answers 404 if none)
+                pass
+        headers = request.headers
+        length = None if "transfer-encoding" in headers else int(headers.get("content-length", "0"))
+        head = request.state = self._ask({"op": "head", "method": request.method, "target": request.target,
+                                          "version": request.version, "headers": headers, "remote": request.remote,
+                                          "received": request.received, "length": length})
+        head.add_done_callback(functools.partial(_refuse_early, request))
 
     def _infer(self, app: App, request: Request) -> Any:
-        if request.state == FORWARD:
-            return self.forward(app, request)
+        if isinstance(request.state, asyncio.Future):
+            return self._forward_admitted(request.state, app, request)
         return infer_routes.infer(app, request)
 
-    async def forward(self, app: App, request: Request) -> Response:
-        """The host's answer to a request (it runs the same checks and handler)."""
+    async def _forward_admitted(self, head: asyncio.Future[dict[str, Any]], app: App, request: Request) -> Response:
+        """The host's refusal from the request's head, or else its answer to the whole request."""
+        answer = await head
+        if answer["status"] is not None:
+            return _response(answer)
+        return await self.forward(app, request)
+
+    def _ask(self, message: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        """Send the host `message` with a new id; the future of its answer."""
         channel = self.channel
         if channel is None:
             raise EngineError("the server is shutting down")
         self._next += 1
         key = self._next
         future = self._asked[key] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda _: self._asked.pop(key, None))
+        channel.send({**message, "id": key})
+        return future
+
+    async def forward(self, app: App, request: Request) -> Response:
+        """The host's answer to a request (it runs the same checks and handler)."""
         body = request.body
-        channel.send({"op": "forward", "id": key, "method": request.method, "target": request.target,
-                      "version": request.version, "headers": request.headers,
-                      "body": body if isinstance(body, bytes) else bytes(body), "remote": request.remote,
-                      "received": request.received})
-        try:
-            answer = await future
-        finally:
-            self._asked.pop(key, None)
-        response = Response(answer["status"], answer["body"], answer["headers"], close=answer["close"])
-        response.hold = answer["hold"]
-        return response
+        return _response(await self._ask({
+            "op": "forward", "method": request.method, "target": request.target, "version": request.version,
+            "headers": request.headers, "body": body if isinstance(body, bytes) else bytes(body),
+            "remote": request.remote, "received": request.received}))
 
     # ---- the host's messages ----
 

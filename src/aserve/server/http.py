@@ -44,6 +44,7 @@ class Request:
     body: Any = b""
     route: Any = None  # routes.Route, once matched
     state: Any = None
+    connection: Any = None  # the Connection it arrived on (connection.py): for an answer decided later
 
     def __init__(self, method: str, target: str, version: str, headers: dict[str, str], *, keep_alive: bool = True,
                  received: float = 0.0, remote: str | None = None) -> None:

@@ -141,6 +141,8 @@ class Loops:
                 op = message["op"]
                 if op == "forward":
                     self._spawn(self._answer(channel, message))
+                elif op == "head":
+                    self._head(channel, message)
                 elif op == "log":
                     logging.getLogger(message["name"]).log(message["level"], "%s", message["message"],
                                                            extra=message["extra"])
@@ -220,9 +222,16 @@ class Loops:
                 response = dispatcher.finish(request, answer)
             except Exception as exc:  # noqa: BLE001 - every failure is an answer, as on a connection
                 response = dispatcher.failed(request, exc)
-        channel.send({"op": "answer", "id": message["id"], "status": response.status, "headers": response.headers,
-                      "body": b"".join(bytes(c) for c in response.chunks), "close": response.close,
-                      "hold": getattr(response, "hold", 0.0)})
+        channel.send(_answer(message["id"], response))
+
+    def _head(self, channel: Channel, message: dict[str, Any]) -> None:
+        """The host's head checks on an infer request a front hands over once its body is in:
+        a refusal now (status and all), or status None: the body may come."""
+        request = Request(message["method"], message["target"], message["version"], message["headers"],
+                          received=message["received"], remote=message["remote"])
+        response = self.server.http.dispatcher.head(request, message["length"])
+        channel.send(_answer(message["id"], response) if response is not None else
+                     {"op": "answer", "id": message["id"], "status": None})
 
     # ---- what the fronts serve ----
 
@@ -312,6 +321,13 @@ class Loops:
             task.cancel()
         if self.pool is not None:
             await self.pool.close(timeout=1.0)
+
+
+def _answer(key: int, response: Any) -> dict[str, Any]:
+    """The `answer` message of a response to a front's request `key`."""
+    return {"op": "answer", "id": key, "status": response.status, "headers": response.headers,
+            "body": b"".join(bytes(c) for c in response.chunks), "close": response.close,
+            "hold": getattr(response, "hold", 0.0)}
 
 
 def _servable(handle: Any) -> bool:
