@@ -61,6 +61,9 @@ def main(config: str) -> None:
         asyncio.set_event_loop(None)
 
 
+_HOSTS = "hosts"  # an infer request's state: the host answers it
+
+
 def _response(answer: dict[str, Any]) -> Response:
     """The host's answer (Loops.answer's fields) as the front's response."""
     response = Response(answer["status"], answer["body"], answer["headers"], close=answer["close"])
@@ -211,15 +214,24 @@ class Front:
     # ---- requests ----
 
     def _prepare(self, app: App, request: Request) -> None:
-        """The infer routes' head check; or, for a request the host answers, its head sent to
-        the host at once: the host's head checks (a refusal for overload, 404, a model not
-        ready) answer while the body arrives, and a refused request's body never goes over."""
+        """The infer routes' head check; or, for a request the host answers whose body did not
+        come with its head, the head sent to the host: the host's head checks (a refusal for
+        overload, 404, a model not ready) answer while the body arrives, and a refused
+        request's body is never read."""
         if not self.forward_infer:
             try:
                 infer_routes.prepare(app, request)
                 return
             except ModelNotFound:  # not one of the front's: the host knows (and answers 404 if none)
                 pass
+        request.state = _HOSTS
+        # after this read is parsed: a body that came with the head is whole by then, and the
+        # host's checks run once, on the whole request (forward)
+        asyncio.get_running_loop().call_soon(self._ask_head, request)
+
+    def _ask_head(self, request: Request) -> None:
+        if request.state is not _HOSTS or request.complete:
+            return  # its handler took it, or will, with its body
         headers = request.headers
         length = None if "transfer-encoding" in headers else int(headers.get("content-length", "0"))
         head = request.state = self._ask({"op": "head", "method": request.method, "target": request.target,
@@ -228,8 +240,12 @@ class Front:
         head.add_done_callback(functools.partial(_refuse_early, request))
 
     def _infer(self, app: App, request: Request) -> Any:
-        if isinstance(request.state, asyncio.Future):
-            return self._forward_admitted(request.state, app, request)
+        state = request.state
+        if state is _HOSTS:
+            request.state = None
+            return self.forward(app, request)
+        if isinstance(state, asyncio.Future):
+            return self._forward_admitted(state, app, request)
         return infer_routes.infer(app, request)
 
     async def _forward_admitted(self, head: asyncio.Future[dict[str, Any]], app: App, request: Request) -> Response:
