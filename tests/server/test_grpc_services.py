@@ -26,6 +26,7 @@ from aserve.server.grpc import protos
 
 from ..conftest import spawns, until
 from .conftest import MODELS
+from .test_grpc import add_inputs
 
 
 @pytest.fixture
@@ -40,14 +41,6 @@ async def client(served: tuple[Any, str]) -> AsyncIterator[grpcclient.InferenceS
     yield c
     await c.close()
 
-
-def add_inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
-    inputs = []
-    for name, value in (("A", a), ("B", b)):
-        i = grpcclient.InferInput(name, list(value.shape), "INT32")
-        i.set_data_from_numpy(value)
-        inputs.append(i)
-    return inputs
 
 
 async def test_stream_of_100_requests(served: tuple[Any, str], client: grpcclient.InferenceServerClient) -> None:

@@ -74,7 +74,7 @@ def _response(answer: dict[str, Any]) -> Response:
 def _refuse_early(request: Request, head: asyncio.Future[dict[str, Any]]) -> None:
     """The host refused the request from its head while its body was still on the way: the
     refusal goes out now, and the body is dropped as it comes."""
-    if head.cancelled() or head.result()["status"] is None or request.connection is None:
+    if head.cancelled() or head.result()["status"] is None:
         return
     request.connection.answer_early(request, _response(head.result()))
 

@@ -211,8 +211,7 @@ class Loops:
         """Answer a request a front handed over, with the host's router and handlers."""
         dispatcher = self.server.http.dispatcher
         body = message["body"]
-        request = Request(message["method"], message["target"], message["version"], message["headers"],
-                          received=message["received"], remote=message["remote"])
+        request = _request(message)
         response: Any = dispatcher.head(request, len(body))
         if response is None:
             request.body = body
@@ -227,9 +226,7 @@ class Loops:
     def _head(self, channel: Channel, message: dict[str, Any]) -> None:
         """The host's head checks on an infer request a front hands over once its body is in:
         a refusal now (status and all), or status None: the body may come."""
-        request = Request(message["method"], message["target"], message["version"], message["headers"],
-                          received=message["received"], remote=message["remote"])
-        response = self.server.http.dispatcher.head(request, message["length"])
+        response = self.server.http.dispatcher.head(_request(message), message["length"])
         channel.send(_answer(message["id"], response) if response is not None else
                      {"op": "answer", "id": message["id"], "status": None})
 
@@ -321,6 +318,12 @@ class Loops:
             task.cancel()
         if self.pool is not None:
             await self.pool.close(timeout=1.0)
+
+
+def _request(message: dict[str, Any]) -> Request:
+    """The request a front's `forward` or `head` message describes (its body apart)."""
+    return Request(message["method"], message["target"], message["version"], message["headers"],
+                   received=message["received"], remote=message["remote"])
 
 
 def _answer(key: int, response: Any) -> dict[str, Any]:
