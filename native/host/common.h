@@ -28,6 +28,7 @@ typedef struct {
     PyTypeObject *recorder_type;
     PyTypeObject *trace_type;
     PyTypeObject *link_type;
+    PyTypeObject *counter_type;
     PyObject *engine_error; /* aserve._native.EngineError */
 } module_state;
 
@@ -69,6 +70,9 @@ extern PyType_Spec as_pool_spec;
 /* link_type.c: the Python type Link (link.h), and link_api() */
 extern PyType_Spec as_link_spec;
 PyObject *as_link_api_address(PyObject *module, PyObject *ignored);
+
+/* counter.c: the Python type Counter, a number every event loop adds to */
+extern PyType_Spec as_counter_spec;
 
 /* otlp.c: recorded spans to an OTLP ExportTraceServiceRequest. */
 PyObject *as_otlp_encode(PyObject *module, PyObject *args);

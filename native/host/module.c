@@ -97,6 +97,9 @@ static int native_exec(PyObject *m)
     st->link_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_link_spec, NULL);
     if (st->link_type == NULL || PyModule_AddType(m, st->link_type) < 0)
         return -1;
+    st->counter_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_counter_spec, NULL);
+    if (st->counter_type == NULL || PyModule_AddType(m, st->counter_type) < 0)
+        return -1;
     if (PyModule_AddIntConstant(m, "JOB_LOAD", AS_JOB_LOAD) < 0 ||
         PyModule_AddIntConstant(m, "JOB_UNLOAD", AS_JOB_UNLOAD) < 0 ||
         PyModule_AddIntConstant(m, "JOB_INFER", AS_JOB_INFER) < 0 ||
@@ -119,6 +122,7 @@ static int native_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->recorder_type);
     Py_VISIT(st->trace_type);
     Py_VISIT(st->link_type);
+    Py_VISIT(st->counter_type);
     return 0;
 }
 
@@ -131,6 +135,7 @@ static int native_clear(PyObject *m)
     Py_CLEAR(st->recorder_type);
     Py_CLEAR(st->trace_type);
     Py_CLEAR(st->link_type);
+    Py_CLEAR(st->counter_type);
     return 0;
 }
 

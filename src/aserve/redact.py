@@ -50,6 +50,11 @@ class Redactor:
                 self._roots.append((form, replacement))
         self._roots.sort(key=lambda r: len(r[0]), reverse=True)  # the longest (innermost) first
 
+    @property
+    def roots(self) -> list[tuple[str, str]]:
+        """(folder, what replaces it) pairs, for a Redactor elsewhere (`extend`)."""
+        return list(self._roots)
+
     def extend(self, folders: Iterable[tuple[str, str]]) -> None:
         for folder, replacement in folders:
             self.add(folder, replacement)

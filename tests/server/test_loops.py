@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 
 from ..conftest import until
+from . import test_head_refusals as refusals
 from .conftest import ADD_CONFIG, ADD_MODEL, MODELS, write_repository
 from .test_http_front import read_response
 from .test_metrics import scrape, value
@@ -47,6 +48,12 @@ async def infer(session: aiohttp.ClientSession, url: str, seed: int) -> None:
 async def front_requests(server: object) -> list[int]:
     """HTTP requests each front answered, from its own counters."""
     return [front["http"]["requests"] for front in await server.loops.stats()]  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def loops() -> int:
+    """These tests name their loops (the directory's runs over 0, 1 and 2 are not theirs)."""
+    return 2
 
 
 @pytest.fixture
@@ -181,6 +188,45 @@ async def test_a_loop_that_dies_is_replaced_while_the_other_serves(looped, caplo
     finally:
         for s in sessions:
             await s.close()
+
+
+async def test_a_models_queue_bound_holds_across_loops_and_a_dead_loops_place_is_given_back(
+        start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
+    """`gate` (one interpreter, max_queue_size 1): a request held running and one queued on
+    the first front fill the model's queue for every loop, so the second front refuses;
+    when the first front dies with its queued request, the place it held is given back."""
+    gate = tmp_path / "gate"
+    config = refusals.GATE_CONFIG.format(tensors=refusals.TENSORS, gate=gate)
+    repo = write_repository(tmp_path / "repo", {"gate": (refusals.GATE_MODEL, config)})
+    server, _ = await start_server(repo, loops=2, request_timeout_s=60.0)
+    fronts, queued = server.loops.fronts, server.plane.registry.get("gate").queued
+    pool = server.plane.registry.pools["main"]
+    conns = []
+    for expected in ([1, 0], [1, 1], [2, 1]):  # each to the front with the fewest connections
+        conns.append(await asyncio.open_connection("127.0.0.1", server.port))
+        await until(lambda expected=expected: [f.connections for f in fronts] == expected,
+                    what=f"connections {expected} on the fronts")
+    (held_reader, held), (reader, writer), (_, waits) = conns
+    try:
+        held.write(refusals.request("gate", -1.0))  # front 0: runs until the gate opens
+        await until(lambda: pool.stats()["busy"] == 1, what="the held request to run")
+        waits.write(refusals.request("gate", 2.0))  # front 0: waits
+        await until(lambda: queued.total() == 1, what="the model's queue to be full")
+        writer.write(refusals.request("gate", 3.0))  # front 1: the queue is full for every loop
+        status, headers, body = await read_response(reader)
+        assert status == 503 and "max_queue_size 1" in json.loads(body)["error"] and headers["retry-after"]
+        server.loops.fail(0)
+        await until(lambda: queued.total() == 0, what="the dead loop's place given back")
+        assert await held_reader.read() == b""  # its connections were closed
+        # front 1 (read after the hold of a client refused a moment ago): admitted, not refused
+        writer.write(refusals.request("gate", 4.0))
+        gate.touch()
+        status, _, body = await read_response(reader)
+        assert status == 200 and refusals.outputs(body) == [8.0]
+    finally:
+        gate.touch()
+        for _, w in conns:
+            w.close()
 
 
 async def test_shutdown_answers_what_every_loop_accepted(start_server, tmp_path: pathlib.Path) -> None:

@@ -37,7 +37,7 @@ import collections
 import math
 from collections.abc import Callable, Mapping, Sequence
 from time import monotonic
-from typing import Any
+from typing import Any, Protocol
 
 from .._native import RequestTrace
 from ..errors import EngineError, ModelError, Overloaded, RequestTimeout
@@ -54,6 +54,15 @@ Done = Callable[[dict[str, Tensor] | None, BaseException | None], None]
 # or done(None, error) later, from the event loop (aserve.engine.Pool.run). It may return the
 # batch's job id, which a Canceller (aserve.engine.Pool.cancel) takes.
 Runner = Callable[[str, Sequence[Tensor], Done], Any]
+
+
+class SharedCount(Protocol):
+    """A count several batchers of one model add to, each from its own event loop
+    (`_native.Counter`)."""
+
+    def add(self, n: int, /) -> None: ...
+    def total(self) -> int: ...
+
 Canceller = Callable[[Any], bool]
 
 
@@ -90,14 +99,16 @@ class Batcher:
     the batch), so any two may share a batch without comparing shapes.
     clock: what "now" is, in the seconds `loop.call_at` counts (time.monotonic; a
     simulation on a virtual-time loop passes that loop's time);
-    join: layer-level joining for a model with stages (ignored when max_batch_size is 0).
+    join: layer-level joining for a model with stages (ignored when max_batch_size is 0);
+    shared: the model's queued samples over every event loop's batcher of it (`--loops`:
+    the host's `_native.Counter`), which max_queue_size bounds instead of this one's own.
     """
 
     def __init__(
         self, *, model: str, run: Runner, policy: BatchPolicy, max_batch_size: int, interpreters: int,
         max_queue_size: int, join: Joining | None = None, scheduler: FairScheduler | None = None,
         uniform: bool = False, clock: Callable[[], float] = monotonic, key: str | None = None,
-        cancel: Canceller | None = None,
+        cancel: Canceller | None = None, shared: SharedCount | None = None,
     ) -> None:
         if interpreters < 1:
             raise ValueError(f"interpreters must be >= 1, got {interpreters}")
@@ -116,6 +127,7 @@ class Batcher:
         self._arrive: Callable[[float, int], None] | None = getattr(policy, "arrive", None)
         self._queue: collections.deque[Request] = collections.deque()
         self._queued_samples = 0
+        self._shared = shared
         self._joiner = None if join is None or max_batch_size <= 0 else LayerJoin(
             join, key=self.key, max_batch_size=max_batch_size, uniform=uniform, clock=clock, queue=self._queue,
             drop_withdrawn=self._drop_withdrawn, take=self._take_into_batch, put_back=self._put_back,
@@ -151,6 +163,12 @@ class Batcher:
     def queued(self) -> int:
         """Samples waiting."""
         return self._queued_samples
+
+    def _count(self, samples: int) -> None:
+        """Samples joined (> 0) or left (< 0) the queue."""
+        self._queued_samples += samples
+        if self._shared is not None:
+            self._shared.add(samples)
 
     @property
     def running(self) -> int:
@@ -228,7 +246,9 @@ class Batcher:
             self._traced += 1
         elif context is not None:
             self._contexts += 1
-        self._queued_samples += samples
+        self._queued_samples += samples  # `_count`, inline on the hot path
+        if self._shared is not None:
+            self._shared.add(samples)
         self._schedule()
         return future
 
@@ -267,9 +287,11 @@ class Batcher:
                     f"({self._queued_samples} samples queued, every interpreter busy); retry in {wait:.2f} s",
                     retry_after=wait,
                 )
-        if queue and self._queued_samples + samples > self.max_queue_size:
+        shared = self._shared
+        queued = self._queued_samples if shared is None else shared.total()
+        if (queue or queued > 0) and queued + samples > self.max_queue_size:
             return Overloaded(
-                f"model {self.model!r}: {self._queued_samples} samples are queued (max_queue_size "
+                f"model {self.model!r}: {queued} samples are queued (max_queue_size "
                 f"{self.max_queue_size}); retry later",
                 retry_after=1.0,
             )
@@ -281,7 +303,7 @@ class Batcher:
             if r.future is future:
                 if r.state == QUEUED:
                     self._queue.remove(r)
-                    self._queued_samples -= r.samples
+                    self._count(-r.samples)
                     r.finish(error=asyncio.CancelledError())
                     self._check_drained()
                     self._schedule()
@@ -312,7 +334,7 @@ class Batcher:
                 queue.clear()
                 queue.extend(kept)
                 for r in expired:
-                    self._queued_samples -= r.samples
+                    self._count(-r.samples)
                     if not r.future.done():
                         self.timed_out += 1
                     r.finish(error=RequestTimeout(
@@ -415,7 +437,7 @@ class Batcher:
             nxt = queue[0]
             if nxt.future.done():  # withdrawn (cancelled) while queued
                 queue.popleft()
-                self._queued_samples -= nxt.samples
+                self._count(-nxt.samples)
                 nxt.state = DONE
                 continue
             if batch and (limit <= 0 or total + nxt.samples > limit
@@ -423,7 +445,9 @@ class Batcher:
                 break
             batch.append(queue.popleft())
             total += nxt.samples
-        self._queued_samples -= total
+        self._queued_samples -= total  # `_count`, inline on the hot path
+        if self._shared is not None:
+            self._shared.add(-total)
         return batch
 
     # the queue's part in layer-level joining (joining.LayerJoin reads the queue, moves requests through these)
@@ -434,13 +458,13 @@ class Batcher:
         while queue and queue[0].future.done():
             dropped = queue.popleft()
             dropped.state = DONE
-            self._queued_samples -= dropped.samples
+            self._count(-dropped.samples)
 
     def _take_into_batch(self, n: int, now: float) -> list[Request]:
         """The first n queued requests, offered to a running batch at `now`."""
         queue = self._queue
         group = [queue.popleft() for _ in range(n)]
-        self._queued_samples -= sum(r.samples for r in group)
+        self._count(-sum(r.samples for r in group))
         for r in group:
             r.state = RUNNING
             self.queue_seconds += now - r.arrival
@@ -454,7 +478,7 @@ class Batcher:
                 r.state = QUEUED
                 self.queue_seconds -= offered - r.arrival  # counted again at its dispatch
                 self._queue.appendleft(r)
-                self._queued_samples += r.samples
+                self._count(r.samples)
         self._check_drained()
         self._schedule()
 

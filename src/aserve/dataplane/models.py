@@ -79,6 +79,7 @@ class ModelHandle:
         self.schema: ModelSchema | None = None  # set once loaded: what requests are decoded against
         self.memory_bytes = 0  # the process PSS its load (every interpreter) and warm-up added
         self.batcher: Batcher | None = None
+        self.queued: Any = None  # `--loops`: the samples every loop's batcher of it queued (_native.Counter)
         self.pool: Pool | None = None  # the pool it is loaded in: readiness asks it which interpreters still serve
         self._labels: dict[str, list[str] | None] = {}  # output -> its class labels, read once per load
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import msgspec
 
+from .. import _native
 from ..batching import Batcher, FairScheduler
 from ..config import ServerSettings
 from ..engine import ModelSpec, Pool
@@ -107,6 +108,7 @@ class ModelRegistry:
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
         self._loads = 0  # loads so far: each gets its own key in the pool
+        self.queue_slots = 0  # event loops whose batchers share each model's queue bound (0: the host's alone)
         self._keys: set[str] = set()
         self._closed = False
         self._started = False  # after the first loads, loads are staggered over the interpreters
@@ -519,10 +521,13 @@ class ModelRegistry:
         )
         handle.info = info
         handle.schema = schema
+        if self.queue_slots:
+            handle.queued = _native.Counter(self.queue_slots)
         handle.batcher = Batcher(
             model=handle.name, key=handle.key, run=pool.run, policy=policy, max_batch_size=config.max_batch_size,
             interpreters=info.interpreters, max_queue_size=config.batching.max_queue_size, join=joining,
             scheduler=self.schedulers[handle.engine], uniform=schema.uniform, cancel=pool.cancel,
+            shared=handle.queued,
         )
         handle.pool = pool
         handle.batcher.tracer = self.tracer

@@ -31,6 +31,7 @@ import random
 import socket
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any, cast
 
 import httptools
@@ -81,6 +82,10 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
         return max(1 << 16, 4 * self.max_header_bytes)
 
 
+def _none() -> int:
+    return 0
+
+
 class HttpServer:
     """The connections of one listening socket, and what they share."""
 
@@ -90,6 +95,8 @@ class HttpServer:
         self.stats = dispatcher.app.stats
         self.access_log = access_log  # logs.AccessLogger, when --access-log is on
         self.connections: set[Connection] = set()
+        # connections open on other loops (`--loops`: the fronts'), which max_connections counts too
+        self.elsewhere: Callable[[], int] = _none
         # request heads met before -> what the checks that depend on nothing else made of them
         self.heads: Bounded[tuple[Any, ...], tuple[Any, ...]] = Bounded(256)
         self.closing = False
@@ -160,7 +167,7 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.remote = str(peer[0]) if isinstance(peer, (tuple, list)) and peer else None
         limit = self.limits.max_connections
-        if not (limit and server.stats.connections >= limit):
+        if not (limit and server.stats.connections + server.elsewhere() >= limit):
             server.stats.connections += 1
             self.counted = True
         server.connections.add(self)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from ..errors import AserveError, BodyTimeout, ModelError, Overloaded, Unauthorized
@@ -71,6 +72,12 @@ class ErrorPolicy:
         self.registry = registry  # aserve.dataplane.ModelRegistry, or None
         self._redactor = Redactor()
         self._key: object = None
+
+    def use_roots(self, roots: Iterable[tuple[str, str]]) -> None:
+        """Redact with these folders (another loop's `redactor().roots`), not the registry's."""
+        self.registry = None
+        self._redactor = Redactor()
+        self._redactor.extend(roots)
 
     def redactor(self) -> Redactor:
         """The redactor for the registry's repository and model folders as they are now."""

@@ -64,6 +64,11 @@ def main(config: str) -> None:
 _HOSTS = "hosts"  # an infer request's state: the host answers it
 
 
+def _shared(queued: list[int] | None, index: int) -> _native.Counter | None:
+    """This front's view of a model's queued samples over every loop (its slot: after the host's)."""
+    return None if queued is None else _native.Counter.at(queued[0], queued[1], index + 1)
+
+
 def _response(answer: dict[str, Any]) -> Response:
     """The host's answer (Loops.answer's fields) as the front's response."""
     response = Response(answer["status"], answer["body"], answer["headers"], close=answer["close"])
@@ -188,8 +193,9 @@ class Front:
         self.plane = DataPlane(settings.repository or ".", settings)  # its routes are the host's (`models`)
         self.app = App(self.plane, settings)
         access_log = AccessLogger(logging.getLogger("aserve.access")) if settings.access_log else None
-        self.http = HttpServer(Dispatcher(self.app, Router(self._routes())), Limits.of(settings),
-                               access_log=access_log)
+        # max_connections is the whole process's: the host holds back what is over it
+        limits = msgspec.structs.replace(Limits.of(settings), max_connections=0)
+        self.http = HttpServer(Dispatcher(self.app, Router(self._routes())), limits, access_log=access_log)
         self.http.connections = _Connections(self._gone)
         self.forward_infer = False  # the host traces: it answers every infer request
         self.handles: dict[str, ModelHandle] = {}  # by key: those the host lists now
@@ -306,6 +312,7 @@ class Front:
                 elif op == "models":
                     self._models(message["models"], message["labels"])
                     self.forward_infer = message["tracing"]
+                    self.app.policy.use_roots(message["roots"])
                 elif op == "retire":
                     loop.create_task(self._retire(message["key"], message["id"]))
                 elif op == "stats":
@@ -382,7 +389,7 @@ class Front:
             policy=WindowPolicy(max_queue_delay=config.batching.max_queue_delay_ms / 1000.0),
             max_batch_size=config.max_batch_size, interpreters=info.interpreters,
             max_queue_size=config.batching.max_queue_size, scheduler=scheduler, uniform=schema.uniform,
-            cancel=self.engine.cancel,
+            cancel=self.engine.cancel, shared=_shared(m["queued"], self.index),
         )
         handle.engine, handle.info, handle.schema, handle.state = engine, info, schema, READY
         return handle

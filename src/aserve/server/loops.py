@@ -106,6 +106,11 @@ class Loops:
         return sum(f.ready for f in self.fronts)
 
     @property
+    def connections(self) -> int:
+        """Connections open on the fronts (handed to them, not yet reported gone)."""
+        return sum(f.connections for f in self.fronts)
+
+    @property
     def ready(self) -> bool:
         """Every front serves (readiness is 503 while one is being replaced)."""
         return self.closing or all(f.ready for f in self.fronts)
@@ -192,6 +197,11 @@ class Loops:
         """A front's loop returned: told to (shutdown), or it failed and is started again."""
         front.ready = False
         self._serving.clear()
+        front.connections = 0  # closed with its loop
+        # what its batchers held of the models' shared queue counts is held no more
+        for handle in self.server.plane.registry.handles():
+            if handle.queued is not None:
+                handle.queued.clear(front.index + 1)
         if self.closing:
             return
         error = job.exception() if not job.cancelled() else None
@@ -265,10 +275,12 @@ class Loops:
                     "fingerprint": handle.fingerprint, "info": msgspec.to_builtins(handle.info),
                     "pool": pool.address, "mask": pool.mask_of(handle.key), "interpreters": pool.interpreters,
                     "names": [s.name for s in handle.info.inputs], "datatypes": [s.datatype for s in handle.info.inputs],
+                    "queued": None if handle.queued is None else [handle.queued.address, handle.queued.slots],
                 })
             labels[name] = {label: int(v) for label, v in routes.labels.items()}
         tracing = self.server.plane.tracer is not None
-        return {"op": "models", "models": models, "labels": labels, "tracing": tracing}
+        roots = self.server.app.policy.redactor().roots  # model errors name paths as the host's do
+        return {"op": "models", "models": models, "labels": labels, "tracing": tracing, "roots": roots}
 
     async def retire(self, key: str) -> None:
         """Before `key` is unloaded: every front answers what it queued of it."""

@@ -1,0 +1,38 @@
+"""`_native.Counter`: one number every event loop adds to, a slot each (a model's queued
+samples under `--loops`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from aserve import _native
+
+
+def test_views_add_to_their_own_slot_and_read_the_whole() -> None:
+    host = _native.Counter(3)
+    fronts = [_native.Counter.at(host.address, 3, slot) for slot in (1, 2)]
+    host.add(2)
+    fronts[0].add(5)
+    fronts[1].add(7)
+    fronts[1].add(-3)
+    assert (host.own, fronts[0].own, fronts[1].own) == (2, 5, 4)
+    assert host.total() == fronts[0].total() == fronts[1].total() == 11
+    host.clear(1)  # the front of slot 1 ended: what it held is taken back
+    assert host.total() == fronts[1].total() == 6 and fronts[0].own == 0
+    assert host.slots == 3 and fronts[0].address == host.address
+
+
+@pytest.mark.parametrize("args", [(0, 2, 1), (64 * 3 + 8, 2, 1)])
+def test_a_view_of_no_counter_is_refused(args: tuple[int, int, int]) -> None:
+    with pytest.raises(ValueError, match="is not a counter's address"):
+        _native.Counter.at(*args)
+
+
+def test_slots_out_of_range_are_refused() -> None:
+    host = _native.Counter(2)
+    with pytest.raises(ValueError, match="slot 2 of 2 is out of range"):
+        _native.Counter.at(host.address, 2, 2)
+    with pytest.raises(ValueError, match="slot -1 of 2 is out of range"):
+        host.clear(-1)
+    with pytest.raises(ValueError, match=r"slots must be in \[1, 64\], got 0"):
+        _native.Counter(0)
