@@ -1,11 +1,78 @@
-"""A real server on 127.0.0.1 (ephemeral port) serving small pure-Python models."""
+"""A real server on 127.0.0.1 (ephemeral port) serving small pure-Python models.
+
+Every test here that starts a server runs three times: on the host's loop alone
+(`loops0`, the default below 4 CPUs), and with one and with two front loops
+(`--loops 1`, `--loops 2`), where connections are served by the fronts. A client must
+not be able to tell them apart, so the tests observe what a client or an operator can
+(answers, `/metrics`, `/v2/models/stats`, the log), not one loop's objects. A test that
+must look at them (a connection's flow control, the policy a batcher is shown) is marked
+`host_loop` and runs on the host's loop alone: the fronts run the same classes. A test
+marked `model_wide_slots` expects a model's batches to wait in one batcher while its
+interpreters are busy; with two fronts, each front counts the interpreters' slots by
+itself and a second front's batch waits in the pool's queue instead (docs/multiloop.md,
+"Limits"), so it runs with one front at most. The fronts run on uvloop only, so they are
+left out of the default asyncio loop's run.
+"""
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import textwrap
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+
+from ..conftest import until
+
+LOOPS = (0, 1, 2)
+
+
+@pytest.fixture(params=LOOPS, ids=lambda n: f"loops{n}")
+def loops(request: pytest.FixtureRequest) -> int:
+    """Front loops of the servers a test starts (a test that names `loops` itself keeps its own)."""
+    return int(request.param)
+
+
+@pytest.fixture
+def start_server(start_server: Callable[..., Any], loops: int) -> Callable[..., Any]:
+    async def start(repository: pathlib.Path, **settings: object) -> Any:
+        settings.setdefault("loops", loops)
+        return await start_server(repository, **settings)
+
+    return start
+
+
+async def logged(caplog: pytest.LogCaptureFixture, count: int = 1,
+                 where: Callable[[logging.LogRecord], bool] = lambda r: True,
+                 what: str = "the log records") -> list[logging.LogRecord]:
+    """The captured records `where` picks, once there are `count` of them: a front loop's
+    records reach the host's handlers a moment after its answer reached the client."""
+    await until(lambda: len([r for r in caplog.records if where(r)]) >= count, what=what, timeout=10.0)
+    return [r for r in caplog.records if where(r)]
+
+
+def open_connections(server: Any) -> int:
+    """Client connections open on every loop: the host's own and those its fronts hold."""
+    return int(server.app.stats.connections + (server.loops.connections if server.loops is not None else 0))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Fronts run on uvloop: drop their runs on asyncio's loop, those of `host_loop` tests, and
+    those of `model_wide_slots` tests with more than one front (see the module's docstring)."""
+    kept, dropped = [], []
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        loops = spec.params.get("loops", 0) if spec is not None else 0
+        if loops and ("asyncio" in spec.id.split("-") or item.get_closest_marker("host_loop") is not None
+                      or (loops > 1 and item.get_closest_marker("model_wide_slots") is not None)):
+            dropped.append(item)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 # OUTPUT SUM = A + B, DIFF = A - B (INT32, 32-bit wrap-around); a row starting with -999 raises.
 ADD_MODEL = '''

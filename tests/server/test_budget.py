@@ -103,6 +103,7 @@ class _Seeing(WindowPolicy):
         return super().decide(now, queue, idle=idle, running=running, max_batch_size=max_batch_size)
 
 
+@pytest.mark.host_loop  # shown what the host's batcher sees
 async def test_budget_reaches_the_batcher_in_seconds(server_url, http: aiohttp.ClientSession) -> None:
     server, url = server_url
     batcher = server.plane.registry.get("add").batcher
@@ -115,6 +116,7 @@ async def test_budget_reaches_the_batcher_in_seconds(server_url, http: aiohttp.C
     assert [budget for budget, _, _ in seeing.seen] == [pytest.approx(0.0075), None]
 
 
+@pytest.mark.host_loop  # shown what the host's batcher sees
 async def test_the_budget_counts_from_the_first_bytes_read(server_url, http: aiohttp.ClientSession) -> None:
     # the time a request spends in the server before it reaches the batcher (read, decoded,
     # behind other requests on the event loop) is passed on, so its budget counts it

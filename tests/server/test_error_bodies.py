@@ -13,7 +13,7 @@ import aiohttp
 import msgpack
 import pytest
 
-from .conftest import MODELS
+from .conftest import MODELS, logged
 from .hardened_models import add_body, hardened_repository
 
 
@@ -38,8 +38,8 @@ async def test_internal_error_has_an_id_and_its_log_line_too(start_server, repo:
             body = await r.json()
     assert body["error"] == "internal error" and len(body["error_id"]) == 12
     assert "secret_internal_detail" not in str(body) and "AttributeError" not in str(body)
-    logged = [rec for rec in caplog.records if body["error_id"] in rec.getMessage()]
-    assert logged and logged[0].exc_info is not None and "secret_internal_detail" in caplog.text
+    lines = [rec for rec in caplog.records if body["error_id"] in rec.getMessage()]
+    assert lines and lines[0].exc_info is not None and "secret_internal_detail" in caplog.text
     async with http.get(f"{url}/v2/health/live") as r:
         assert r.status == 200
 
@@ -47,30 +47,32 @@ async def test_internal_error_has_an_id_and_its_log_line_too(start_server, repo:
 async def test_model_error_exposed_on_loopback_with_relative_paths(start_server, repo: pathlib.Path,
                                                                    http: aiohttp.ClientSession,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
-    _, url = await start_server(repo)  # 127.0.0.1: exposed by default
+    _, url = await start_server(repo, log_level="info")  # 127.0.0.1: exposed by default
     x = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]}
-    with caplog.at_level(logging.INFO, logger="aserve.server"):
-        async with http.post(f"{url}/v2/models/leaky/infer", json=x) as r:
-            assert r.status == 500
-            body = await r.json()
+    caplog.set_level(logging.INFO, logger="aserve.server")
+    async with http.post(f"{url}/v2/models/leaky/infer", json=x) as r:
+        assert r.status == 500
+        body = await r.json()
     assert "cannot read leaky/model.py nor …/secret.key" in body["error"], body
     assert str(repo) not in body["error"] and "/etc/aserve" not in body["error"] and "Traceback" not in body["error"]
-    assert body["error_id"] in caplog.text and "Traceback" in caplog.text  # the log has it all
+    await logged(caplog, where=lambda rec: body["error_id"] in rec.getMessage(), what="the error's log line")
+    assert "Traceback" in caplog.text  # the log has it all
 
 
 async def test_model_error_hidden_when_not_exposed(start_server, repo: pathlib.Path, http: aiohttp.ClientSession,
                                                    caplog: pytest.LogCaptureFixture) -> None:
-    _, url = await start_server(repo, expose_model_errors=False)
+    _, url = await start_server(repo, expose_model_errors=False, log_level="info")
     x = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]}
-    with caplog.at_level(logging.INFO, logger="aserve.server"):
-        async with http.post(f"{url}/v2/models/leaky/infer", json=x) as r:
-            body = await r.json()
-        async with http.post(f"{url}/v1/models/leaky:predict", json={"instances": [[1.0]]}) as r:
-            tf_body = await r.json()
+    caplog.set_level(logging.INFO, logger="aserve.server")
+    async with http.post(f"{url}/v2/models/leaky/infer", json=x) as r:
+        body = await r.json()
+    async with http.post(f"{url}/v1/models/leaky:predict", json={"instances": [[1.0]]}) as r:
+        tf_body = await r.json()
     error_id = body["error_id"]
     assert body["error"] == f"model 'leaky' version 1 failed (error id {error_id})"
     assert tf_body["error"] == f"model 'leaky' version 1 failed (error id {tf_body['error_id']})"
-    line = next(rec.getMessage() for rec in caplog.records if error_id in rec.getMessage())
+    [record] = await logged(caplog, where=lambda rec: error_id in rec.getMessage(), what="the error's log line")
+    line = record.getMessage()
     assert "secret.key" in line and "leaky" in line
     # the add model's own error (a row starting with -999) is hidden the same way
     async with http.post(f"{url}/v2/models/add/infer", json=add_body(-999)) as r:

@@ -19,7 +19,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from ..conftest import until
-from .conftest import MODELS
+from .conftest import MODELS, logged
 
 
 @pytest.fixture
@@ -284,18 +284,18 @@ async def test_message_size_limit_matches_http(start_server, repository: pathlib
 
 async def test_metrics_and_access_log_name_the_protocol(start_server, repository: pathlib.Path, http: Any,
                                                         caplog: pytest.LogCaptureFixture) -> None:
-    server, url = await start_server(repository, grpc=True, access_log=True)
-    with caplog.at_level(logging.INFO, logger="aserve.access"):
-        async with grpc.aio.insecure_channel(target(server)) as channel:
-            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-            for _ in range(3):
-                await stub.ModelInfer(slow_request(0))
-            await code_of(stub.ModelInfer(service_pb2.ModelInferRequest(model_name="absent")))
-        async with http.get(f"{url}/v2/health/live") as r:
-            assert r.status == 200
-        body = {"inputs": [{"name": "MS", "datatype": "FP32", "shape": [1], "data": [0.0]}]}
-        async with http.post(f"{url}/v2/models/slow/infer", json=body) as r:
-            assert r.status == 200
+    server, url = await start_server(repository, grpc=True, access_log=True, log_level="info")
+    caplog.set_level(logging.INFO, logger="aserve.access")
+    async with grpc.aio.insecure_channel(target(server)) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for _ in range(3):
+            await stub.ModelInfer(slow_request(0))
+        await code_of(stub.ModelInfer(service_pb2.ModelInferRequest(model_name="absent")))
+    async with http.get(f"{url}/v2/health/live") as r:
+        assert r.status == 200
+    body = {"inputs": [{"name": "MS", "datatype": "FP32", "shape": [1], "data": [0.0]}]}
+    async with http.post(f"{url}/v2/models/slow/infer", json=body) as r:
+        assert r.status == 200
     async with http.get(f"{url}/metrics") as r:
         text = await r.text()
     assert 'aserve_inference_request_protocol_total{model="slow",version="1",protocol="grpc"} 3' in text
@@ -307,7 +307,10 @@ async def test_metrics_and_access_log_name_the_protocol(start_server, repository
     assert [r.grpc_status for r in rpc] == ["OK", "OK", "OK", "NOT_FOUND"]  # type: ignore[attr-defined]
     assert rpc[0].request == "POST /inference.GRPCInferenceService/ModelInfer HTTP/2"  # type: ignore[attr-defined]
     assert rpc[0].remote == "127.0.0.1" and rpc[-1].status == grpc.StatusCode.NOT_FOUND.value[0]  # type: ignore
-    assert [getattr(r, "protocol", None) for r in caplog.records if "/v2/health/live" in r.getMessage()] == ["http"]
+    http_lines = await logged(caplog, 2, lambda r: getattr(r, "protocol", None) == "http"
+                              and r.request != "GET /metrics HTTP/1.1", "two HTTP access lines")  # type: ignore[attr-defined]
+    assert [r.request for r in http_lines] == [  # type: ignore[attr-defined]
+        "GET /v2/health/live HTTP/1.1", "POST /v2/models/slow/infer HTTP/1.1"]
 
 
 async def test_drain_and_shutdown_answer_what_was_accepted(grpc_server: tuple[Any, str]) -> None:

@@ -22,6 +22,7 @@ import pytest
 from aserve.server.http import Response, encode
 
 from ..conftest import until
+from .conftest import logged, open_connections
 from .hardened_models import add_body
 
 ADD_PATH = "/v2/models/add/infer"
@@ -100,14 +101,13 @@ async def test_pipelined_requests_are_answered_in_order(start_server, repository
     for first in (7, 8):
         status, _, body = await read_response(reader)
         assert status == 200 and json.loads(body)["outputs"][0]["data"] == expected_sum(first)
-    assert len(server.http.connections) == 1 and server.app.stats.connections == 1
+    assert open_connections(server) == 1
     writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     status, headers, _ = await read_response(reader)
     assert status == 200 and headers["connection"] == "close"
     assert await asyncio.wait_for(reader.read(), 10) == b""  # closed, as asked
     writer.close()
-    await until(lambda: server.app.stats.connections == 0 and not server.http.connections,
-                what="the closed connection uncounted")
+    await until(lambda: open_connections(server) == 0, what="the closed connection uncounted")
 
 
 async def test_a_request_split_anywhere_is_served(start_server, repository: pathlib.Path) -> None:
@@ -200,8 +200,8 @@ async def test_refusals_the_head_decides_are_answered_before_the_body(start_serv
     the body would not come within the test. A body over the limit (413), an `Expect` and a
     refusal of access close the connection rather than read the body; after the others the
     body is read and dropped, and the connection serves the next request."""
-    server, _ = await start_server(repository, api_token="secret", max_body_bytes=TEN_MB // 2,
-                                   request_timeout_s=60.0)
+    server, url = await start_server(repository, api_token="secret", max_body_bytes=TEN_MB // 2,
+                                     request_timeout_s=60.0)
     token = "Authorization: Bearer secret\r\n"
 
     def head(path: str = ADD_PATH, extra: str = token, method: str = "POST", length: int = TEN_MB // 4) -> bytes:
@@ -235,7 +235,8 @@ async def test_refusals_the_head_decides_are_answered_before_the_body(start_serv
     chunked = f"POST /nowhere HTTP/1.1\r\nHost: x\r\n{token}Transfer-Encoding: chunked\r\n\r\n".encode()
     got, _, _, _ = await refused_at_once(server.port, chunked)
     assert got == 404
-    assert server.app.stats.refused["body_size"] >= 1
+    async with aiohttp.ClientSession(headers={"Authorization": "Bearer secret"}) as http:
+        assert (await scrape(http, url))["aserve_http_refused_total", "body_size"] >= 1
 
 
 async def test_a_dropped_body_that_stops_coming_ends_the_connection(start_server, repository: pathlib.Path) -> None:
@@ -342,6 +343,7 @@ async def test_a_partial_head_is_closed_even_with_no_request_timeout(start_serve
     writer.close()
 
 
+@pytest.mark.host_loop  # the host's connection's flow control
 async def test_a_client_that_does_not_read_is_not_read(start_server, model_dir) -> None:
     """Back-pressure: pipelined requests whose answers (13 MB) are not read; the server
     stops reading, then answers every one, in order, once the client reads."""
@@ -386,8 +388,8 @@ async def test_shutdown_answers_the_request_in_progress(start_server, repository
     writer.write(f"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
                  + body)
     idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", server.port)
-    connections = server.http.connections
-    await until(lambda: len(connections) == 2 and any(c.busy for c in connections), what="the request in progress")
+    pool = server.plane.registry.pools["main"]  # every loop's batches run in it
+    await until(lambda: open_connections(server) == 2 and pool.stats()["busy"] == 1, what="the request in progress")
     closing = asyncio.ensure_future(server.close())
     status, headers, answer = await read_response(reader)
     assert status == 200 and json.loads(answer)["outputs"][0]["data"] == [300.0]
@@ -400,7 +402,7 @@ async def test_shutdown_answers_the_request_in_progress(start_server, repository
 
 async def test_access_log_lines(start_server, repository: pathlib.Path, http: aiohttp.ClientSession,
                                 caplog: pytest.LogCaptureFixture) -> None:
-    _, url = await start_server(repository, access_log=True)
+    _, url = await start_server(repository, access_log=True, log_level="info")
     caplog.set_level("INFO", logger="aserve.access")
     async with http.post(f"{url}{ADD_PATH}", json=add_body(4)) as r:
         assert r.status == 200 and (await r.json())["outputs"][0]["data"] == expected_sum(4)
@@ -409,7 +411,7 @@ async def test_access_log_lines(start_server, repository: pathlib.Path, http: ai
         assert r.status == 200
     async with http.get(f"{url}/v2/models/nope") as r:
         assert r.status == 404
-    lines = [r for r in caplog.records if r.name == "aserve.access"]
+    lines = await logged(caplog, 3, lambda r: r.name == "aserve.access", "three access log lines")
     assert [(r.request, r.status) for r in lines] == [  # type: ignore[attr-defined]
         (f"POST {ADD_PATH} HTTP/1.1", 200), ("GET /v2/models/add?x=1 HTTP/1.1", 200),
         ("GET /v2/models/nope HTTP/1.1", 404)]
@@ -469,6 +471,7 @@ def test_answer_heads_are_remembered_by_what_they_say() -> None:
     assert encode(Response(404, b"{}"), close=False, head_only=True)[0].startswith(b"HTTP/1.1 404 Not Found\r\n")
 
 
+@pytest.mark.host_loop  # the host's cache of request heads
 async def test_a_head_met_again_is_checked_again_where_the_model_may_have_changed(start_server,
                                                                                   repository: pathlib.Path) -> None:
     """Clients repeat their heads byte for byte: a head met before keeps its route and header

@@ -10,6 +10,7 @@ import pathlib
 import aiohttp
 
 from ..conftest import until
+from .conftest import open_connections
 from .hardened_models import add_body
 
 ADD_JSON = json.dumps(add_body()).encode()
@@ -91,8 +92,7 @@ async def test_oversized_header_gets_431(start_server, repository: pathlib.Path,
 async def test_connections_beyond_the_cap_get_503(start_server, repository: pathlib.Path) -> None:
     server, url = await start_server(repository, max_connections=2)
     held = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(2)]
-    stats = server.app.stats
-    await until(lambda: stats.connections == 2, what="two connections counted")
+    await until(lambda: open_connections(server) == 2, what="two connections counted")
     status, headers, body = await raw_request(server.port, request_head("/v2/models/add/infer", len(ADD_JSON))
                                               + ADD_JSON)
     assert status == 503 and headers["Retry-After"] == "1" and headers["Connection"] == "close"
@@ -103,7 +103,7 @@ async def test_connections_beyond_the_cap_get_503(start_server, repository: path
     writer.write(request_head("/v2/models/add/infer", len(ADD_JSON), "Connection: close\r\n") + ADD_JSON)
     assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.1 200")
     writer.close()
-    await until(lambda: stats.connections == 1, what="the closed connection uncounted")
+    await until(lambda: open_connections(server) == 1, what="the closed connection uncounted")
     async with aiohttp.ClientSession() as http, http.post(f"{url}/v2/models/add/infer", json=add_body()) as r:
         assert r.status == 200
     held[1][1].close()
