@@ -202,3 +202,47 @@ async def test_json_logs_carry_the_trace_of_the_request(
     assert access["status"] == 500 and access["request"] == "POST /v2/models/add/infer HTTP/1.1"
     assert access["trace_id"] == span.trace_id.hex() and access["duration_ms"] > 0  # from a slow line to its trace
     assert '"POST /v2/models/add/infer HTTP/1.1" 500' in access["message"]  # the common log format
+
+
+async def test_a_traced_request_completes_whichever_loop_took_it(
+    start_server, tmp_path: pathlib.Path, receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With two front loops, clients on eight connections (four on each front) each send a
+    request in a trace of their own: every one is answered with its sum, and every one's
+    span tree reaches the collector whole, continuing its caller's trace and linked from
+    the batch that served it."""
+    collector, endpoint = receiver
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    server, url = await start_server(write_repository(tmp_path / "repo", {"add": (ADD_MODEL, ADD_CONFIG)}), loops=2)
+    callers = {i: (random.getrandbits(128), random.getrandbits(64)) for i in range(8)}
+    sessions = [aiohttp.ClientSession() for _ in callers]
+    try:
+        for s in sessions:  # one connection each, handed to the front with the fewest
+            async with s.get(f"{url}/v2/health/live") as r:
+                assert r.status == 200
+        assert [f.connections for f in server.loops.fronts] == [4, 4]
+
+        async def call(i: int) -> None:
+            trace, parent = callers[i]
+            headers = {"traceparent": f"00-{trace:032x}-{parent:016x}-01"}
+            async with sessions[i].post(f"{url}/v2/models/add/infer", json=body([i, 2 * i, 0, 0]),
+                                        headers=headers) as r:
+                assert r.status == 200
+                assert (await r.json())["outputs"][0]["data"] == [i + 1, 2 * i + 1, 1, 1]
+
+        await asyncio.gather(*(call(i) for i in callers))
+    finally:
+        for s in sessions:
+            await s.close()
+    await server.close()
+    await until(lambda: len(collector.named("POST /v2/models/{model}/infer")) == 8, timeout=60,
+                what="eight request spans")
+    requests = collector.named("POST /v2/models/{model}/infer")
+    assert {(int.from_bytes(s.trace_id, "big"), int.from_bytes(s.parent_span_id, "big")) for s in requests} == set(
+        callers.values())
+    for s in requests:
+        children = {c.name for c in collector.spans if c.parent_span_id == s.span_id and c.trace_id == s.trace_id}
+        assert children == {"decode", "queue", "encode"} and attrs(s)["http.response.status_code"] == 200
+    served = {(link.trace_id, link.span_id) for b in collector.named("batch add") for link in b.links}
+    assert served == {(s.trace_id, s.span_id) for s in requests}
