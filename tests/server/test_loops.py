@@ -229,6 +229,48 @@ async def test_a_models_queue_bound_holds_across_loops_and_a_dead_loops_place_is
             w.close()
 
 
+async def test_a_loop_killed_mid_load_fails_only_its_own_connections(looped) -> None:  # type: ignore[no-untyped-def]
+    """Four clients keep sending (two connections on each front) while front 0 dies: its
+    clients see their connections close and reconnect; front 1's clients see no error at
+    all; every answer anyone got is the right one; all are served again after."""
+    server, url = looped
+    loops = server.loops
+    sessions = [aiohttp.ClientSession() for _ in range(4)]
+    for n, s in enumerate(sessions, 1):  # fronts 0, 1, 0, 1: each to the one with the fewest
+        async with s.get(f"{url}/v2/health/live") as r:
+            assert r.status == 200
+        await until(lambda n=n: sum(f.connections for f in loops.fronts) == n, what=f"{n} connections")
+    assert [f.connections for f in loops.fronts] == [2, 2]
+    served, dropped = [0] * 4, [0] * 4
+    stop = asyncio.Event()
+
+    async def client(i: int) -> None:
+        seed = 1000 * i
+        while not stop.is_set():
+            seed += 1
+            try:
+                await infer(sessions[i], url, seed)  # checks the answer
+                served[i] += 1
+            except aiohttp.ClientConnectionError:
+                dropped[i] += 1
+
+    clients = [asyncio.ensure_future(client(i)) for i in range(4)]
+    try:
+        await until(lambda: min(served) >= 5, what="every client served")
+        loops.fail(0)
+        await until(lambda: loops.restarts == 1, what="the loop to end")
+        assert await loops.serving_all(30)
+        after = list(served)
+        await until(lambda: all(n >= a + 5 for n, a in zip(served, after)), what="every client served again")
+    finally:
+        stop.set()
+        await asyncio.gather(*clients)
+        for s in sessions:
+            await s.close()
+    assert dropped[1] == dropped[3] == 0  # front 1's clients never noticed
+    assert dropped[0] <= 1 and dropped[2] <= 1  # front 0's saw their connection close once at most
+
+
 async def test_shutdown_answers_what_every_loop_accepted(start_server, tmp_path: pathlib.Path) -> None:
     slow = ADD_MODEL.replace("    def __call__(self, inputs):\n",
                              "    def __call__(self, inputs):\n        import time; time.sleep(0.3)\n")
