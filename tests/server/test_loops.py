@@ -271,6 +271,28 @@ async def test_a_loop_killed_mid_load_fails_only_its_own_connections(looped) -> 
     assert dropped[0] <= 1 and dropped[2] <= 1  # front 0's saw their connection close once at most
 
 
+async def test_a_failure_answering_a_handed_over_request_is_its_500(looped, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A bug on the host's side of a request a front handed over (here its head checks
+    raise) fails that request with a 500 and an error id, as on the host's own
+    connections: the client is answered, the front's channel goes on."""
+    server, url = looped
+
+    def broken(request: object, length: object) -> None:
+        raise RuntimeError("a bug in a head check")
+
+    monkeypatch.setattr(server.http.dispatcher, "head", broken)
+    caplog.set_level(logging.ERROR, logger="aserve.server")
+    async with aiohttp.ClientSession() as http:
+        for path in ("/v2/health/ready", "/v2/models/add"):
+            async with http.get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                assert r.status == 500
+                answer = await r.json()
+            assert answer["error"] == "internal error"
+            assert answer["error_id"] in caplog.text and "a bug in a head check" in caplog.text  # logged whole
+        monkeypatch.undo()
+        await infer(http, url, 5)  # the fronts serve on
+
+
 async def test_shutdown_answers_what_every_loop_accepted(start_server, tmp_path: pathlib.Path) -> None:
     slow = ADD_MODEL.replace("    def __call__(self, inputs):\n",
                              "    def __call__(self, inputs):\n        import time; time.sleep(0.3)\n")

@@ -222,21 +222,27 @@ class Loops:
         dispatcher = self.server.http.dispatcher
         body = message["body"]
         request = _request(message)
-        response: Any = dispatcher.head(request, len(body))
-        if response is None:
-            request.body = body
-            try:
+        try:
+            response: Any = dispatcher.head(request, len(body))
+            if response is None:
+                request.body = body
                 pending = dispatcher.respond(request)
                 answer = await (pending.answer if isinstance(pending, Pending) else pending)
                 response = dispatcher.finish(request, answer)
-            except Exception as exc:  # noqa: BLE001 - every failure is an answer, as on a connection
-                response = dispatcher.failed(request, exc)
-        channel.send(_answer(message["id"], response))
+            out = _answer(message["id"], response)
+        except Exception as exc:  # noqa: BLE001 - every failure is an answer, as on a connection: the client never hangs
+            out = _answer(message["id"], dispatcher.failed(request, exc))
+        channel.send(out)
 
     def _head(self, channel: Channel, message: dict[str, Any]) -> None:
         """The host's head checks on an infer request a front hands over once its body is in:
         a refusal now (status and all), or status None: the body may come."""
-        response = self.server.http.dispatcher.head(_request(message), message["length"])
+        dispatcher = self.server.http.dispatcher
+        request = _request(message)
+        try:
+            response = dispatcher.head(request, message["length"])
+        except Exception as exc:  # noqa: BLE001 - a failure is the request's answer, not the channel's end
+            response = dispatcher.failed(request, exc)
         channel.send(_answer(message["id"], response) if response is not None else
                      {"op": "answer", "id": message["id"], "status": None})
 
