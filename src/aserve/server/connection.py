@@ -101,6 +101,12 @@ class HttpServer:
         self.heads: Bounded[tuple[Any, ...], tuple[Any, ...]] = Bounded(256)
         self.closing = False
 
+    @property
+    def full(self) -> bool:
+        """At --max-connections, counting every loop's connections: a new one is answered 503."""
+        limit = self.limits.max_connections
+        return bool(limit) and self.stats.connections + self.elsewhere() >= limit
+
     def __call__(self) -> Connection:
         return Connection(self)
 
@@ -166,8 +172,7 @@ class Connection(asyncio.Protocol):
         server = self.server
         peer = transport.get_extra_info("peername")
         self.remote = str(peer[0]) if isinstance(peer, (tuple, list)) and peer else None
-        limit = self.limits.max_connections
-        if not (limit and server.stats.connections + server.elsewhere() >= limit):
+        if not server.full:
             server.stats.connections += 1
             self.counted = True
         server.connections.add(self)

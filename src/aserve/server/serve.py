@@ -78,11 +78,11 @@ class Server:
                                                        backlog=self.settings.backlog)
             sock.setblocking(False)
             loop.add_reader(sock.fileno(), self._accept)
-            registry = self.plane.registry
-            registry.on_publish = self.loops.publish
-            registry.before_unload = self.loops.retire
-            registry.queue_slots = self.loops.count + 1  # the host's slot, then one per front
-            self.http.elsewhere = lambda: self.loops.connections if self.loops is not None else 0
+            registry, loops = self.plane.registry, self.loops
+            registry.on_publish = loops.publish
+            registry.before_unload = loops.retire
+            registry.queue_slots = loops.count + 1  # the host's slot, then one per front
+            self.http.elsewhere = lambda: loops.connections
         if self.grpc is not None:
             try:
                 await self.grpc.start(self.settings.host, self.settings.grpc_port)
@@ -112,11 +112,9 @@ class Server:
 
     def adopt(self, conn: socket.socket) -> None:
         """Serve an accepted connection: on a front loop, or on the host's when none serves."""
-        loops = self.loops
-        assert loops is not None
-        limit = self.settings.max_connections
+        assert self.loops is not None
         # at the limit, the host's loop serves it: its connection answers 503 and closes
-        if (limit and self.app.stats.connections + loops.connections >= limit) or not loops.hand(conn):
+        if self.http.full or not self.loops.hand(conn):
             asyncio.get_running_loop().create_task(self._serve_here(conn))
 
     async def _serve_here(self, conn: socket.socket) -> None:
