@@ -63,7 +63,7 @@ static void link_close(as_link *l)
 }
 
 static int link_infer(as_link *l, pool_t *p, const char *key, uint64_t mask, size_t n, const as_tensor *in,
-                      void *token, void *cookie, int trace, int64_t max_rows, uint64_t *id)
+                      void *token, void *cookie, int trace, int64_t max_rows, const as_wait *wait, uint64_t *id)
 {
     /* one block: the tensors, then their names and datatypes */
     size_t size = (n ? n : 1) * sizeof(as_tensor);
@@ -109,6 +109,16 @@ static int link_infer(as_link *l, pool_t *p, const char *key, uint64_t mask, siz
     j->job.inputs_ctx = inputs;
     j->job.trace = trace;
     j->max_rows = max_rows;
+    if (wait != NULL && wait->counter != NULL) {
+        as_counter_hold(wait->counter);
+        as_counter_add(wait->counter, wait->slots[0], wait->samples);
+        as_counter_add(wait->counter, wait->slots[1], wait->requests);
+        as_counter_add(wait->counter, wait->slots[2], 1);
+        j->waiting = wait->counter;
+        memcpy(j->wait_slots, wait->slots, sizeof j->wait_slots);
+        j->wait_samples = wait->samples;
+        j->wait_requests = wait->requests;
+    }
     as_pool_enqueue(p, j, -1);
     *id = j->id;
     return 0;

@@ -14,7 +14,7 @@
 
 #include "pool.h"
 
-#define AS_LINK_API_VERSION 3
+#define AS_LINK_API_VERSION 4
 
 typedef struct as_link {
     pthread_mutex_t mu;
@@ -23,6 +23,15 @@ typedef struct as_link {
     hjob *done;         /* finished jobs, newest first */
     hinputs *released;  /* inputs the interpreters no longer reference: the front releases them */
 } as_link;
+
+/* What a front's batch counts while it waits in the pool's queue (pool.h, unwait): its
+ * samples, its requests and itself, in slots[0], [1] and [2] of the Counter whose slots
+ * are at `counter` (counter.c; NULL: not counted). */
+typedef struct as_wait {
+    void *counter;
+    int slots[3];
+    int64_t samples, requests;
+} as_wait;
 
 typedef struct as_link_api {
     int version;
@@ -34,9 +43,9 @@ typedef struct as_link_api {
      * and .datatype are copied; .data must stay valid until the inputs come back through
      * take (cookie). The job completes to l with `token`. max_rows > 0: it may run in one
      * batch with other fronts' jobs of the model, of that many rows in all (pool_coalesce.c).
-     * 0 and *id, or -1 (errno). */
+     * wait: what it counts while queued, or NULL. 0 and *id, or -1 (errno). */
     int (*infer)(as_link *l, pool_t *p, const char *key, uint64_t mask, size_t n, const as_tensor *in,
-                 void *token, void *cookie, int trace, int64_t max_rows, uint64_t *id);
+                 void *token, void *cookie, int trace, int64_t max_rows, const as_wait *wait, uint64_t *id);
     /* The jobs finished since the last take, oldest first (linked by next), and the inputs
      * no longer referenced (linked by next; release their cookie, then inputs_free). */
     hjob *(*take)(as_link *l, hinputs **released);

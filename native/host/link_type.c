@@ -100,15 +100,34 @@ static PyObject *link_fileno(linkobj *self, PyObject *Py_UNUSED(ignored))
 static PyObject *link_infer(linkobj *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"pool", "model", "mask", "names", "datatypes", "inputs", "token", "trace", "max_rows",
-                             NULL};
-    PyObject *pool_address, *names, *datatypes, *inputs, *token;
+                             "waiting", NULL};
+    PyObject *pool_address, *names, *datatypes, *inputs, *token, *waiting = Py_None;
     const char *key;
     unsigned long long mask;
     int trace = 0;
     long long max_rows = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKOOOO|pL:infer", kwlist, &pool_address, &key, &mask, &names,
-                                     &datatypes, &inputs, &token, &trace, &max_rows))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKOOOO|pLO:infer", kwlist, &pool_address, &key, &mask, &names,
+                                     &datatypes, &inputs, &token, &trace, &max_rows, &waiting))
         return NULL;
+    as_wait wait = {0};
+    if (waiting != Py_None) {
+        unsigned long long counter;
+        long long samples, requests;
+        if (!PyArg_ParseTuple(waiting, "K(iii)LL;Link.infer: waiting must be (counter, (samples slot, requests "
+                              "slot, batches slot), samples, requests)",
+                              &counter, &wait.slots[0], &wait.slots[1], &wait.slots[2], &samples, &requests))
+            return NULL;
+        if (counter == 0 || counter % 64 != 0)
+            return PyErr_Format(PyExc_ValueError, "Link.infer: waiting: %#llx is not a counter's address", counter);
+        int n = as_counter_slots((void *)(uintptr_t)counter);
+        for (int i = 0; i < 3; i++)
+            if (wait.slots[i] < 0 || wait.slots[i] >= n)
+                return PyErr_Format(PyExc_ValueError, "Link.infer: waiting: slot %d of %d is out of range",
+                                    wait.slots[i], n);
+        wait.counter = (void *)(uintptr_t)counter;
+        wait.samples = samples;
+        wait.requests = requests;
+    }
     pool_t *p = PyLong_AsVoidPtr(pool_address);
     if (p == NULL)
         return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "Link.infer: no pool at address 0");
@@ -160,7 +179,7 @@ static PyObject *link_infer(linkobj *self, PyObject *args, PyObject *kw)
         t->nbytes = (size_t)held->views[i].len;
     }
     uint64_t id;
-    if (self->api->infer(self->link, p, key, mask, n, in, token, held, trace, max_rows, &id) < 0) {
+    if (self->api->infer(self->link, p, key, mask, n, in, token, held, trace, max_rows, &wait, &id) < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         goto error;
     }
@@ -279,9 +298,11 @@ static PyObject *link_pending(linkobj *self, void *Py_UNUSED(closure))
 static PyMethodDef link_methods[] = {
     {"fileno", (PyCFunction)link_fileno, METH_NOARGS, "the eventfd written when a job finishes"},
     {"infer", (PyCFunction)(void (*)(void))link_infer, METH_VARARGS | METH_KEYWORDS,
-     "infer(pool, model, mask, names, datatypes, inputs, token, trace=False, max_rows=0) -> job id: queue a "
-     "batch of `model` (inputs: tensors with .shape and .data) on the pool at address `pool`; max_rows > 0: it "
-     "may run in one batch with other fronts' batches of the model, of at most that many rows"},
+     "infer(pool, model, mask, names, datatypes, inputs, token, trace=False, max_rows=0, waiting=None) -> job id: "
+     "queue a batch of `model` (inputs: tensors with .shape and .data) on the pool at address `pool`; max_rows > 0: "
+     "it may run in one batch with other fronts' batches of the model, of at most that many rows; waiting: "
+     "(Counter.address, (slot, slot, slot), samples, requests): while it waits for an interpreter its samples, "
+     "requests and itself count in those slots"},
     {"drain", (PyCFunction)link_drain, METH_NOARGS,
      "drain() -> [(token, ok, payload)]: the jobs finished since the last drain, as Pool.drain gives them"},
     {"cancel", (PyCFunction)link_cancel, METH_VARARGS,

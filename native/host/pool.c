@@ -79,7 +79,7 @@ static hjob *pop_shared(pool_t *p, int index)
         if (!(j->mask >> index & 1))
             continue;
         unlink_shared(p, prev, j);
-        p->queued--;
+        dequeued(p, j);
         return j;
     }
     return NULL;
@@ -172,6 +172,7 @@ void as_pool_model_decref(hmodel *m)
 
 void as_pool_job_free(hjob *j)
 {
+    unwait(j); /* a job freed before it was queued */
     if (j->inputs != NULL)
         as_pool_inputs_drop(j->inputs);
     if (j->job.owner != NULL && j->worker >= 0 && j->pool != NULL) {

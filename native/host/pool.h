@@ -89,6 +89,11 @@ typedef struct hjob {
     /* faults (p->mu) */
     int cancel_sent; /* a cancellation of it was started */
     int orphan;      /* given up (lose): its token is the one lose was given */
+    /* a front's job while it waits in the shared queue: its samples, its requests and itself
+     * count in slots wait_slots[0], [1] and [2] of its model's Counter (counter.c), which it holds */
+    void *waiting;
+    int wait_slots[3];
+    int64_t wait_samples, wait_requests;
 } hjob;
 
 typedef struct release {
@@ -242,6 +247,34 @@ static inline void unlink_shared(pool_t *p, hjob *prev, hjob *j)
     if (p->tail == j)
         p->tail = prev;
     j->next = NULL;
+}
+
+/* counter.c: a Counter's memory (its slots' address) held by a queued job, added to,
+ * let go of (freed with the last holder). */
+void as_counter_hold(void *slots);
+void as_counter_add(void *slots, int slot, int64_t d);
+void as_counter_drop(void *slots);
+int as_counter_slots(void *slots);
+
+/* j no longer waits in the shared queue (taken, joined to another's batch, failed there):
+ * it stops counting in its model's Counter. Idempotent. */
+static inline void unwait(hjob *j)
+{
+    void *c = j->waiting;
+    if (c == NULL)
+        return;
+    j->waiting = NULL;
+    as_counter_add(c, j->wait_slots[0], -j->wait_samples);
+    as_counter_add(c, j->wait_slots[1], -j->wait_requests);
+    as_counter_add(c, j->wait_slots[2], -1);
+    as_counter_drop(c);
+}
+
+/* j was taken out of the shared queue (unlink_shared, job_pop). Caller holds p->mu. */
+static inline void dequeued(pool_t *p, hjob *j)
+{
+    p->queued--;
+    unwait(j);
 }
 
 static inline int64_t monotonic_ns(void)

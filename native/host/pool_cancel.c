@@ -52,7 +52,7 @@ static worker_t *running_worker(pool_t *p, uint64_t id)
  * now, failed. Returns whether the loop must be woken. */
 static int fail_queued(pool_t *p, hjob *j)
 {
-    p->queued--;
+    dequeued(p, j);
     j->job.failed = 1;
     j->job.error_type = strdup("Cancelled"); /* NULL without memory: a generic failure */
     j->job.error = strdup("cancelled before it ran");

@@ -70,7 +70,7 @@ int as_pool_coalesce(pool_t *p, hjob *j, int index)
                            : -1;
         if (more >= 0 && rows + more <= j->max_rows) {
             unlink_shared(p, prev, k);
-            p->queued--;
+            dequeued(p, k);
             k->running = 1;
             *tail = k;
             tail = &k->part_next;

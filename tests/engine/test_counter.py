@@ -10,7 +10,7 @@ from aserve import _native
 
 def test_views_add_to_their_own_slot_and_read_the_whole() -> None:
     host = _native.Counter(3)
-    fronts = [_native.Counter.at(host.address, 3, slot) for slot in (1, 2)]
+    fronts = [_native.Counter.at(host.address, slot) for slot in (1, 2)]
     host.add(2)
     fronts[0].add(5)
     fronts[1].add(7)
@@ -22,8 +22,8 @@ def test_views_add_to_their_own_slot_and_read_the_whole() -> None:
     assert host.slots == 3 and fronts[0].address == host.address
 
 
-@pytest.mark.parametrize("args", [(0, 2, 1), (64 * 3 + 8, 2, 1)])
-def test_a_view_of_no_counter_is_refused(args: tuple[int, int, int]) -> None:
+@pytest.mark.parametrize("args", [(0, 1), (64 * 3 + 8, 1)])
+def test_a_view_of_no_counter_is_refused(args: tuple[int, int]) -> None:
     with pytest.raises(ValueError, match="is not a counter's address"):
         _native.Counter.at(*args)
 
@@ -31,8 +31,22 @@ def test_a_view_of_no_counter_is_refused(args: tuple[int, int, int]) -> None:
 def test_slots_out_of_range_are_refused() -> None:
     host = _native.Counter(2)
     with pytest.raises(ValueError, match="slot 2 of 2 is out of range"):
-        _native.Counter.at(host.address, 2, 2)
+        _native.Counter.at(host.address, 2)
     with pytest.raises(ValueError, match="slot -1 of 2 is out of range"):
         host.clear(-1)
     with pytest.raises(ValueError, match=r"slots must be in \[1, 64\], got 0"):
         _native.Counter(0)
+    with pytest.raises(ValueError, match=r"summed must be in \[1, slots=2\], got 3"):
+        _native.Counter(2, summed=3)
+    with pytest.raises(ValueError, match="slot 2 of 2 is out of range"):
+        host.get(2)
+
+
+def test_slots_past_summed_are_kept_beside_the_total() -> None:
+    # a pool's own slots (what waits in its queue) are read one by one, not summed
+    host = _native.Counter(4, summed=3)
+    view = _native.Counter.at(host.address, 3)
+    host.add(2)
+    view.add(5)
+    assert host.total() == view.total() == 2
+    assert (view.get(3), host.get(0), host.slots) == (5, 2, 4)

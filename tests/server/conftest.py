@@ -6,12 +6,8 @@ Every test here that starts a server runs three times: on the host's loop alone
 not be able to tell them apart, so the tests observe what a client or an operator can
 (answers, `/metrics`, `/v2/models/stats`, the log), not one loop's objects. A test that
 must look at them (a connection's flow control, the policy a batcher is shown) is marked
-`host_loop` and runs on the host's loop alone: the fronts run the same classes. A test
-marked `model_wide_slots` expects a model's batches to wait in one batcher while its
-interpreters are busy; with two fronts, each front counts the interpreters' slots by
-itself and a second front's batch waits in the pool's queue instead (docs/multiloop.md,
-"Limits"), so it runs with one front at most. The fronts run on uvloop only, so they are
-left out of the default asyncio loop's run.
+`host_loop` and runs on the host's loop alone: the fronts run the same classes. The
+fronts run on uvloop only, so they are left out of the default asyncio loop's run.
 """
 
 from __future__ import annotations
@@ -62,14 +58,13 @@ def open_connections(server: Any) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Fronts run on uvloop: drop their runs on asyncio's loop, those of `host_loop` tests, and
-    those of `model_wide_slots` tests with more than one front (see the module's docstring)."""
+    """Fronts run on uvloop: drop their runs on asyncio's loop and those of `host_loop` tests
+    (see the module's docstring)."""
     kept, dropped = [], []
     for item in items:
         spec = getattr(item, "callspec", None)
         loops = spec.params.get("loops", 0) if spec is not None else 0
-        if loops and ("asyncio" in spec.id.split("-") or item.get_closest_marker("host_loop") is not None
-                      or (loops > 1 and item.get_closest_marker("model_wide_slots") is not None)):
+        if loops and ("asyncio" in spec.id.split("-") or item.get_closest_marker("host_loop") is not None):
             dropped.append(item)
         else:
             kept.append(item)

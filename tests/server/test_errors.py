@@ -98,7 +98,6 @@ async def test_body_too_large_413(start_server, repository: pathlib.Path, http: 
     await still_serving(http, url)
 
 
-@pytest.mark.model_wide_slots
 async def test_timeout_504_and_overload_503(base_url: str, http: aiohttp.ClientSession) -> None:
     # the request's timeout (microseconds) lowers the model's 5 s: 504 while its model is busy
     async with http.post(f"{base_url}/v2/models/slow/infer", json=slow_body(300, timeout=50_000)) as r:

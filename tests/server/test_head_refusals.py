@@ -183,7 +183,6 @@ async def test_a_full_queue_refuses_from_the_head_and_the_connection_goes_on(
     assert sorted(r.status for r in lines) == [200, 200, 200, 503]  # type: ignore[attr-defined]
 
 
-@pytest.mark.model_wide_slots
 async def test_a_refusal_pipelined_between_admitted_requests_is_answered_in_order(
         start_server, repo: pathlib.Path, gate: pathlib.Path, http: aiohttp.ClientSession) -> None:
     server, url = await start_server(repo, request_timeout_s=60.0)

@@ -229,6 +229,60 @@ async def test_a_models_queue_bound_holds_across_loops_and_a_dead_loops_place_is
             w.close()
 
 
+async def test_a_batch_waiting_in_the_pools_queue_counts_as_queued_for_every_loop(
+        start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
+    """Front 1 sees `gate`'s one interpreter free (front 0's batch holds it) and hands its
+    request on: it waits in the pool's queue. It fills max_queue_size 1 for every loop and
+    shows in the queue gauges, not as running; it stops counting when the interpreter takes
+    it, even when its front died meanwhile."""
+    gate = tmp_path / "gate"
+    config = refusals.GATE_CONFIG.format(tensors=refusals.TENSORS, gate=gate)
+    repo = write_repository(tmp_path / "repo", {"gate": (refusals.GATE_MODEL, config)})
+    server, url = await start_server(repo, loops=2, request_timeout_s=60.0)
+    fronts, queued = server.loops.fronts, server.plane.registry.get("gate").queued
+    pool = server.plane.registry.pools["main"]
+    labels = {"model": "gate", "version": "1"}
+    conns = []
+    for expected in ([1, 0], [1, 1], [2, 1]):  # each to the front with the fewest connections
+        conns.append(await asyncio.open_connection("127.0.0.1", server.port))
+        await until(lambda expected=expected: [f.connections for f in fronts] == expected,
+                    what=f"connections {expected} on the fronts")
+    (held_reader, held), (waiting_reader, waiting), (reader, writer) = conns
+    try:
+        held.write(refusals.request("gate", -1.0))  # front 0: runs until the gate opens
+        await until(lambda: pool.stats()["busy"] == 1, what="the held request to run")
+        waiting.write(refusals.request("gate", 2.0))  # front 1: handed to the pool, where it waits
+        await until(lambda: pool.stats()["queued"] == 1, what="front 1's batch to wait in the pool's queue")
+        assert queued.total() == 1
+        async with aiohttp.ClientSession() as http:
+            text = await scrape(http, url)
+        assert value(text, "aserve_queue_requests", **labels) == 1
+        assert value(text, "aserve_queue_samples", **labels) == 1
+        assert value(text, "aserve_batches_in_flight", **labels) == 1
+        writer.write(refusals.request("gate", 3.0))  # front 0: the queue is full for every loop
+        status, headers, body = await read_response(reader)
+        assert status == 503 and "max_queue_size 1" in json.loads(body)["error"] and headers["retry-after"]
+        server.loops.fail(1)  # its front ends; its batch still waits, and still counts
+        assert await waiting_reader.read() == b""
+        assert queued.total() == 1
+        gate.touch()
+        status, _, body = await read_response(held_reader)
+        assert status == 200 and refusals.outputs(body) == [-2.0]
+        await until(lambda: pool.stats()["queued"] == 0 and pool.stats()["busy"] == 0, what="the pool to empty")
+        assert [queued.get(slot) for slot in range(queued.slots)] == [0] * queued.slots
+        writer.write(refusals.request("gate", 4.0))
+        status, _, body = await read_response(reader)
+        assert status == 200 and refusals.outputs(body) == [8.0]
+        async with aiohttp.ClientSession() as http:
+            text = await scrape(http, url)
+        assert value(text, "aserve_queue_requests", **labels) == 0
+        assert value(text, "aserve_batches_in_flight", **labels) == 0
+    finally:
+        gate.touch()
+        for _, w in conns:
+            w.close()
+
+
 async def test_a_loop_killed_mid_load_fails_only_its_own_connections(looped) -> None:  # type: ignore[no-untyped-def]
     """Four clients keep sending (two connections on each front) while front 0 dies: its
     clients see their connections close and reconnect; front 1's clients see no error at

@@ -258,7 +258,6 @@ async def test_adaptive_model_exports_its_cost_model(url: str, http: aiohttp.Cli
     assert not m.samples("aserve_latency_budget_us", model="add")
 
 
-@pytest.mark.model_wide_slots
 async def test_refusals_timeouts_and_queue_depth(url: str, http: aiohttp.ClientSession) -> None:
     slow = {"model": "slow", "version": "1"}
 

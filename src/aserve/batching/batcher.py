@@ -101,14 +101,17 @@ class Batcher:
     simulation on a virtual-time loop passes that loop's time);
     join: layer-level joining for a model with stages (ignored when max_batch_size is 0);
     shared: the model's queued samples over every event loop's batcher of it (`--loops`:
-    the host's `_native.Counter`), which max_queue_size bounds instead of this one's own.
+    the host's `_native.Counter`), which max_queue_size bounds instead of this one's own;
+    waiting: `run` takes waiting=(samples, requests), which the engine counts in `shared`
+    while the batch waits for an interpreter (a front's engine: other loops' batches may
+    hold the interpreters this batcher sees free).
     """
 
     def __init__(
         self, *, model: str, run: Runner, policy: BatchPolicy, max_batch_size: int, interpreters: int,
         max_queue_size: int, join: Joining | None = None, scheduler: FairScheduler | None = None,
         uniform: bool = False, clock: Callable[[], float] = monotonic, key: str | None = None,
-        cancel: Canceller | None = None, shared: SharedCount | None = None,
+        cancel: Canceller | None = None, shared: SharedCount | None = None, waiting: bool = False,
     ) -> None:
         if interpreters < 1:
             raise ValueError(f"interpreters must be >= 1, got {interpreters}")
@@ -128,6 +131,7 @@ class Batcher:
         self._queue: collections.deque[Request] = collections.deque()
         self._queued_samples = 0
         self._shared = shared
+        self._waiting = waiting
         self._joiner = None if join is None or max_batch_size <= 0 else LayerJoin(
             join, key=self.key, max_batch_size=max_batch_size, uniform=uniform, clock=clock, queue=self._queue,
             drop_withdrawn=self._drop_withdrawn, take=self._take_into_batch, put_back=self._put_back,
@@ -514,9 +518,15 @@ class Batcher:
                 assert self.tracer is not None
                 run.traced = True
                 run.context = batch_context(self.tracer, batch)
-                run.job = self._run_batch(self.key, inputs, run.done, trace=run.context.header)  # type: ignore[call-arg]
+                if self._waiting:
+                    run.job = self._run_batch(self.key, inputs, run.done, trace=run.context.header,  # type: ignore[call-arg]
+                                              waiting=(samples, len(batch)))
+                else:
+                    run.job = self._run_batch(self.key, inputs, run.done, trace=run.context.header)  # type: ignore[call-arg]
             elif self._contexts and (context := self._untraced_context(batch)) is not None:
                 run.job = self._run_batch(self.key, inputs, run.done, context=context)  # type: ignore[call-arg]
+            elif self._waiting:
+                run.job = self._run_batch(self.key, inputs, run.done, waiting=(samples, len(batch)))  # type: ignore[call-arg]
             else:
                 run.job = self._run_batch(self.key, inputs, run.done)
         except Exception as e:  # noqa: BLE001 - the engine refused the batch: answer it from the loop

@@ -50,6 +50,20 @@ async def make_policy(
     return policy, joining
 
 
+def queue_layout(fronts: int) -> tuple[int, int]:
+    """A model's queue Counter under `--loops`: its (slots, summed). Slot 0 and 1..fronts: the
+    samples each loop's batchers queued (the host's, then each front's); then, per front, what
+    its batches waiting in the pool's queue hold (`wait_slots`): samples, summed with the
+    batchers' for max_queue_size, then requests and batches, which its statistics read."""
+    return 1 + 4 * fronts, 1 + 2 * fronts
+
+
+def wait_slots(fronts: int, index: int) -> tuple[int, int, int]:
+    """The slots front `index` (0-based) counts its batches waiting in the pool's queue in:
+    samples, requests, batches (`queue_layout`)."""
+    return 1 + fronts + index, 1 + 2 * fronts + index, 1 + 3 * fronts + index
+
+
 class ModelHandle:
     """One load of one model version: its config, engine choice, state and batcher.
 
@@ -79,7 +93,8 @@ class ModelHandle:
         self.schema: ModelSchema | None = None  # set once loaded: what requests are decoded against
         self.memory_bytes = 0  # the process PSS its load (every interpreter) and warm-up added
         self.batcher: Batcher | None = None
-        self.queued: Any = None  # `--loops`: the samples every loop's batcher of it queued (_native.Counter)
+        # `--loops`: what every loop queued of it (a _native.Counter laid out by queue_layout)
+        self.queued: Any = None
         self.pool: Pool | None = None  # the pool it is loaded in: readiness asks it which interpreters still serve
         self._labels: dict[str, list[str] | None] = {}  # output -> its class labels, read once per load
 

@@ -53,7 +53,7 @@ from ..repository import (
 from ..runtime.memory import pss
 from ..tracing import Tracer
 from .engines import resolve_engine
-from .models import READY, UNAVAILABLE, UNLOADING, ModelHandle, ModelRoutes, make_policy
+from .models import READY, UNAVAILABLE, UNLOADING, ModelHandle, ModelRoutes, make_policy, queue_layout
 from .stats import BatchTotals, Metrics
 
 log = logging.getLogger("aserve.server")
@@ -108,7 +108,7 @@ class ModelRegistry:
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
         self._loads = 0  # loads so far: each gets its own key in the pool
-        self.queue_slots = 0  # event loops whose batchers share each model's queue bound (0: the host's alone)
+        self.queue_fronts = 0  # front loops whose batchers share each model's queue bound with the host's
         self._keys: set[str] = set()
         self._closed = False
         self._started = False  # after the first loads, loads are staggered over the interpreters
@@ -521,8 +521,9 @@ class ModelRegistry:
         )
         handle.info = info
         handle.schema = schema
-        if self.queue_slots:
-            handle.queued = _native.Counter(self.queue_slots)
+        if self.queue_fronts:
+            slots, summed = queue_layout(self.queue_fronts)
+            handle.queued = _native.Counter(slots, summed=summed)
         handle.batcher = Batcher(
             model=handle.name, key=handle.key, run=pool.run, policy=policy, max_batch_size=config.max_batch_size,
             interpreters=info.interpreters, max_queue_size=config.batching.max_queue_size, join=joining,

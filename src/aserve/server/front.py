@@ -29,7 +29,7 @@ from ..batching import Batcher, FairScheduler
 from ..batching.policy import WindowPolicy
 from ..config import ServerSettings
 from ..dataplane import DataPlane
-from ..dataplane.models import READY, ModelHandle, ModelRoutes
+from ..dataplane.models import READY, ModelHandle, ModelRoutes, wait_slots
 from ..dataplane.stats import BatchTotals
 from ..engine.pool import Done, ModelInfo, _error, tensors
 from ..errors import EngineError, ModelNotFound
@@ -64,9 +64,25 @@ def main(config: str) -> None:
 _HOSTS = "hosts"  # an infer request's state: the host answers it
 
 
+# A model's queue Counter (its address) and the slots a front's batches count in while they
+# wait in the pool's queue (dataplane/models.py, wait_slots)
+Waiting = tuple[int, tuple[int, int, int]]
+
+
 def _shared(queued: list[int] | None, index: int) -> _native.Counter | None:
     """This front's view of a model's queued samples over every loop (its slot: after the host's)."""
-    return None if queued is None else _native.Counter.at(queued[0], queued[1], index + 1)
+    return None if queued is None else _native.Counter.at(queued[0], index + 1)
+
+
+def _with_waiting(stats: dict[str, Any], queued: _native.Counter, slots: tuple[int, int, int]) -> dict[str, Any]:
+    """A front batcher's statistics with its batches that wait in the pool's queue counted as
+    queued, not running: the batcher handed them on, but no interpreter has taken them yet."""
+    samples, requests, batches = (queued.get(slot) for slot in slots)
+    if batches:
+        stats["queued_samples"] += samples
+        stats["queued_requests"] += requests
+        stats["running_batches"] -= batches
+    return stats
 
 
 def _response(answer: dict[str, Any]) -> Response:
@@ -92,20 +108,24 @@ class LinkEngine:
         self.loop = loop
         self.cancelled = cancelled  # (pool, job): a running batch was cancelled; the host watches it
         # a model's key -> (its pool's address, the interpreters that run it, its inputs' names and datatypes,
-        # the most rows a batch coalesced with other fronts' may hold: 0 never)
-        self.models: dict[str, tuple[int, int, tuple[str, ...], tuple[str, ...], int]] = {}
+        # the most rows a batch coalesced with other fronts' may hold: 0 never, and the model's queue
+        # Counter with the slots this front's batches count in while they wait in the pool's queue, or None)
+        self.models: dict[str, tuple[int, int, tuple[str, ...], tuple[str, ...], int, Waiting | None]] = {}
         self.in_flight = 0
         loop.add_reader(self.link.fileno(), self._drain)
 
-    def run(self, model: str, inputs: Sequence[Any], done: Done, /, *, trace: bool = False) -> tuple[int, int]:
+    def run(self, model: str, inputs: Sequence[Any], done: Done, /, *, trace: bool = False,
+            waiting: tuple[int, int] | None = None) -> tuple[int, int]:
         """`Pool.run` for a front: queue one batch on the first idle interpreter of `model`;
-        returns what `cancel` takes (its pool's address and the job's id)."""
+        returns what `cancel` takes (its pool's address and the job's id). waiting: the batch's
+        (samples, requests), which count in the model's queue while it waits for an interpreter."""
         found = self.models.get(model)
         if found is None:
             raise ModelNotFound(f"model {model!r} is not loaded")
-        pool, mask, names, datatypes, max_rows = found
+        pool, mask, names, datatypes, max_rows, counter = found
+        counted = None if counter is None or waiting is None else (*counter, *waiting)
         job: int = self.link.infer(pool, model, mask, names, datatypes, list(inputs),
-                                   functools.partial(self._done, done, trace), trace, max_rows)
+                                   functools.partial(self._done, done, trace), trace, max_rows, counted)
         self.in_flight += 1
         return pool, job
 
@@ -362,7 +382,8 @@ class Front:
             tensors = (*handle.info.inputs, *handle.info.outputs)
             # other fronts' batches join this one's in the pool when rows can be sliced apart
             rows = handle.config.max_batch_size if all(t.datatype != "BYTES" for t in tensors) else 0
-            self.engine.models[key] = (m["pool"], m["mask"], tuple(m["names"]), tuple(m["datatypes"]), rows)
+            counter = None if m["queued"] is None else (m["queued"][0], wait_slots(m["queued"][1], self.index))
+            self.engine.models[key] = (m["pool"], m["mask"], tuple(m["names"]), tuple(m["datatypes"]), rows, counter)
         self.retired.update(self.handles)  # listed no more: closed when the host retires them
         for handle in self.handles.values():
             handle.retired = True
@@ -384,13 +405,15 @@ class Front:
         if scheduler is None:
             scheduler = self.schedulers[engine] = FairScheduler(m["interpreters"])
         assert self.engine is not None
+        queued = _shared(m["queued"], self.index)
         handle.batcher = Batcher(
             model=name, key=handle.key, run=self.engine.run,
             policy=WindowPolicy(max_queue_delay=config.batching.max_queue_delay_ms / 1000.0),
             max_batch_size=config.max_batch_size, interpreters=info.interpreters,
             max_queue_size=config.batching.max_queue_size, scheduler=scheduler, uniform=schema.uniform,
-            cancel=self.engine.cancel, shared=_shared(m["queued"], self.index),
+            cancel=self.engine.cancel, shared=queued, waiting=queued is not None,
         )
+        handle.queued = queued
         handle.engine, handle.info, handle.schema, handle.state = engine, info, schema, READY
         return handle
 
@@ -414,9 +437,13 @@ class Front:
         models: list[dict[str, Any]] = []
         for handle in [*self.handles.values(), *self.retired.values()]:
             batcher = handle.batcher
+            stats = batcher.stats() if batcher is not None else {}
+            counter = self.engine.models.get(handle.key) if self.engine is not None else None
+            if stats and handle.queued is not None and counter is not None and counter[5] is not None:
+                stats = _with_waiting(stats, handle.queued, counter[5][1])
             models.append({
                 "name": handle.name, "version": handle.version,
-                "batcher": batcher.stats() if batcher is not None else {},
+                "batcher": stats,
                 "batch_sizes": batcher.batch_sizes if batcher is not None else {},
                 "last_dispatch": batcher.last_dispatch if batcher is not None else None,
             })

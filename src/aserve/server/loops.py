@@ -281,7 +281,7 @@ class Loops:
                     "fingerprint": handle.fingerprint, "info": msgspec.to_builtins(handle.info),
                     "pool": pool.address, "mask": pool.mask_of(handle.key), "interpreters": pool.interpreters,
                     "names": [s.name for s in handle.info.inputs], "datatypes": [s.datatype for s in handle.info.inputs],
-                    "queued": None if handle.queued is None else [handle.queued.address, handle.queued.slots],
+                    "queued": None if handle.queued is None else [handle.queued.address, self.count],
                 })
             labels[name] = {label: int(v) for label, v in routes.labels.items()}
         tracing = self.server.plane.tracer is not None

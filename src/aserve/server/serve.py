@@ -81,7 +81,7 @@ class Server:
             registry, loops = self.plane.registry, self.loops
             registry.on_publish = loops.publish
             registry.before_unload = loops.retire
-            registry.queue_slots = loops.count + 1  # the host's slot, then one per front
+            registry.queue_fronts = loops.count
             self.http.elsewhere = lambda: loops.connections
         if self.grpc is not None:
             try:
