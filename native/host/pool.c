@@ -365,7 +365,7 @@ static void *worker_main(void *arg)
         int64_t now = monotonic_ns(), from, to;
         if (w->idle_from == 0)
             w->idle_from = now;
-        if (p->spin_ns > 0 && !w->spun && p->spinners < p->max_spinners &&
+        if (p->spin_ns > 0 && !p->spin_paused && !w->spun && p->spinners < p->max_spinners &&
             poll_window(p, w, &from, &to) && w->idle_from + to > now) {
             int64_t at = w->idle_from + from - w->late_ns;
             if (at - now > NAP_MIN_NS) {
@@ -645,6 +645,25 @@ void as_pool_set_spin(pool_t *p, long long us, int spinners)
             kick(p, w); /* a pool put away stops polling at once */
     }
     pthread_mutex_unlock(&p->mu);
+}
+
+/* Polling off (and back on) without forgetting the pace learned: a napping worker is woken
+ * to block instead, a polling one kicked. */
+void as_pool_set_spin_paused(pool_t *p, int paused)
+{
+    int n = 0;
+    worker_t *nappers[MAX_WORKERS];
+    pthread_mutex_lock(&p->mu);
+    p->spin_paused = paused;
+    for (int i = 0; paused && i < p->n_workers; i++) {
+        worker_t *w = p->workers[i];
+        kick(p, w);
+        if (w->napping)
+            nappers[n++] = w;
+    }
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < n; i++)
+        pthread_cond_signal(&nappers[i]->cv);
 }
 
 void as_pool_set_active(pool_t *p, long n)

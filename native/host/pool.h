@@ -152,6 +152,7 @@ typedef struct pool {
     hinputs *released;  /* input buffers the interpreters gave back last */
     int signalled;      /* the eventfd was written since the last drain */
     int64_t spin_ns;    /* how long an idle worker polls for a job before it blocks */
+    int spin_paused;    /* set_spin_paused: no worker polls, the gaps they learn are kept */
     int spinners, max_spinners;
     uint64_t polled;    /* shared jobs that found a worker polling for them */
     uint64_t woke_napping, woke_blocked; /* shared jobs that had to wake a worker napping toward its window, or blocked */
@@ -322,6 +323,7 @@ void as_pool_put_back(pool_t *p, hjob *ordered);
 /* Idle workers poll for a job, at most `us` microseconds after they ran out, before they
  * block, at most `spinners` at once; each relearns its clients' pace. */
 void as_pool_set_spin(pool_t *p, long long us, int spinners);
+void as_pool_set_spin_paused(pool_t *p, int paused);
 /* Only the first n workers take shared jobs. */
 void as_pool_set_active(pool_t *p, long n);
 

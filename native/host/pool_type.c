@@ -491,6 +491,15 @@ static PyObject *pool_set_spin(pool_t *p, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *pool_set_spin_paused(pool_t *p, PyObject *arg)
+{
+    int paused = PyObject_IsTrue(arg);
+    if (paused < 0)
+        return NULL;
+    as_pool_set_spin_paused(p, paused);
+    Py_RETURN_NONE;
+}
+
 static PyObject *pool_fileno(pool_t *p, PyObject *Py_UNUSED(ignored)) { return PyLong_FromLong(p->efd); }
 
 static PyObject *pool_set_active(pool_t *p, PyObject *arg)
@@ -614,6 +623,8 @@ static PyMethodDef pool_methods[] = {
     {"set_spin", (PyCFunction)pool_set_spin, METH_VARARGS,
      "set_spin(us, spinners): an idle worker polls for its next job for `us` microseconds before it blocks; "
      "at most `spinners` poll at once (0: never)"},
+    {"set_spin_paused", (PyCFunction)pool_set_spin_paused, METH_O,
+     "set_spin_paused(paused): no worker polls while paused; what set_spin set and the pace learned are kept"},
     {"fileno", (PyCFunction)pool_fileno, METH_NOARGS, "fileno() -> the eventfd that signals completions"},
     {"set_active", (PyCFunction)pool_set_active, METH_O,
      "set_active(n): only the first n interpreters take shared jobs"},

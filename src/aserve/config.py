@@ -79,7 +79,7 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                                                            "work polls for the next batch before it blocks, and the "
                                                            "event loop polls for a running batch's answer (low "
                                                            "latency at low load, for CPU that would otherwise idle; "
-                                                           "0 = always block)")
+                                                           "kept on only where measured to pay; 0 = always block)")
     ] = 200
     log_format: Annotated[str, _doc("text, or json: one JSON object per line, with trace_id/span_id when tracing",
                                     choices=LOG_FORMATS)] = "text"

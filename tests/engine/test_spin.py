@@ -161,3 +161,27 @@ async def test_the_loop_polls_only_for_lone_batches_short_enough_to_pay(model_di
 def test_spin_must_not_be_negative() -> None:
     with pytest.raises(EngineError, match="spin_us must be >= 0"):
         Pool(engine="main", interpreters=1, spin_us=-1)
+
+
+async def test_polling_the_probe_finds_unpaid_is_turned_off(model_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool measures whether polling pays while lone batches come (engine/polling.py);
+    told that nothing pays, it turns polling off in the interpreters and the loop alike:
+    later batches find no interpreter polling for them, and are answered as before."""
+    from aserve.engine import polling
+
+    monkeypatch.setattr(polling, "RATE", 1e9)  # no saving is worth any CPU
+    async with Pool(engine="private", interpreters=1, spin_us=200, spinners=1) as pool:
+        await pool.load(ModelSpec(name="double", path=str(model_dir(DOUBLE))))
+        probe = pool.probe
+        assert probe is not None and probe.on and pool.stats()["polling"] == 1
+        started = time.monotonic()
+        i = 0
+        while probe.verdicts == 0:  # one client at a time: every batch is lone
+            assert _y(await pool.infer("double", _x(i))) == [2 * i]
+            i += 1
+            assert time.monotonic() - started < 60, "no verdict on polling after a minute of lone batches"
+        assert not probe.on and pool.stats()["polling"] == 0
+        polled = pool.stats()["polled"]
+        for k in range(50):
+            assert _y(await pool.infer("double", _x(k))) == [2 * k]
+        assert pool.stats()["polled"] == polled and pool.stats()["spinning"] == 0

@@ -44,6 +44,7 @@ from ..errors import EngineError, InvalidInput, ModelError, ModelLoadError, Mode
 from ..runtime.model import TensorSpec
 from ..tensor import Tensor
 from . import tunables
+from .polling import PHASE_S, PollingProbe
 
 ENGINES = ("private", "subinterp", "main")
 BOOTSTRAP = "aserve.runtime._worker"
@@ -252,7 +253,9 @@ class Pool:
     client's pace costs a sliver of a core, not the whole gap (pool.c). At most
     `spinners` interpreters poll at once; by default about half the CPUs but the loop's,
     and none when the process has fewer than two CPUs (affinity and cgroup quota), where
-    a polling thread would take the loop's. An idle pool polls for nothing.
+    a polling thread would take the loop's. An idle pool polls for nothing. Whether polling
+    pays is measured while lone batches come, and it is turned off where it does not
+    (engine/polling.py).
     """
 
     cancel_grace_s = 10.0
@@ -283,6 +286,10 @@ class Pool:
         self.spinners = spinners if spinners is not None else _spinners(have)
         self._poll_s = spin_us / 1e6 if have >= 2 else 0.0  # on one CPU the loop's polling starves the batch
         self._polling = False  # a _poll callback is scheduled
+        # whether polling pays here, measured on lone batches (None: it never polls)
+        self.probe: PollingProbe | None = PollingProbe() if self._poll_s and self.spinners else None
+        self._probe_timer: asyncio.TimerHandle | None = None
+        self._answered = 0  # jobs answered, all told (the probe's CPU per batch)
         self._poll_until = 0.0
         self._native: _native.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -330,6 +337,7 @@ class Pool:
         errors = [str(r) for r in results if isinstance(r, BaseException)]
         native.set_active(self.interpreters)
         native.set_spin(self.spin_us, min(self.spinners, self.interpreters))
+        native.set_spin_paused(self.probe is not None and not self.probe.on)
         if errors:
             await self.close()
             raise EngineError(f"engine {self.engine!r}: interpreter start failed: {errors[0]}")
@@ -390,6 +398,9 @@ class Pool:
         finally:
             native.set_active(0)
             native.set_spin(0, 0)  # parked interpreters do not poll
+            if self._probe_timer is not None:
+                self._probe_timer.cancel()
+                self._probe_timer = None
             for handle in self._giving_up.values():
                 handle.cancel()
             self._giving_up.clear()
@@ -448,7 +459,12 @@ class Pool:
             self._lone_count += 1
         else:
             self._lone_from = 0.0  # not alone: its time says nothing of a lone job's
-        if self._poll_s and (self._polling or (lone and (self._lone_pays or self._lone_count % _LONE_JOBS == 0))):
+        probe = self.probe
+        if lone and probe is not None and self._probe_timer is None and self._loop is not None:
+            probe.restart()
+            self._probe_timer = self._loop.call_later(PHASE_S, self._probe_tick)
+        if self._poll_s and (self._polling or (lone and (self._lone_pays or self._lone_count % _LONE_JOBS == 0))) \
+                and (probe is None or probe.on):
             self._poll_until = time.perf_counter() + self._poll_s
             if not self._polling and self._loop is not None:
                 self._polling = True
@@ -458,6 +474,8 @@ class Pool:
         """The only job in flight was answered: if the loop polled for it (a time taken
         waiting for the eventfd would count the wake-up too), remember how long it took,
         and whether polling for the next lone one pays (the median of the last few)."""
+        if self.probe is not None:
+            self.probe.lone(time.perf_counter() - self._lone_from)
         if self._polling:
             lone = self._lone
             lone.append(time.perf_counter() - self._lone_from)
@@ -502,7 +520,28 @@ class Pool:
         self._done_one()
         _settle(fut, ok, payload)
 
+    def _probe_tick(self) -> None:
+        """The probe's timer: close its phase, turn polling on or off as it says, and come back
+        at the next phase's end (or when its verdict stops holding); it stops while no lone
+        batch comes, and the next lone batch starts it again."""
+        self._probe_timer = None
+        probe, native, loop = self.probe, self._native, self._loop
+        if probe is None or native is None or loop is None or self._closed:
+            return
+        now = time.perf_counter()
+        if probe.rests(now):
+            return
+        verdicts = probe.verdicts
+        if probe.tick(now, time.process_time(), self._answered):
+            native.set_spin_paused(not probe.on)
+        if probe.verdicts != verdicts:
+            log.info("engine %s: polling %s: it saves %.1f us of a lone batch's round trip for %.1f us more CPU",
+                     self.engine, "stays on" if probe.on else "is off", probe.saved_us, probe.cost_us)
+        delay = PHASE_S if probe.probing else max(PHASE_S, probe.hold_until() - now)
+        self._probe_timer = loop.call_later(delay, self._probe_tick)
+
     def _done_one(self) -> None:
+        self._answered += 1
         self._in_flight -= 1
         if self._in_flight == 0 and self._lone_from:
             self._lone_done()
@@ -897,11 +936,13 @@ class Pool:
         polled: batches that found an interpreter polling for them (no wake-up);
         woke_napping, woke_blocked: batches that woke one asleep until its polling window
         (early), or blocked (late, or not polling); coalesced: front loops' batches that ran
-        as one batch with another front's (--loops)."""
+        as one batch with another front's (--loops); polling: 1 while polling is on (spin_us,
+        and the last measurement found that it pays)."""
         if self._native is None:
             return {"interpreters": 0, "ready": 0, "active": 0, "busy": 0, "queued": 0, "spinning": 0,
-                    "spin_s": 0.0, "polled": 0, "woke_napping": 0, "woke_blocked": 0, "coalesced": 0}
+                    "spin_s": 0.0, "polled": 0, "woke_napping": 0, "woke_blocked": 0, "coalesced": 0, "polling": 0}
         stats: dict[str, Any] = self._native.stats()
+        stats["polling"] = int(self.probe is not None and self.probe.on)
         return stats
 
     @property

@@ -193,6 +193,7 @@ _POOL_HELP = {
     "queued": "Jobs waiting for an interpreter.",
     "lost": "Interpreters given up on: stuck in a cancelled batch (native code), they get no jobs until it returns.",
     "spinning": "Interpreters polling for their next batch now (spin_us).",
+    "polling": "1 while interpreters may poll for their next batch: spin_us, and the last measurement found it pays.",
 }
 _POOL_COUNTERS = {
     "spin_s": ("aserve_pool_spin_seconds_total",
