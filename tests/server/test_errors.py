@@ -8,7 +8,6 @@ import pathlib
 import aiohttp
 import msgpack
 import numpy as np
-import pytest
 
 from ..conftest import until
 from .conftest import MODELS, write_repository
