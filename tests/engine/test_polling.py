@@ -1,18 +1,18 @@
 """`PollingProbe`: polling stays on only where a measurement says it pays.
 
-The probe is fed readings as engine/pool.py feeds it (lone batches' round trips, the
-process's CPU, batches answered), on a made-up clock, so each case is exact."""
+The probe is fed readings as engine/pool.py feeds it (the process's CPU, samples
+answered, sample-seconds in flight), on a made-up clock, so each case is exact."""
 
 from __future__ import annotations
 
 import pytest
 
-from aserve.engine.polling import HOLD_S, MAX_PHASE_S, MIN_JOBS, PAIRS, PHASE_S, PollingProbe
+from aserve.engine.polling import HOLD_S, MAX_PHASE_S, MIN_SAMPLES, PAIRS, PHASE_S, PollingProbe
 
 
 class Machine:
-    """A made-up server at one lone client's pace: per batch, `trip_on`/`trip_off` seconds
-    of round trip and `cpu_on`/`cpu_off` CPU seconds, whichever the probe has set."""
+    """A made-up server: per sample, `trip_on`/`trip_off` seconds of round trip and
+    `cpu_on`/`cpu_off` CPU seconds, whichever the probe has set."""
 
     def __init__(self, trip_on: float, trip_off: float, cpu_on: float, cpu_off: float) -> None:
         self.trip = {True: trip_on, False: trip_off}
@@ -20,18 +20,19 @@ class Machine:
         self.now = 100.0
         self.cpu = 0.0
         self.jobs = 0
+        self.flight = 0.0
         self.settings: list[bool] = []
 
-    def run(self, probe: PollingProbe, seconds: float, per_phase: int = 2 * MIN_JOBS) -> None:
-        """Serve for `seconds` in steps of PHASE_S, `per_phase` lone batches each."""
+    def run(self, probe: PollingProbe, seconds: float, per_phase: int = 2 * MIN_SAMPLES) -> None:
+        """Serve for `seconds` in steps of PHASE_S, `per_phase` samples each."""
         end = self.now + seconds
         while self.now < end:
             for _ in range(per_phase):
-                probe.lone(self.trip[probe.on])
+                self.flight += self.trip[probe.on]
                 self.cpu += self.cpu_per[probe.on]
                 self.jobs += 1
             self.now += PHASE_S
-            if probe.tick(self.now, self.cpu, self.jobs):
+            if probe.tick(self.now, self.cpu, self.jobs, self.flight):
                 self.settings.append(probe.on)
 
 
@@ -62,6 +63,12 @@ def test_polling_that_saves_less_than_its_cpu_is_turned_off(trip_on: float) -> N
     assert probe.on is False and probe.cost_us == pytest.approx(70.0)
 
 
+def test_polling_that_saves_a_sliver_of_the_round_trip_is_turned_off_even_for_free() -> None:
+    # under load: 10 us of a 700 us round trip, at no CPU cost, is within the noise
+    probe = probe_until_verdict(Machine(690e-6, 700e-6, 60e-6, 60e-6))
+    assert probe.on is False and probe.saved_us == pytest.approx(10.0)
+
+
 def test_phases_alternate_and_a_verdict_holds_until_probed_again() -> None:
     machine = Machine(150e-6, 150e-6, 250e-6, 200e-6)
     probe = PollingProbe()
@@ -77,21 +84,20 @@ def test_phases_alternate_and_a_verdict_holds_until_probed_again() -> None:
     assert probe.verdicts == 2 and probe.on is False
 
 
-def test_too_few_lone_batches_measure_nothing() -> None:
-    # under load no batch is lone: phases never count, and polling stays as it was
+def test_too_few_batches_measure_nothing() -> None:
+    # a trickle of samples: phases never count, and polling stays as it was
     machine = Machine(150e-6, 150e-6, 250e-6, 200e-6)
     probe = PollingProbe()
-    machine.run(probe, 10 * MAX_PHASE_S, per_phase=MIN_JOBS // 10)
+    machine.run(probe, 10 * MAX_PHASE_S, per_phase=MIN_SAMPLES // 10)
     assert probe.on is True and probe.verdicts == 0 and machine.settings == []
 
 
-def test_a_probe_rests_while_no_lone_batch_comes() -> None:
+def test_a_probe_rests_while_no_batch_comes() -> None:
     probe = PollingProbe()
-    assert not probe.rests(0.0)  # no phase begun
-    probe.tick(10.0, 1.0, 5)  # begins a phase
-    assert not probe.rests(10.0 + PHASE_S / 2)
-    assert probe.rests(10.0 + PHASE_S)  # a phase with no lone batch: the timer may stop
-    probe.lone(100e-6)
-    assert not probe.rests(10.0 + PHASE_S)
+    assert not probe.rests(0.0, 5)  # no phase begun
+    probe.tick(10.0, 1.0, 5, 0.5)  # begins a phase
+    assert not probe.rests(10.0 + PHASE_S / 2, 5)
+    assert probe.rests(10.0 + PHASE_S, 5)  # a phase with nothing answered: the timer may stop
+    assert not probe.rests(10.0 + PHASE_S, 6)
     probe.restart()
-    assert not probe.rests(20.0)
+    assert not probe.rests(20.0, 5)

@@ -164,7 +164,7 @@ def test_spin_must_not_be_negative() -> None:
 
 
 async def test_polling_the_probe_finds_unpaid_is_turned_off(model_dir, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pool measures whether polling pays while lone batches come (engine/polling.py);
+    """The pool measures whether polling pays while batches come (engine/polling.py);
     told that nothing pays, it turns polling off in the interpreters and the loop alike:
     later batches find no interpreter polling for them, and are answered as before."""
     from aserve.engine import polling
@@ -176,10 +176,10 @@ async def test_polling_the_probe_finds_unpaid_is_turned_off(model_dir, monkeypat
         assert probe is not None and probe.on and pool.stats()["polling"] == 1
         started = time.monotonic()
         i = 0
-        while probe.verdicts == 0:  # one client at a time: every batch is lone
+        while probe.verdicts == 0:  # one client, one batch at a time
             assert _y(await pool.infer("double", _x(i))) == [2 * i]
             i += 1
-            assert time.monotonic() - started < 60, "no verdict on polling after a minute of lone batches"
+            assert time.monotonic() - started < 60, "no verdict on polling after a minute of batches"
         assert not probe.on and pool.stats()["polling"] == 0
         polled = pool.stats()["polled"]
         for k in range(50):

@@ -254,7 +254,7 @@ class Pool:
     `spinners` interpreters poll at once; by default about half the CPUs but the loop's,
     and none when the process has fewer than two CPUs (affinity and cgroup quota), where
     a polling thread would take the loop's. An idle pool polls for nothing. Whether polling
-    pays is measured while lone batches come, and it is turned off where it does not
+    pays is measured while batches come, and it is turned off where it does not
     (engine/polling.py).
     """
 
@@ -289,7 +289,12 @@ class Pool:
         # whether polling pays here, measured on lone batches (None: it never polls)
         self.probe: PollingProbe | None = PollingProbe() if self._poll_s and self.spinners else None
         self._probe_timer: asyncio.TimerHandle | None = None
-        self._answered = 0  # jobs answered, all told (the probe's CPU per batch)
+        # the probe's readings: samples (a batch's rows) answered and in flight, all told, and
+        # the sample-seconds spent in flight (/ samples answered: the round trip per sample)
+        self._answered = 0
+        self._flying = 0
+        self._flight_s = 0.0
+        self._flight_at = 0.0  # perf_counter when _flying last changed
         self._poll_until = 0.0
         self._native: _native.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -454,15 +459,15 @@ class Pool:
         _LONE_JOBS is polled for all the same, to learn whether that changed), or while
         polling goes on."""
         lone = self._in_flight == 1
+        probe = self.probe
+        if probe is not None and self._probe_timer is None and self._loop is not None:
+            probe.restart()
+            self._probe_timer = self._loop.call_later(PHASE_S, self._probe_tick)
         if lone:
             self._lone_from = time.perf_counter()
             self._lone_count += 1
         else:
             self._lone_from = 0.0  # not alone: its time says nothing of a lone job's
-        probe = self.probe
-        if lone and probe is not None and self._probe_timer is None and self._loop is not None:
-            probe.restart()
-            self._probe_timer = self._loop.call_later(PHASE_S, self._probe_tick)
         if self._poll_s and (self._polling or (lone and (self._lone_pays or self._lone_count % _LONE_JOBS == 0))) \
                 and (probe is None or probe.on):
             self._poll_until = time.perf_counter() + self._poll_s
@@ -474,8 +479,6 @@ class Pool:
         """The only job in flight was answered: if the loop polled for it (a time taken
         waiting for the eventfd would count the wake-up too), remember how long it took,
         and whether polling for the next lone one pays (the median of the last few)."""
-        if self.probe is not None:
-            self.probe.lone(time.perf_counter() - self._lone_from)
         if self._polling:
             lone = self._lone
             lone.append(time.perf_counter() - self._lone_from)
@@ -529,19 +532,35 @@ class Pool:
         if probe is None or native is None or loop is None or self._closed:
             return
         now = time.perf_counter()
-        if probe.rests(now):
+        if probe.rests(now, self._answered):
             return
+        self._account(now)
         verdicts = probe.verdicts
-        if probe.tick(now, time.process_time(), self._answered):
+        if probe.tick(now, time.process_time(), self._answered, self._flight_s):
             native.set_spin_paused(not probe.on)
         if probe.verdicts != verdicts:
-            log.info("engine %s: polling %s: it saves %.1f us of a lone batch's round trip for %.1f us more CPU",
+            log.info("engine %s: polling %s: it saves %.1f us of a sample's round trip for %.1f us more CPU",
                      self.engine, "stays on" if probe.on else "is off", probe.saved_us, probe.cost_us)
         delay = PHASE_S if probe.probing else max(PHASE_S, probe.hold_until() - now)
         self._probe_timer = loop.call_later(delay, self._probe_tick)
 
-    def _done_one(self) -> None:
-        self._answered += 1
+    def _account(self, now: float) -> None:
+        """The samples in flight since the last change count their sample-seconds."""
+        self._flight_s += self._flying * (now - self._flight_at)
+        self._flight_at = now
+
+    def _queued(self, samples: int = 1) -> None:
+        """A job is about to be queued: one more in flight, of `samples` samples."""
+        if self.probe is not None:
+            self._account(time.perf_counter())
+            self._flying += samples
+        self._in_flight += 1
+
+    def _done_one(self, samples: int = 1) -> None:
+        if self.probe is not None:
+            self._account(time.perf_counter())
+            self._flying -= samples
+            self._answered += samples
         self._in_flight -= 1
         if self._in_flight == 0 and self._lone_from:
             self._lone_done()
@@ -551,13 +570,13 @@ class Pool:
     def _future(self) -> asyncio.Future[Any]:
         if self._native is None or self._loop is None:
             raise EngineError("the pool is not started: await pool.start() first")
-        self._in_flight += 1
+        self._queued()
         return self._loop.create_future()
 
-    def _forget(self) -> None:
+    def _forget(self, samples: int = 1) -> None:
         """A job that was never queued after all (no lone job's time either)."""
         self._lone_from = 0.0
-        self._done_one()
+        self._done_one(samples)
 
     def _submit(self, kind: int, *, model: str | None = None, text: str | None = None,
                 target: int = -1) -> asyncio.Future[Any]:
@@ -707,31 +726,36 @@ class Pool:
         entry = self._models.get(model)
         if entry is None:
             raise ModelNotFound(f"model {model!r} is not loaded")
-        self._in_flight += 1
+        # the batch's rows (of a model that does not batch: its first dimension, which the
+        # probe counts alike with polling on and off)
+        shape = inputs[0].shape if inputs else ()
+        rows = shape[0] if shape else 1
+        self._queued(rows)
         self._poll_soon()
         try:
             if trace:
-                job: int = self._started.infer(entry.ref, functools.partial(self._traced_done, done), inputs,
+                job: int = self._started.infer(entry.ref, functools.partial(self._traced_done, done, rows), inputs,
                                               entry.mask, False, True, trace if isinstance(trace, str) else None)
             elif context is not None:
-                job = self._started.infer(entry.ref, functools.partial(self._batch_done, done), inputs, entry.mask,
-                                          False, False, context)
+                job = self._started.infer(entry.ref, functools.partial(self._batch_done, done, rows), inputs,
+                                          entry.mask, False, False, context)
             else:
-                job = self._started.infer(entry.ref, functools.partial(self._batch_done, done), inputs, entry.mask)
+                job = self._started.infer(entry.ref, functools.partial(self._batch_done, done, rows), inputs,
+                                          entry.mask)
         except BaseException:
-            self._forget()
+            self._forget(rows)
             raise
         return job
 
-    def _batch_done(self, done: Done, ok: bool, payload: Any) -> None:
-        self._done_one()
+    def _batch_done(self, done: Done, rows: int, ok: bool, payload: Any) -> None:
+        self._done_one(rows)
         if ok:
             done(tensors(payload), None)
         else:
             done(None, _error(payload))
 
-    def _traced_done(self, done: Any, ok: bool, payload: Any) -> None:
-        self._done_one()
+    def _traced_done(self, done: Any, rows: int, ok: bool, payload: Any) -> None:
+        self._done_one(rows)
         if ok:
             outputs, interpreter, start_ns, end_ns, spans = payload
             done(tensors(outputs), None, (interpreter, start_ns, end_ns, spans))
@@ -790,7 +814,7 @@ class Pool:
                 outputs, seconds = payload
                 result.set_result((tensors(outputs), seconds))
 
-        self._in_flight += 1
+        self._queued()
         self._poll_soon()
         try:
             job = self._started.infer(ref, done, ordered, entry.mask, True)
