@@ -468,7 +468,11 @@ void as_pool_enqueue(pool_t *p, hjob *j, int target)
     if (j->id == 0) /* fronts number their jobs too, without the host GIL */
         j->id = __atomic_add_fetch(&p->next_id, 1, __ATOMIC_RELAXED);
     j->job.id = j->id;
+    if (j->job.kind == AS_JOB_INFER)
+        j->flight_rows = j->job.n_inputs > 0 && j->in[0].ndim >= 1 && j->in[0].shape[0] > 0 ? j->in[0].shape[0] : 1;
     pthread_mutex_lock(&p->mu);
+    if (j->flight_rows > 0)
+        fly(p, j->flight_rows);
     if (target >= 0) {
         w = p->workers[target];
         job_append(&w->head, &w->tail, j);
@@ -697,6 +701,9 @@ void as_pool_stats(pool_t *p, pool_stats_t *out)
     out->woke_napping = p->woke_napping;
     out->woke_blocked = p->woke_blocked;
     out->coalesced = p->coalesced;
+    fly(p, 0);
+    out->answered = p->answered;
+    out->flight_s = p->flight_s;
     pthread_mutex_unlock(&p->mu);
 }
 

@@ -94,6 +94,7 @@ typedef struct hjob {
     void *waiting;
     int wait_slots[3];
     int64_t wait_samples, wait_requests;
+    int64_t flight_rows; /* an infer job's rows, in flight from queued to posted (p->flying) */
 } hjob;
 
 typedef struct release {
@@ -157,6 +158,11 @@ typedef struct pool {
     uint64_t polled;    /* shared jobs that found a worker polling for them */
     uint64_t woke_napping, woke_blocked; /* shared jobs that had to wake a worker napping toward its window, or blocked */
     uint64_t coalesced; /* fronts' jobs that ran in a batch with another front's job (pool_coalesce.c) */
+    /* infer jobs' rows (samples) in flight, queued to posted, and answered; and the
+     * sample-seconds spent in flight, as of flight_at (what engine/polling.py weighs) */
+    int64_t flying, flight_at;
+    uint64_t answered;
+    double flight_s;
     hjob *staged;       /* staged jobs not yet complete */
     uint64_t next_id;
     int efd;
@@ -203,9 +209,25 @@ static inline void wake_loop(pool_t *p)
 void as_link_post(hjob *j);
 void as_link_post_inputs(hinputs *in);
 
+static inline int64_t monotonic_ns(void);
+
+/* Caller holds p->mu: `rows` more (or fewer) samples in flight from now. */
+static inline void fly(pool_t *p, int64_t rows)
+{
+    int64_t now = monotonic_ns();
+    p->flight_s += (double)p->flying * (double)(now - p->flight_at) / 1e9;
+    p->flight_at = now;
+    p->flying += rows;
+}
+
 /* Returns whether the loop must be woken (wake_loop after unlocking). */
 static inline int post_done(pool_t *p, hjob *j)
 {
+    if (j->flight_rows > 0) {
+        fly(p, -j->flight_rows);
+        p->answered += (uint64_t)j->flight_rows;
+        j->flight_rows = 0;
+    }
     if (j->link != NULL) {
         as_link_post(j);
         return 0;
@@ -345,6 +367,8 @@ typedef struct {
     uint64_t polled; /* shared jobs that found a worker polling for them */
     uint64_t woke_napping, woke_blocked; /* ... that woke a worker napping before its window, or blocked */
     uint64_t coalesced;
+    uint64_t answered; /* infer jobs' samples answered */
+    double flight_s;   /* their sample-seconds in flight, queued to posted */
 } pool_stats_t;
 void as_pool_stats(pool_t *p, pool_stats_t *out);
 

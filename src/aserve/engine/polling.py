@@ -7,7 +7,8 @@ CPU the loop may need: the same build's polling has saved a lone request a good 
 its round trip on one day, and cost a quarter more CPU per request for nothing on
 another. So the pool measures it where it runs: while batches come, it alternates short
 phases with polling on and off and compares, per sample (a batch's row), the round trip
-(queued to answered: the sample-seconds in flight over the samples answered) and the
+through the interpreters (queued to answered: the sample-seconds in flight over the
+samples answered, which the pool counts for every batch, the fronts' too) and the
 process's CPU; per sample, since polling changes how many requests a batch takes.
 Polling stays on when it saves at least `RATE` µs of round trip per µs of CPU it adds,
 and a noticeable share of the round trip (under load, where a wake-up is a sliver of a
@@ -23,6 +24,7 @@ import statistics
 
 PHASE_S = 0.25  # one phase: at one client's pace, hundreds to thousands of batches
 MAX_PHASE_S = 2.0  # a phase that has not seen MIN_SAMPLES by then is dropped
+REST_S = 1.0  # how often the timer looks while no batch comes
 MIN_SAMPLES = 64  # samples answered a phase needs to count
 PAIRS = 3  # phases on and off each before a verdict (their medians are compared)
 HOLD_S = 30.0  # how long a verdict stands before polling is probed again
@@ -37,7 +39,7 @@ class PollingProbe:
     at `hold_until()`): `cpu_s` the process's CPU seconds, `answered` the samples answered
     so far, `flight_s` the sample-seconds spent in flight so far (the integral of the
     samples in flight over time). `on` is whether polling should be on now; `rests(now,
-    answered)` says the timer may stop until a batch comes (`restart` then)."""
+    answered)` says no batch came in a phase: the timer may look less often."""
 
     def __init__(self) -> None:
         self.on = True
@@ -58,10 +60,6 @@ class PollingProbe:
         """A probe's phase has seen no batch for PHASE_S: nothing to measure until one comes."""
         start = self._from
         return self.probing and start is not None and answered == start[2] and now - start[0] >= PHASE_S
-
-    def restart(self) -> None:
-        """The timer stopped and starts again: the next tick begins a fresh phase."""
-        self._from = None
 
     def tick(self, now: float, cpu_s: float, answered: int, flight_s: float) -> bool:
         """Close the phase under way if it is long enough; returns whether `on` changed."""

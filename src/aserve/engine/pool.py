@@ -44,7 +44,7 @@ from ..errors import EngineError, InvalidInput, ModelError, ModelLoadError, Mode
 from ..runtime.model import TensorSpec
 from ..tensor import Tensor
 from . import tunables
-from .polling import PHASE_S, PollingProbe
+from .polling import PHASE_S, REST_S, PollingProbe
 
 ENGINES = ("private", "subinterp", "main")
 BOOTSTRAP = "aserve.runtime._worker"
@@ -289,12 +289,6 @@ class Pool:
         # whether polling pays here, measured on lone batches (None: it never polls)
         self.probe: PollingProbe | None = PollingProbe() if self._poll_s and self.spinners else None
         self._probe_timer: asyncio.TimerHandle | None = None
-        # the probe's readings: samples (a batch's rows) answered and in flight, all told, and
-        # the sample-seconds spent in flight (/ samples answered: the round trip per sample)
-        self._answered = 0
-        self._flying = 0
-        self._flight_s = 0.0
-        self._flight_at = 0.0  # perf_counter when _flying last changed
         self._poll_until = 0.0
         self._native: _native.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -343,6 +337,8 @@ class Pool:
         native.set_active(self.interpreters)
         native.set_spin(self.spin_us, min(self.spinners, self.interpreters))
         native.set_spin_paused(self.probe is not None and not self.probe.on)
+        if self.probe is not None:
+            self._probe_timer = loop.call_later(PHASE_S, self._probe_tick)
         if errors:
             await self.close()
             raise EngineError(f"engine {self.engine!r}: interpreter start failed: {errors[0]}")
@@ -459,17 +455,13 @@ class Pool:
         _LONE_JOBS is polled for all the same, to learn whether that changed), or while
         polling goes on."""
         lone = self._in_flight == 1
-        probe = self.probe
-        if probe is not None and self._probe_timer is None and self._loop is not None:
-            probe.restart()
-            self._probe_timer = self._loop.call_later(PHASE_S, self._probe_tick)
         if lone:
             self._lone_from = time.perf_counter()
             self._lone_count += 1
         else:
             self._lone_from = 0.0  # not alone: its time says nothing of a lone job's
         if self._poll_s and (self._polling or (lone and (self._lone_pays or self._lone_count % _LONE_JOBS == 0))) \
-                and (probe is None or probe.on):
+                and (self.probe is None or self.probe.on):
             self._poll_until = time.perf_counter() + self._poll_s
             if not self._polling and self._loop is not None:
                 self._polling = True
@@ -524,43 +516,31 @@ class Pool:
         _settle(fut, ok, payload)
 
     def _probe_tick(self) -> None:
-        """The probe's timer: close its phase, turn polling on or off as it says, and come back
-        at the next phase's end (or when its verdict stops holding); it stops while no lone
-        batch comes, and the next lone batch starts it again."""
+        """The probe's timer: close its phase with the pool's readings (every batch's, the
+        host loop's and the fronts' alike), turn polling on or off as it says, and come back
+        at the next phase's end, when its verdict stops holding, or in REST_S while no batch
+        comes."""
         self._probe_timer = None
         probe, native, loop = self.probe, self._native, self._loop
         if probe is None or native is None or loop is None or self._closed:
             return
         now = time.perf_counter()
-        if probe.rests(now, self._answered):
-            return
-        self._account(now)
+        stats = native.stats()
+        answered = stats["answered"]
+        resting = probe.rests(now, answered)
         verdicts = probe.verdicts
-        if probe.tick(now, time.process_time(), self._answered, self._flight_s):
+        if probe.tick(now, time.process_time(), answered, stats["flight_s"]):
             native.set_spin_paused(not probe.on)
         if probe.verdicts != verdicts:
             log.info("engine %s: polling %s: it saves %.1f us of a sample's round trip for %.1f us more CPU",
                      self.engine, "stays on" if probe.on else "is off", probe.saved_us, probe.cost_us)
-        delay = PHASE_S if probe.probing else max(PHASE_S, probe.hold_until() - now)
+        if resting:
+            delay = REST_S
+        else:
+            delay = PHASE_S if probe.probing else max(PHASE_S, probe.hold_until() - now)
         self._probe_timer = loop.call_later(delay, self._probe_tick)
 
-    def _account(self, now: float) -> None:
-        """The samples in flight since the last change count their sample-seconds."""
-        self._flight_s += self._flying * (now - self._flight_at)
-        self._flight_at = now
-
-    def _queued(self, samples: int = 1) -> None:
-        """A job is about to be queued: one more in flight, of `samples` samples."""
-        if self.probe is not None:
-            self._account(time.perf_counter())
-            self._flying += samples
-        self._in_flight += 1
-
-    def _done_one(self, samples: int = 1) -> None:
-        if self.probe is not None:
-            self._account(time.perf_counter())
-            self._flying -= samples
-            self._answered += samples
+    def _done_one(self) -> None:
         self._in_flight -= 1
         if self._in_flight == 0 and self._lone_from:
             self._lone_done()
@@ -570,13 +550,13 @@ class Pool:
     def _future(self) -> asyncio.Future[Any]:
         if self._native is None or self._loop is None:
             raise EngineError("the pool is not started: await pool.start() first")
-        self._queued()
+        self._in_flight += 1
         return self._loop.create_future()
 
-    def _forget(self, samples: int = 1) -> None:
+    def _forget(self) -> None:
         """A job that was never queued after all (no lone job's time either)."""
         self._lone_from = 0.0
-        self._done_one(samples)
+        self._done_one()
 
     def _submit(self, kind: int, *, model: str | None = None, text: str | None = None,
                 target: int = -1) -> asyncio.Future[Any]:
@@ -726,36 +706,31 @@ class Pool:
         entry = self._models.get(model)
         if entry is None:
             raise ModelNotFound(f"model {model!r} is not loaded")
-        # the batch's rows (of a model that does not batch: its first dimension, which the
-        # probe counts alike with polling on and off)
-        shape = inputs[0].shape if inputs else ()
-        rows = shape[0] if shape else 1
-        self._queued(rows)
+        self._in_flight += 1
         self._poll_soon()
         try:
             if trace:
-                job: int = self._started.infer(entry.ref, functools.partial(self._traced_done, done, rows), inputs,
+                job: int = self._started.infer(entry.ref, functools.partial(self._traced_done, done), inputs,
                                               entry.mask, False, True, trace if isinstance(trace, str) else None)
             elif context is not None:
-                job = self._started.infer(entry.ref, functools.partial(self._batch_done, done, rows), inputs,
-                                          entry.mask, False, False, context)
+                job = self._started.infer(entry.ref, functools.partial(self._batch_done, done), inputs, entry.mask,
+                                          False, False, context)
             else:
-                job = self._started.infer(entry.ref, functools.partial(self._batch_done, done, rows), inputs,
-                                          entry.mask)
+                job = self._started.infer(entry.ref, functools.partial(self._batch_done, done), inputs, entry.mask)
         except BaseException:
-            self._forget(rows)
+            self._forget()
             raise
         return job
 
-    def _batch_done(self, done: Done, rows: int, ok: bool, payload: Any) -> None:
-        self._done_one(rows)
+    def _batch_done(self, done: Done, ok: bool, payload: Any) -> None:
+        self._done_one()
         if ok:
             done(tensors(payload), None)
         else:
             done(None, _error(payload))
 
-    def _traced_done(self, done: Any, rows: int, ok: bool, payload: Any) -> None:
-        self._done_one(rows)
+    def _traced_done(self, done: Any, ok: bool, payload: Any) -> None:
+        self._done_one()
         if ok:
             outputs, interpreter, start_ns, end_ns, spans = payload
             done(tensors(outputs), None, (interpreter, start_ns, end_ns, spans))
@@ -814,7 +789,7 @@ class Pool:
                 outputs, seconds = payload
                 result.set_result((tensors(outputs), seconds))
 
-        self._queued()
+        self._in_flight += 1
         self._poll_soon()
         try:
             job = self._started.infer(ref, done, ordered, entry.mask, True)

@@ -205,6 +205,11 @@ _POOL_COUNTERS = {
                      "Batches that woke an interpreter asleep until its polling window (they came early)."),
     "woke_blocked": ("aserve_pool_woke_blocked_batches_total",
                      "Batches that woke an interpreter blocked after its polling window, or not polling."),
+    "answered": ("aserve_pool_answered_samples_total",
+                 "Samples (a batch's rows) the pool's batches answered, host's and front loops' alike."),
+    "flight_s": ("aserve_pool_flight_sample_seconds_total",
+                 ("Sample-seconds the pool's batches spent from queued to answered (/ answered samples: the mean "
+                  "round trip through the interpreters, which polling is judged by).")),
     "coalesced": ("aserve_pool_coalesced_batches_total",
                   "Front loops' batches that ran as one batch with another front's of the same model (--loops)."),
 }
