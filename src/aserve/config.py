@@ -81,6 +81,8 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                                                            "latency at low load, for CPU that would otherwise idle; "
                                                            "kept on only where measured to pay; 0 = always block)")
     ] = 200
+    spin_always: Annotated[bool, _doc("poll within spin_us whether or not it is measured to pay: the lowest latency "
+                                      "at low load, whatever it costs in CPU")] = False
     log_format: Annotated[str, _doc("text, or json: one JSON object per line, with trace_id/span_id when tracing",
                                     choices=LOG_FORMATS)] = "text"
     tracing: Annotated[TracingSettings, _doc("the [tracing] table: OpenTelemetry traces (see aserve.tracing)")] = (

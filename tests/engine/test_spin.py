@@ -185,3 +185,12 @@ async def test_polling_the_probe_finds_unpaid_is_turned_off(model_dir, monkeypat
         for k in range(50):
             assert _y(await pool.infer("double", _x(k))) == [2 * k]
         assert pool.stats()["polled"] == polled and pool.stats()["spinning"] == 0
+
+
+async def test_spin_always_polls_without_measuring(model_dir) -> None:
+    async with Pool(engine="private", interpreters=1, spin_us=200, spinners=1, spin_always=True) as pool:
+        await pool.load(ModelSpec(name="double", path=str(model_dir(DOUBLE))))
+        assert pool.probe is None
+        for i in range(20):
+            assert _y(await pool.infer("double", _x(i))) == [2 * i]
+        assert pool.stats()["polling"] == 1

@@ -469,7 +469,8 @@ class ModelRegistry:
         pool = self.pools.get(engine)
         if pool is not None:
             return pool
-        pool = Pool(engine=engine, interpreters=self.settings.pool_size(engine), spin_us=self.settings.spin_us)
+        pool = Pool(engine=engine, interpreters=self.settings.pool_size(engine), spin_us=self.settings.spin_us,
+                    spin_always=self.settings.spin_always)
         pool.on_lost = self._lost_changed
         try:
             await pool.start()

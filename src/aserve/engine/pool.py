@@ -255,13 +255,13 @@ class Pool:
     and none when the process has fewer than two CPUs (affinity and cgroup quota), where
     a polling thread would take the loop's. An idle pool polls for nothing. Whether polling
     pays is measured while batches come, and it is turned off where it does not
-    (engine/polling.py).
+    (engine/polling.py), unless `spin_always`.
     """
 
     cancel_grace_s = 10.0
 
     def __init__(self, *, engine: str = "private", interpreters: int | None = None, spin_us: int = 0,
-                 spinners: int | None = None) -> None:
+                 spinners: int | None = None, spin_always: bool = False) -> None:
         if engine not in ENGINES:
             raise EngineError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
         have = cpus.available()
@@ -287,7 +287,8 @@ class Pool:
         self._poll_s = spin_us / 1e6 if have >= 2 else 0.0  # on one CPU the loop's polling starves the batch
         self._polling = False  # a _poll callback is scheduled
         # whether polling pays here, measured on lone batches (None: it never polls)
-        self.probe: PollingProbe | None = PollingProbe() if self._poll_s and self.spinners else None
+        self.probe: PollingProbe | None = (
+            PollingProbe() if self._poll_s and self.spinners and not spin_always else None)
         self._probe_timer: asyncio.TimerHandle | None = None
         self._poll_until = 0.0
         self._native: _native.Pool | None = None
@@ -941,7 +942,7 @@ class Pool:
             return {"interpreters": 0, "ready": 0, "active": 0, "busy": 0, "queued": 0, "spinning": 0,
                     "spin_s": 0.0, "polled": 0, "woke_napping": 0, "woke_blocked": 0, "coalesced": 0, "polling": 0}
         stats: dict[str, Any] = self._native.stats()
-        stats["polling"] = int(self.probe is not None and self.probe.on)
+        stats["polling"] = int(self.spin_us > 0 and self.spinners > 0 and (self.probe is None or self.probe.on))
         return stats
 
     @property
