@@ -286,7 +286,7 @@ class Pool:
         self.spinners = spinners if spinners is not None else _spinners(have)
         self._poll_s = spin_us / 1e6 if have >= 2 else 0.0  # on one CPU the loop's polling starves the batch
         self._polling = False  # a _poll callback is scheduled
-        # whether polling pays here, measured on lone batches (None: it never polls)
+        # whether polling pays here, measured on every batch (None: it never polls, or always does)
         self.probe: PollingProbe | None = (
             PollingProbe() if self._poll_s and self.spinners and not spin_always else None)
         self._probe_timer: asyncio.TimerHandle | None = None
