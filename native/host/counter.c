@@ -2,9 +2,10 @@
  * queued samples that its batchers on the host's loop and on each front loop add to.
  *
  * Slots past the first `summed` are kept beside the number, not in it: total() reads
- * the first `summed`, get(slot) any one. A pool adds to slots of its own for the jobs
- * that wait in its queue (as_counter_hold/add/drop below, under the pool's lock, with
- * atomic adds since several pools and fronts may share none of their locks).
+ * the first `summed`, get(slot) any one. A front's batch waiting in a pool's queue counts
+ * in slots of its own (as_counter_hold/add/drop below): the front that queues it and the
+ * worker that takes it both write them, so those adds are atomic read-modify-writes, and
+ * the job holds the memory until it leaves the queue.
  *
  * The host allocates it (Counter(slots)) and hands its address to the fronts, whose own
  * copy of this extension views the same memory (Counter.at(address, slot)). Each loop
@@ -161,28 +162,31 @@ static PyObject *counter_total(counter_t *c, PyObject *Py_UNUSED(ignored))
     return PyLong_FromLongLong(sum);
 }
 
-static PyObject *counter_get(counter_t *c, PyObject *arg)
+/* The slot `arg` names, or NULL with ValueError naming `method` when it is out of range. */
+static _Atomic int64_t *slot_arg(counter_t *c, PyObject *arg, const char *method)
 {
     long slot = PyLong_AsLong(arg);
     if (slot == -1 && PyErr_Occurred())
         return NULL;
     if (slot < 0 || slot >= c->n) {
-        PyErr_Format(PyExc_ValueError, "Counter.get: slot %ld of %d is out of range", slot, c->n);
+        PyErr_Format(PyExc_ValueError, "Counter.%s: slot %ld of %d is out of range", method, slot, c->n);
         return NULL;
     }
-    return PyLong_FromLongLong(atomic_load_explicit(&c->slots[slot].value, memory_order_relaxed));
+    return &c->slots[slot].value;
+}
+
+static PyObject *counter_get(counter_t *c, PyObject *arg)
+{
+    _Atomic int64_t *v = slot_arg(c, arg, "get");
+    return v == NULL ? NULL : PyLong_FromLongLong(atomic_load_explicit(v, memory_order_relaxed));
 }
 
 static PyObject *counter_clear(counter_t *c, PyObject *arg)
 {
-    long slot = PyLong_AsLong(arg);
-    if (slot == -1 && PyErr_Occurred())
+    _Atomic int64_t *v = slot_arg(c, arg, "clear");
+    if (v == NULL)
         return NULL;
-    if (slot < 0 || slot >= c->n) {
-        PyErr_Format(PyExc_ValueError, "Counter.clear: slot %ld of %d is out of range", slot, c->n);
-        return NULL;
-    }
-    atomic_store_explicit(&c->slots[slot].value, 0, memory_order_relaxed);
+    atomic_store_explicit(v, 0, memory_order_relaxed);
     Py_RETURN_NONE;
 }
 

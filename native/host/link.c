@@ -111,13 +111,11 @@ static int link_infer(as_link *l, pool_t *p, const char *key, uint64_t mask, siz
     j->max_rows = max_rows;
     if (wait != NULL && wait->counter != NULL) {
         as_counter_hold(wait->counter);
-        as_counter_add(wait->counter, wait->slots[0], wait->samples);
-        as_counter_add(wait->counter, wait->slots[1], wait->requests);
-        as_counter_add(wait->counter, wait->slots[2], 1);
         j->waiting = wait->counter;
         memcpy(j->wait_slots, wait->slots, sizeof j->wait_slots);
         j->wait_samples = wait->samples;
         j->wait_requests = wait->requests;
+        wait_count(j, 1);
     }
     as_pool_enqueue(p, j, -1);
     *id = j->id;

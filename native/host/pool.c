@@ -172,7 +172,6 @@ void as_pool_model_decref(hmodel *m)
 
 void as_pool_job_free(hjob *j)
 {
-    unwait(j); /* a job freed before it was queued */
     if (j->inputs != NULL)
         as_pool_inputs_drop(j->inputs);
     if (j->job.owner != NULL && j->worker >= 0 && j->pool != NULL) {

@@ -279,18 +279,23 @@ void as_counter_add(void *slots, int slot, int64_t d);
 void as_counter_drop(void *slots);
 int as_counter_slots(void *slots);
 
+/* Add (sign 1) or take off (-1) what waiting job j counts in its model's Counter. */
+static inline void wait_count(const hjob *j, int64_t sign)
+{
+    as_counter_add(j->waiting, j->wait_slots[0], sign * j->wait_samples);
+    as_counter_add(j->waiting, j->wait_slots[1], sign * j->wait_requests);
+    as_counter_add(j->waiting, j->wait_slots[2], sign);
+}
+
 /* j no longer waits in the shared queue (taken, joined to another's batch, failed there):
- * it stops counting in its model's Counter. Idempotent. */
+ * it stops counting in its model's Counter. */
 static inline void unwait(hjob *j)
 {
-    void *c = j->waiting;
-    if (c == NULL)
+    if (j->waiting == NULL)
         return;
+    wait_count(j, -1);
+    as_counter_drop(j->waiting);
     j->waiting = NULL;
-    as_counter_add(c, j->wait_slots[0], -j->wait_samples);
-    as_counter_add(c, j->wait_slots[1], -j->wait_requests);
-    as_counter_add(c, j->wait_slots[2], -1);
-    as_counter_drop(c);
 }
 
 /* j was taken out of the shared queue (unlink_shared, job_pop). Caller holds p->mu. */

@@ -190,97 +190,92 @@ async def test_a_loop_that_dies_is_replaced_while_the_other_serves(looped, caplo
             await s.close()
 
 
-async def test_a_models_queue_bound_holds_across_loops_and_a_dead_loops_place_is_given_back(
-        start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
-    """`gate` (one interpreter, max_queue_size 1): a request held running and one queued on
-    the first front fill the model's queue for every loop, so the second front refuses;
-    when the first front dies with its queued request, the place it held is given back."""
-    gate = tmp_path / "gate"
-    config = refusals.GATE_CONFIG.format(tensors=refusals.TENSORS, gate=gate)
-    repo = write_repository(tmp_path / "repo", {"gate": (refusals.GATE_MODEL, config)})
-    server, _ = await start_server(repo, loops=2, request_timeout_s=60.0)
-    fronts, queued = server.loops.fronts, server.plane.registry.get("gate").queued
-    pool = server.plane.registry.pools["main"]
-    conns = []
-    for expected in ([1, 0], [1, 1], [2, 1]):  # each to the front with the fewest connections
-        conns.append(await asyncio.open_connection("127.0.0.1", server.port))
-        await until(lambda expected=expected: [f.connections for f in fronts] == expected,
-                    what=f"connections {expected} on the fronts")
-    (held_reader, held), (reader, writer), (_, waits) = conns
-    try:
-        held.write(refusals.request("gate", -1.0))  # front 0: runs until the gate opens
-        await until(lambda: pool.stats()["busy"] == 1, what="the held request to run")
-        waits.write(refusals.request("gate", 2.0))  # front 0: waits
-        await until(lambda: queued.total() == 1, what="the model's queue to be full")
-        writer.write(refusals.request("gate", 3.0))  # front 1: the queue is full for every loop
-        status, headers, body = await read_response(reader)
-        assert status == 503 and "max_queue_size 1" in json.loads(body)["error"] and headers["retry-after"]
-        server.loops.fail(0)
-        await until(lambda: queued.total() == 0, what="the dead loop's place given back")
-        assert await held_reader.read() == b""  # its connections were closed
-        # front 1 (read after the hold of a client refused a moment ago): admitted, not refused
-        writer.write(refusals.request("gate", 4.0))
-        gate.touch()
-        status, _, body = await read_response(reader)
-        assert status == 200 and refusals.outputs(body) == [8.0]
-    finally:
-        gate.touch()
-        for _, w in conns:
-            w.close()
-
-
-async def test_a_batch_waiting_in_the_pools_queue_counts_as_queued_for_every_loop(
-        start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
-    """Front 1 sees `gate`'s one interpreter free (front 0's batch holds it) and hands its
-    request on: it waits in the pool's queue. It fills max_queue_size 1 for every loop and
-    shows in the queue gauges, not as running; it stops counting when the interpreter takes
-    it, even when its front died meanwhile."""
+@pytest.fixture
+async def gated(start_server, tmp_path: pathlib.Path):  # type: ignore[no-untyped-def]
+    """A server with two fronts serving `gate` (one interpreter, max_queue_size 1, it runs
+    until the file `gate` exists), and three connections: to front 0, front 1, front 0 (each
+    goes to the front with the fewest). Yields (server, url, gate file, connections)."""
     gate = tmp_path / "gate"
     config = refusals.GATE_CONFIG.format(tensors=refusals.TENSORS, gate=gate)
     repo = write_repository(tmp_path / "repo", {"gate": (refusals.GATE_MODEL, config)})
     server, url = await start_server(repo, loops=2, request_timeout_s=60.0)
-    fronts, queued = server.loops.fronts, server.plane.registry.get("gate").queued
-    pool = server.plane.registry.pools["main"]
-    labels = {"model": "gate", "version": "1"}
+    fronts = server.loops.fronts
     conns = []
-    for expected in ([1, 0], [1, 1], [2, 1]):  # each to the front with the fewest connections
-        conns.append(await asyncio.open_connection("127.0.0.1", server.port))
-        await until(lambda expected=expected: [f.connections for f in fronts] == expected,
-                    what=f"connections {expected} on the fronts")
-    (held_reader, held), (waiting_reader, waiting), (reader, writer) = conns
     try:
-        held.write(refusals.request("gate", -1.0))  # front 0: runs until the gate opens
-        await until(lambda: pool.stats()["busy"] == 1, what="the held request to run")
-        waiting.write(refusals.request("gate", 2.0))  # front 1: handed to the pool, where it waits
-        await until(lambda: pool.stats()["queued"] == 1, what="front 1's batch to wait in the pool's queue")
-        assert queued.total() == 1
-        async with aiohttp.ClientSession() as http:
-            text = await scrape(http, url)
-        assert value(text, "aserve_queue_requests", **labels) == 1
-        assert value(text, "aserve_queue_samples", **labels) == 1
-        assert value(text, "aserve_batches_in_flight", **labels) == 1
-        writer.write(refusals.request("gate", 3.0))  # front 0: the queue is full for every loop
-        status, headers, body = await read_response(reader)
-        assert status == 503 and "max_queue_size 1" in json.loads(body)["error"] and headers["retry-after"]
-        server.loops.fail(1)  # its front ends; its batch still waits, and still counts
-        assert await waiting_reader.read() == b""
-        assert queued.total() == 1
-        gate.touch()
-        status, _, body = await read_response(held_reader)
-        assert status == 200 and refusals.outputs(body) == [-2.0]
-        await until(lambda: pool.stats()["queued"] == 0 and pool.stats()["busy"] == 0, what="the pool to empty")
-        assert [queued.get(slot) for slot in range(queued.slots)] == [0] * queued.slots
-        writer.write(refusals.request("gate", 4.0))
-        status, _, body = await read_response(reader)
-        assert status == 200 and refusals.outputs(body) == [8.0]
-        async with aiohttp.ClientSession() as http:
-            text = await scrape(http, url)
-        assert value(text, "aserve_queue_requests", **labels) == 0
-        assert value(text, "aserve_batches_in_flight", **labels) == 0
+        for expected in ([1, 0], [1, 1], [2, 1]):
+            conns.append(await asyncio.open_connection("127.0.0.1", server.port))
+            await until(lambda expected=expected: [f.connections for f in fronts] == expected,
+                        what=f"connections {expected} on the fronts")
+        yield server, url, gate, conns
     finally:
         gate.touch()
         for _, w in conns:
             w.close()
+
+
+async def test_a_models_queue_bound_holds_across_loops_and_a_dead_loops_place_is_given_back(gated) -> None:  # type: ignore[no-untyped-def]
+    """`gate`: a request held running and one queued on the first front fill the model's
+    queue for every loop, so the second front refuses; when the first front dies with its
+    queued request, the place it held is given back."""
+    server, _, gate, conns = gated
+    queued = server.plane.registry.get("gate").queued
+    pool = server.plane.registry.pools["main"]
+    (held_reader, held), (reader, writer), (_, waits) = conns
+    held.write(refusals.request("gate", -1.0))  # front 0: runs until the gate opens
+    await until(lambda: pool.stats()["busy"] == 1, what="the held request to run")
+    waits.write(refusals.request("gate", 2.0))  # front 0: waits
+    await until(lambda: queued.total() == 1, what="the model's queue to be full")
+    writer.write(refusals.request("gate", 3.0))  # front 1: the queue is full for every loop
+    status, headers, body = await read_response(reader)
+    assert status == 503 and "max_queue_size 1" in json.loads(body)["error"] and headers["retry-after"]
+    server.loops.fail(0)
+    await until(lambda: queued.total() == 0, what="the dead loop's place given back")
+    assert await held_reader.read() == b""  # its connections were closed
+    # front 1 (read after the hold of a client refused a moment ago): admitted, not refused
+    writer.write(refusals.request("gate", 4.0))
+    gate.touch()
+    status, _, body = await read_response(reader)
+    assert status == 200 and refusals.outputs(body) == [8.0]
+
+
+async def test_a_batch_waiting_in_the_pools_queue_counts_as_queued_for_every_loop(gated) -> None:  # type: ignore[no-untyped-def]
+    """Front 1 sees `gate`'s one interpreter free (front 0's batch holds it) and hands its
+    request on: it waits in the pool's queue. It fills max_queue_size 1 for every loop and
+    shows in the queue gauges, not as running; it stops counting when the interpreter takes
+    it, even when its front died meanwhile."""
+    server, url, gate, conns = gated
+    queued = server.plane.registry.get("gate").queued
+    pool = server.plane.registry.pools["main"]
+    labels = {"model": "gate", "version": "1"}
+    (held_reader, held), (waiting_reader, waiting), (reader, writer) = conns
+    held.write(refusals.request("gate", -1.0))  # front 0: runs until the gate opens
+    await until(lambda: pool.stats()["busy"] == 1, what="the held request to run")
+    waiting.write(refusals.request("gate", 2.0))  # front 1: handed to the pool, where it waits
+    await until(lambda: pool.stats()["queued"] == 1, what="front 1's batch to wait in the pool's queue")
+    assert queued.total() == 1
+    async with aiohttp.ClientSession() as http:
+        text = await scrape(http, url)
+    assert value(text, "aserve_queue_requests", **labels) == 1
+    assert value(text, "aserve_queue_samples", **labels) == 1
+    assert value(text, "aserve_batches_in_flight", **labels) == 1
+    writer.write(refusals.request("gate", 3.0))  # front 0: the queue is full for every loop
+    status, headers, body = await read_response(reader)
+    assert status == 503 and "max_queue_size 1" in json.loads(body)["error"] and headers["retry-after"]
+    server.loops.fail(1)  # its front ends; its batch still waits, and still counts
+    assert await waiting_reader.read() == b""
+    assert queued.total() == 1
+    gate.touch()
+    status, _, body = await read_response(held_reader)
+    assert status == 200 and refusals.outputs(body) == [-2.0]
+    await until(lambda: pool.stats()["queued"] == 0 and pool.stats()["busy"] == 0, what="the pool to empty")
+    assert [queued.get(slot) for slot in range(queued.slots)] == [0] * queued.slots
+    writer.write(refusals.request("gate", 4.0))
+    status, _, body = await read_response(reader)
+    assert status == 200 and refusals.outputs(body) == [8.0]
+    async with aiohttp.ClientSession() as http:
+        text = await scrape(http, url)
+    assert value(text, "aserve_queue_requests", **labels) == 0
+    assert value(text, "aserve_batches_in_flight", **labels) == 0
 
 
 async def test_a_loop_killed_mid_load_fails_only_its_own_connections(looped) -> None:  # type: ignore[no-untyped-def]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from time import monotonic
@@ -513,22 +514,19 @@ class Batcher:
             inputs = concat_inputs([r.inputs for r in batch], samples)
         run = _Batch(self, batch, samples, now)
         self._batches.add(run)
+        run_batch = self._run_batch
+        if self._waiting:
+            run_batch = functools.partial(run_batch, waiting=(samples, len(batch)))  # type: ignore[call-arg]
         try:
             if self._traced and self._is_traced(batch):
                 assert self.tracer is not None
                 run.traced = True
                 run.context = batch_context(self.tracer, batch)
-                if self._waiting:
-                    run.job = self._run_batch(self.key, inputs, run.done, trace=run.context.header,  # type: ignore[call-arg]
-                                              waiting=(samples, len(batch)))
-                else:
-                    run.job = self._run_batch(self.key, inputs, run.done, trace=run.context.header)  # type: ignore[call-arg]
+                run.job = run_batch(self.key, inputs, run.done, trace=run.context.header)  # type: ignore[call-arg]
             elif self._contexts and (context := self._untraced_context(batch)) is not None:
-                run.job = self._run_batch(self.key, inputs, run.done, context=context)  # type: ignore[call-arg]
-            elif self._waiting:
-                run.job = self._run_batch(self.key, inputs, run.done, waiting=(samples, len(batch)))  # type: ignore[call-arg]
+                run.job = run_batch(self.key, inputs, run.done, context=context)  # type: ignore[call-arg]
             else:
-                run.job = self._run_batch(self.key, inputs, run.done)
+                run.job = run_batch(self.key, inputs, run.done)
         except Exception as e:  # noqa: BLE001 - the engine refused the batch: answer it from the loop
             loop.call_soon(run.done, None, e)
 

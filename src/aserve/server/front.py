@@ -438,9 +438,10 @@ class Front:
         for handle in [*self.handles.values(), *self.retired.values()]:
             batcher = handle.batcher
             stats = batcher.stats() if batcher is not None else {}
-            counter = self.engine.models.get(handle.key) if self.engine is not None else None
-            if stats and handle.queued is not None and counter is not None and counter[5] is not None:
-                stats = _with_waiting(stats, handle.queued, counter[5][1])
+            entry = self.engine.models.get(handle.key) if self.engine is not None else None
+            waiting = entry[5] if entry is not None else None
+            if stats and waiting is not None:
+                stats = _with_waiting(stats, handle.queued, waiting[1])
             models.append({
                 "name": handle.name, "version": handle.version,
                 "batcher": stats,
