@@ -31,7 +31,9 @@ TRACED = {"aserve-trace": 1.0, "aserve-trace1": 0.01}
 # aserve with its defaults changed: the same-run baseline of a default; aserve-same changes nothing (a
 # second aserve in each round: how far two runs of one server differ, against which a difference is judged)
 SETTINGS = {"aserve-nospin": ["--spin-us", "0"], "aserve-same": [], "aserve-loops0": ["--loops", "0"],
-            "aserve-loops1": ["--loops", "1"], "aserve-loops2": ["--loops", "2"], "aserve-loops3": ["--loops", "3"]}
+            "aserve-loops1": ["--loops", "1"], "aserve-loops2": ["--loops", "2"], "aserve-loops3": ["--loops", "3"],
+            # two fronts, each batching with its own batcher (the pool's queue shared only by their batches)
+            "aserve-loops2-loop": ["--loops", "2", "--front-batching", "loop"]}
 BEFORE = "aserve-before"  # aserve as another build serves it (`--before PYTHON`): a change's same-run baseline
 MOSEC_VERSION = "0.9.8"
 TORCH_PIN = "torch==2.13.0"  # the CPU wheel; an unpinned torch pulls gigabytes of CUDA packages

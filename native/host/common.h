@@ -70,6 +70,7 @@ extern PyType_Spec as_pool_spec;
 /* link_type.c: the Python type Link (link.h), and link_api() */
 extern PyType_Spec as_link_spec;
 PyObject *as_link_api_address(PyObject *module, PyObject *ignored);
+PyObject *as_window_rule_py(PyObject *module, PyObject *args);
 
 /* counter.c: the Python type Counter, a number every event loop adds to */
 extern PyType_Spec as_counter_spec;

@@ -30,6 +30,7 @@ typedef struct {
 typedef struct {
     _Alignas(64) _Atomic int64_t refs; /* the owning Counter's, and one per job holding it */
     int n, summed;
+    int64_t running; /* batches of the model that native requests lead, running now (pool.h, unhold) */
 } counter_head;
 
 typedef struct {
@@ -54,6 +55,11 @@ void as_counter_hold(void *slots)
 void as_counter_add(void *slots, int slot, int64_t d)
 {
     atomic_fetch_add_explicit(&((counter_slot *)slots)[slot].value, d, memory_order_relaxed);
+}
+
+int64_t *as_counter_running(void *slots)
+{
+    return &head_of(slots)->running;
 }
 
 int as_counter_slots(void *slots)
@@ -88,6 +94,7 @@ static PyObject *counter_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
     if (h == NULL)
         return PyErr_NoMemory();
     atomic_init(&h->refs, 1);
+    h->running = 0;
     h->n = n;
     h->summed = summed;
     counter_slot *slots = (counter_slot *)(h + 1);
@@ -205,6 +212,11 @@ static PyObject *counter_own(counter_t *c, void *Py_UNUSED(closure))
     return PyLong_FromLongLong(atomic_load_explicit(&c->slots[c->slot].value, memory_order_relaxed));
 }
 
+static PyObject *counter_running(counter_t *c, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(__atomic_load_n(as_counter_running(c->slots), __ATOMIC_RELAXED));
+}
+
 static PyMethodDef counter_methods[] = {
     {"at", (PyCFunction)counter_at, METH_VARARGS | METH_CLASS,
      "at(address, slot): a view of the counter at `address` (another loop's Counter.address) "
@@ -221,6 +233,8 @@ static PyGetSetDef counter_getset[] = {
     {"address", (getter)counter_address, NULL, "the shared memory's address, for Counter.at", NULL},
     {"slots", (getter)counter_slots, NULL, "how many slots it has", NULL},
     {"own", (getter)counter_own, NULL, "this loop's slot", NULL},
+    {"running", (getter)counter_running, NULL,
+     "batches of the model led by native requests (Link.infer with window=), running now", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

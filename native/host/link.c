@@ -63,8 +63,13 @@ static void link_close(as_link *l)
 }
 
 static int link_infer(as_link *l, pool_t *p, const char *key, uint64_t mask, size_t n, const as_tensor *in,
-                      void *token, void *cookie, int trace, int64_t max_rows, const as_wait *wait, uint64_t *id)
+                      void *token, void *cookie, int trace, int64_t max_rows, const as_wait *wait,
+                      const as_window *window, uint64_t *id)
 {
+    if (window != NULL && (wait == NULL || wait->counter == NULL)) {
+        errno = EINVAL;
+        return -1;
+    }
     /* one block: the tensors, then their names and datatypes */
     size_t size = (n ? n : 1) * sizeof(as_tensor);
     for (size_t i = 0; i < n; i++)
@@ -115,7 +120,17 @@ static int link_infer(as_link *l, pool_t *p, const char *key, uint64_t mask, siz
         memcpy(j->wait_slots, wait->slots, sizeof j->wait_slots);
         j->wait_samples = wait->samples;
         j->wait_requests = wait->requests;
+        j->wait_batches = window == NULL; /* a native request is no batch until a worker takes it */
         wait_count(j, 1);
+    }
+    j->run_slot = -1;
+    if (window != NULL) {
+        as_counter_hold(wait->counter);
+        j->held = wait->counter;
+        j->native = 1;
+        j->window_ns = window->window_ns;
+        j->deadline_ns = window->deadline_ns;
+        j->run_slot = window->run_slot;
     }
     as_pool_enqueue(p, j, -1);
     *id = j->id;

@@ -14,7 +14,7 @@
 
 #include "pool.h"
 
-#define AS_LINK_API_VERSION 4
+#define AS_LINK_API_VERSION 5
 
 typedef struct as_link {
     pthread_mutex_t mu;
@@ -33,6 +33,14 @@ typedef struct as_wait {
     int64_t samples, requests;
 } as_wait;
 
+/* A request the pool batches itself (pool_coalesce.c, the window rule): its batch may wait
+ * window_ns after it was queued for more requests, not past deadline_ns (CLOCK_MONOTONIC;
+ * 0: none); a batch it leads counts in the Counter's slot run_slot (-1: none) while it runs. */
+typedef struct as_window {
+    int64_t window_ns, deadline_ns;
+    int run_slot;
+} as_window;
+
 typedef struct as_link_api {
     int version;
     size_t job_size, link_size; /* sizeof(hjob), sizeof(as_link): the two copies must agree */
@@ -43,9 +51,12 @@ typedef struct as_link_api {
      * and .datatype are copied; .data must stay valid until the inputs come back through
      * take (cookie). The job completes to l with `token`. max_rows > 0: it may run in one
      * batch with other fronts' jobs of the model, of that many rows in all (pool_coalesce.c).
-     * wait: what it counts while queued, or NULL. 0 and *id, or -1 (errno). */
+     * wait: what it counts while queued, or NULL. window: a request the pool batches with
+     * others (then wait is required and counts it as a request, not a batch), or NULL.
+     * 0 and *id, or -1 (errno). */
     int (*infer)(as_link *l, pool_t *p, const char *key, uint64_t mask, size_t n, const as_tensor *in,
-                 void *token, void *cookie, int trace, int64_t max_rows, const as_wait *wait, uint64_t *id);
+                 void *token, void *cookie, int trace, int64_t max_rows, const as_wait *wait,
+                 const as_window *window, uint64_t *id);
     /* The jobs finished since the last take, oldest first (linked by next), and the inputs
      * no longer referenced (linked by next; release their cookie, then inputs_free). */
     hjob *(*take)(as_link *l, hinputs **released);

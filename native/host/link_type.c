@@ -100,15 +100,30 @@ static PyObject *link_fileno(linkobj *self, PyObject *Py_UNUSED(ignored))
 static PyObject *link_infer(linkobj *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"pool", "model", "mask", "names", "datatypes", "inputs", "token", "trace", "max_rows",
-                             "waiting", NULL};
-    PyObject *pool_address, *names, *datatypes, *inputs, *token, *waiting = Py_None;
+                             "waiting", "window", NULL};
+    PyObject *pool_address, *names, *datatypes, *inputs, *token, *waiting = Py_None, *window = Py_None;
     const char *key;
     unsigned long long mask;
     int trace = 0;
     long long max_rows = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKOOOO|pLO:infer", kwlist, &pool_address, &key, &mask, &names,
-                                     &datatypes, &inputs, &token, &trace, &max_rows, &waiting))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKOOOO|pLOO:infer", kwlist, &pool_address, &key, &mask, &names,
+                                     &datatypes, &inputs, &token, &trace, &max_rows, &waiting, &window))
         return NULL;
+    as_window win = {0, 0, -1};
+    if (window != Py_None) {
+        long long window_ns, deadline_ns;
+        if (!PyArg_ParseTuple(window, "LLi;Link.infer: window must be (window ns, deadline ns or 0, running "
+                              "batches slot or -1)", &window_ns, &deadline_ns, &win.run_slot))
+            return NULL;
+        if (window_ns < 0 || deadline_ns < 0)
+            return PyErr_Format(PyExc_ValueError, "Link.infer: window: the window and the deadline must be >= 0 ns, "
+                                "got %lld and %lld", window_ns, deadline_ns);
+        if (waiting == Py_None || trace)
+            return PyErr_Format(PyExc_ValueError, "Link.infer: a request with a window needs waiting= (its "
+                                "model's Counter) and cannot be traced");
+        win.window_ns = window_ns;
+        win.deadline_ns = deadline_ns;
+    }
     as_wait wait = {0};
     if (waiting != Py_None) {
         unsigned long long counter;
@@ -124,6 +139,9 @@ static PyObject *link_infer(linkobj *self, PyObject *args, PyObject *kw)
             if (wait.slots[i] < 0 || wait.slots[i] >= n)
                 return PyErr_Format(PyExc_ValueError, "Link.infer: waiting: slot %d of %d is out of range",
                                     wait.slots[i], n);
+        if (win.run_slot >= n)
+            return PyErr_Format(PyExc_ValueError, "Link.infer: window: slot %d of %d is out of range",
+                                win.run_slot, n);
         wait.counter = (void *)(uintptr_t)counter;
         wait.samples = samples;
         wait.requests = requests;
@@ -179,7 +197,8 @@ static PyObject *link_infer(linkobj *self, PyObject *args, PyObject *kw)
         t->nbytes = (size_t)held->views[i].len;
     }
     uint64_t id;
-    if (self->api->infer(self->link, p, key, mask, n, in, token, held, trace, max_rows, &wait, &id) < 0) {
+    if (self->api->infer(self->link, p, key, mask, n, in, token, held, trace, max_rows, &wait,
+                         window != Py_None ? &win : NULL, &id) < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         goto error;
     }
@@ -224,6 +243,9 @@ static PyObject *completion(linkobj *self, hjob *j, PyTypeObject *buffer_type)
     if (j->job.trace)
         return Py_BuildValue("(OO(NiLLz))", token, Py_True, outputs, j->worker, (long long)j->ran_from,
                              (long long)j->ran_to, j->job.result);
+    if (j->native)
+        return Py_BuildValue("(OO(NLLL))", token, Py_True, outputs, (long long)j->led_rows, (long long)j->ran_from,
+                             (long long)j->ran_to);
     return Py_BuildValue("(OON)", token, Py_True, outputs);
 }
 
@@ -298,11 +320,14 @@ static PyObject *link_pending(linkobj *self, void *Py_UNUSED(closure))
 static PyMethodDef link_methods[] = {
     {"fileno", (PyCFunction)link_fileno, METH_NOARGS, "the eventfd written when a job finishes"},
     {"infer", (PyCFunction)(void (*)(void))link_infer, METH_VARARGS | METH_KEYWORDS,
-     "infer(pool, model, mask, names, datatypes, inputs, token, trace=False, max_rows=0, waiting=None) -> job id: "
+     "infer(pool, model, mask, names, datatypes, inputs, token, trace=False, max_rows=0, waiting=None, "
+     "window=None) -> job id: "
      "queue a batch of `model` (inputs: tensors with .shape and .data) on the pool at address `pool`; max_rows > 0: "
      "it may run in one batch with other fronts' batches of the model, of at most that many rows; waiting: "
      "(Counter.address, (slot, slot, slot), samples, requests): while it waits for an interpreter its samples, "
-     "requests and itself count in those slots"},
+     "requests and itself count in those slots; window: (window ns, deadline ns or 0, running slot or -1): "
+     "one request the pool batches with the model's other queued requests by the window rule (its completion's "
+     "payload is then (outputs, rows of the batch it led or 0, run start ns, run end ns))"},
     {"drain", (PyCFunction)link_drain, METH_NOARGS,
      "drain() -> [(token, ok, payload)]: the jobs finished since the last drain, as Pool.drain gives them"},
     {"cancel", (PyCFunction)link_cancel, METH_VARARGS,
@@ -335,4 +360,44 @@ PyType_Spec as_link_spec = {
 PyObject *as_link_api_address(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
     return PyLong_FromVoidPtr((void *)&as_link_api_table);
+}
+
+/* window_rule(now, queue, running, max_rows, window) -> (take, wake_at): the pool's window
+ * rule over a queue of (queued ns, rows, deadline ns or 0), every request compatible with
+ * the head, as WindowPolicy.decide with a free interpreter; for tests against it. */
+PyObject *as_window_rule_py(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    long long now, running, max_rows, window;
+    PyObject *queue;
+    if (!PyArg_ParseTuple(args, "LO!LLL:window_rule", &now, &PyList_Type, &queue, &running, &max_rows, &window))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(queue);
+    if (n == 0)
+        return Py_BuildValue("(iO)", 0, Py_None);
+    long long head[3], item[3];
+    Py_ssize_t take = 0;
+    int64_t rows = 0;
+    int more = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(queue, i), "LLL;window_rule: each request is (queued ns, rows, "
+                              "deadline ns or 0)", &item[0], &item[1], &item[2]))
+            return NULL;
+        if (i == 0)
+            memcpy(head, item, sizeof head);
+        if (max_rows <= 0) { /* the model does not batch: one request */
+            take = 1;
+            rows = item[1];
+            break;
+        }
+        if (take > 0 && rows + item[1] > max_rows) {
+            more = 1;
+            break;
+        }
+        rows += item[1];
+        take++;
+    }
+    int64_t close = 0;
+    if (as_window_rule(now, head[0], head[2], rows, more, running, max_rows, window, &close))
+        return Py_BuildValue("(nO)", take, Py_None);
+    return Py_BuildValue("(iL)", 0, (long long)close);
 }

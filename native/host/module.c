@@ -66,6 +66,10 @@ static PyMethodDef native_methods[] = {
      "fields, None when it is not one"},
     {"link_api", as_link_api_address, METH_NOARGS,
      "link_api() -> int: the address of the table through which a front's Link reaches this process's pools"},
+    {"window_rule", as_window_rule_py, METH_VARARGS,
+     "window_rule(now_ns, queue, running, max_rows, window_ns) -> (take, wake_at_ns | None): the rule by which "
+     "the pool batches native requests (Link.infer with window=), over queue [(queued ns, rows, deadline ns or "
+     "0)], every request compatible with the head"},
     {"buffer_from_address", as_buffer_from_address, METH_VARARGS,
      "buffer_from_address(address, nbytes, keep, readonly=False) -> OutputBuffer over memory keep owns"},
     {NULL, NULL, 0, NULL},

@@ -71,12 +71,18 @@
 #include <time.h>
 #include <unistd.h>
 
-/* First shared job interpreter `index` may run (models can be loaded on a subset). */
-static hjob *pop_shared(pool_t *p, int index)
+/* First shared job interpreter `index` may run (models can be loaded on a subset) and
+ * that may start now: a native request waits while the window rule says so, and
+ * *wake_at is lowered to when the earliest such window closes (wake_at NULL: none waits,
+ * the worker is stopping). */
+static hjob *pop_shared(pool_t *p, int index, int64_t *wake_at)
 {
     hjob *prev = NULL;
+    int64_t now = 0;
     for (hjob *j = p->head; j != NULL; prev = j, j = j->next) {
         if (!(j->mask >> index & 1))
+            continue;
+        if (j->native && wake_at != NULL && !as_pool_window_open(p, j, index, &now, wake_at))
             continue;
         unlink_shared(p, prev, j);
         dequeued(p, j);
@@ -180,6 +186,8 @@ void as_pool_job_free(hjob *j)
         else
             as_pool_give_back(j->pool, j->pool->workers[j->worker], j->job.owner);
     }
+    if (j->held != NULL) /* a native request that was never queued */
+        as_counter_drop(j->held);
     free(j->in);
     as_pool_model_decref(j->model);
     free(j->key);
@@ -313,8 +321,9 @@ static void *worker_main(void *arg)
             continue;
         }
         hjob *j = job_pop(&w->head, &w->tail);
+        int64_t window_at = INT64_MAX; /* the earliest window of a native request left waiting */
         if (j == NULL && w->active)
-            j = pop_shared(p, w->index);
+            j = pop_shared(p, w->index, w->stop ? NULL : &window_at);
         if (j != NULL) {
             if (w->idle_from != 0 && j->queued_ns != 0 && j->queued_ns >= w->idle_from)
                 w->gaps[w->n_gaps++ % AS_GAPS] = j->queued_ns - w->idle_from;
@@ -327,12 +336,14 @@ static void *worker_main(void *arg)
             j->worker = w->index;
             if (j->link != NULL && j->max_rows > 0)
                 as_pool_coalesce(p, j, w->index); /* other fronts' jobs of its model join it */
+            if (j->native)
+                as_pool_lead(j);
             if (j->inputs != NULL && j->parts == NULL)
                 j->inputs->refs++; /* the interpreter's, given back with inputs_released */
             if (j->job.join != NULL)
                 clock_gettime(CLOCK_MONOTONIC, &j->started);
             pthread_mutex_unlock(&p->mu);
-            if (j->job.trace)
+            if (j->job.trace || j->native)
                 j->ran_from = monotonic_ns();
             as_fault_job(w->fault_slot, j->job.model, j->job.kind);
             if (j->parts != NULL)
@@ -340,8 +351,13 @@ static void *worker_main(void *arg)
             else
                 w->engine.run(w->ip, &j->job);
             as_fault_job(w->fault_slot, NULL, 0);
-            if (j->job.trace)
+            if (j->job.trace || j->native) {
                 j->ran_to = monotonic_ns();
+                for (hjob *k = j->parts; k != NULL; k = k->part_next) {
+                    k->ran_from = j->ran_from;
+                    k->ran_to = j->ran_to;
+                }
+            }
             pthread_mutex_lock(&p->mu);
             w->busy = 0;
             w->current = NULL;
@@ -364,6 +380,16 @@ static void *worker_main(void *arg)
         int64_t now = monotonic_ns(), from, to;
         if (w->idle_from == 0)
             w->idle_from = now;
+        if (window_at != INT64_MAX) {
+            /* a native request's batch gathers until its window closes; an arrival (it may
+             * fill the batch) wakes this worker sooner, as any queued job does, and a worker
+             * whose batch of the model ends looks at the queue itself */
+            struct timespec ts = {.tv_sec = window_at / 1000000000, .tv_nsec = window_at % 1000000000};
+            w->waiting = 1;
+            pthread_cond_timedwait(&w->cv, &p->mu, &ts);
+            w->waiting = 0;
+            continue;
+        }
         if (p->spin_ns > 0 && !p->spin_paused && !w->spun && p->spinners < p->max_spinners &&
             poll_window(p, w, &from, &to) && w->idle_from + to > now) {
             int64_t at = w->idle_from + from - w->late_ns;

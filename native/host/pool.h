@@ -93,7 +93,18 @@ typedef struct hjob {
      * count in slots wait_slots[0], [1] and [2] of its model's Counter (counter.c), which it holds */
     void *waiting;
     int wait_slots[3];
-    int64_t wait_samples, wait_requests;
+    int64_t wait_samples, wait_requests, wait_batches;
+    /* a front's request the pool batches itself (pool_coalesce.c, the window rule): it waits
+     * in the shared queue until its batch is full, no batch of its model runs, its window
+     * closed or its deadline would pass; then the worker that takes it leads a batch of the
+     * queued requests that fit. It holds its model's Counter (`held`) until it completes: a
+     * leader counts its batch in the Counter's running batches (the head's, and slot
+     * run_slot, its front's) from its start to its end. */
+    int native;
+    int64_t window_ns, deadline_ns; /* CLOCK_MONOTONIC ns; deadline 0: none */
+    int run_slot;
+    void *held;
+    int64_t led_rows; /* the rows of the batch it led (0: it ran as a part of another's) */
     int64_t flight_rows; /* an infer job's rows, in flight from queued to posted (p->flying) */
 } hjob;
 
@@ -211,6 +222,30 @@ void as_link_post_inputs(hinputs *in);
 
 static inline int64_t monotonic_ns(void);
 
+/* counter.c: a Counter's memory (its slots' address) held by a queued job, added to,
+ * let go of (freed with the last holder). */
+void as_counter_hold(void *slots);
+void as_counter_add(void *slots, int slot, int64_t d);
+void as_counter_drop(void *slots);
+int as_counter_slots(void *slots);
+/* The batches of the Counter's model running now, led by native requests (p->mu of its pool). */
+int64_t *as_counter_running(void *slots);
+
+/* A native request's leader has completed (or a native request left without leading): its
+ * batch stops counting as running and it lets go of its Counter. Caller holds p->mu. */
+static inline void unhold(hjob *j)
+{
+    if (j->held == NULL)
+        return;
+    if (j->led_rows > 0) {
+        --*as_counter_running(j->held);
+        if (j->run_slot >= 0)
+            as_counter_add(j->held, j->run_slot, -1);
+    }
+    as_counter_drop(j->held);
+    j->held = NULL;
+}
+
 /* Caller holds p->mu: `rows` more (or fewer) samples in flight from now. */
 static inline void fly(pool_t *p, int64_t rows)
 {
@@ -223,6 +258,7 @@ static inline void fly(pool_t *p, int64_t rows)
 /* Returns whether the loop must be woken (wake_loop after unlocking). */
 static inline int post_done(pool_t *p, hjob *j)
 {
+    unhold(j);
     if (j->flight_rows > 0) {
         fly(p, -j->flight_rows);
         p->answered += (uint64_t)j->flight_rows;
@@ -272,19 +308,13 @@ static inline void unlink_shared(pool_t *p, hjob *prev, hjob *j)
     j->next = NULL;
 }
 
-/* counter.c: a Counter's memory (its slots' address) held by a queued job, added to,
- * let go of (freed with the last holder). */
-void as_counter_hold(void *slots);
-void as_counter_add(void *slots, int slot, int64_t d);
-void as_counter_drop(void *slots);
-int as_counter_slots(void *slots);
-
 /* Add (sign 1) or take off (-1) what waiting job j counts in its model's Counter. */
 static inline void wait_count(const hjob *j, int64_t sign)
 {
     as_counter_add(j->waiting, j->wait_slots[0], sign * j->wait_samples);
     as_counter_add(j->waiting, j->wait_slots[1], sign * j->wait_requests);
-    as_counter_add(j->waiting, j->wait_slots[2], sign);
+    if (j->wait_batches)
+        as_counter_add(j->waiting, j->wait_slots[2], sign * j->wait_batches);
 }
 
 /* j no longer waits in the shared queue (taken, joined to another's batch, failed there):
@@ -364,6 +394,18 @@ int as_pool_coalesce(pool_t *p, hjob *j, int index);
 void as_pool_run_coalesced(pool_t *p, worker_t *w, hjob *j);
 /* A part's shared owner is no longer needed by it: the last one gives the owner back. */
 void as_pool_shared_release(pool_t *p, void *shared);
+/* Caller holds p->mu: whether native request j (queued, worker `index` may run it) may lead a
+ * batch now by the window rule; if not, *wake_at is lowered to when its window closes.
+ * *now: 0, or the time already read for this scan. */
+int as_pool_window_open(pool_t *p, hjob *j, int index, int64_t *now, int64_t *wake_at);
+/* Caller holds p->mu: native request j, just taken with its parts, leads their batch. */
+void as_pool_lead(hjob *j);
+/* The window rule on a model's queue, as the pool applies it (and _native.window_rule): the
+ * head request queued at `queued` (deadline 0: none), `rows` queued rows fitting one batch of
+ * at most max_rows (`more`: others do not fit), `running` batches of the model running.
+ * 1: dispatch now; 0: wait until *close (or the next arrival or completion). */
+int as_window_rule(int64_t now, int64_t queued, int64_t deadline, int64_t rows, int more, int64_t running,
+                   int64_t max_rows, int64_t window_ns, int64_t *close);
 
 typedef struct {
     int ready, busy, active, lost, spinning;

@@ -1,4 +1,5 @@
-/* Coalescing: front loops' batches of one model run as one batch.
+/* Batching in the pool: front loops' batches of one model run as one batch, and fronts'
+ * requests queued natively are batched here, by the window rule.
  *
  * Each front loop batches its own requests, so N fronts split a model's traffic into N
  * streams of smaller batches. When a worker takes a front's job and others of the same
@@ -14,6 +15,14 @@
  * for the first (batch) dimension. If the batch fails, or an output's first dimension is
  * not the batch's rows, each job runs again alone: a request that makes the model fail
  * fails only its own job, as the batcher's retry makes it fail only itself.
+ *
+ * Native requests (hjob.native: Link.infer with a window) are one request each: every
+ * front queues its requests here, so one queue per model holds every loop's, and they
+ * join the same batches. A worker looking for a job passes over a native request while
+ * the window rule (as_window_rule, the Python WindowPolicy's rule) says its batch should
+ * wait for more, and sleeps until the earliest window closes; an arrival or a completion
+ * wakes it sooner. The one it takes leads the batch of the queued requests that fit
+ * (coalesced as above) and counts it as running until it completes.
  */
 #include "pool.h"
 
@@ -64,8 +73,8 @@ int as_pool_coalesce(pool_t *p, hjob *j, int index)
     hjob *prev = NULL;
     for (hjob *k = p->head; k != NULL;) {
         hjob *next = k->next;
-        int64_t more = k->link != NULL && k->max_rows == j->max_rows && !k->job.trace && (k->mask >> index & 1) &&
-                               compatible(j, k)
+        int64_t more = k->link != NULL && k->max_rows == j->max_rows && !k->job.trace && k->native == j->native &&
+                               (k->mask >> index & 1) && compatible(j, k)
                            ? rows_of(k)
                            : -1;
         if (more >= 0 && rows + more <= j->max_rows) {
@@ -83,6 +92,66 @@ int as_pool_coalesce(pool_t *p, hjob *j, int index)
     j->parts = j->part_next;
     p->coalesced += n ? (uint64_t)n + 1 : 0;
     return n;
+}
+
+int as_window_rule(int64_t now, int64_t queued, int64_t deadline, int64_t rows, int more, int64_t running,
+                   int64_t max_rows, int64_t window_ns, int64_t *close)
+{
+    /* more than one batch is queued, or exactly one, or nothing of the model runs (a lone
+     * request never waits: only running batches bring more requests before the window ends) */
+    if (max_rows <= 0 || more || rows >= max_rows || running <= 0)
+        return 1;
+    int64_t at = queued + window_ns;
+    if (now >= at || (deadline != 0 && deadline <= at)) /* window closed, or waiting would time it out */
+        return 1;
+    *close = at;
+    return 0;
+}
+
+int as_pool_window_open(pool_t *p, hjob *j, int index, int64_t *now, int64_t *wake_at)
+{
+    if (j->max_rows <= 0 || j->held == NULL)
+        return 1;
+    int64_t rows = rows_of(j), limit = j->max_rows;
+    int more = 0;
+    if (rows < 0)
+        return 1;
+    for (hjob *k = j->next; k != NULL && !more && rows < limit; k = k->next) {
+        if (!k->native || k->max_rows != limit || !(k->mask >> index & 1) || !compatible(j, k))
+            continue;
+        int64_t r = rows_of(k);
+        if (r < 0)
+            continue;
+        if (rows + r > limit)
+            more = 1;
+        else
+            rows += r;
+    }
+    if (*now == 0)
+        *now = monotonic_ns();
+    int64_t close = 0;
+    if (as_window_rule(*now, j->queued_ns, j->deadline_ns, rows, more, *as_counter_running(j->held), limit,
+                       j->window_ns, &close))
+        return 1;
+    if (close < *wake_at)
+        *wake_at = close;
+    (void)p;
+    return 0;
+}
+
+void as_pool_lead(hjob *j)
+{
+    int64_t rows = 0;
+    for (hjob *k = j; k != NULL; k = k->part_next) { /* j, then its parts */
+        int64_t r = rows_of(k);
+        rows += r > 0 ? r : 1;
+    }
+    j->led_rows = rows;
+    if (j->held != NULL) {
+        ++*as_counter_running(j->held);
+        if (j->run_slot >= 0)
+            as_counter_add(j->held, j->run_slot, 1);
+    }
 }
 
 void as_pool_shared_release(pool_t *p, void *shared)

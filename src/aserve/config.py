@@ -26,6 +26,7 @@ from .tracing.config import TracingSettings
 ENGINE_CHOICES = ("auto", "private", "subinterp", "main")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
+FRONT_BATCHING = ("pool", "loop")
 ENV_PREFIX = "ASERVE_"
 ACCESS = "errors, limits and access"  # a section of `aserve serve --help`
 
@@ -65,6 +66,11 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                                                   "every connection); None = chosen from the CPUs this process "
                                                   "may use")
     ] | None = None
+    front_batching: Annotated[
+        str, _doc("where the front loops' requests are batched: pool = one queue per model in the extension, "
+                  "shared by every loop, batched by the window rule in C; loop = each front's own batcher, "
+                  "whose batches meet in the pool's queue", choices=FRONT_BATCHING)
+    ] = "pool"
     log_level: Annotated[str, _doc("least severe log record written", choices=LOG_LEVELS)] = "info"
     max_body_bytes: Annotated[
         int, msgspec.Meta(ge=1, description="largest request body accepted; larger ones get 413")
@@ -156,6 +162,9 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             raise SettingsError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if self.log_format not in LOG_FORMATS:
             raise SettingsError(f"log_format: expected one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
+        if self.front_batching not in FRONT_BATCHING:
+            raise SettingsError(f"front_batching: expected one of {', '.join(FRONT_BATCHING)}, "
+                                f"got {self.front_batching!r}")
         for origin in self.cors_origins:
             if origin != "*" and not _is_origin(origin):
                 raise SettingsError(f"cors_origins: expected * or an origin such as https://app.example.com "

@@ -191,14 +191,26 @@ async def test_a_loop_that_dies_is_replaced_while_the_other_serves(looped, caplo
 
 
 @pytest.fixture
-async def gated(start_server, tmp_path: pathlib.Path):  # type: ignore[no-untyped-def]
-    """A server with two fronts serving `gate` (one interpreter, max_queue_size 1, it runs
-    until the file `gate` exists), and three connections: to front 0, front 1, front 0 (each
+def gate_config() -> str:
+    """`gated`'s model config: one interpreter, max_queue_size 1 (a test may override it)."""
+    return refusals.GATE_CONFIG
+
+
+@pytest.fixture
+def front_batching() -> str:
+    """`gated`'s --front-batching (a test may run with both)."""
+    return "pool"
+
+
+@pytest.fixture
+async def gated(start_server, tmp_path: pathlib.Path, gate_config: str, front_batching: str):  # type: ignore[no-untyped-def]
+    """A server with two fronts serving `gate` (configured by `gate_config`; it runs until
+    the file `gate` exists), and three connections: to front 0, front 1, front 0 (each
     goes to the front with the fewest). Yields (server, url, gate file, connections)."""
     gate = tmp_path / "gate"
-    config = refusals.GATE_CONFIG.format(tensors=refusals.TENSORS, gate=gate)
+    config = gate_config.format(tensors=refusals.TENSORS, gate=gate)
     repo = write_repository(tmp_path / "repo", {"gate": (refusals.GATE_MODEL, config)})
-    server, url = await start_server(repo, loops=2, request_timeout_s=60.0)
+    server, url = await start_server(repo, loops=2, request_timeout_s=60.0, front_batching=front_batching)
     fronts = server.loops.fronts
     conns = []
     try:
@@ -238,9 +250,11 @@ async def test_a_models_queue_bound_holds_across_loops_and_a_dead_loops_place_is
     assert status == 200 and refusals.outputs(body) == [8.0]
 
 
+@pytest.mark.parametrize("front_batching", ["pool", "loop"])
 async def test_a_batch_waiting_in_the_pools_queue_counts_as_queued_for_every_loop(gated) -> None:  # type: ignore[no-untyped-def]
-    """Front 1 sees `gate`'s one interpreter free (front 0's batch holds it) and hands its
-    request on: it waits in the pool's queue. It fills max_queue_size 1 for every loop and
+    """Front 1 hands its request on (as a request batched in the pool, or as a batch of its
+    own batcher, which sees `gate`'s one interpreter free while front 0's batch holds it):
+    it waits in the pool's queue. It fills max_queue_size 1 for every loop and
     shows in the queue gauges, not as running; it stops counting when the interpreter takes
     it, even when its front died meanwhile."""
     server, url, gate, conns = gated
@@ -276,6 +290,54 @@ async def test_a_batch_waiting_in_the_pools_queue_counts_as_queued_for_every_loo
         text = await scrape(http, url)
     assert value(text, "aserve_queue_requests", **labels) == 0
     assert value(text, "aserve_batches_in_flight", **labels) == 0
+
+
+# one interpreter, batches of up to 4: the requests queued while it runs wait for it together
+BATCHING_GATE_CONFIG = '''
+interpreters = 1
+max_batch_size = 4
+{tensors}
+[parameters]
+gate = "{gate}"
+[batching]
+max_queue_size = 8
+'''
+
+
+@pytest.mark.parametrize("gate_config", [BATCHING_GATE_CONFIG])
+async def test_requests_of_two_loops_wait_in_one_queue_and_run_in_one_batch(gated) -> None:  # type: ignore[no-untyped-def]
+    """While `gate`'s one interpreter is held, a request on each front waits in the pool's
+    queue, the model's one queue for every loop (counted there as queued, not running);
+    when the interpreter is free, the two run as one batch of two, each answered with its
+    own rows, and the batch is counted once."""
+    server, url, gate, conns = gated
+    queued = server.plane.registry.get("gate").queued
+    pool = server.plane.registry.pools["main"]
+    labels = {"model": "gate", "version": "1"}
+    (held_reader, held), (one_reader, one), (zero_reader, zero) = conns
+    held.write(refusals.request("gate", -1.0))  # front 0: runs until the gate opens
+    await until(lambda: pool.stats()["busy"] == 1, what="the held request to run")
+    one.write(refusals.request("gate", 2.0))  # front 1
+    zero.write(refusals.request("gate", 3.0))  # front 0
+    await until(lambda: pool.stats()["queued"] == 2, what="both requests to wait in the pool's queue")
+    assert queued.total() == 2 and queued.running == 1
+    async with aiohttp.ClientSession() as http:
+        text = await scrape(http, url)
+        assert value(text, "aserve_queue_requests", **labels) == 2
+        assert value(text, "aserve_batches_in_flight", **labels) == 1
+        gate.touch()
+        answers = [await read_response(r) for r in (held_reader, one_reader, zero_reader)]
+        assert [(status, refusals.outputs(body)) for status, _, body in answers] == [
+            (200, [-2.0]), (200, [4.0]), (200, [6.0])]
+        await until(lambda: queued.running == 0, what="the batches to end")
+        async with http.get(f"{url}/v2/models/gate/stats") as r:
+            stats = (await r.json())["model_stats"][0]
+        text = await scrape(http, url)
+    sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+    assert sizes == {1: 1, 2: 1} and stats["inference_count"] == 3 and stats["execution_count"] == 2
+    assert value(text, "aserve_queue_requests", **labels) == 0
+    assert value(text, "aserve_batches_in_flight", **labels) == 0
+    assert [queued.get(slot) for slot in range(queued.slots)] == [0] * queued.slots
 
 
 async def test_a_loop_killed_mid_load_fails_only_its_own_connections(looped) -> None:  # type: ignore[no-untyped-def]

@@ -18,6 +18,7 @@ from ..batching.adaptive import AdaptivePolicy
 from ..batching.costmodel import warmup
 from ..batching.join import JoinPlanner, measure_stages
 from ..batching.joining import Joining
+from ..batching.native import NativeBatcher
 from ..engine import ModelInfo, Pool
 from ..errors import ModelNotReady
 from ..inference import ModelSchema
@@ -53,15 +54,17 @@ async def make_policy(
 def queue_layout(fronts: int) -> tuple[int, int]:
     """A model's queue Counter under `--loops`: its (slots, summed). Slot 0 and 1..fronts: the
     samples each loop's batchers queued (the host's, then each front's); then, per front, what
-    its batches waiting in the pool's queue hold (`wait_slots`): samples, summed with the
-    batchers' for max_queue_size, then requests and batches, which its statistics read."""
-    return 1 + 4 * fronts, 1 + 2 * fronts
+    its batches or requests waiting in the pool's queue hold (`wait_slots`): samples, summed
+    with the batchers' for max_queue_size, then requests and batches, and the batches its
+    requests lead, running (batching/native.py), which its statistics read."""
+    return 1 + 5 * fronts, 1 + 2 * fronts
 
 
-def wait_slots(fronts: int, index: int) -> tuple[int, int, int]:
-    """The slots front `index` (0-based) counts its batches waiting in the pool's queue in:
-    samples, requests, batches (`queue_layout`)."""
-    return 1 + fronts + index, 1 + 2 * fronts + index, 1 + 3 * fronts + index
+def wait_slots(fronts: int, index: int) -> tuple[int, int, int, int]:
+    """The slots front `index` (0-based) counts in while its batches or requests wait in the
+    pool's queue: samples, requests, batches; and the batches its native requests lead,
+    running (`queue_layout`)."""
+    return 1 + fronts + index, 1 + 2 * fronts + index, 1 + 3 * fronts + index, 1 + 4 * fronts + index
 
 
 class ModelHandle:
@@ -92,7 +95,7 @@ class ModelHandle:
         self.info: ModelInfo | None = None
         self.schema: ModelSchema | None = None  # set once loaded: what requests are decoded against
         self.memory_bytes = 0  # the process PSS its load (every interpreter) and warm-up added
-        self.batcher: Batcher | None = None
+        self.batcher: Batcher | NativeBatcher | None = None
         # `--loops`: what every loop queued of it (a _native.Counter laid out by queue_layout)
         self.queued: Any = None
         self.pool: Pool | None = None  # the pool it is loaded in: readiness asks it which interpreters still serve

@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from ..batching import Batcher
+from ..batching.native import NativeBatcher
 from ..errors import InvalidInput, ModelError, ModelNotReady, Overloaded, PayloadTooLarge, RequestTimeout
 
 if TYPE_CHECKING:  # the registry keeps these counts and imports this module
@@ -189,7 +190,7 @@ class BatchTotals:
         self.batch_sizes: dict[int, list[float]] = {}
         self.last_inference = 0.0  # time.time() of its last batch
 
-    def add(self, counts: Batcher | BatchTotals) -> None:
+    def add(self, counts: Batcher | NativeBatcher | BatchTotals) -> None:
         """Add a batcher's counters, or totals already summed (a version's retired loads')."""
         self.batches += counts.batches
         self.requests += counts.requests

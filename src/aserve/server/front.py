@@ -26,6 +26,7 @@ import msgspec
 
 from .. import _native
 from ..batching import Batcher, FairScheduler
+from ..batching.native import NativeBatcher, NativeDone
 from ..batching.policy import WindowPolicy
 from ..config import ServerSettings
 from ..dataplane import DataPlane
@@ -66,7 +67,7 @@ _HOSTS = "hosts"  # an infer request's state: the host answers it
 
 # A model's queue Counter (its address) and the slots a front's batches count in while they
 # wait in the pool's queue (dataplane/models.py, wait_slots)
-Waiting = tuple[int, tuple[int, int, int]]
+Waiting = tuple[int, tuple[int, int, int, int]]
 
 
 def _shared(queued: list[int] | None, index: int) -> _native.Counter | None:
@@ -74,15 +75,28 @@ def _shared(queued: list[int] | None, index: int) -> _native.Counter | None:
     return None if queued is None else _native.Counter.at(queued[0], index + 1)
 
 
-def _with_waiting(stats: dict[str, Any], queued: _native.Counter, slots: tuple[int, int, int]) -> dict[str, Any]:
+def _with_waiting(stats: dict[str, Any], queued: _native.Counter, slots: tuple[int, ...]) -> dict[str, Any]:
     """A front batcher's statistics with its batches that wait in the pool's queue counted as
     queued, not running: the batcher handed them on, but no interpreter has taken them yet."""
-    samples, requests, batches = (queued.get(slot) for slot in slots)
+    samples, requests, batches = (queued.get(slot) for slot in slots[:3])
     if batches:
         stats["queued_samples"] += samples
         stats["queued_requests"] += requests
         stats["running_batches"] -= batches
     return stats
+
+
+def _rows(config: ModelConfig, info: ModelInfo) -> int:
+    """The most rows a batch of the model gathered in the pool may hold: its max_batch_size when
+    rows can be sliced apart (no BYTES tensor), else 0 (never gathered there)."""
+    if any(t.datatype == "BYTES" for t in (*info.inputs, *info.outputs)):
+        return 0
+    return config.max_batch_size
+
+
+def _native_slots(slots: tuple[int, int, int, int]) -> tuple[int, int, int]:
+    """What a NativeBatcher reads of its front's wait slots: samples, requests, running batches."""
+    return slots[0], slots[1], slots[3]
 
 
 def _response(answer: dict[str, Any]) -> Response:
@@ -123,11 +137,46 @@ class LinkEngine:
         if found is None:
             raise ModelNotFound(f"model {model!r} is not loaded")
         pool, mask, names, datatypes, max_rows, counter = found
-        counted = None if counter is None or waiting is None else (*counter, *waiting)
+        counted = None if counter is None or waiting is None else (counter[0], counter[1][:3], *waiting)
         job: int = self.link.infer(pool, model, mask, names, datatypes, list(inputs),
                                    functools.partial(self._done, done, trace), trace, max_rows, counted)
         self.in_flight += 1
         return pool, job
+
+    def request(self, model: str, inputs: Sequence[Any], samples: int, done: NativeDone, /, *,
+                window_ns: int, deadline_ns: int) -> tuple[int, int]:
+        """Queue one request of `model` in the pool, which batches it with every loop's queued
+        requests of the model (batching/native.py); returns what `withdraw` takes."""
+        found = self.models.get(model)
+        if found is None:
+            raise ModelNotFound(f"model {model!r} is not loaded")
+        pool, mask, names, datatypes, max_rows, counter = found
+        assert counter is not None  # a model batched in the pool has its queue Counter
+        address, slots = counter
+        job: int = self.link.infer(pool, model, mask, names, datatypes, list(inputs),
+                                   functools.partial(self._request_done, done), False, max_rows,
+                                   (address, slots[:3], samples, 1), (window_ns, deadline_ns, slots[3]))
+        self.in_flight += 1
+        return pool, job
+
+    def _request_done(self, done: NativeDone, ok: bool, payload: Any) -> None:
+        self.in_flight -= 1
+        if not ok:
+            done(None, _error(payload), 0, 0, 0)
+        else:
+            outputs, led, start_ns, end_ns = payload
+            done(tensors(outputs), None, led, start_ns, end_ns)
+
+    def withdraw(self, job: tuple[int, int], /) -> str | None:
+        """Cancel a request queued with `request`: "queued" (it left the pool's queue, and
+        completes now, failed), "running" (it runs alone: Cancelled is raised in its
+        interpreter, and the host watches it), or None (finished, or running in a batch with
+        other requests, which still wait for it)."""
+        pool, number = job
+        state: str | None = self.link.cancel(pool, number)
+        if state == "running":
+            self.cancelled(pool, number)
+        return state
 
     def cancel(self, job: tuple[int, int], /) -> bool:
         """`Pool.cancel` for a front: a batch nobody waits for any more never runs, or gets
@@ -379,9 +428,7 @@ class Front:
             handles[key] = handle
             versions.setdefault(handle.name, {})[handle.number] = handle
             assert handle.info is not None
-            tensors = (*handle.info.inputs, *handle.info.outputs)
-            # other fronts' batches join this one's in the pool when rows can be sliced apart
-            rows = handle.config.max_batch_size if all(t.datatype != "BYTES" for t in tensors) else 0
+            rows = _rows(handle.config, handle.info)
             counter = None if m["queued"] is None else (m["queued"][0], wait_slots(m["queued"][1], self.index))
             self.engine.models[key] = (m["pool"], m["mask"], tuple(m["names"]), tuple(m["datatypes"]), rows, counter)
         self.retired.update(self.handles)  # listed no more: closed when the host retires them
@@ -406,13 +453,20 @@ class Front:
             scheduler = self.schedulers[engine] = FairScheduler(m["interpreters"])
         assert self.engine is not None
         queued = _shared(m["queued"], self.index)
-        handle.batcher = Batcher(
-            model=name, key=handle.key, run=self.engine.run,
-            policy=WindowPolicy(max_queue_delay=config.batching.max_queue_delay_ms / 1000.0),
-            max_batch_size=config.max_batch_size, interpreters=info.interpreters,
-            max_queue_size=config.batching.max_queue_size, scheduler=scheduler, uniform=schema.uniform,
-            cancel=self.engine.cancel, shared=queued, waiting=queued is not None,
-        )
+        delay = config.batching.max_queue_delay_ms / 1000.0
+        if queued is not None and self.settings.front_batching == "pool" and _rows(config, info) > 0:
+            handle.batcher = NativeBatcher(
+                model=name, key=handle.key, queue=self.engine, max_batch_size=config.max_batch_size,
+                max_queue_size=config.batching.max_queue_size, max_queue_delay=delay, shared=queued,
+                slots=_native_slots(wait_slots(m["queued"][1], self.index)),
+            )
+        else:
+            handle.batcher = Batcher(
+                model=name, key=handle.key, run=self.engine.run, policy=WindowPolicy(max_queue_delay=delay),
+                max_batch_size=config.max_batch_size, interpreters=info.interpreters,
+                max_queue_size=config.batching.max_queue_size, scheduler=scheduler, uniform=schema.uniform,
+                cancel=self.engine.cancel, shared=queued, waiting=queued is not None,
+            )
         handle.queued = queued
         handle.engine, handle.info, handle.schema, handle.state = engine, info, schema, READY
         return handle
@@ -440,7 +494,7 @@ class Front:
             stats = batcher.stats() if batcher is not None else {}
             entry = self.engine.models.get(handle.key) if self.engine is not None else None
             waiting = entry[5] if entry is not None else None
-            if stats and waiting is not None:
+            if stats and waiting is not None and isinstance(batcher, Batcher):
                 stats = _with_waiting(stats, handle.queued, waiting[1])
             models.append({
                 "name": handle.name, "version": handle.version,
