@@ -62,6 +62,9 @@ class _Request:
         self.future = future
         self.job: Any = None
 
+    def __lt__(self, other: _Request) -> bool:  # heap order past equal deadlines: arrival
+        return self.arrival < other.arrival
+
 
 class NativeBatcher:
     """One model on one front loop, batched in the pool; `Batcher`'s interface for the
@@ -87,8 +90,9 @@ class NativeBatcher:
         self._clock = clock
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: set[_Request] = set()  # queued or running: their completion has not come
-        self._deadlines: list[tuple[float, int, _Request]] = []  # heap of the pending ones' deadlines
-        self._order = 0
+        # the pending requests' deadlines, a heap; an answered request's entry is dropped when it
+        # comes to the top (answers mostly come in deadline order), or at the next expiry
+        self._deadlines: list[tuple[float, _Request]] = []
         self._expiry: asyncio.TimerHandle | None = None
         self._expiry_at = math.inf
         self._closed = False
@@ -163,8 +167,7 @@ class NativeBatcher:
                                       window_ns=self._window_ns, deadline_ns=deadline_ns)
         self._pending.add(req)
         if deadline is not None:
-            self._order += 1
-            heapq.heappush(self._deadlines, (deadline, self._order, req))
+            heapq.heappush(self._deadlines, (deadline, req))
             if deadline < self._expiry_at:
                 self._arm_expiry(loop, deadline)
         return future
@@ -199,6 +202,9 @@ class NativeBatcher:
               led: int, start_ns: int, end_ns: int) -> None:
         """The pool answered one request (from the loop's drain of its link)."""
         self._pending.discard(req)
+        heap = self._deadlines
+        while heap and heap[0][1] not in self._pending:  # the answered ones on top hold nothing more
+            heapq.heappop(heap)
         if led > 0:
             seconds = (end_ns - start_ns) / 1e9
             counted = self.batch_sizes.get(led)
@@ -241,8 +247,8 @@ class NativeBatcher:
         self._expiry_at = math.inf
         now = self._clock()
         heap = self._deadlines
-        while heap and (heap[0][2] not in self._pending or heap[0][0] <= now):
-            _, _, req = heapq.heappop(heap)
+        while heap and (heap[0][1] not in self._pending or heap[0][0] <= now):
+            _, req = heapq.heappop(heap)
             if req not in self._pending or req.future.done():
                 continue
             self.timed_out += 1
