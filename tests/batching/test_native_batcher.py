@@ -1,0 +1,117 @@
+"""NativeBatcher, a front's side of a model batched in the pool, over a queue that answers
+when told: admission over the shared count, deadlines, withdrawal, counts, and that an
+answered request's outputs are not held once its caller is done with them."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from aserve.batching.native import NativeBatcher, NativeDone
+from aserve.errors import Overloaded, RequestTimeout
+from aserve.tensor import Tensor
+
+
+class Outputs(dict[str, Any]):
+    """Outputs a weak reference can follow."""
+
+
+class Queue:
+    """The pool's side: keeps each request until the test answers or cancels it."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, NativeDone] = {}
+        self.cancelled: list[int] = []
+        self.shared = 0  # the model's queued samples, as the pool's slots would count them
+
+    def request(self, model: str, inputs: Sequence[Tensor], samples: int, done: NativeDone, /, *,
+                window_ns: int, deadline_ns: int) -> int:
+        job = len(self.jobs) + len(self.cancelled) + 1
+        self.jobs[job] = done
+        self.shared += samples
+        return job
+
+    def cancel(self, job: int, /) -> str | None:
+        done = self.jobs.pop(job, None)
+        if done is None:
+            return None
+        self.cancelled.append(job)
+        self.shared -= 1
+        done(None, RuntimeError("Cancelled"), 0, 0, 0)
+        return "queued"
+
+    def answer(self, job: int, led: int = 0) -> Outputs:
+        outputs = Outputs(y=Tensor("FP32", (1, 1), bytearray(4)))
+        self.shared -= 1
+        now = time.monotonic_ns()
+        self.jobs.pop(job)(outputs, None, led, now, now + 1000)
+        return outputs
+
+    # SharedQueued
+    def total(self) -> int:
+        return self.shared
+
+    def get(self, slot: int, /) -> int:
+        return self.shared if slot == 0 else 0
+
+
+def batcher(queue: Queue, **kw: Any) -> NativeBatcher:
+    settings: dict[str, Any] = {"max_batch_size": 8, "max_queue_size": 3, "max_queue_delay": 0.001}
+    settings.update(kw)
+    return NativeBatcher(model="m", key="m/1", queue=queue, shared=queue, slots=(0, 1, 2), **settings)
+
+
+X = [Tensor("FP32", (1, 1), bytearray(4))]
+
+
+async def test_answers_counts_and_released_outputs() -> None:
+    queue = Queue()
+    b = batcher(queue)
+    futures = [b.submit(X, 1, deadline=time.monotonic() + 30) for _ in range(3)]
+    with pytest.raises(Overloaded, match="max_queue_size 3"):
+        b.submit(X, 1)
+    with pytest.raises(Overloaded):
+        b.refuse_ahead()
+    refs = [weakref.ref(queue.answer(job, led=3 if job == 1 else 0)) for job in sorted(queue.jobs)]
+    assert all(f.result() is not None for f in futures)
+    del futures
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]  # nothing of the batcher's holds them
+    stats = b.stats()
+    assert (stats["batches"], stats["requests"], stats["refused"]) == (1, 3, 2)
+    assert b.batch_sizes.keys() == {3}
+
+
+async def test_a_request_past_its_deadline_times_out_and_leaves_the_queue() -> None:
+    queue = Queue()
+    b = batcher(queue)
+    slow = b.submit(X, 1, deadline=time.monotonic() + 0.05)
+    later = b.submit(X, 1, deadline=time.monotonic() + 30)
+    with pytest.raises(RequestTimeout):
+        await slow
+    assert queue.cancelled == [1] and b.stats()["timed_out"] == 1
+    queue.answer(2)
+    assert (await later) is not None
+    await asyncio.wait_for(b.close(), 5)
+
+
+async def test_withdrawn_requests_leave_the_queue_and_close_waits_for_the_rest() -> None:
+    queue = Queue()
+    b = batcher(queue)
+    gone = b.submit(X, 1)
+    kept = b.submit(X, 1)
+    gone.cancel()
+    b.withdraw(gone)
+    assert queue.cancelled == [1]
+    closing = asyncio.ensure_future(b.close())
+    await asyncio.sleep(0)
+    assert not closing.done()  # the kept request is still the pool's
+    queue.answer(2)
+    await asyncio.wait_for(closing, 5)
+    assert kept.result() is not None
