@@ -31,6 +31,7 @@ typedef struct {
     _Alignas(64) _Atomic int64_t refs; /* the owning Counter's, and one per job holding it */
     int n, summed;
     int64_t running; /* batches of the model that native requests lead, running now (pool.h, unhold) */
+    int64_t queued;  /* rows of the model's native requests in the pool's queue (pool.h, dequeued) */
 } counter_head;
 
 typedef struct {
@@ -60,6 +61,11 @@ void as_counter_add(void *slots, int slot, int64_t d)
 int64_t *as_counter_running(void *slots)
 {
     return &head_of(slots)->running;
+}
+
+int64_t *as_counter_queued(void *slots)
+{
+    return &head_of(slots)->queued;
 }
 
 int as_counter_slots(void *slots)
@@ -95,6 +101,7 @@ static PyObject *counter_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
         return PyErr_NoMemory();
     atomic_init(&h->refs, 1);
     h->running = 0;
+    h->queued = 0;
     h->n = n;
     h->summed = summed;
     counter_slot *slots = (counter_slot *)(h + 1);
@@ -217,6 +224,11 @@ static PyObject *counter_running(counter_t *c, void *Py_UNUSED(closure))
     return PyLong_FromLongLong(__atomic_load_n(as_counter_running(c->slots), __ATOMIC_RELAXED));
 }
 
+static PyObject *counter_pool_rows(counter_t *c, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(__atomic_load_n(as_counter_queued(c->slots), __ATOMIC_RELAXED));
+}
+
 static PyMethodDef counter_methods[] = {
     {"at", (PyCFunction)counter_at, METH_VARARGS | METH_CLASS,
      "at(address, slot): a view of the counter at `address` (another loop's Counter.address) "
@@ -235,6 +247,7 @@ static PyGetSetDef counter_getset[] = {
     {"own", (getter)counter_own, NULL, "this loop's slot", NULL},
     {"running", (getter)counter_running, NULL,
      "batches of the model led by native requests (Link.infer with window=), running now", NULL},
+    {"pool_rows", (getter)counter_pool_rows, NULL, "rows of the model's native requests in the pool's queue", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

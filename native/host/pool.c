@@ -385,9 +385,9 @@ static void *worker_main(void *arg)
              * fill the batch) wakes this worker sooner, as any queued job does, and a worker
              * whose batch of the model ends looks at the queue itself */
             struct timespec ts = {.tv_sec = window_at / 1000000000, .tv_nsec = window_at % 1000000000};
-            w->waiting = 1;
+            w->waiting = w->gathering = 1;
             pthread_cond_timedwait(&w->cv, &p->mu, &ts);
-            w->waiting = 0;
+            w->waiting = w->gathering = 0;
             continue;
         }
         if (p->spin_ns > 0 && !p->spin_paused && !w->spun && p->spinners < p->max_spinners &&
@@ -459,13 +459,15 @@ static void kick(pool_t *p, worker_t *w)
 /* Caller holds p->mu: the idle worker that may take a job with this mask, marked as
  * no longer waiting (signal its cv after unlocking), or NULL. A worker polling for a
  * job is preferred and kicked instead: it needs no signal (NULL too). Of the waiting
- * ones, one napping toward its polling window comes first: it expects the job. */
-static worker_t *idle_worker(pool_t *p, uint64_t mask)
+ * ones, one napping toward its polling window comes first: it expects the job. A worker
+ * gathering a batch (waiting for a window to close) is left to its timer unless `gather`
+ * says the job may end the wait. */
+static worker_t *idle_worker(pool_t *p, uint64_t mask, int gather)
 {
     worker_t *sleeper = NULL;
     for (int i = 0; i < p->n_workers; i++) {
         worker_t *w = p->workers[i];
-        if (!w->active || !w->ready || w->lost || !(mask >> i & 1))
+        if (!w->active || !w->ready || w->lost || !(mask >> i & 1) || (w->gathering && !gather))
             continue;
         if (w->spinning) {
             kick(p, w);
@@ -483,6 +485,21 @@ static worker_t *idle_worker(pool_t *p, uint64_t mask)
             p->woke_blocked++;
     }
     return sleeper;
+}
+
+/* Caller holds p->mu; j was just queued: whether it may end a window some worker waits
+ * out (a job that is no native request, or one that fills a batch of its model, or comes
+ * while none of its model runs, or cannot wait out its own window). Otherwise a worker
+ * gathering a batch is not woken for it: its timer ends the wait, and the rule would only
+ * send it back to wait (every arrival would cost a wake-up). */
+static int window_may_end(hjob *j)
+{
+    if (!j->native || j->held == NULL || j->max_rows <= 0)
+        return 1;
+    int64_t *queued = as_counter_queued(j->held);
+    *queued += j->flight_rows;
+    return *queued >= j->max_rows || *as_counter_running(j->held) <= 0 ||
+           (j->deadline_ns != 0 && j->deadline_ns <= j->queued_ns + j->window_ns);
 }
 
 /* Host GIL held, p->mu not: queue a job (targeted at a worker, or shared) and wake the
@@ -507,7 +524,7 @@ void as_pool_enqueue(pool_t *p, hjob *j, int target)
         j->queued_ns = monotonic_ns();
         job_append(&p->head, &p->tail, j);
         p->queued++;
-        w = idle_worker(p, j->mask);
+        w = idle_worker(p, j->mask, window_may_end(j));
     }
     pthread_mutex_unlock(&p->mu);
     if (w != NULL)
@@ -701,7 +718,7 @@ void as_pool_set_active(pool_t *p, long n)
     for (int i = 0; i < p->n_workers; i++)
         p->workers[i]->active = i < n;
     for (hjob *j = p->head; j != NULL; j = j->next) {
-        worker_t *w = idle_worker(p, j->mask);
+        worker_t *w = idle_worker(p, j->mask, 1);
         if (w != NULL)
             pthread_cond_signal(&w->cv); /* rare: under the lock is simpler */
     }

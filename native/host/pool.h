@@ -132,6 +132,7 @@ typedef struct worker {
     int64_t gaps[AS_GAPS]; /* ns from running out of jobs to the next shared job being queued */
     int n_gaps;          /* gaps recorded, all told (the ring's next slot: n_gaps % AS_GAPS) */
     int napping;         /* waiting on cv until its polling window opens */
+    int gathering;       /* waiting on cv until a native request's batching window closes */
     int64_t late_ns;     /* how late its naps end past the time asked (moving average) */
     int kick;            /* atomic: set to end a spin (a job for it, stop) */
     int64_t spin_from;   /* CLOCK_MONOTONIC ns: when the current spin began */
@@ -228,8 +229,10 @@ void as_counter_hold(void *slots);
 void as_counter_add(void *slots, int slot, int64_t d);
 void as_counter_drop(void *slots);
 int as_counter_slots(void *slots);
-/* The batches of the Counter's model running now, led by native requests (p->mu of its pool). */
+/* The batches of the Counter's model running now, led by native requests, and the rows of
+ * its native requests in the pool's queue (both under p->mu of its pool). */
 int64_t *as_counter_running(void *slots);
+int64_t *as_counter_queued(void *slots);
 
 /* A native request's leader has completed (or a native request left without leading): its
  * batch stops counting as running and it lets go of its Counter. Caller holds p->mu. */
@@ -333,6 +336,8 @@ static inline void dequeued(pool_t *p, hjob *j)
 {
     p->queued--;
     unwait(j);
+    if (j->native && j->held != NULL && j->max_rows > 0) /* as window_may_end counted it (pool.c) */
+        *as_counter_queued(j->held) -= j->flight_rows;
 }
 
 static inline int64_t monotonic_ns(void)

@@ -320,7 +320,7 @@ async def test_requests_of_two_loops_wait_in_one_queue_and_run_in_one_batch(gate
     one.write(refusals.request("gate", 2.0))  # front 1
     zero.write(refusals.request("gate", 3.0))  # front 0
     await until(lambda: pool.stats()["queued"] == 2, what="both requests to wait in the pool's queue")
-    assert queued.total() == 2 and queued.running == 1
+    assert queued.total() == 2 and queued.running == 1 and queued.pool_rows == 2
     async with aiohttp.ClientSession() as http:
         text = await scrape(http, url)
         assert value(text, "aserve_queue_requests", **labels) == 2
@@ -337,7 +337,7 @@ async def test_requests_of_two_loops_wait_in_one_queue_and_run_in_one_batch(gate
     assert sizes == {1: 1, 2: 1} and stats["inference_count"] == 3 and stats["execution_count"] == 2
     assert value(text, "aserve_queue_requests", **labels) == 0
     assert value(text, "aserve_batches_in_flight", **labels) == 0
-    assert [queued.get(slot) for slot in range(queued.slots)] == [0] * queued.slots
+    assert [queued.get(slot) for slot in range(queued.slots)] == [0] * queued.slots and queued.pool_rows == 0
 
 
 async def test_a_loop_killed_mid_load_fails_only_its_own_connections(looped) -> None:  # type: ignore[no-untyped-def]
