@@ -17,6 +17,8 @@ from aserve.batching.native import NativeBatcher, NativeDone
 from aserve.errors import Overloaded, RequestTimeout
 from aserve.tensor import Tensor
 
+from ..conftest import until
+
 
 class Outputs(dict[str, Any]):
     """Outputs a weak reference can follow."""
@@ -54,6 +56,9 @@ class Queue:
         return outputs
 
     # SharedQueued
+    def add(self, n: int, /) -> None:  # what the loop holds before it hands its requests on
+        self.shared += n
+
     def total(self) -> int:
         return self.shared
 
@@ -78,6 +83,7 @@ async def test_answers_counts_and_released_outputs() -> None:
         b.submit(X, 1)
     with pytest.raises(Overloaded):
         b.refuse_ahead()
+    await until(lambda: len(queue.jobs) == 3, what="the loop to hand its requests on")
     refs = [weakref.ref(queue.answer(job, led=3 if job == 1 else 0)) for job in sorted(queue.jobs)]
     assert all(f.result() is not None for f in futures)
     del futures
@@ -93,6 +99,7 @@ async def test_a_request_past_its_deadline_times_out_and_leaves_the_queue() -> N
     b = batcher(queue)
     slow = b.submit(X, 1, deadline=time.monotonic() + 0.05)
     later = b.submit(X, 1, deadline=time.monotonic() + 30)
+    await until(lambda: len(queue.jobs) == 2, what="the loop to hand its requests on")
     with pytest.raises(RequestTimeout):
         await slow
     assert queue.cancelled == [1] and b.stats()["timed_out"] == 1
@@ -104,14 +111,19 @@ async def test_a_request_past_its_deadline_times_out_and_leaves_the_queue() -> N
 async def test_withdrawn_requests_leave_the_queue_and_close_waits_for_the_rest() -> None:
     queue = Queue()
     b = batcher(queue)
+    early = b.submit(X, 1)  # withdrawn before the loop hands it on: it never reaches the pool
+    early.cancel()
+    b.withdraw(early)
     gone = b.submit(X, 1)
     kept = b.submit(X, 1)
+    await until(lambda: len(queue.jobs) == 2, what="the loop to hand its requests on")
     gone.cancel()
     b.withdraw(gone)
-    assert queue.cancelled == [1]
+    assert queue.cancelled == [1] and queue.shared == 1
     closing = asyncio.ensure_future(b.close())
     await asyncio.sleep(0)
     assert not closing.done()  # the kept request is still the pool's
     queue.answer(2)
     await asyncio.wait_for(closing, 5)
+    assert queue.shared == 0
     assert kept.result() is not None

@@ -45,8 +45,10 @@ class NativeQueue(Protocol):
 
 
 class SharedQueued(Protocol):
-    """The model's queued samples over every loop (`_native.Counter`) and this loop's slots."""
+    """The model's queued samples over every loop (`_native.Counter`: this loop's view, which
+    adds to its own slot) and this loop's slots."""
 
+    def add(self, n: int, /) -> None: ...
     def total(self) -> int: ...
     def get(self, slot: int, /) -> int: ...
 
@@ -97,6 +99,8 @@ class NativeBatcher:
         self._expiry_at = math.inf
         self._closed = False
         self._drained: asyncio.Future[None] | None = None
+        self._deferred: list[tuple[_Request, Sequence[Tensor], int]] = []  # taken in, not yet handed on
+        self._flushing = False
         self.batches = 0  # batches its requests led
         self.requests = 0  # requests answered by a batch
         self.refused = 0
@@ -163,14 +167,36 @@ class NativeBatcher:
         future: asyncio.Future[dict[str, Tensor]] = loop.create_future()
         req = _Request(now, samples, deadline, future)
         deadline_ns = 0 if deadline is None else max(1, round(deadline * 1e9))
-        req.job = self._queue.request(self.key, inputs, samples, lambda *done: self._done(req, *done),
-                                      window_ns=self._window_ns, deadline_ns=deadline_ns)
+        self._deferred.append((req, inputs, deadline_ns))
+        self._shared.add(samples)  # queued on this loop until the flush hands it to the pool
+        if not self._flushing:
+            self._flushing = True
+            loop.call_soon(self._flush)
         self._pending.add(req)
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, req))
             if deadline < self._expiry_at:
                 self._arm_expiry(loop, deadline)
         return future
+
+    def _flush(self) -> None:
+        """Hand the requests this loop took in since the last flush to the pool, together: once
+        per loop iteration, after every connection's bytes were read, so a worker that frees
+        finds them all queued and batches them, rather than the first of them alone."""
+        self._flushing = False
+        deferred, self._deferred = self._deferred, []
+        self._shared.add(-sum(req.samples for req, _, _ in deferred))
+        for req, inputs, deadline_ns in deferred:
+            if req.future.done():  # withdrawn or timed out before it was handed on
+                self._pending.discard(req)
+                continue
+            try:
+                req.job = self._queue.request(self.key, inputs, req.samples, lambda *done, req=req: self._done(req, *done),
+                                              window_ns=self._window_ns, deadline_ns=deadline_ns)
+            except Exception as exc:  # noqa: BLE001 - the request's own failure (its model went away)
+                self._pending.discard(req)
+                req.future.set_exception(exc)
+        self._check_drained()
 
     def refuse_ahead(self, *, budget: float | None = None, waited: float = 0.0) -> None:
         """`Batcher.refuse_ahead`: Overloaded when any request would be refused now."""
@@ -195,7 +221,8 @@ class NativeBatcher:
         """The caller stopped waiting: a request still queued in the pool leaves it."""
         for req in self._pending:
             if req.future is future:
-                self._queue.cancel(req.job)  # queued: it completes now, failed; running: it runs on
+                if req.job is not None:  # not yet handed on: the flush drops it
+                    self._queue.cancel(req.job)  # queued: it completes now, failed; running: it runs on
                 return
 
     def _done(self, req: _Request, outputs: dict[str, Tensor] | None, error: BaseException | None,
@@ -255,7 +282,7 @@ class NativeBatcher:
             req.future.set_exception(RequestTimeout(
                 f"model {self.model!r}: request timed out after {(now - req.arrival) * 1000:.1f} ms"
             ))
-            if self._queue.cancel(req.job):
+            if req.job is not None and self._queue.cancel(req.job):
                 self.cancelled += 1
         if heap:
             assert self._loop is not None
@@ -282,7 +309,8 @@ class NativeBatcher:
                 for req in list(self._pending):
                     if not req.future.done():
                         req.future.set_exception(EngineError(f"model {self.model!r} shut down before the request ran"))
-                    self._queue.cancel(req.job)
+                    if req.job is not None:
+                        self._queue.cancel(req.job)
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
