@@ -169,7 +169,8 @@ async def test_polling_the_probe_finds_unpaid_is_turned_off(model_dir, monkeypat
     later batches find no interpreter polling for them, and are answered as before."""
     from aserve.engine import polling
 
-    monkeypatch.setattr(polling, "RATE", 1e9)  # no saving is worth any CPU
+    monkeypatch.setattr(polling, "RATE", 1e9)  # no saving is worth any CPU,
+    monkeypatch.setattr(polling, "NOTICEABLE", 1e9)  # nor noticeable, even where the CPU it adds measures <= 0
     async with Pool(engine="private", interpreters=1, spin_us=200, spinners=1) as pool:
         await pool.load(ModelSpec(name="double", path=str(model_dir(DOUBLE))))
         probe = pool.probe
