@@ -70,6 +70,26 @@ Canceller = Callable[[Any], bool]
 _NEVER = math.inf
 
 
+def queue_full(model: str, queued: int, samples: int, max_queue_size: int, *, waiting: bool = False) -> Overloaded | None:
+    """The queue bound: Overloaded when `samples` more would take a queue of `queued` samples
+    past max_queue_size, unless it is empty (`waiting`: requests wait in it, whatever their
+    samples): an empty queue admits any request."""
+    if (waiting or queued > 0) and queued + samples > max_queue_size:
+        return Overloaded(f"model {model!r}: {queued} samples are queued (max_queue_size {max_queue_size}); "
+                          f"retry later", retry_after=1.0)
+    return None
+
+
+def count_batch(sizes: dict[int, list[float]], samples: int, seconds: float) -> None:
+    """One batch of `samples` that ran `seconds`, in a batcher's batch_sizes."""
+    counted = sizes.get(samples)
+    if counted is None:
+        sizes[samples] = [1, seconds]
+    else:
+        counted[0] += 1
+        counted[1] += seconds
+
+
 class _Batch:
     """A batch in flight: its requests and when it started; `done` is the engine's callback."""
 
@@ -294,13 +314,7 @@ class Batcher:
                 )
         shared = self._shared
         queued = self._queued_samples if shared is None else shared.total()
-        if (queue or queued > 0) and queued + samples > self.max_queue_size:
-            return Overloaded(
-                f"model {self.model!r}: {queued} samples are queued (max_queue_size "
-                f"{self.max_queue_size}); retry later",
-                retry_after=1.0,
-            )
-        return None
+        return queue_full(self.model, queued, samples, self.max_queue_size, waiting=bool(queue))
 
     def withdraw(self, future: asyncio.Future[dict[str, Tensor]]) -> None:
         """The caller stopped waiting for `future`: free its place if it has not run yet."""
@@ -542,14 +556,6 @@ class Batcher:
         self._contexts = max(0, self._contexts - sum(r.context is not None for r in batch))
         return batch_untraced_context(batch)
 
-    def _count_batch(self, samples: int, seconds: float) -> None:
-        counted = self.batch_sizes.get(samples)
-        if counted is None:
-            self.batch_sizes[samples] = [1, seconds]
-        else:
-            counted[0] += 1
-            counted[1] += seconds
-
     def _spawn(self, coro: Any) -> None:
         assert self._loop is not None
         task = self._loop.create_task(coro)
@@ -567,7 +573,7 @@ class Batcher:
         if run.traced and self.tracer is not None:
             trace_batch(self.tracer, self.model, run.requests, run.samples, run.started, ran, error, context=run.context)
         self.compute_seconds += elapsed * len(requests)
-        self._count_batch(run.samples, elapsed)
+        count_batch(self.batch_sizes, run.samples, elapsed)
         isolating = False
         try:
             if outputs is not None:
@@ -706,7 +712,7 @@ class Batcher:
                         stages=seconds, joined=joined)
         elapsed = self._clock() - started
         self.compute_seconds += elapsed * len(requests)
-        self._count_batch(sum(r.samples for r in requests), elapsed)
+        count_batch(self.batch_sizes, sum(r.samples for r in requests), elapsed)
         if not joined:  # a batch that ran as it was dispatched teaches the curve
             self.policy.observe(total, self._clock() - started)
         del inputs

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from .._native import RequestTrace
 from ..errors import EngineError, ModelError, Overloaded, RequestTimeout
 from ..tensor import Tensor, wrong_rows
+from .batcher import count_batch, queue_full
 from .policy import WindowPolicy
 
 # (outputs or None, error or None, rows of the batch it led (0: none), run start and end, ns)
@@ -208,14 +209,7 @@ class NativeBatcher:
             raise refused
 
     def _admission(self, samples: int) -> Overloaded | None:
-        queued = self._shared.total()
-        if queued > 0 and queued + samples > self.max_queue_size:
-            return Overloaded(
-                f"model {self.model!r}: {queued} samples are queued (max_queue_size "
-                f"{self.max_queue_size}); retry later",
-                retry_after=1.0,
-            )
-        return None
+        return queue_full(self.model, self._shared.total(), samples, self.max_queue_size)
 
     def withdraw(self, future: asyncio.Future[dict[str, Tensor]]) -> None:
         """The caller stopped waiting: a request still queued in the pool leaves it."""
@@ -233,13 +227,7 @@ class NativeBatcher:
         while heap and heap[0][1] not in self._pending:  # the answered ones on top hold nothing more
             heapq.heappop(heap)
         if led > 0:
-            seconds = (end_ns - start_ns) / 1e9
-            counted = self.batch_sizes.get(led)
-            if counted is None:
-                self.batch_sizes[led] = [1, seconds]
-            else:
-                counted[0] += 1
-                counted[1] += seconds
+            count_batch(self.batch_sizes, led, (end_ns - start_ns) / 1e9)
             self.batches += 1
             self.last_dispatch = start_ns / 1e9
         future = req.future
