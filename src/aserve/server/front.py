@@ -146,7 +146,7 @@ class LinkEngine:
     def request(self, model: str, inputs: Sequence[Any], samples: int, done: NativeDone, /, *,
                 window_ns: int, deadline_ns: int) -> tuple[int, int]:
         """Queue one request of `model` in the pool, which batches it with every loop's queued
-        requests of the model (batching/native.py); returns what `withdraw` takes."""
+        requests of the model (batching/native.py); returns what `cancel` takes."""
         found = self.models.get(model)
         if found is None:
             raise ModelNotFound(f"model {model!r} is not loaded")
@@ -166,17 +166,6 @@ class LinkEngine:
         else:
             outputs, led, start_ns, end_ns = payload
             done(tensors(outputs), None, led, start_ns, end_ns)
-
-    def withdraw(self, job: tuple[int, int], /) -> str | None:
-        """Cancel a request queued with `request`: "queued" (it left the pool's queue, and
-        completes now, failed), "running" (it runs alone: Cancelled is raised in its
-        interpreter, and the host watches it), or None (finished, or running in a batch with
-        other requests, which still wait for it)."""
-        pool, number = job
-        state: str | None = self.link.cancel(pool, number)
-        if state == "running":
-            self.cancelled(pool, number)
-        return state
 
     def cancel(self, job: tuple[int, int], /) -> bool:
         """`Pool.cancel` for a front: a batch nobody waits for any more never runs, or gets
