@@ -35,6 +35,7 @@ extensions = [
             "native/host/fault.c",
             "native/host/otlp.c",
             "native/host/trace.c",
+            "native/host/v2json.c",
             *interp_runtime,
         ],
         depends=["native/abi.h", "native/host/common.h", "native/host/pool.h", "native/host/link.h", "native/interp/runtime.h"],

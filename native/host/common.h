@@ -29,6 +29,7 @@ typedef struct {
     PyTypeObject *trace_type;
     PyTypeObject *link_type;
     PyTypeObject *counter_type;
+    PyTypeObject *v2json_type;
     PyObject *engine_error; /* aserve._native.EngineError */
 } module_state;
 
@@ -74,6 +75,10 @@ PyObject *as_window_rule_py(PyObject *module, PyObject *args);
 
 /* counter.c: the Python type Counter, a number every event loop adds to */
 extern PyType_Spec as_counter_spec;
+
+/* v2json.c: V2 JSON infer messages of numeric tensors, decoded and encoded in C */
+extern PyType_Spec as_v2json_spec;
+PyObject *as_v2_json_encode(PyObject *module, PyObject *args);
 
 /* otlp.c: recorded spans to an OTLP ExportTraceServiceRequest. */
 PyObject *as_otlp_encode(PyObject *module, PyObject *args);

@@ -70,6 +70,10 @@ static PyMethodDef native_methods[] = {
      "window_rule(now_ns, queue, running, max_rows, window_ns) -> (take, wake_at_ns | None): the rule by which "
      "the pool batches native requests (Link.infer with window=), over queue [(queued ns, rows, deadline ns or "
      "0)], every request compatible with the head"},
+    {"v2_json_encode", as_v2_json_encode, METH_VARARGS,
+     "v2_json_encode(model_name, model_version, id, outputs) -> bytes | None: the V2 JSON answer whose outputs "
+     "(name -> Tensor) are numeric, each as a flat data list, as the Python codec writes it; None for any other "
+     "(the codec writes it)"},
     {"buffer_from_address", as_buffer_from_address, METH_VARARGS,
      "buffer_from_address(address, nbytes, keep, readonly=False) -> OutputBuffer over memory keep owns"},
     {NULL, NULL, 0, NULL},
@@ -104,6 +108,9 @@ static int native_exec(PyObject *m)
     st->counter_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_counter_spec, NULL);
     if (st->counter_type == NULL || PyModule_AddType(m, st->counter_type) < 0)
         return -1;
+    st->v2json_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_v2json_spec, NULL);
+    if (st->v2json_type == NULL || PyModule_AddType(m, st->v2json_type) < 0)
+        return -1;
     if (PyModule_AddIntConstant(m, "JOB_LOAD", AS_JOB_LOAD) < 0 ||
         PyModule_AddIntConstant(m, "JOB_UNLOAD", AS_JOB_UNLOAD) < 0 ||
         PyModule_AddIntConstant(m, "JOB_INFER", AS_JOB_INFER) < 0 ||
@@ -127,6 +134,7 @@ static int native_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->trace_type);
     Py_VISIT(st->link_type);
     Py_VISIT(st->counter_type);
+    Py_VISIT(st->v2json_type);
     return 0;
 }
 
@@ -140,6 +148,7 @@ static int native_clear(PyObject *m)
     Py_CLEAR(st->trace_type);
     Py_CLEAR(st->link_type);
     Py_CLEAR(st->counter_type);
+    Py_CLEAR(st->v2json_type);
     return 0;
 }
 

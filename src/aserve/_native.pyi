@@ -106,6 +106,16 @@ def window_rule(now_ns: int, queue: list[tuple[int, int, int]], running: int, ma
                 /) -> tuple[int, int | None]: ...
 def buffer_from_address(address: int, nbytes: int, keep: object, readonly: bool = False, /) -> OutputBuffer: ...
 
+class V2Json:
+    """One model's inputs, for decoding its common V2 JSON requests in C (native/host/v2json.c)."""
+
+    def __init__(self, tensor_type: type, max_batch_size: int, inputs: list[tuple[str, str, tuple[int, ...]]],
+                 /) -> None: ...
+    def decode(self, body: Any, /) -> tuple[list[Any], int] | None: ...
+
+def v2_json_encode(model_name: str, model_version: str | None, id: str | None, outputs: dict[str, Any],
+                   /) -> bytes | None: ...
+
 class RequestTrace:
     """A sampled request's server span (native/host/trace.c); made by Recorder.start."""
 

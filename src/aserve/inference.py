@@ -45,8 +45,8 @@ class ModelSchema:
     `max_latency_budget_ms`: the largest per-request latency budget accepted (the
     model's timeout)."""
 
-    __slots__ = ("by_name", "checked", "inputs", "max_batch_size", "max_latency_budget_ms", "name", "outputs",
-                 "plans", "uniform", "version")
+    __slots__ = ("by_name", "checked", "inputs", "json_plan", "max_batch_size", "max_latency_budget_ms", "name",
+                 "outputs", "plans", "uniform", "version")
 
     def __init__(self, name: str, version: str, *, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
                  max_batch_size: int, max_latency_budget_ms: float | None = None) -> None:
@@ -66,6 +66,9 @@ class ModelSchema:
         self.plans: Bounded[bytes, Any] = Bounded(MAX_REMEMBERED)
         # (name, datatype, shape) of a request's input -> its spec, once checked (aserve.protocol.validate)
         self.checked: Bounded[tuple[str, str, tuple[int, ...]], InputSpec] = Bounded(MAX_REMEMBERED)
+        # the V2 JSON codec's decoder in C of this model's common requests: False until first
+        # asked for, None where its inputs' datatypes are not ones it decodes (aserve.protocol.v2)
+        self.json_plan: Any = False
 
     @property
     def input_names(self) -> list[str]:

@@ -1,0 +1,786 @@
+/* V2 JSON infer messages of numeric tensors, decoded and encoded in C.
+ *
+ * The common request, {"inputs": [{"name", "shape", "datatype", "data": flat list}, ...]}
+ * with nothing else, is decoded by V2Json.decode straight into each input's little-endian
+ * bytes, checked against the model's inputs as aserve.protocol.validate checks them. The
+ * common answer, every output's data as a flat JSON list, is written by v2_json_encode
+ * with msgspec's number formatting, byte for byte what the Python codec writes.
+ *
+ * Both answer None for anything else (another field, an escaped string, nested data, a
+ * value out of range, a datatype they do not carry, any error): the Python codec then
+ * decodes or encodes the message, and names what is wrong with it. So the fast path
+ * never decides what is valid; it only skips work for what the codec would accept as is.
+ */
+#include "common.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define V2_MAX_RANK 32 /* aserve.protocol.arrays.MAX_RANK */
+#define V2_MAX_INPUTS 64
+
+typedef enum { E_BOOL, E_I8, E_I16, E_I32, E_I64, E_U8, E_U16, E_U32, E_U64, E_F32, E_F64 } etype;
+
+static const struct {
+    const char *name;
+    etype type;
+    int size;
+} KINDS[] = {
+    {"BOOL", E_BOOL, 1}, {"INT8", E_I8, 1},   {"INT16", E_I16, 2}, {"INT32", E_I32, 4},
+    {"INT64", E_I64, 8}, {"UINT8", E_U8, 1},  {"UINT16", E_U16, 2}, {"UINT32", E_U32, 4},
+    {"UINT64", E_U64, 8}, {"FP32", E_F32, 4}, {"FP64", E_F64, 8},
+};
+#define N_KINDS (sizeof(KINDS) / sizeof(KINDS[0]))
+
+static int kind_of(const char *s, Py_ssize_t n)
+{
+    for (size_t k = 0; k < N_KINDS; k++)
+        if ((Py_ssize_t)strlen(KINDS[k].name) == n && memcmp(KINDS[k].name, s, (size_t)n) == 0)
+            return (int)k;
+    return -1;
+}
+
+/* ---- a growable byte buffer ---- */
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+    char local[2048];
+} buf_t;
+
+static void buf_init(buf_t *b)
+{
+    b->data = b->local;
+    b->len = 0;
+    b->cap = sizeof(b->local);
+}
+
+static void buf_free(buf_t *b)
+{
+    if (b->data != b->local)
+        PyMem_Free(b->data);
+}
+
+static int buf_reserve(buf_t *b, size_t more)
+{
+    if (b->len + more <= b->cap)
+        return 0;
+    size_t cap = b->cap * 2;
+    while (cap < b->len + more)
+        cap *= 2;
+    char *data = PyMem_Malloc(cap);
+    if (data == NULL)
+        return -1;
+    memcpy(data, b->data, b->len);
+    if (b->data != b->local)
+        PyMem_Free(b->data);
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+static int buf_put(buf_t *b, const char *s, size_t n)
+{
+    if (buf_reserve(b, n) < 0)
+        return -1;
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+#define PUT_LIT(b, s) buf_put((b), (s), sizeof(s) - 1)
+
+/* ---- the plan: one model's inputs ---- */
+
+typedef struct {
+    PyObject *name;     /* str */
+    const char *name_utf8;
+    Py_ssize_t name_len;
+    PyObject *datatype; /* str */
+    int kind;
+    int rank;
+    int64_t dims[V2_MAX_RANK]; /* -1: any */
+} v2_input;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *tensor_type;
+    long max_batch_size;
+    int n;
+    v2_input inputs[V2_MAX_INPUTS];
+} v2plan;
+
+static void plan_dealloc(PyObject *self)
+{
+    v2plan *p = (v2plan *)self;
+    PyTypeObject *tp = Py_TYPE(self);
+    Py_CLEAR(p->tensor_type);
+    for (int i = 0; i < p->n; i++) {
+        Py_CLEAR(p->inputs[i].name);
+        Py_CLEAR(p->inputs[i].datatype);
+    }
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+/* V2Json(tensor_type, max_batch_size, [(name, datatype, shape), ...]): ValueError when an
+ * input's datatype is not one it decodes (the caller then keeps the Python codec). */
+static PyObject *plan_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
+{
+    PyObject *tensor_type, *inputs;
+    long max_batch_size;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0) {
+        PyErr_SetString(PyExc_TypeError, "V2Json takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OlO!:V2Json", &tensor_type, &max_batch_size, &PyList_Type, &inputs))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(inputs);
+    if (n < 1 || n > V2_MAX_INPUTS) {
+        PyErr_Format(PyExc_ValueError, "V2Json: 1..%d inputs, got %zd", V2_MAX_INPUTS, n);
+        return NULL;
+    }
+    v2plan *p = (v2plan *)tp->tp_alloc(tp, 0);
+    if (p == NULL)
+        return NULL;
+    p->tensor_type = Py_NewRef(tensor_type);
+    p->max_batch_size = max_batch_size;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *name, *datatype, *shape;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(inputs, i), "UUO!;V2Json: each input is (name, datatype, shape)",
+                              &name, &datatype, &PyTuple_Type, &shape))
+            goto fail;
+        v2_input *in = &p->inputs[p->n];
+        in->name = Py_NewRef(name);
+        in->datatype = Py_NewRef(datatype);
+        p->n++;
+        in->name_utf8 = PyUnicode_AsUTF8AndSize(name, &in->name_len);
+        if (in->name_utf8 == NULL)
+            goto fail;
+        Py_ssize_t dlen;
+        const char *d = PyUnicode_AsUTF8AndSize(datatype, &dlen);
+        if (d == NULL)
+            goto fail;
+        in->kind = kind_of(d, dlen);
+        if (in->kind < 0) {
+            PyErr_Format(PyExc_ValueError, "V2Json: input %R: datatype %R is not decoded here", name, datatype);
+            goto fail;
+        }
+        Py_ssize_t rank = PyTuple_GET_SIZE(shape);
+        if (rank < 1 || rank > V2_MAX_RANK || (max_batch_size > 0 && rank < 1)) {
+            PyErr_Format(PyExc_ValueError, "V2Json: input %R: rank 1..%d, got %zd", name, V2_MAX_RANK, rank);
+            goto fail;
+        }
+        in->rank = (int)rank;
+        for (Py_ssize_t k = 0; k < rank; k++) {
+            long long dim = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, k));
+            if (dim == -1 && PyErr_Occurred())
+                goto fail;
+            in->dims[k] = dim;
+        }
+    }
+    return (PyObject *)p;
+fail:
+    Py_DECREF(p);
+    return NULL;
+}
+
+/* ---- the decoder ---- */
+
+typedef struct {
+    const char *p, *end;
+} scan_t;
+
+static inline void ws(scan_t *s)
+{
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r'))
+        s->p++;
+}
+
+static inline int eat(scan_t *s, char c)
+{
+    ws(s);
+    if (s->p < s->end && *s->p == c) {
+        s->p++;
+        return 1;
+    }
+    return 0;
+}
+
+/* A string with no escapes and no control characters: its bytes between the quotes. */
+static int plain_string(scan_t *s, const char **out, Py_ssize_t *len)
+{
+    if (!eat(s, '"'))
+        return 0;
+    const char *start = s->p;
+    while (s->p < s->end) {
+        unsigned char c = (unsigned char)*s->p;
+        if (c == '"') {
+            *out = start;
+            *len = s->p - start;
+            s->p++;
+            return 1;
+        }
+        if (c == '\\' || c < 0x20)
+            return 0;
+        s->p++;
+    }
+    return 0;
+}
+
+static inline int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+/* A JSON integer (no fraction or exponent) as a sign and magnitude, the magnitude < 2^64. */
+static int json_integer(scan_t *s, int *negative, uint64_t *magnitude)
+{
+    ws(s);
+    const char *p = s->p;
+    *negative = 0;
+    if (p < s->end && *p == '-') {
+        *negative = 1;
+        p++;
+    }
+    if (p >= s->end || !is_digit(*p))
+        return 0;
+    uint64_t v = 0;
+    if (*p == '0') {
+        p++;
+    } else {
+        while (p < s->end && is_digit(*p)) {
+            unsigned d = (unsigned)(*p - '0');
+            if (v > (UINT64_MAX - d) / 10)
+                return 0;
+            v = v * 10 + d;
+            p++;
+        }
+    }
+    if (p < s->end && (*p == '.' || *p == 'e' || *p == 'E' || is_digit(*p)))
+        return 0; /* a float, or a leading zero: the codec's to judge */
+    s->p = p;
+    *magnitude = v;
+    return 1;
+}
+
+/* A JSON number, as the double Python would read. */
+static int json_double(scan_t *s, double *out)
+{
+    ws(s);
+    const char *start = s->p, *p = s->p;
+    if (p < s->end && *p == '-')
+        p++;
+    if (p >= s->end || !is_digit(*p))
+        return 0;
+    if (*p == '0')
+        p++;
+    else
+        while (p < s->end && is_digit(*p))
+            p++;
+    int integral = 1;
+    if (p < s->end && *p == '.') {
+        integral = 0;
+        p++;
+        if (p >= s->end || !is_digit(*p))
+            return 0;
+        while (p < s->end && is_digit(*p))
+            p++;
+    }
+    if (p < s->end && (*p == 'e' || *p == 'E')) {
+        integral = 0;
+        p++;
+        if (p < s->end && (*p == '+' || *p == '-'))
+            p++;
+        if (p >= s->end || !is_digit(*p))
+            return 0;
+        while (p < s->end && is_digit(*p))
+            p++;
+    }
+    char text[64];
+    size_t n = (size_t)(p - start);
+    if (n >= sizeof(text))
+        return 0;
+    memcpy(text, start, n);
+    text[n] = '\0';
+    char *stop;
+    double v = PyOS_string_to_double(text, &stop, NULL);
+    if (v == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (stop != text + n || !isfinite(v))
+        return 0;
+    s->p = p;
+    *out = integral && v == 0.0 ? 0.0 : v; /* an integer is read as an int first: -0 is 0 */
+    return 1;
+}
+
+/* One element of `kind`, appended to b. */
+static int element(scan_t *s, int kind, buf_t *b)
+{
+    etype t = KINDS[kind].type;
+    if (t == E_BOOL) {
+        ws(s);
+        unsigned char v;
+        if (s->end - s->p >= 4 && memcmp(s->p, "true", 4) == 0) {
+            v = 1;
+            s->p += 4;
+        } else if (s->end - s->p >= 5 && memcmp(s->p, "false", 5) == 0) {
+            v = 0;
+            s->p += 5;
+        } else {
+            return 0;
+        }
+        return buf_put(b, (const char *)&v, 1) == 0;
+    }
+    if (t == E_F32 || t == E_F64) {
+        double d;
+        if (!json_double(s, &d))
+            return 0;
+        if (t == E_F64)
+            return buf_put(b, (const char *)&d, 8) == 0;
+        if (fabs(d) > FLT_MAX)
+            return 0;
+        float f = (float)d;
+        return buf_put(b, (const char *)&f, 4) == 0;
+    }
+    int negative;
+    uint64_t m;
+    if (!json_integer(s, &negative, &m))
+        return 0;
+    if (t == E_U8 || t == E_U16 || t == E_U32 || t == E_U64) {
+        if (negative && m != 0)
+            return 0;
+        uint64_t limit = t == E_U8 ? UINT8_MAX : t == E_U16 ? UINT16_MAX : t == E_U32 ? UINT32_MAX : UINT64_MAX;
+        if (m > limit)
+            return 0;
+        int size = KINDS[kind].size;
+        return buf_put(b, (const char *)&m, (size_t)size) == 0; /* little-endian: the low bytes */
+    }
+    int64_t lo = t == E_I8 ? INT8_MIN : t == E_I16 ? INT16_MIN : t == E_I32 ? INT32_MIN : INT64_MIN;
+    int64_t hi = t == E_I8 ? INT8_MAX : t == E_I16 ? INT16_MAX : t == E_I32 ? INT32_MAX : INT64_MAX;
+    int64_t v;
+    if (negative) {
+        if (m > (uint64_t)INT64_MAX + 1)
+            return 0;
+        v = m == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)m;
+    } else {
+        if (m > (uint64_t)INT64_MAX)
+            return 0;
+        v = (int64_t)m;
+    }
+    if (v < lo || v > hi)
+        return 0;
+    return buf_put(b, (const char *)&v, (size_t)KINDS[kind].size) == 0;
+}
+
+/* One input object; fills its position's shape and bytes. */
+static int input_object(v2plan *p, scan_t *s, int *seen, Py_ssize_t *shape_out, int *rank_out, buf_t *data,
+                        int *index_out, int64_t *count_out)
+{
+    if (!eat(s, '{'))
+        return 0;
+    int has_name = 0, has_datatype = 0, has_shape = 0, has_data = 0, index = -1;
+    int64_t count = 0;
+    for (;;) {
+        const char *key;
+        Py_ssize_t klen;
+        if (!plain_string(s, &key, &klen) || !eat(s, ':'))
+            return 0;
+        if (klen == 4 && memcmp(key, "name", 4) == 0 && !has_name) {
+            const char *name;
+            Py_ssize_t nlen;
+            if (!plain_string(s, &name, &nlen))
+                return 0;
+            for (int i = 0; i < p->n; i++)
+                if (p->inputs[i].name_len == nlen && memcmp(p->inputs[i].name_utf8, name, (size_t)nlen) == 0)
+                    index = i;
+            if (index < 0 || seen[index])
+                return 0;
+            has_name = 1;
+        } else if (klen == 8 && memcmp(key, "datatype", 8) == 0 && !has_datatype) {
+            const char *dt;
+            Py_ssize_t dlen;
+            if (!has_name || !plain_string(s, &dt, &dlen))
+                return 0;
+            const char *want = KINDS[p->inputs[index].kind].name;
+            if ((Py_ssize_t)strlen(want) != dlen || memcmp(want, dt, (size_t)dlen) != 0)
+                return 0;
+            has_datatype = 1;
+        } else if (klen == 5 && memcmp(key, "shape", 5) == 0 && !has_shape) {
+            if (!eat(s, '['))
+                return 0;
+            int rank = 0;
+            if (!eat(s, ']')) {
+                do {
+                    int negative;
+                    uint64_t dim;
+                    if (rank >= V2_MAX_RANK || !json_integer(s, &negative, &dim) || negative || dim == 0 ||
+                        dim > ((uint64_t)1 << 40))
+                        return 0;
+                    shape_out[rank++] = (Py_ssize_t)dim;
+                } while (eat(s, ','));
+                if (!eat(s, ']'))
+                    return 0;
+            }
+            *rank_out = rank;
+            has_shape = 1;
+        } else if (klen == 4 && memcmp(key, "data", 4) == 0 && !has_data) {
+            if (!has_datatype || !eat(s, '['))
+                return 0;
+            int kind = p->inputs[index].kind;
+            if (!eat(s, ']')) {
+                do {
+                    if (!element(s, kind, data))
+                        return 0;
+                    count++;
+                } while (eat(s, ','));
+                if (!eat(s, ']'))
+                    return 0;
+            }
+            has_data = 1;
+        } else {
+            return 0; /* parameters, or a field given twice: the codec's */
+        }
+        if (eat(s, '}'))
+            break;
+        if (!eat(s, ','))
+            return 0;
+    }
+    if (!(has_name && has_datatype && has_shape && has_data))
+        return 0;
+    *index_out = index;
+    *count_out = count;
+    return 1;
+}
+
+/* decode(body) -> ([Tensor, ...] in the model's order, samples) | None */
+static PyObject *plan_decode(PyObject *self, PyObject *body)
+{
+    v2plan *p = (v2plan *)self;
+    Py_buffer view;
+    if (PyObject_GetBuffer(body, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    scan_t s = {.p = view.buf, .end = (const char *)view.buf + view.len};
+    PyObject *tensors[V2_MAX_INPUTS] = {NULL};
+    int seen[V2_MAX_INPUTS] = {0};
+    PyObject *result = NULL;
+    long samples = 0;
+    buf_t data;
+    buf_init(&data);
+    const char *key;
+    Py_ssize_t klen;
+    if (!eat(&s, '{') || !plain_string(&s, &key, &klen) || klen != 6 || memcmp(key, "inputs", 6) != 0 ||
+        !eat(&s, ':') || !eat(&s, '['))
+        goto none;
+    int found = 0;
+    do {
+        Py_ssize_t shape[V2_MAX_RANK];
+        int rank = 0, index = -1;
+        int64_t count = 0;
+        data.len = 0;
+        if (!input_object(p, &s, seen, shape, &rank, &data, &index, &count))
+            goto none;
+        v2_input *in = &p->inputs[index];
+        if (rank != in->rank)
+            goto none;
+        int64_t elements = 1;
+        for (int k = 0; k < rank; k++) {
+            if (in->dims[k] != -1 && in->dims[k] != shape[k])
+                goto none;
+            elements *= shape[k];
+            if (elements > ((int64_t)1 << 40))
+                goto none;
+        }
+        if (elements != count)
+            goto none;
+        if (p->max_batch_size > 0) {
+            if (shape[0] > p->max_batch_size || (found > 0 && shape[0] != samples))
+                goto none;
+            samples = (long)shape[0];
+        }
+        PyObject *dims = PyTuple_New(rank);
+        if (dims == NULL)
+            goto error;
+        for (int k = 0; k < rank; k++) {
+            PyObject *d = PyLong_FromSsize_t(shape[k]);
+            if (d == NULL) {
+                Py_DECREF(dims);
+                goto error;
+            }
+            PyTuple_SET_ITEM(dims, k, d);
+        }
+        PyObject *bytes = PyBytes_FromStringAndSize(data.data, (Py_ssize_t)data.len);
+        if (bytes == NULL) {
+            Py_DECREF(dims);
+            goto error;
+        }
+        tensors[index] = PyObject_CallFunctionObjArgs(p->tensor_type, in->datatype, dims, bytes, NULL);
+        Py_DECREF(dims);
+        Py_DECREF(bytes);
+        if (tensors[index] == NULL)
+            goto error;
+        seen[index] = 1;
+        found++;
+    } while (eat(&s, ','));
+    if (!eat(&s, ']') || !eat(&s, '}'))
+        goto none;
+    ws(&s);
+    if (s.p != s.end || found != p->n)
+        goto none;
+    PyObject *list = PyList_New(p->n);
+    if (list == NULL)
+        goto error;
+    for (int i = 0; i < p->n; i++) {
+        PyList_SET_ITEM(list, i, tensors[i]);
+        tensors[i] = NULL;
+    }
+    result = Py_BuildValue("(Nl)", list, p->max_batch_size > 0 ? samples : 1L);
+    goto done;
+none:
+    result = Py_NewRef(Py_None);
+    goto done;
+error:
+    if (PyErr_ExceptionMatches(PyExc_MemoryError))
+        goto done; /* result NULL: the MemoryError propagates */
+    PyErr_Clear();
+    result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < V2_MAX_INPUTS; i++)
+        Py_XDECREF(tensors[i]);
+    buf_free(&data);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef plan_methods[] = {
+    {"decode", plan_decode, METH_O,
+     "decode(body) -> ([Tensor, ...] in the model's input order, samples) | None: a V2 JSON infer request of "
+     "inputs only, each a flat list, valid for the model; None for any other body (the codec decodes it)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot plan_slots[] = {
+    {Py_tp_new, plan_new},
+    {Py_tp_dealloc, plan_dealloc},
+    {Py_tp_methods, plan_methods},
+    {Py_tp_doc, "V2Json(tensor_type, max_batch_size, [(name, datatype, shape), ...]): one model's inputs, "
+                "for decoding its common V2 JSON requests in C"},
+    {0, NULL},
+};
+
+PyType_Spec as_v2json_spec = {
+    .name = "aserve._native.V2Json",
+    .basicsize = sizeof(v2plan),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = plan_slots,
+};
+
+/* ---- the encoder ---- */
+
+/* A str that JSON carries as its UTF-8 bytes (nothing to escape), in quotes. */
+static int put_string(buf_t *b, PyObject *str)
+{
+    if (!PyUnicode_Check(str))
+        return 0;
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(str, &n);
+    if (s == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\' || c < 0x20)
+            return 0;
+    }
+    return buf_reserve(b, (size_t)n + 2) == 0 && buf_put(b, "\"", 1) == 0 && buf_put(b, s, (size_t)n) == 0 &&
+           buf_put(b, "\"", 1) == 0;
+}
+
+static int put_int(buf_t *b, int64_t v)
+{
+    char tmp[24];
+    int i = sizeof(tmp);
+    uint64_t m = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do {
+        tmp[--i] = (char)('0' + m % 10);
+        m /= 10;
+    } while (m);
+    if (v < 0)
+        tmp[--i] = '-';
+    return buf_put(b, tmp + i, sizeof(tmp) - (size_t)i) == 0;
+}
+
+static int put_uint(buf_t *b, uint64_t m)
+{
+    char tmp[24];
+    int i = sizeof(tmp);
+    do {
+        tmp[--i] = (char)('0' + m % 10);
+        m /= 10;
+    } while (m);
+    return buf_put(b, tmp + i, sizeof(tmp) - (size_t)i) == 0;
+}
+
+/* A double as msgspec writes it: the shortest text that reads back the same (Python's
+ * repr), in decimal notation from 1e-5 up to 1e16 and in scientific notation beyond, its
+ * exponent without a plus sign or leading zeros; null for NaN and the infinities. */
+static int put_double(buf_t *b, double d)
+{
+    if (!isfinite(d))
+        return PUT_LIT(b, "null") == 0;
+    char *r = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (r == NULL)
+        return 0;
+    int ok;
+    char *e = strchr(r, 'e');
+    if (e == NULL) {
+        ok = buf_put(b, r, strlen(r)) == 0;
+    } else {
+        int exp = atoi(e + 1);
+        const char *m = r;
+        ok = 1;
+        if (*m == '-') {
+            ok = buf_put(b, "-", 1) == 0;
+            m++;
+        }
+        if (exp == -5) { /* 0.0000 then the mantissa's digits */
+            ok = ok && PUT_LIT(b, "0.0000") == 0;
+            for (const char *c = m; ok && c < e; c++)
+                if (*c != '.')
+                    ok = buf_put(b, c, 1) == 0;
+        } else {
+            ok = ok && buf_put(b, m, (size_t)(e - m)) == 0 && buf_put(b, "e", 1) == 0 && put_int(b, exp);
+        }
+    }
+    PyMem_Free(r);
+    return ok;
+}
+
+static int put_values(buf_t *b, int kind, const char *p, Py_ssize_t count)
+{
+    etype t = KINDS[kind].type;
+    if (PUT_LIT(b, "[") < 0)
+        return 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (i > 0 && buf_put(b, ",", 1) < 0)
+            return 0;
+        int ok;
+        switch (t) {
+        case E_BOOL: {
+            unsigned char v = (unsigned char)p[i];
+            if (v > 1)
+                return 0; /* not a bool: the codec's */
+            ok = v ? PUT_LIT(b, "true") == 0 : PUT_LIT(b, "false") == 0;
+            break;
+        }
+        case E_I8: ok = put_int(b, ((const int8_t *)p)[i]); break;
+        case E_I16: { int16_t v; memcpy(&v, p + 2 * i, 2); ok = put_int(b, v); break; }
+        case E_I32: { int32_t v; memcpy(&v, p + 4 * i, 4); ok = put_int(b, v); break; }
+        case E_I64: { int64_t v; memcpy(&v, p + 8 * i, 8); ok = put_int(b, v); break; }
+        case E_U8: ok = put_uint(b, ((const uint8_t *)p)[i]); break;
+        case E_U16: { uint16_t v; memcpy(&v, p + 2 * i, 2); ok = put_uint(b, v); break; }
+        case E_U32: { uint32_t v; memcpy(&v, p + 4 * i, 4); ok = put_uint(b, v); break; }
+        case E_U64: { uint64_t v; memcpy(&v, p + 8 * i, 8); ok = put_uint(b, v); break; }
+        case E_F32: { float v; memcpy(&v, p + 4 * i, 4); ok = put_double(b, (double)v); break; }
+        case E_F64: { double v; memcpy(&v, p + 8 * i, 8); ok = put_double(b, v); break; }
+        default: ok = 0;
+        }
+        if (!ok)
+            return 0;
+    }
+    return PUT_LIT(b, "]") == 0;
+}
+
+/* One output {"name", "datatype", "shape", "data"}; 0 when the codec must write it. */
+static int put_output(buf_t *b, PyObject *name, PyObject *tensor)
+{
+    PyObject *datatype = PyObject_GetAttrString(tensor, "datatype");
+    PyObject *shape = datatype != NULL ? PyObject_GetAttrString(tensor, "shape") : NULL;
+    PyObject *data = shape != NULL ? PyObject_GetAttrString(tensor, "data") : NULL;
+    int ok = 0, have_view = 0;
+    Py_buffer view;
+    if (data == NULL) {
+        PyErr_Clear();
+        goto done;
+    }
+    Py_ssize_t dlen;
+    const char *dt = PyUnicode_Check(datatype) ? PyUnicode_AsUTF8AndSize(datatype, &dlen) : NULL;
+    if (dt == NULL || !PyTuple_Check(shape)) {
+        PyErr_Clear();
+        goto done;
+    }
+    int kind = kind_of(dt, dlen);
+    if (kind < 0)
+        goto done;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        goto done;
+    }
+    have_view = 1;
+    if (PUT_LIT(b, "{\"name\":") < 0 || !put_string(b, name) || PUT_LIT(b, ",\"datatype\":") < 0 ||
+        !put_string(b, datatype) || PUT_LIT(b, ",\"shape\":[") < 0)
+        goto done;
+    Py_ssize_t rank = PyTuple_GET_SIZE(shape), elements = 1;
+    for (Py_ssize_t k = 0; k < rank; k++) {
+        PyObject *d = PyTuple_GET_ITEM(shape, k);
+        if (!PyLong_CheckExact(d))
+            goto done;
+        long long dim = PyLong_AsLongLong(d);
+        if (dim < 0 || dim > ((long long)1 << 40)) {
+            PyErr_Clear();
+            goto done;
+        }
+        elements *= (Py_ssize_t)dim;
+        if (elements > ((Py_ssize_t)1 << 40) || (k > 0 && buf_put(b, ",", 1) < 0) || !put_int(b, dim))
+            goto done;
+    }
+    if (view.len != elements * KINDS[kind].size) /* the codec names the mismatch */
+        goto done;
+    ok = PUT_LIT(b, "],\"data\":") == 0 && put_values(b, kind, view.buf, elements) && PUT_LIT(b, "}") == 0;
+done:
+    if (have_view)
+        PyBuffer_Release(&view);
+    Py_XDECREF(datatype);
+    Py_XDECREF(shape);
+    Py_XDECREF(data);
+    return ok;
+}
+
+/* v2_json_encode(model_name, model_version, id, outputs) -> bytes | None */
+PyObject *as_v2_json_encode(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *model_name, *model_version, *id, *outputs;
+    if (!PyArg_ParseTuple(args, "OOOO!:v2_json_encode", &model_name, &model_version, &id, &PyDict_Type, &outputs))
+        return NULL;
+    buf_t b;
+    buf_init(&b);
+    int ok = PUT_LIT(&b, "{\"model_name\":") == 0 && put_string(&b, model_name);
+    if (ok && model_version != Py_None)
+        ok = PUT_LIT(&b, ",\"model_version\":") == 0 && put_string(&b, model_version);
+    if (ok && id != Py_None)
+        ok = PUT_LIT(&b, ",\"id\":") == 0 && put_string(&b, id);
+    if (ok && PyDict_GET_SIZE(outputs) > 0) {
+        ok = PUT_LIT(&b, ",\"outputs\":[") == 0;
+        Py_ssize_t pos = 0, i = 0;
+        PyObject *name, *tensor;
+        while (ok && PyDict_Next(outputs, &pos, &name, &tensor))
+            ok = (i++ == 0 || buf_put(&b, ",", 1) == 0) && put_output(&b, name, tensor);
+        ok = ok && PUT_LIT(&b, "]") == 0;
+    }
+    ok = ok && PUT_LIT(&b, "}") == 0;
+    PyObject *result;
+    if (ok)
+        result = PyBytes_FromStringAndSize(b.data, (Py_ssize_t)b.len);
+    else if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_MemoryError))
+        result = NULL;
+    else {
+        PyErr_Clear();
+        result = Py_NewRef(Py_None);
+    }
+    buf_free(&b);
+    return result;
+}

@@ -1,0 +1,295 @@
+"""The V2 JSON codec's path in C (`_native.V2Json`, `_native.v2_json_encode`) against the
+Python codec it stands in for: where the C path answers, it answers exactly what the Python
+codec answers (the same tensors, the same bytes); where it does not, the Python codec is
+left to decide, and the common messages of every numeric datatype are answered in C."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import struct
+from typing import Any
+
+import pytest
+
+from aserve import _native
+from aserve.errors import AserveError
+from aserve.inference import InferRequest, InferResponse, ModelSchema
+from aserve.protocol import decode_infer, encode_infer
+from aserve.protocol import v2 as v2mod
+from aserve.runtime.model import TensorSpec
+from aserve.tensor import Tensor
+
+NUMERIC = ("BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "FP32", "FP64")
+INT_RANGES = {
+    "INT8": (-(2**7), 2**7 - 1), "INT16": (-(2**15), 2**15 - 1), "INT32": (-(2**31), 2**31 - 1),
+    "INT64": (-(2**63), 2**63 - 1), "UINT8": (0, 2**8 - 1), "UINT16": (0, 2**16 - 1),
+    "UINT32": (0, 2**32 - 1), "UINT64": (0, 2**64 - 1),
+}
+PACK = {"BOOL": "?", "INT8": "b", "INT16": "h", "INT32": "i", "INT64": "q", "UINT8": "B", "UINT16": "H",
+        "UINT32": "I", "UINT64": "Q", "FP32": "f", "FP64": "d"}
+FLT_MAX = 3.4028234663852886e38
+
+
+def make_schema(inputs: list[tuple[str, str, tuple[int, ...]]], max_batch_size: int) -> ModelSchema:
+    return ModelSchema("m", "1", inputs=[TensorSpec(n, d, s) for n, d, s in inputs],
+                       outputs=[TensorSpec("Y", "FP32", (-1,))], max_batch_size=max_batch_size)
+
+
+def python_decode(body: bytes, schema: ModelSchema) -> InferRequest | AserveError:
+    """The Python codec's answer (its error, where it refuses)."""
+    plan, schema.json_plan = schema.json_plan, None
+    try:
+        return decode_infer(body, content_type="application/json", header_length=None, schema=schema)
+    except AserveError as exc:
+        return exc
+    finally:
+        schema.json_plan = plan
+
+
+def same_request(fast: Any, reference: InferRequest | AserveError) -> None:
+    assert isinstance(reference, InferRequest), f"the C path accepted what the codec refuses: {reference}"
+    tensors, samples = fast
+    assert samples == reference.samples
+    assert [(t.datatype, t.shape, bytes(t.data)) for t in tensors] == \
+        [(t.datatype, t.shape, bytes(memoryview(t.data).cast("B"))) for t in reference.inputs]
+
+
+def value_text(datatype: str, rng: random.Random) -> str:
+    """One element as a client may write it, now and then just out of the datatype's range."""
+    if datatype == "BOOL":
+        return rng.choice(["true", "false"])
+    if datatype in INT_RANGES:
+        lo, hi = INT_RANGES[datatype]
+        v = rng.choice([lo, hi, 0, 1, -1, rng.randint(lo, hi), rng.randint(lo, hi)])
+        if rng.random() < 0.02:
+            v = rng.choice([lo - 1, hi + 1])
+        return rng.choice([str(v), str(v), "-0" if v == 0 else str(v)])
+    kind = rng.randrange(9)
+    if kind == 0:
+        return str(rng.randint(-(10**30), 10**30))
+    if kind == 1:
+        return rng.choice(["-0", "-0.0", "0", "1e-45", "1.4e-45", "1e-5", "2.5E-05", "1e16", "1e38", "3.5e38",
+                           "1e308", "1e309", "-1e-320", "9007199254740993", "0.1", "-123.456e-7"])
+    if kind == 2:
+        return repr(rng.uniform(-FLT_MAX, FLT_MAX))
+    return repr(rng.uniform(-1, 1) * 10 ** rng.randint(-40, 40))
+
+
+def body_text(inputs: list[tuple[str, str, tuple[int, ...]]], rng: random.Random, *,
+              order: bool = True, noise: bool = False) -> tuple[str, list[int]]:
+    # order: the fields in the order clients write them; else shuffled
+    """A plain request for the schema's inputs (batch of rows where the first dimension is -1)."""
+    rows = rng.randint(1, 4)
+    parts = []
+    for name, datatype, shape in rng.sample(inputs, len(inputs)):
+        real = [rows if (i == 0 and d == -1) else (rng.randint(1, 3) if d == -1 else d) for i, d in enumerate(shape)]
+        count = math.prod(real)
+        data = ", ".join(value_text(datatype, rng) for _ in range(count)) if not noise else \
+            ",".join(value_text(datatype, rng) for _ in range(count + rng.choice([-1, 0, 1])))
+        fields = [f'"name": "{name}"', f'"datatype": "{datatype}"', f'"shape": {json.dumps(real)}',
+                  f'"data": [{data}]']
+        if not order:
+            rng.shuffle(fields)
+        parts.append("{" + rng.choice([", ", ",", " ,\n "]).join(fields) + "}")
+    return '{"inputs": [' + ", ".join(parts) + "]}", []
+
+
+def schemas(rng: random.Random) -> list[tuple[list[tuple[str, str, tuple[int, ...]]], int]]:
+    out = []
+    for datatype in NUMERIC:
+        out.append(([("X", datatype, (-1, 3))], 8))
+        out.append(([("X", datatype, (2, -1)), ("ÿname", rng.choice(NUMERIC), (-1,))], 0))
+    for _ in range(10):
+        n = rng.randint(1, 3)
+        out.append(([(f"in{i}", rng.choice(NUMERIC), (-1, *rng.choice([(), (2,), (-1,), (2, 2)])))
+                     for i in range(n)], rng.choice([0, 4, 8])))
+    return out
+
+
+def test_plain_requests_of_every_numeric_datatype_decode_in_c_as_the_codec_decodes_them() -> None:
+    rng = random.Random(7)
+    answered = refused = 0
+    for inputs, mbs in schemas(rng):
+        schema = make_schema(inputs, mbs)
+        plan = v2mod._json_plan(schema)
+        assert plan is not None
+        for _ in range(60):
+            ordered = rng.random() < 0.8  # name and datatype before data, as clients write them
+            body = body_text(inputs, rng, order=ordered)[0].encode()
+            fast = plan.decode(body)
+            reference = python_decode(body, schema)
+            if fast is not None:
+                same_request(fast, reference)
+                answered += 1
+            elif isinstance(reference, AserveError):
+                refused += 1  # a value out of range: the codec names it
+            else:
+                assert not ordered, f"a plain request the codec accepts was not decoded in C: {body!r}"
+    assert answered > refused > 0  # both exercised
+
+
+def test_plain_requests_in_the_common_key_order_with_values_in_range_are_all_decoded_in_c() -> None:
+    schema = make_schema([("INPUT0", "INT32", (-1, 4)), ("INPUT1", "FP32", (-1, 4)), ("B", "BOOL", (-1,))], 8)
+    body = json.dumps({"inputs": [
+        {"name": "INPUT1", "shape": [2, 4], "datatype": "FP32", "data": [0.1, -2, 3e-7, 1e38, 0, -0.0, 5, 6.5]},
+        {"name": "B", "shape": [2], "datatype": "BOOL", "data": [True, False]},
+        {"name": "INPUT0", "shape": [2, 4], "datatype": "INT32", "data": [-(2**31), 2**31 - 1, 0, 1, 2, 3, 4, 5]},
+    ]}).encode()
+    request = decode_infer(body, content_type="application/json", header_length=None, schema=schema)
+    assert schema.json_plan is not None and schema.json_plan.decode(body) is not None
+    same_request(schema.json_plan.decode(body), python_decode(body, schema))
+    assert request.samples == 2
+    assert list(memoryview(request.inputs[0].data).cast("B").cast("i")) == [-(2**31), 2**31 - 1, 0, 1, 2, 3, 4, 5]
+    assert list(memoryview(request.inputs[1].data).cast("B").cast("f"))[:3] == \
+        [struct.unpack("f", struct.pack("f", x))[0] for x in (0.1, -2, 3e-7)]
+
+
+@pytest.mark.parametrize("text", [
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], "id": "a"}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], "parameters": {}}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], "outputs": []}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [[1, 2, 3]]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3], "parameters": {}}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2.0, 3]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}]} x',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2]}]}',
+    '{"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [9, 3], "data": [1, 2, 3]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 2], "data": [1, 2]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [0, 3], "data": []}]}',
+    '{"inputs": [{"name": "\\u0058", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}]}',
+    '{"inputs": [{"name": "X", "name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}]}',
+    ('{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}, '
+     '{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}]}'),
+    '{"inputs": [{"name": "Z", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}]}',
+    '{"inputs": []}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 01]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 2147483648]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]',
+    '[{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}]',
+])
+def test_what_is_not_plain_is_left_to_the_codec(text: str) -> None:
+    schema = make_schema([("X", "INT32", (-1, 3))], 8)
+    plan = v2mod._json_plan(schema)
+    assert plan is not None and plan.decode(text.encode()) is None
+    # the codec gives it the answer it gave before the C path existed
+    python = python_decode(text.encode(), schema)
+    try:
+        got: Any = decode_infer(text.encode(), content_type="application/json", header_length=None, schema=schema)
+    except AserveError as exc:
+        got = exc
+    assert type(got) is type(python) and str(got) == str(python)
+
+
+def test_mutated_bodies_are_answered_in_c_only_as_the_codec_answers_them() -> None:
+    rng = random.Random(11)
+    inputs = [("A", "INT16", (-1, 2)), ("B", "FP64", (-1,))]
+    schema = make_schema(inputs, 4)
+    plan = v2mod._json_plan(schema)
+    answered = 0
+    for _ in range(1500):
+        body = bytearray(body_text(inputs, rng, order=rng.random() < 0.7, noise=rng.random() < 0.2)[0].encode())
+        for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):  # bytes changed, dropped or repeated
+            i = rng.randrange(len(body))
+            op = rng.randrange(3)
+            if op == 0:
+                body[i] = rng.choice(b'{}[],:"-+.eE0123456789 \\tnul')
+            elif op == 1:
+                del body[i]
+            else:
+                body[i:i] = body[i:i + rng.randint(1, 8)]
+        fast = plan.decode(bytes(body))
+        if fast is not None:
+            same_request(fast, python_decode(bytes(body), schema))
+            answered += 1
+    assert answered > 100
+
+
+def test_models_with_other_datatypes_keep_the_codec() -> None:
+    for datatype in ("BYTES", "FP16", "BF16"):
+        assert v2mod._json_plan(make_schema([("X", datatype, (-1,))], 8)) is None
+
+
+def reference_encode(response: InferResponse, request: InferRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    with monkeypatch.context() as m:
+        m.setattr(v2mod._native, "v2_json_encode", lambda *args: None)
+        return encode_infer(response, request, accept=None, content_type="application/json")
+
+
+def output(datatype: str, values: list[Any], shape: tuple[int, ...]) -> Tensor:
+    return Tensor(datatype, shape, memoryview(struct.pack(f"<{len(values)}{PACK[datatype]}", *values)))
+
+
+def float_values(rng: random.Random, n: int) -> list[float]:
+    special = [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-5, 2.5e-5, -1e-5, 9.99999e-6, 1e-6, 1e16, 1e15,
+               123456789012345.6, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, 0.1, 1 / 3]
+    return [rng.choice(special) if rng.random() < 0.3 else rng.uniform(-1, 1) * 10 ** rng.randint(-30, 30)
+            for _ in range(n)]
+
+
+def test_answers_of_every_numeric_datatype_are_written_in_c_byte_for_byte_as_the_codec_writes_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(3)
+    schema = make_schema([("X", "INT32", (-1,))], 8)
+    request = InferRequest(schema=schema, inputs=[], samples=1)
+    for _ in range(300):
+        outputs = {}
+        for k in range(rng.randint(1, 3)):
+            datatype = rng.choice(NUMERIC)
+            shape = (rng.randint(1, 3), rng.randint(1, 4))
+            n = math.prod(shape)
+            if datatype == "BOOL":
+                values: list[Any] = [rng.random() < 0.5 for _ in range(n)]
+            elif datatype in INT_RANGES:
+                lo, hi = INT_RANGES[datatype]
+                values = [rng.choice([lo, hi, 0, rng.randint(lo, hi)]) for _ in range(n)]
+            else:
+                values = float_values(rng, n)
+                if datatype == "FP32":
+                    values = [v if not math.isfinite(v) or abs(v) <= FLT_MAX else 1.0 for v in values]
+            outputs[rng.choice(["OUT", "ü", "a b", "Y"]) + str(k)] = output(datatype, values, shape)
+        response = InferResponse(model_name=rng.choice(["m", "mødel"]), model_version=rng.choice(["1", "v2"]),
+                                 outputs=outputs, id=rng.choice([None, "req-1"]))
+        body = _native.v2_json_encode(response.model_name, response.model_version, response.id, outputs)
+        assert body is not None
+        reference, headers = reference_encode(response, request, monkeypatch)
+        assert body == b"".join(reference)
+        assert encode_infer(response, request, accept=None, content_type="application/json") == \
+            ([body], headers)
+
+
+@pytest.mark.parametrize("case", ["quote in a name", "BYTES output", "FP16 output", "bad size", "no dict",
+                                  "non-contiguous", "bool 2"])
+def test_answers_it_cannot_write_as_is_are_left_to_the_codec(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    name, tensor = "Y", output("INT32", [1, 2], (1, 2))
+    if case == "quote in a name":
+        name = 'Y"'
+    elif case == "BYTES output":
+        tensor = Tensor("BYTES", (1,), struct.pack("<I", 1) + b"a")
+    elif case == "FP16 output":
+        tensor = Tensor("FP16", (1,), struct.pack("<e", 1.0))
+    elif case == "bad size":
+        tensor = Tensor("INT32", (1, 3), struct.pack("<2i", 1, 2))
+    elif case == "non-contiguous":
+        tensor = Tensor("INT32", (2,), memoryview(struct.pack("<4i", 1, 2, 3, 4)).cast("i")[::2])
+    elif case == "bool 2":
+        tensor = Tensor("BOOL", (2,), b"\x01\x02")
+    outputs: Any = {name: tensor}
+    if case == "no dict":
+        with pytest.raises(TypeError):
+            _native.v2_json_encode("m", "1", None, list(outputs.items()))
+        return
+    assert _native.v2_json_encode("m", "1", None, outputs) is None
+    request = InferRequest(schema=make_schema([("X", "INT32", (-1,))], 8), inputs=[], samples=1)
+    response = InferResponse(model_name="m", model_version="1", outputs=outputs)
+    try:
+        got: Any = encode_infer(response, request, accept=None, content_type="application/json")
+    except Exception as exc:  # noqa: BLE001 - the codec's own error, compared below
+        got = (type(exc), str(exc))
+    try:
+        want: Any = reference_encode(response, request, monkeypatch)
+    except Exception as exc:  # noqa: BLE001
+        want = (type(exc), str(exc))
+    assert got == want
