@@ -187,4 +187,5 @@ const as_link_api as_link_api_table = {
     .give_back = link_give_back,
     .shared_release = as_pool_shared_release,
     .cancel = as_pool_cancel,
+    .cancel_link = as_pool_cancel_link,
 };

@@ -14,7 +14,7 @@
 
 #include "pool.h"
 
-#define AS_LINK_API_VERSION 5
+#define AS_LINK_API_VERSION 6
 
 typedef struct as_link {
     pthread_mutex_t mu;
@@ -72,6 +72,8 @@ typedef struct as_link_api {
      * Cancelled), "running" (Cancelled is raised in its interpreter), or NULL (finished, or
      * running in one batch with other jobs, whose rows must still come). */
     const char *(*cancel)(pool_t *p, uint64_t id);
+    /* Cancel every job of l still queued on p (as_pool_cancel_link): its front's loop ends. */
+    int (*cancel_link)(pool_t *p, const void *l);
 } as_link_api;
 
 extern const as_link_api as_link_api_table;

@@ -312,6 +312,14 @@ static PyObject *link_cancel(linkobj *self, PyObject *args)
     return PyUnicode_FromString(state);
 }
 
+static PyObject *link_abandon(linkobj *self, PyObject *pool_address)
+{
+    pool_t *p = PyLong_AsVoidPtr(pool_address);
+    if (p == NULL)
+        return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "Link.abandon: no pool at address 0");
+    return PyLong_FromLong(self->api->cancel_link(p, self->link));
+}
+
 static PyObject *link_pending(linkobj *self, void *Py_UNUSED(closure))
 {
     return Py_BuildValue("(nn)", self->jobs, self->inputs);
@@ -333,6 +341,10 @@ static PyMethodDef link_methods[] = {
     {"cancel", (PyCFunction)link_cancel, METH_VARARGS,
      "cancel(pool, job) -> 'queued' | 'running' | None: a queued job completes now, failed with Cancelled; "
      "Cancelled is raised in a running one; None: it finished, or runs in one batch with other jobs"},
+    {"abandon", (PyCFunction)link_abandon, METH_O,
+     "abandon(pool) -> int: every job of this link still queued on the pool at address `pool` completes now, "
+     "failed with Cancelled, and gives back what it counted in its model's queue (the front's loop ends); "
+     "running ones finish. How many were queued"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -456,6 +456,11 @@ typedef struct {
 /* Cancel job `id`: "queued" (it completed at once, failed), "running" (Cancelled is
  * raised in its interpreter from a thread of its own) or NULL (it already completed). */
 const char *as_pool_cancel(pool_t *p, uint64_t id);
+
+/* Cancel every job of front link `link` still queued on p (its loop ended: nobody waits
+ * for them): each completes now, failed with Cancelled, and what it counted in its model's
+ * queue is given back. Running ones finish. Returns how many were queued. */
+int as_pool_cancel_link(pool_t *p, const void *link);
 /* Fail every queued job and cancel every running one; returns how many ran, their ids in ids. */
 int as_pool_cancel_all(pool_t *p, unsigned long long ids[MAX_WORKERS]);
 /* Give up on running job `id` (see pool_cancel.c): 1 with out's index, key and seconds

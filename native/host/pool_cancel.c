@@ -114,6 +114,28 @@ const char *as_pool_cancel(pool_t *p, uint64_t id)
     return state;
 }
 
+int as_pool_cancel_link(pool_t *p, const void *link)
+{
+    int n = 0, wake = 0;
+    pthread_mutex_lock(&p->mu);
+    hjob *prev = NULL, *j = p->head;
+    while (j != NULL) {
+        hjob *next = j->next;
+        if (j->link == link) {
+            unlink_shared(p, prev, j);
+            wake |= fail_queued(p, j);
+            n++;
+        } else {
+            prev = j;
+        }
+        j = next;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (wake)
+        wake_loop(p);
+    return n;
+}
+
 int as_pool_cancel_all(pool_t *p, unsigned long long ids[MAX_WORKERS])
 {
     cancel_t *starts[MAX_WORKERS];

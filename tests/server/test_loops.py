@@ -255,8 +255,9 @@ async def test_a_batch_waiting_in_the_pools_queue_counts_as_queued_for_every_loo
     """Front 1 hands its request on (as a request batched in the pool, or as a batch of its
     own batcher, which sees `gate`'s one interpreter free while front 0's batch holds it):
     it waits in the pool's queue. It fills max_queue_size 1 for every loop and
-    shows in the queue gauges, not as running; it stops counting when the interpreter takes
-    it, even when its front died meanwhile."""
+    shows in the queue gauges, not as running. When its front dies (its connections
+    closed: nobody waits for it), it leaves the pool's queue at once and its place is
+    given back, without running."""
     server, url, gate, conns = gated
     queued = server.plane.registry.get("gate").queued
     pool = server.plane.registry.pools["main"]
@@ -275,13 +276,15 @@ async def test_a_batch_waiting_in_the_pools_queue_counts_as_queued_for_every_loo
     writer.write(refusals.request("gate", 3.0))  # front 0: the queue is full for every loop
     status, headers, body = await read_response(reader)
     assert status == 503 and "max_queue_size 1" in json.loads(body)["error"] and headers["retry-after"]
-    server.loops.fail(1)  # its front ends; its batch still waits, and still counts
+    server.loops.fail(1)  # its front ends, and what it queued in the pool with it
     assert await waiting_reader.read() == b""
-    assert queued.total() == 1
+    await until(lambda: pool.stats()["queued"] == 0 and queued.total() == 0,
+                what="the dead front's request out of the pool's queue, its place given back")
+    assert pool.stats()["busy"] == 1  # front 0's batch runs on
     gate.touch()
     status, _, body = await read_response(held_reader)
     assert status == 200 and refusals.outputs(body) == [-2.0]
-    await until(lambda: pool.stats()["queued"] == 0 and pool.stats()["busy"] == 0, what="the pool to empty")
+    await until(lambda: pool.stats()["busy"] == 0, what="the pool to empty")
     assert [queued.get(slot) for slot in range(queued.slots)] == [0] * queued.slots
     writer.write(refusals.request("gate", 4.0))
     status, _, body = await read_response(reader)

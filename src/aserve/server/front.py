@@ -125,6 +125,7 @@ class LinkEngine:
         # the most rows a batch coalesced with other fronts' may hold: 0 never, and the model's queue
         # Counter with the slots this front's batches count in while they wait in the pool's queue, or None)
         self.models: dict[str, tuple[int, int, tuple[str, ...], tuple[str, ...], int, Waiting | None]] = {}
+        self.pools: set[int] = set()  # the addresses of every pool a model it was given runs on
         self.in_flight = 0
         loop.add_reader(self.link.fileno(), self._drain)
 
@@ -195,6 +196,13 @@ class LinkEngine:
             done(tensors(outputs), None, (interpreter, start_ns, end_ns, spans))
         else:
             done(tensors(payload), None)
+
+    def abandon(self) -> int:
+        """The front's loop ends, its connections closed: nobody waits for what it still has
+        queued in the pools. Each such job completes now, failed, and gives its place in its
+        model's queue back at once (rather than holding it, and later an interpreter, for
+        nobody); running ones finish. Returns how many were queued."""
+        return sum(self.link.abandon(pool) for pool in self.pools)
 
     def close(self) -> None:
         self.loop.remove_reader(self.link.fileno())
@@ -390,6 +398,7 @@ class Front:
                 if not future.done():
                     future.set_exception(EngineError("the server is shutting down"))
             if self.engine is not None:
+                self.engine.abandon()
                 self.engine.close()
             logging.getLogger().handlers[:] = []
             channel.close()
@@ -420,6 +429,7 @@ class Front:
             rows = _rows(handle.config, handle.info)
             counter = None if m["queued"] is None else (m["queued"][0], wait_slots(m["queued"][1], self.index))
             self.engine.models[key] = (m["pool"], m["mask"], tuple(m["names"]), tuple(m["datatypes"]), rows, counter)
+            self.engine.pools.add(m["pool"])
         self.retired.update(self.handles)  # listed no more: closed when the host retires them
         for handle in self.handles.values():
             handle.retired = True
