@@ -105,7 +105,9 @@ def _is_text_list(value: Any) -> bool:
 
 def from_model(name: str, value: Any, spec: TensorSpec | None) -> tuple[str, str, tuple[int, ...], Any]:
     """One output, as (name, datatype, shape, buffer-or-(address, nbytes, keepalive))."""
-    if (spec is not None and spec.datatype == "BYTES") or (spec is None and _is_text_list(value)):
+    if type(value) is memoryview and (spec is None or spec.datatype != "BYTES"):
+        datatype, shape, data = _buffer_output(name, value, value, spec)  # the common case first
+    elif (spec is not None and spec.datatype == "BYTES") or (spec is None and _is_text_list(value)):
         datatype, shape, data = _bytes_output(value, spec)
     elif type(value).__module__ == "torch" and "torch" in sys.modules:
         datatype, shape, data = _torch_output(value)
@@ -139,24 +141,47 @@ def from_model(name: str, value: Any, spec: TensorSpec | None) -> tuple[str, str
             raise TypeError(
                 f"output {name!r}: {type(value).__name__} is not a tensor, array, buffer or list"
             ) from None
-        datatype = BY_FORMAT.get(view.format.lstrip("@=<"), "")
-        if spec is not None and (view.format in ("B", "c") or not datatype):
-            datatype = spec.datatype  # raw bytes: the declaration says what they are
-        if not datatype:
-            raise TypeError(f"output {name!r}: buffer format {view.format!r} has no V2 datatype")
-        data = value
-        if not view.c_contiguous:
-            data = view = memoryview(view.tobytes()).cast(view.format, view.shape or ())  # type: ignore[call-overload]
-        shape = tuple(view.shape or ())
-        if spec is not None and view.ndim <= 1 and DATATYPES[datatype].itemsize:
-            shape = _fit_declared(spec.shape, view.nbytes // DATATYPES[datatype].itemsize)
+        datatype, shape, data = _buffer_output(name, value, view, spec)
     if spec is not None and datatype != spec.datatype:
         raise TypeError(f"output {name!r}: model returned {datatype}, declared {spec.datatype}")
     return name, datatype, shape, data
 
 
+def _buffer_output(name: str, value: Any, view: memoryview, spec: TensorSpec | None
+                   ) -> tuple[str, tuple[int, ...], Any]:
+    """An output with the buffer protocol (`view` over it): its datatype from the buffer's
+    format (raw bytes: the declared one), its shape from the buffer's, or the declared shape
+    filled from its element count when the buffer is flat."""
+    datatype = BY_FORMAT.get(view.format.lstrip("@=<"), "")
+    if spec is not None and (view.format in ("B", "c") or not datatype):
+        datatype = spec.datatype  # raw bytes: the declaration says what they are
+    if not datatype:
+        raise TypeError(f"output {name!r}: buffer format {view.format!r} has no V2 datatype")
+    data = value
+    if not view.c_contiguous:
+        data = view = memoryview(view.tobytes()).cast(view.format, view.shape or ())  # type: ignore[call-overload]
+    shape = tuple(view.shape or ())
+    if spec is not None and view.ndim <= 1 and DATATYPES[datatype].itemsize:
+        shape = _fit_declared(spec.shape, view.nbytes // DATATYPES[datatype].itemsize)
+    return datatype, shape, data
+
+
+_FITTED: dict[tuple[tuple[int, ...], int], tuple[int, ...]] = {}  # (declared, count) -> shape: models repeat them
+_FITTED_MAX = 1024
+
+
 def _fit_declared(declared: tuple[int, ...], count: int) -> tuple[int, ...]:
     """The declared shape with its one variable dimension filled from the element count."""
+    key = (declared, count)
+    shape = _FITTED.get(key)
+    if shape is None:
+        shape = _fit(declared, count)
+        if len(_FITTED) < _FITTED_MAX:
+            _FITTED[key] = shape
+    return shape
+
+
+def _fit(declared: tuple[int, ...], count: int) -> tuple[int, ...]:
     fixed = element_count([d for d in declared if d != -1])
     if declared.count(-1) == 1 and fixed and count % fixed == 0:
         return tuple(count // fixed if d == -1 else d for d in declared)
