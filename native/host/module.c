@@ -72,8 +72,8 @@ static PyMethodDef native_methods[] = {
      "0)], every request compatible with the head"},
     {"v2_json_encode", as_v2_json_encode, METH_VARARGS,
      "v2_json_encode(model_name, model_version, id, outputs) -> bytes | None: the V2 JSON answer whose outputs "
-     "(name -> Tensor) are numeric, each as a flat data list, as the Python codec writes it; None for any other "
-     "(the codec writes it)"},
+     "(name -> Tensor) are integers or booleans, each as a flat data list, as the Python codec writes it; None "
+     "for any other (the codec writes it)"},
     {"buffer_from_address", as_buffer_from_address, METH_VARARGS,
      "buffer_from_address(address, nbytes, keep, readonly=False) -> OutputBuffer over memory keep owns"},
     {NULL, NULL, 0, NULL},

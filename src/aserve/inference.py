@@ -33,6 +33,7 @@ class InputSpec(NamedTuple):
     itemsize: int
 
 
+INTEGRAL = frozenset({"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
 MAX_REMEMBERED = 64  # distinct request headers / inputs remembered per model load
 
 
@@ -45,8 +46,8 @@ class ModelSchema:
     `max_latency_budget_ms`: the largest per-request latency budget accepted (the
     model's timeout)."""
 
-    __slots__ = ("by_name", "checked", "inputs", "json_plan", "max_batch_size", "max_latency_budget_ms", "name",
-                 "outputs", "plans", "uniform", "version")
+    __slots__ = ("by_name", "checked", "inputs", "integral_outputs", "json_plan", "max_batch_size",
+                 "max_latency_budget_ms", "name", "outputs", "plans", "uniform", "version")
 
     def __init__(self, name: str, version: str, *, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
                  max_batch_size: int, max_latency_budget_ms: float | None = None) -> None:
@@ -58,6 +59,8 @@ class ModelSchema:
         )
         self.by_name = {s.name: s for s in self.inputs}
         self.outputs = tuple(TensorSpec(sys.intern(s.name), s.datatype, tuple(s.shape)) for s in outputs)
+        # every declared output an integer or boolean tensor (the V2 JSON answers written in C)
+        self.integral_outputs = bool(self.outputs) and all(s.datatype in INTEGRAL for s in self.outputs)
         self.max_batch_size = max_batch_size
         self.max_latency_budget_ms = max_latency_budget_ms
         skip = 1 if max_batch_size > 0 else 0

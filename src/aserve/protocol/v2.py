@@ -426,8 +426,8 @@ def encode_infer(
     fmt = negotiate(accept, content_type)
     outputs = response.outputs
     model_name = response.model_name
-    if fmt == "json" and not request.outputs and not request.binary_outputs:
-        # every output numeric, as a flat list: written in C, as below (None: written below)
+    if fmt == "json" and request.schema.integral_outputs and not request.outputs and not request.binary_outputs:
+        # integer and boolean outputs, each a flat list: written in C, as below (None: written below)
         body = _native.v2_json_encode(model_name, response.model_version, response.id, outputs)
         if body is not None:
             return [body], {"Content-Type": "application/json"}
