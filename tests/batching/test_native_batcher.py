@@ -30,6 +30,7 @@ class Queue:
     def __init__(self) -> None:
         self.jobs: dict[int, NativeDone] = {}
         self.cancelled: list[int] = []
+        self.running: set[int] = set()  # jobs an interpreter took, each alone
         self.shared = 0  # the model's queued samples, as the pool's slots would count them
 
     def request(self, model: str, inputs: Sequence[Tensor], samples: int, done: NativeDone, /, *,
@@ -39,11 +40,13 @@ class Queue:
         self.shared += samples
         return job
 
-    def cancel(self, job: int, /) -> str | None:
+    def cancel_request(self, job: int, /) -> str | None:
         done = self.jobs.pop(job, None)
         if done is None:
             return None
         self.cancelled.append(job)
+        if job in self.running:  # alone in an interpreter: its completion comes when Cancelled ends it
+            return "running"
         self.shared -= 1
         done(None, RuntimeError("Cancelled"), 0, 0, 0)
         return "queued"
@@ -102,10 +105,22 @@ async def test_a_request_past_its_deadline_times_out_and_leaves_the_queue() -> N
     await until(lambda: len(queue.jobs) == 2, what="the loop to hand its requests on")
     with pytest.raises(RequestTimeout):
         await slow
-    assert queue.cancelled == [1] and b.stats()["timed_out"] == 1
+    # it left the pool's queue: no batch was cancelled
+    assert queue.cancelled == [1] and b.stats()["timed_out"] == 1 and b.stats()["cancelled"] == 0
     queue.answer(2)
     assert (await later) is not None
     await asyncio.wait_for(b.close(), 5)
+
+
+async def test_a_request_running_alone_past_its_deadline_is_a_cancelled_batch() -> None:
+    queue = Queue()
+    b = batcher(queue)
+    slow = b.submit(X, 1, deadline=time.monotonic() + 0.05)
+    await until(lambda: len(queue.jobs) == 1, what="the loop to hand its request on")
+    queue.running.add(1)
+    with pytest.raises(RequestTimeout):
+        await slow
+    assert queue.cancelled == [1] and b.stats()["timed_out"] == 1 and b.stats()["cancelled"] == 1
 
 
 async def test_withdrawn_requests_leave_the_queue_and_close_waits_for_the_rest() -> None:

@@ -42,7 +42,7 @@ class NativeQueue(Protocol):
 
     def request(self, model: str, inputs: Sequence[Tensor], samples: int, done: NativeDone, /, *,
                 window_ns: int, deadline_ns: int) -> Any: ...
-    def cancel(self, job: Any, /) -> bool: ...
+    def cancel_request(self, job: Any, /) -> str | None: ...
 
 
 class SharedQueued(Protocol):
@@ -106,7 +106,7 @@ class NativeBatcher:
         self.requests = 0  # requests answered by a batch
         self.refused = 0
         self.timed_out = 0
-        self.cancelled = 0  # requests cancelled in the pool once their deadline passed
+        self.cancelled = 0  # requests cancelled running alone in an interpreter once their deadline passed
         self.queue_seconds = 0.0  # summed over requests: from arrival to their batch's start
         self.compute_seconds = 0.0  # summed over requests: their batch's run time
         self.batch_sizes: dict[int, list[float]] = {}  # samples -> [batches led, their seconds summed]
@@ -216,7 +216,7 @@ class NativeBatcher:
         for req in self._pending:
             if req.future is future:
                 if req.job is not None:  # not yet handed on: the flush drops it
-                    self._queue.cancel(req.job)  # queued: it completes now, failed; running: it runs on
+                    self._queue.cancel_request(req.job)  # queued: it completes now, failed; running: it runs on
                 return
 
     def _done(self, req: _Request, outputs: dict[str, Tensor] | None, error: BaseException | None,
@@ -270,8 +270,8 @@ class NativeBatcher:
             req.future.set_exception(RequestTimeout(
                 f"model {self.model!r}: request timed out after {(now - req.arrival) * 1000:.1f} ms"
             ))
-            if req.job is not None and self._queue.cancel(req.job):
-                self.cancelled += 1
+            if req.job is not None and self._queue.cancel_request(req.job) == "running":
+                self.cancelled += 1  # a queued one just left the queue: no batch was cancelled
         if heap:
             assert self._loop is not None
             self._arm_expiry(self._loop, heap[0][0])
@@ -298,7 +298,7 @@ class NativeBatcher:
                     if not req.future.done():
                         req.future.set_exception(EngineError(f"model {self.model!r} shut down before the request ran"))
                     if req.job is not None:
-                        self._queue.cancel(req.job)
+                        self._queue.cancel_request(req.job)
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None

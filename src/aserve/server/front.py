@@ -180,6 +180,16 @@ class LinkEngine:
             self.cancelled(pool, number)
         return state is not None
 
+    def cancel_request(self, job: tuple[int, int], /) -> str | None:
+        """`cancel` for a request batched in the pool (NativeBatcher): its state, "queued"
+        (it left the queue) or "running" (alone: Cancelled is raised in its interpreter), or
+        None (finished, or running in a batch with others)."""
+        pool, number = job
+        state = self.link.cancel(pool, number)
+        if state == "running":
+            self.cancelled(pool, number)
+        return state
+
     def _drain(self) -> None:
         for token, ok, payload in self.link.drain():
             try:
