@@ -174,16 +174,13 @@ class LinkEngine:
         finished, or runs in one batch with other batches (pool_coalesce.c), whose requests
         still wait. A running one is reported to the host, whose pool gives its interpreter up
         if it has not returned within the grace period (Pool.watch)."""
-        pool, number = job
-        state = self.link.cancel(pool, number)
-        if state == "running":
-            self.cancelled(pool, number)
-        return state is not None
+        return self.cancel_request(job) is not None
 
     def cancel_request(self, job: tuple[int, int], /) -> str | None:
-        """`cancel` for a request batched in the pool (NativeBatcher): its state, "queued"
-        (it left the queue) or "running" (alone: Cancelled is raised in its interpreter), or
-        None (finished, or running in a batch with others)."""
+        """`cancel`, telling the job's state: "queued" (it left the queue), "running"
+        (Cancelled is raised in its interpreter), or None (finished, or running in one batch
+        with others). A request batched in the pool (NativeBatcher) counts a cancelled batch
+        only when it was running."""
         pool, number = job
         state = self.link.cancel(pool, number)
         if state == "running":
