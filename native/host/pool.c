@@ -487,18 +487,16 @@ static worker_t *idle_worker(pool_t *p, uint64_t mask, int gather)
     return sleeper;
 }
 
-/* Caller holds p->mu; j was just queued: whether it may end a window some worker waits
- * out (a job that is no native request, or one that fills a batch of its model, or comes
- * while none of its model runs, or cannot wait out its own window). Otherwise a worker
- * gathering a batch is not woken for it: its timer ends the wait, and the rule would only
- * send it back to wait (every arrival would cost a wake-up). */
-static int window_may_end(hjob *j)
+/* Caller holds p->mu; j was just queued (and counted: count_queued_rows): whether it may
+ * end a window some worker waits out (a job that is no native request, or one that fills a
+ * batch of its model, or comes while none of its model runs, or cannot wait out its own
+ * window). Otherwise a worker gathering a batch is not woken for it: its timer ends the
+ * wait, and the rule would only send it back to wait (every arrival would cost a wake-up). */
+static int window_may_end(const hjob *j)
 {
     if (!j->native || j->held == NULL || j->max_rows <= 0)
         return 1;
-    int64_t *queued = as_counter_queued(j->held);
-    *queued += j->flight_rows;
-    return *queued >= j->max_rows || *as_counter_running(j->held) <= 0 ||
+    return *as_counter_queued(j->held) >= j->max_rows || *as_counter_running(j->held) <= 0 ||
            (j->deadline_ns != 0 && j->deadline_ns <= j->queued_ns + j->window_ns);
 }
 
@@ -524,6 +522,7 @@ void as_pool_enqueue(pool_t *p, hjob *j, int target)
         j->queued_ns = monotonic_ns();
         job_append(&p->head, &p->tail, j);
         p->queued++;
+        count_queued_rows(j, 1);
         w = idle_worker(p, j->mask, window_may_end(j));
     }
     pthread_mutex_unlock(&p->mu);

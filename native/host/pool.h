@@ -331,13 +331,21 @@ static inline void unwait(hjob *j)
     j->waiting = NULL;
 }
 
+/* Add (sign 1) or take off (-1) a native request's rows in its model's count of rows in
+ * the pool's queue, which the window rule's wake-up reads (pool.c, window_may_end). Caller
+ * holds p->mu. */
+static inline void count_queued_rows(const hjob *j, int64_t sign)
+{
+    if (j->native && j->held != NULL && j->max_rows > 0)
+        *as_counter_queued(j->held) += sign * j->flight_rows;
+}
+
 /* j was taken out of the shared queue (unlink_shared, job_pop). Caller holds p->mu. */
 static inline void dequeued(pool_t *p, hjob *j)
 {
     p->queued--;
     unwait(j);
-    if (j->native && j->held != NULL && j->max_rows > 0) /* as window_may_end counted it (pool.c) */
-        *as_counter_queued(j->held) -= j->flight_rows;
+    count_queued_rows(j, -1);
 }
 
 static inline int64_t monotonic_ns(void)

@@ -171,7 +171,7 @@ static PyObject *plan_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
             goto fail;
         }
         Py_ssize_t rank = PyTuple_GET_SIZE(shape);
-        if (rank < 1 || rank > V2_MAX_RANK || (max_batch_size > 0 && rank < 1)) {
+        if (rank < 1 || rank > V2_MAX_RANK) {
             PyErr_Format(PyExc_ValueError, "V2Json: input %R: rank 1..%d, got %zd", name, V2_MAX_RANK, rank);
             goto fail;
         }
