@@ -36,6 +36,7 @@ extensions = [
             "native/host/otlp.c",
             "native/host/trace.c",
             "native/host/v2json.c",
+            "native/host/v2binary.c",
             *interp_runtime,
         ],
         depends=["native/abi.h", "native/host/common.h", "native/host/pool.h", "native/host/link.h", "native/interp/runtime.h"],

@@ -30,6 +30,7 @@ typedef struct {
     PyTypeObject *link_type;
     PyTypeObject *counter_type;
     PyTypeObject *v2json_type;
+    PyTypeObject *v2binary_type;
     PyObject *engine_error; /* aserve._native.EngineError */
 } module_state;
 
@@ -78,7 +79,9 @@ extern PyType_Spec as_counter_spec;
 
 /* v2json.c: V2 JSON infer messages of numeric tensors, decoded and encoded in C */
 extern PyType_Spec as_v2json_spec;
+extern PyType_Spec as_v2binary_spec;
 PyObject *as_v2_json_encode(PyObject *module, PyObject *args);
+PyObject *as_v2_binary_encode(PyObject *module, PyObject *args);
 
 /* otlp.c: recorded spans to an OTLP ExportTraceServiceRequest. */
 PyObject *as_otlp_encode(PyObject *module, PyObject *args);

@@ -74,6 +74,10 @@ static PyMethodDef native_methods[] = {
      "v2_json_encode(model_name, model_version, id, outputs) -> bytes | None: the V2 JSON answer whose outputs "
      "(name -> Tensor) are integers or booleans, each as a flat data list, as the Python codec writes it; None "
      "for any other (the codec writes it)"},
+    {"v2_binary_encode", as_v2_binary_encode, METH_VARARGS,
+     "v2_binary_encode(model_name, model_version, id, outputs, names) -> [header, data...] | None: the V2 answer "
+     "with every output (names in order, or the dict's) after the JSON header, as the Python codec writes it; "
+     "None for any other (the codec writes it)"},
     {"buffer_from_address", as_buffer_from_address, METH_VARARGS,
      "buffer_from_address(address, nbytes, keep, readonly=False) -> OutputBuffer over memory keep owns"},
     {NULL, NULL, 0, NULL},
@@ -111,6 +115,9 @@ static int native_exec(PyObject *m)
     st->v2json_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_v2json_spec, NULL);
     if (st->v2json_type == NULL || PyModule_AddType(m, st->v2json_type) < 0)
         return -1;
+    st->v2binary_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_v2binary_spec, NULL);
+    if (st->v2binary_type == NULL || PyModule_AddType(m, st->v2binary_type) < 0)
+        return -1;
     if (PyModule_AddIntConstant(m, "JOB_LOAD", AS_JOB_LOAD) < 0 ||
         PyModule_AddIntConstant(m, "JOB_UNLOAD", AS_JOB_UNLOAD) < 0 ||
         PyModule_AddIntConstant(m, "JOB_INFER", AS_JOB_INFER) < 0 ||
@@ -135,6 +142,7 @@ static int native_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->link_type);
     Py_VISIT(st->counter_type);
     Py_VISIT(st->v2json_type);
+    Py_VISIT(st->v2binary_type);
     return 0;
 }
 
@@ -149,6 +157,7 @@ static int native_clear(PyObject *m)
     Py_CLEAR(st->link_type);
     Py_CLEAR(st->counter_type);
     Py_CLEAR(st->v2json_type);
+    Py_CLEAR(st->v2binary_type);
     return 0;
 }
 

@@ -7,8 +7,10 @@
  * is written by v2_json_encode byte for byte as the Python codec writes it. Float outputs
  * are left to the codec: msgspec writes the shortest text of a double several times
  * faster than CPython's repr, the only shortest formatting at hand here.
+ * v2_binary_encode writes the binary extension's answer: the JSON header, each output's
+ * data after it as the tensor's own buffer (any datatype: nothing to format).
  *
- * Both answer None for anything else (another field, an escaped string, nested data, a
+ * All answer None for anything else (another field, an escaped string, nested data, a
  * value out of range, a datatype they do not carry, any error): the Python codec then
  * decodes or encodes the message, and names what is wrong with it. So the fast path
  * never decides what is valid; it only skips work for what the codec would accept as is.
@@ -660,8 +662,49 @@ static int put_values(buf_t *b, int kind, const char *p, Py_ssize_t count)
     return PUT_LIT(b, "]") == 0;
 }
 
-/* One output {"name", "datatype", "shape", "data"}; 0 when the codec must write it. */
-static int put_output(buf_t *b, PyObject *name, PyObject *tensor)
+/* The item size of a datatype a binary answer carries: 0 for BYTES (its elements are
+ * length-prefixed, the size is what the data holds), -1 for one the codec must judge. */
+static int binary_itemsize(const char *dt, Py_ssize_t n)
+{
+    int kind = kind_of(dt, n);
+    if (kind >= 0)
+        return KINDS[kind].size;
+    if ((n == 4 && memcmp(dt, "FP16", 4) == 0) || (n == 4 && memcmp(dt, "BF16", 4) == 0))
+        return 2;
+    if (n == 5 && memcmp(dt, "BYTES", 5) == 0)
+        return 0;
+    return -1;
+}
+
+/* The object a binary answer writes for a tensor's data: the data itself when it is bytes
+ * or a flat unsigned-byte view, else a flat view of it; NULL (no error) when the codec
+ * must judge it (not contiguous, no buffer). */
+static PyObject *flat_chunk(PyObject *data, Py_buffer *view)
+{
+    if (PyBytes_CheckExact(data))
+        return Py_NewRef(data);
+    if (PyMemoryView_Check(data)) {
+        Py_buffer *mv = PyMemoryView_GET_BUFFER(data);
+        if (mv->ndim == 1 && (mv->format == NULL || strcmp(mv->format, "B") == 0) &&
+            (mv->strides == NULL || mv->strides[0] == 1))
+            return Py_NewRef(data);
+    }
+    /* view was taken PyBUF_SIMPLE: contiguous bytes; a flat view of them keeps data alive */
+    PyObject *whole = PyMemoryView_FromObject(data);
+    if (whole == NULL)
+        return NULL;
+    Py_buffer *mv = PyMemoryView_GET_BUFFER(whole);
+    if (mv->ndim == 1 && (mv->format == NULL || strcmp(mv->format, "B") == 0) && mv->len == view->len)
+        return whole;
+    PyObject *flat = PyObject_CallMethod(whole, "cast", "s", "B");
+    Py_DECREF(whole);
+    return flat;
+}
+
+/* One output, {"name", "datatype", "shape", "data"} or, for a binary answer (chunks not
+ * NULL), {"name", "datatype", "shape", "parameters": {"binary_data_size"}} with its data
+ * appended to chunks; 0 when the codec must write it. */
+static int put_output(buf_t *b, PyObject *name, PyObject *tensor, PyObject *chunks)
 {
     PyObject *datatype = PyObject_GetAttrString(tensor, "datatype");
     PyObject *shape = datatype != NULL ? PyObject_GetAttrString(tensor, "shape") : NULL;
@@ -678,9 +721,17 @@ static int put_output(buf_t *b, PyObject *name, PyObject *tensor)
         PyErr_Clear();
         goto done;
     }
-    int kind = kind_of(dt, dlen);
-    if (kind < 0 || KINDS[kind].type == E_F32 || KINDS[kind].type == E_F64)
-        goto done; /* floats: msgspec writes the shortest text faster than CPython's repr */
+    int kind = -1, itemsize;
+    if (chunks != NULL) {
+        itemsize = binary_itemsize(dt, dlen);
+        if (itemsize < 0)
+            goto done;
+    } else {
+        kind = kind_of(dt, dlen);
+        if (kind < 0 || KINDS[kind].type == E_F32 || KINDS[kind].type == E_F64)
+            goto done; /* floats: msgspec writes the shortest text faster than CPython's repr */
+        itemsize = KINDS[kind].size;
+    }
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
         PyErr_Clear();
         goto done;
@@ -703,9 +754,20 @@ static int put_output(buf_t *b, PyObject *name, PyObject *tensor)
         if (elements > ((Py_ssize_t)1 << 40) || (k > 0 && buf_put(b, ",", 1) < 0) || !put_int(b, dim))
             goto done;
     }
-    if (view.len != elements * KINDS[kind].size) /* the codec names the mismatch */
+    if (itemsize > 0 && view.len != elements * itemsize) /* the codec names the mismatch */
         goto done;
-    ok = PUT_LIT(b, "],\"data\":") == 0 && put_values(b, kind, view.buf, elements) && PUT_LIT(b, "}") == 0;
+    if (chunks == NULL) {
+        ok = PUT_LIT(b, "],\"data\":") == 0 && put_values(b, kind, view.buf, elements) && PUT_LIT(b, "}") == 0;
+        goto done;
+    }
+    PyObject *chunk = flat_chunk(data, &view);
+    if (chunk == NULL) {
+        PyErr_Clear();
+        goto done;
+    }
+    ok = PUT_LIT(b, "],\"parameters\":{\"binary_data_size\":") == 0 && put_int(b, view.len) &&
+         PUT_LIT(b, "}}") == 0 && PyList_Append(chunks, chunk) == 0;
+    Py_DECREF(chunk);
 done:
     if (have_view)
         PyBuffer_Release(&view);
@@ -713,6 +775,45 @@ done:
     Py_XDECREF(shape);
     Py_XDECREF(data);
     return ok;
+}
+
+/* The answer's JSON: its envelope and each output in `names` order (NULL: the dict's);
+ * a binary answer's data goes to chunks. 0 when the codec must write it. */
+static int put_answer(buf_t *b, PyObject *model_name, PyObject *model_version, PyObject *id, PyObject *outputs,
+                      PyObject *names, PyObject *chunks)
+{
+    int ok = PUT_LIT(b, "{\"model_name\":") == 0 && put_string(b, model_name);
+    if (ok && model_version != Py_None)
+        ok = PUT_LIT(b, ",\"model_version\":") == 0 && put_string(b, model_version);
+    if (ok && id != Py_None)
+        ok = PUT_LIT(b, ",\"id\":") == 0 && put_string(b, id);
+    Py_ssize_t count = names != NULL ? PyList_GET_SIZE(names) : PyDict_GET_SIZE(outputs);
+    if (ok && count > 0) {
+        ok = PUT_LIT(b, ",\"outputs\":[") == 0;
+        if (names != NULL) {
+            for (Py_ssize_t i = 0; ok && i < count; i++) {
+                PyObject *name = PyList_GET_ITEM(names, i);
+                PyObject *tensor = PyDict_GetItemWithError(outputs, name); /* borrowed */
+                ok = tensor != NULL && (i == 0 || buf_put(b, ",", 1) == 0) && put_output(b, name, tensor, chunks);
+            }
+        } else {
+            Py_ssize_t pos = 0, i = 0;
+            PyObject *name, *tensor;
+            while (ok && PyDict_Next(outputs, &pos, &name, &tensor))
+                ok = (i++ == 0 || buf_put(b, ",", 1) == 0) && put_output(b, name, tensor, chunks);
+        }
+        ok = ok && PUT_LIT(b, "]") == 0;
+    }
+    return ok && PUT_LIT(b, "}") == 0;
+}
+
+/* What an encoder answers once its buffer is written (ok) or given up: None unless memory ran out. */
+static PyObject *given_up(void)
+{
+    if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_MemoryError))
+        return NULL;
+    PyErr_Clear();
+    return Py_NewRef(Py_None);
 }
 
 /* v2_json_encode(model_name, model_version, id, outputs) -> bytes | None */
@@ -723,29 +824,41 @@ PyObject *as_v2_json_encode(PyObject *Py_UNUSED(module), PyObject *args)
         return NULL;
     buf_t b;
     buf_init(&b);
-    int ok = PUT_LIT(&b, "{\"model_name\":") == 0 && put_string(&b, model_name);
-    if (ok && model_version != Py_None)
-        ok = PUT_LIT(&b, ",\"model_version\":") == 0 && put_string(&b, model_version);
-    if (ok && id != Py_None)
-        ok = PUT_LIT(&b, ",\"id\":") == 0 && put_string(&b, id);
-    if (ok && PyDict_GET_SIZE(outputs) > 0) {
-        ok = PUT_LIT(&b, ",\"outputs\":[") == 0;
-        Py_ssize_t pos = 0, i = 0;
-        PyObject *name, *tensor;
-        while (ok && PyDict_Next(outputs, &pos, &name, &tensor))
-            ok = (i++ == 0 || buf_put(&b, ",", 1) == 0) && put_output(&b, name, tensor);
-        ok = ok && PUT_LIT(&b, "]") == 0;
-    }
-    ok = ok && PUT_LIT(&b, "}") == 0;
-    PyObject *result;
-    if (ok)
-        result = PyBytes_FromStringAndSize(b.data, (Py_ssize_t)b.len);
-    else if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_MemoryError))
-        result = NULL;
-    else {
-        PyErr_Clear();
-        result = Py_NewRef(Py_None);
-    }
+    PyObject *result = put_answer(&b, model_name, model_version, id, outputs, NULL, NULL)
+                           ? PyBytes_FromStringAndSize(b.data, (Py_ssize_t)b.len)
+                           : given_up();
     buf_free(&b);
     return result;
+}
+
+/* v2_binary_encode(model_name, model_version, id, outputs, names) -> [header, data...] | None */
+PyObject *as_v2_binary_encode(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *model_name, *model_version, *id, *outputs, *names;
+    if (!PyArg_ParseTuple(args, "OOOO!O:v2_binary_encode", &model_name, &model_version, &id, &PyDict_Type,
+                          &outputs, &names))
+        return NULL;
+    if (names != Py_None && !PyList_Check(names)) {
+        PyErr_SetString(PyExc_TypeError, "v2_binary_encode: names must be a list or None");
+        return NULL;
+    }
+    if ((names == Py_None ? PyDict_GET_SIZE(outputs) : PyList_GET_SIZE(names)) == 0)
+        Py_RETURN_NONE; /* no binary data: the codec's plain JSON answer */
+    PyObject *chunks = PyList_New(1);
+    if (chunks == NULL)
+        return NULL;
+    Py_INCREF(Py_None);
+    PyList_SET_ITEM(chunks, 0, Py_None);
+    buf_t b;
+    buf_init(&b);
+    PyObject *header = NULL;
+    if (put_answer(&b, model_name, model_version, id, outputs, names == Py_None ? NULL : names, chunks))
+        header = PyBytes_FromStringAndSize(b.data, (Py_ssize_t)b.len);
+    buf_free(&b);
+    if (header == NULL) {
+        Py_DECREF(chunks);
+        return given_up();
+    }
+    PyList_SetItem(chunks, 0, header); /* steals header, drops the None */
+    return chunks;
 }

@@ -65,8 +65,9 @@ class ModelSchema:
         self.max_latency_budget_ms = max_latency_budget_ms
         skip = 1 if max_batch_size > 0 else 0
         self.uniform = all(-1 not in s.shape[skip:] for s in self.inputs)
-        # a codec's checked decodings of repeated binary headers (aserve.protocol.v2)
-        self.plans: Bounded[bytes, Any] = Bounded(MAX_REMEMBERED)
+        # the V2 codec's checked decodings of repeated binary headers, found in C
+        # (`_native.V2Binary`): None until the first binary request (aserve.protocol.v2)
+        self.plans: Any = None
         # (name, datatype, shape) of a request's input -> its spec, once checked (aserve.protocol.validate)
         self.checked: Bounded[tuple[str, str, tuple[int, ...]], InputSpec] = Bounded(MAX_REMEMBERED)
         # the V2 JSON codec's decoder in C of this model's common requests: False until first

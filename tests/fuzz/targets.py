@@ -405,7 +405,7 @@ def v2_binary(data: bytes) -> None:
         outcomes = []
         for target in (schema, schema, cold):
             if target is cold:
-                cold.plans.clear()
+                cold.plans = None  # forgets every header
             try:
                 request = decode("v2_binary", data, target)
             except Exception as exc:  # noqa: BLE001 - check_error re-raises what must not escape

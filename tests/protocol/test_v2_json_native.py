@@ -1,8 +1,9 @@
-"""The V2 JSON codec's path in C (`_native.V2Json`, `_native.v2_json_encode`) against the
-Python codec it stands in for: where the C path answers, it answers exactly what the Python
-codec answers (the same tensors, the same bytes); where it does not, the Python codec is
-left to decide. The common requests of every numeric datatype are decoded in C, and the
-answers of integer and boolean outputs written in C (float outputs are msgspec's)."""
+"""The V2 JSON codec's path in C (`_native.V2Json`, `_native.v2_json_encode`,
+`_native.v2_binary_encode`) against the Python codec it stands in for: where the C path
+answers, it answers exactly what the Python codec answers (the same tensors, the same
+bytes); where it does not, the Python codec is left to decide. The common requests of every
+numeric datatype are decoded in C, the answers of integer and boolean outputs written in C
+(float outputs are msgspec's), and binary answers of every datatype written in C."""
 
 from __future__ import annotations
 
@@ -217,6 +218,7 @@ def test_models_with_other_datatypes_keep_the_codec() -> None:
 def reference_encode(response: InferResponse, request: InferRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
     with monkeypatch.context() as m:
         m.setattr(v2mod._native, "v2_json_encode", lambda *args: None)
+        m.setattr(v2mod._native, "v2_binary_encode", lambda *args: None)
         return encode_infer(response, request, accept=None, content_type="application/json")
 
 
@@ -300,4 +302,97 @@ def test_answers_it_cannot_write_as_is_are_left_to_the_codec(case: str, monkeypa
         want: Any = reference_encode(response, request, monkeypatch)
     except Exception as exc:  # noqa: BLE001
         want = (type(exc), str(exc))
+    assert got == want
+
+
+def answer_bytes(answer: tuple[list[Any], dict[str, str]]) -> tuple[list[bytes], dict[str, str]]:
+    return [bytes(chunk) for chunk in answer[0]], answer[1]
+
+
+def test_binary_answers_of_every_datatype_are_written_in_c_byte_for_byte_as_the_codec_writes_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(5)
+    schema = make_schema([("X", "INT32", (-1,))], 8)
+    written = 0
+    for _ in range(300):
+        outputs: dict[str, Tensor] = {}
+        for k in range(rng.randint(1, 3)):
+            shape = (rng.randint(1, 3), rng.randint(0, 4))
+            n = math.prod(shape)
+            datatype = rng.choice([*NUMERIC, "FP16", "BF16", "BYTES"])
+            if datatype == "BYTES":
+                items = [bytes(rng.randrange(256) for _ in range(rng.randint(0, 5))) for _ in range(n)]
+                data: Any = b"".join(struct.pack("<I", len(i)) + i for i in items)
+            else:  # any bit pattern: a binary answer formats nothing
+                itemsize = 2 if datatype in ("FP16", "BF16") else struct.calcsize(PACK[datatype])
+                data = bytes(rng.randrange(256) for _ in range(n * itemsize))
+                if datatype == "BOOL":
+                    data = bytes(b & 1 for b in data)
+            kind = rng.randrange(3)  # how the model's output came: bytes, a byte view, a typed view
+            if kind == 1:
+                data = memoryview(data)
+            elif kind == 2 and datatype not in ("BYTES", "FP16", "BF16"):
+                data = memoryview(data).cast(PACK[datatype].replace("?", "B"))
+            outputs[rng.choice(["OUT", "ü", "a b", "Y"]) + str(k)] = Tensor(datatype, shape, data)
+        names = list(outputs)
+        if rng.random() < 0.5:  # outputs asked for by name (tritonclient's way), in another order
+            asked = rng.sample(names, rng.randint(1, len(names)))
+            request = InferRequest(schema=schema, inputs=[], samples=1,
+                                   outputs=[v2mod.RequestedOutput(name, True, 0) for name in asked])
+        else:
+            request = InferRequest(schema=schema, inputs=[], samples=1, binary_outputs=True)
+        response = InferResponse(model_name=rng.choice(["m", "mødel"]), model_version=rng.choice(["1", None]),
+                                 outputs=outputs, id=rng.choice([None, "req-1"]))
+        reference = answer_bytes(reference_encode(response, request, monkeypatch))
+        got = encode_infer(response, request, accept=None, content_type="application/json")
+        assert answer_bytes(got) == reference
+        assert len(reference[0]) > 1  # binary data follows the header
+        written += 1
+        names_asked = [r.name for r in request.outputs] if request.outputs else None
+        chunks = _native.v2_binary_encode(response.model_name, response.model_version, response.id, outputs,
+                                          names_asked)
+        assert chunks is not None and [bytes(c) for c in chunks] == reference[0]
+    assert written == 300
+
+
+@pytest.mark.parametrize("case", ["quote in a name", "unknown datatype", "bad size", "missing output",
+                                  "non-contiguous", "one output as JSON", "classification", "no outputs"])
+def test_binary_answers_it_cannot_write_as_is_are_left_to_the_codec(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    name, tensor = "Y", Tensor("FP32", (1, 2), struct.pack("<2f", 1.0, 2.0))
+    asked: list[Any] = []
+    if case == "quote in a name":
+        name = 'Y"'
+    elif case == "unknown datatype":
+        tensor = Tensor("FP8", (1,), b"\x01")
+    elif case == "bad size":
+        tensor = Tensor("FP32", (1, 3), struct.pack("<2f", 1.0, 2.0))
+    elif case == "missing output":
+        asked = [v2mod.RequestedOutput("Z", True, 0)]
+    elif case == "non-contiguous":
+        tensor = Tensor("INT32", (2,), memoryview(struct.pack("<4i", 1, 2, 3, 4)).cast("i")[::2])
+    elif case == "one output as JSON":
+        asked = [v2mod.RequestedOutput("Y", False, 0)]
+    elif case == "classification":
+        asked = [v2mod.RequestedOutput("Y", True, 1)]
+    outputs: Any = {} if case == "no outputs" else {name: tensor}
+    if case in ("quote in a name", "unknown datatype", "bad size", "non-contiguous", "no outputs"):
+        assert _native.v2_binary_encode("m", "1", None, outputs, None) is None
+    if case == "missing output":
+        assert _native.v2_binary_encode("m", "1", None, outputs, ["Z"]) is None
+    request = InferRequest(schema=make_schema([("X", "INT32", (-1,))], 8), inputs=[], samples=1,
+                           outputs=asked, binary_outputs=not asked)
+    response = InferResponse(model_name="m", model_version="1", outputs=outputs)
+
+    def encoded() -> Any:
+        try:
+            return answer_bytes(encode_infer(response, request, accept=None, content_type="application/json"))
+        except Exception as exc:  # noqa: BLE001 - the codec's own error, compared below
+            return type(exc), str(exc)
+
+    got = encoded()
+    with monkeypatch.context() as m:
+        m.setattr(v2mod._native, "v2_json_encode", lambda *args: None)
+        m.setattr(v2mod._native, "v2_binary_encode", lambda *args: None)
+        want = encoded()
     assert got == want

@@ -382,7 +382,75 @@ def test_headers_that_vary_are_not_remembered() -> None:
         {"name": "X", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": len(data)}}
     ]}).encode()
     decode_infer(header + data, content_type=None, header_length=len(header), schema=text)
-    assert s.plans == {} and text.plans == {}
+    assert len(s.plans) == 0 and len(text.plans) == 0
+
+
+def _outcome(body: Any, length: int, s: Any) -> Any:
+    try:
+        r = decode_infer(body, content_type=None, header_length=length, schema=s)
+    except InvalidInput as exc:
+        return "error", str(exc)
+    return ([(t.datatype, t.shape, bytes(memoryview(t.data).cast("B"))) for t in r.inputs], r.samples, r.id,
+            r.outputs, r.parameters, r.timeout_ms, r.latency_budget_ms, r.binary_outputs)
+
+
+def test_remembered_headers_decode_as_the_codec_decodes_them_and_the_oldest_give_way() -> None:
+    # `_native.V2Binary`: a warm schema (headers remembered, found in C) answers every
+    # body as a cold one (plans forgotten before each decode) does: more distinct headers
+    # than it keeps, writable bodies, data of another length, a changed byte in the header
+    rng = np.random.default_rng(11)
+    m = model([("A", "INT32", (-1, 2)), ("B", "FP16", (-1,))])
+    warm, cold = schema(m, 8), schema(m, 8)
+    remembered = 0
+    for i in range(400):
+        rows = int(rng.integers(1, 9))
+        a = rng.integers(-9, 9, size=(rows, 2)).astype(np.int32).tobytes()
+        b = rng.standard_normal(rows).astype(np.float16).tobytes()
+        inputs = [{"name": "A", "shape": [rows, 2], "datatype": "INT32", "parameters": {"binary_data_size": len(a)}},
+                  {"name": "B", "shape": [rows], "datatype": "FP16", "parameters": {"binary_data_size": len(b)}}]
+        order = [0, 1] if i % 3 else [1, 0]
+        # padding first: many distinct headers (more than are kept), the inputs in their last part
+        head: dict[str, Any] = {"padding": "x" * int(rng.integers(0, 70)), "inputs": [inputs[k] for k in order]}
+        if i % 5 == 0:
+            head["parameters"] = {"binary_data_output": True, "timeout": int(rng.integers(1000, 10**6))}
+        if i % 7 == 0:
+            head["outputs"] = [{"name": "Y", "parameters": {"binary_data": bool(i % 2)}}]
+        header = json.dumps(head).encode()
+        data = b"".join([a, b][k] for k in order)
+        body = header + data
+        # then, after the header is remembered: the same header over a writable body, over data
+        # of another length, or a byte changed in its last part
+        variants: list[Any] = [bytearray(body), body[:-2], header.replace(b'"A"', b'"C"') + data]
+        bodies = [body, variants[i % 3]]
+        for body in bodies:
+            for _ in range(2):
+                cold.plans = None
+                assert _outcome(body, len(header), warm) == _outcome(body, len(header), cold)
+        remembered = max(remembered, len(warm.plans))
+    assert remembered == 64  # it kept as many as it may, replacing the oldest
+
+
+def test_a_header_is_remembered_only_with_its_inputs_within_the_data() -> None:
+    from aserve import _native
+
+    plans = _native.V2Binary(Tensor)
+    with pytest.raises(ValueError, match="outside the binary data"):
+        plans.remember(b"{}", 8, [("INT32", (1, 2), 4, 12)], None)
+    with pytest.raises(TypeError):
+        plans.remember(b"{}", 8, [("INT32", [1, 2], 0, 8)], None)
+    assert len(plans) == 0
+    plans.remember(b"{}", 8, [("INT32", (1, 2), 0, 8)], "record")
+    found = plans.find(b"{}" + bytes(range(8)), 2)
+    assert found is not None and found[1] == "record"
+    assert bytes(found[0][0].data) == bytes(range(8)) and found[0][0].shape == (1, 2)
+    assert plans.find(b"{}" + bytes(range(9)), 2) is None  # data of another length
+    assert plans.find(b"{}" + bytes(range(8)), 2**70) is None  # a length past any body: the codec's error
+    with pytest.raises(InvalidInput, match=r"expected 1\.\.10 \(the body's length\), got 1180591620717411303424"):
+        decode_infer(b"{}" + bytes(range(8)), content_type=None, header_length=2**70, schema=schema(one_input("INT32"), 8))
+    plans.remember(b"{}  ", 8, [("INT32", (1, 2), 0, 8)], "record")
+    assert plans.find(memoryview(b"{}  " + bytes(range(8))).cast("i"), 4) is None  # not a byte view: the codec's
+    plans.clear()
+    assert len(plans) == 0 and plans.find(b"{}" + bytes(range(8)), 2) is None
 
 
 @pytest.mark.parametrize("in_c", [False, True], ids=["codec", "in-c"])

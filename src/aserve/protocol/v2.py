@@ -91,11 +91,10 @@ class _Slice(NamedTuple):
 
 
 class _Plan(NamedTuple):
-    """What a binary request's JSON header decodes to, checked: every request whose header
-    has the same bytes gets the same inputs (over its own binary data) and parameters."""
+    """What a binary request's JSON header decodes to beyond its inputs, checked: every
+    request whose header has the same bytes gets the same (`_native.V2Binary` keeps it
+    with the header and where each input lies)."""
 
-    inputs: tuple[_Slice, ...]  # in schema order
-    size: int  # bytes of binary data after the header
     samples: int
     outputs: list[RequestedOutput]
     parameters: dict[str, Any]
@@ -133,27 +132,26 @@ def decode_infer(
             fast = plan.decode(body)
             if fast is not None:  # inputs only, each a flat list, valid as they are
                 return InferRequest(schema=schema, inputs=fast[0], samples=fast[1])
-    header, blobs = _split(body, header_length)
-    plans = schema.plans
-    # a writable header may change. The key is a copy of the header: a memoryview's hash
-    # first hashes the whole object it views (here the body, tensors and all).
-    reusable = header_length is not None and fmt == "json" and header.readonly and len(header) <= MAX_PLAN_HEADER
-    key = bytes(header) if reusable else b""
+    reusable = header_length is not None and fmt == "json"
     if reusable:
-        plan = plans.get(key)
-        if plan is not None and plan.size == len(blobs):
+        plans = schema.plans
+        if plans is None:
+            plans = schema.plans = _native.V2Binary(Tensor)
+        found = plans.find(body, header_length)
+        if found is not None:
+            inputs, plan = found
             return InferRequest(
-                schema=schema,
-                inputs=[Tensor(datatype, shape, blobs[start:end]) for datatype, shape, start, end in plan.inputs],
-                samples=plan.samples, outputs=plan.outputs, parameters=plan.parameters,
-                timeout_ms=plan.timeout_ms, latency_budget_ms=plan.latency_budget_ms,
+                schema=schema, inputs=inputs, samples=plan.samples, outputs=plan.outputs,
+                parameters=plan.parameters, timeout_ms=plan.timeout_ms, latency_budget_ms=plan.latency_budget_ms,
                 binary_outputs=plan.binary_outputs,
             )
+    header, blobs = _split(body, header_length)
     request, slices = _decode(header, blobs, fmt, header_length, schema)
-    if reusable and slices is not None and request.id is None:
-        plans.remember(key, _Plan(
-            slices, len(blobs), request.samples, request.outputs, request.parameters, request.timeout_ms,
-            request.latency_budget_ms, request.binary_outputs,
+    # a writable header may change under the codec's feet: only a read-only one is remembered
+    if reusable and slices is not None and request.id is None and header.readonly and len(header) <= MAX_PLAN_HEADER:
+        schema.plans.remember(bytes(header), len(blobs), list(slices), _Plan(
+            request.samples, request.outputs, request.parameters, request.timeout_ms, request.latency_budget_ms,
+            request.binary_outputs,
         ))
     return request
 
@@ -426,11 +424,18 @@ def encode_infer(
     fmt = negotiate(accept, content_type)
     outputs = response.outputs
     model_name = response.model_name
-    if fmt == "json" and request.schema.integral_outputs and not request.outputs and not request.binary_outputs:
-        # integer and boolean outputs, each a flat list: written in C, as below (None: written below)
-        body = _native.v2_json_encode(model_name, response.model_version, response.id, outputs)
-        if body is not None:
-            return [body], {"Content-Type": "application/json"}
+    if fmt == "json":
+        # written in C as below (None: written below): every output binary, or integer and
+        # boolean outputs each as a flat list
+        if request.binary_outputs if not request.outputs else _binary_only(request.outputs):
+            names = [r.name for r in request.outputs] if request.outputs else None
+            chunks = _native.v2_binary_encode(model_name, response.model_version, response.id, outputs, names)
+            if chunks is not None:
+                return chunks, {"Content-Type": OCTET_STREAM, HEADER_LENGTH: str(len(chunks[0]))}
+        elif request.schema.integral_outputs and not request.outputs:
+            body = _native.v2_json_encode(model_name, response.model_version, response.id, outputs)
+            if body is not None:
+                return [body], {"Content-Type": "application/json"}
     if request.outputs:
         selected = [(r.name, r.binary) for r in request.outputs]
         if any(r.classification for r in request.outputs):
@@ -468,6 +473,11 @@ def encode_infer(
     if not blobs:
         return [header], {"Content-Type": "application/json"}
     return [header, *blobs], {"Content-Type": OCTET_STREAM, HEADER_LENGTH: str(len(header))}
+
+
+def _binary_only(outputs: list[RequestedOutput]) -> bool:
+    """Whether every output asked for goes as binary data, none as its top classes."""
+    return all(r.binary and not r.classification for r in outputs)
 
 
 def classified(outputs: dict[str, Tensor], request: InferRequest,
