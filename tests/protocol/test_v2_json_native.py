@@ -396,3 +396,72 @@ def test_binary_answers_it_cannot_write_as_is_are_left_to_the_codec(
         m.setattr(v2mod._native, "v2_binary_encode", lambda *args: None)
         want = encoded()
     assert got == want
+
+
+def number_texts(rng: random.Random, n: int) -> list[str]:
+    """JSON numbers as clients write them, and the hard cases of reading one: 17-digit reprs,
+    float32 values widened, more than 19 significant digits, half-way cases, the edges of
+    the normal and subnormal ranges, long runs of zeros."""
+    out = []
+    for _ in range(n):
+        kind = rng.randrange(10)
+        if kind == 0:
+            text = repr(rng.uniform(-1, 1) * 10 ** rng.randint(-320, 308))
+        elif kind == 1:
+            text = repr(struct.unpack("<f", struct.pack("<f", rng.gauss(0, 10 ** rng.randint(-30, 30))))[0])
+        elif kind == 2:  # a random digit string with a random exponent
+            digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 25)))
+            point = rng.randint(0, len(digits))
+            mantissa = (digits[:point] or "0").lstrip("0") or "0"
+            text = mantissa + ("." + digits[point:] if point < len(digits) else "")
+            if rng.random() < 0.6:
+                text += rng.choice("eE") + rng.choice(["", "+", "-"]) + str(rng.randint(0, 330))
+        elif kind == 3:  # half-way between two doubles, and one unit either side
+            m = rng.getrandbits(53) | (1 << 52)
+            x = (2 * m + 1) * 2 ** rng.randint(-60, 10)  # exactly half-way when the exponent allows
+            text = format(x, ".40g") if isinstance(x, float) else str(x)
+        elif kind == 4:
+            text = rng.choice(["9007199254740993", "9007199254740992", "9007199254740991", "1e23", "8.5e-323",
+                               "2.2250738585072011e-308", "2.2250738585072014e-308", "4.9e-324", "2.4703282292062327e-324",
+                               "2.4703282292062328e-324", "1.7976931348623157e308", "1.7976931348623158e308",
+                               "0.000000000000000000000000000000001", "100000000000000000000000", "1e-400",
+                               "123456789012345678901234567890", "0.1e1", "5e-324", "1.0000000000000002",
+                               "0.30000000000000004", "7.2057594037927933e16", "1448997445238699"])
+        elif kind == 5:
+            text = str(rng.getrandbits(rng.randint(1, 70)))
+        else:
+            text = repr(rng.uniform(-1, 1))
+        if rng.random() < 0.3 and text[0] != "-":
+            text = "-" + text
+        out.append(text)
+    return out
+
+
+@pytest.mark.parametrize("datatype", ["FP64", "FP32"])
+def test_numbers_are_read_as_the_nearest_double_as_python_reads_them(datatype: str) -> None:
+    # the C reader of JSON numbers (Clinger's fast path, Eisel-Lemire, CPython's strtod for
+    # what they leave) against float(): every number the codec accepts, the same bits
+    rng = random.Random(17 if datatype == "FP64" else 19)
+    schema = make_schema([("X", datatype, (-1,))], 0)
+    plan = v2mod._json_plan(schema)
+    assert plan is not None
+    checked = 0
+    for _ in range(200):
+        texts = number_texts(rng, 1000)
+        values = [float(t) for t in texts]
+        keep = [(t, v) for t, v in zip(texts, values)
+                if math.isfinite(v) and (datatype == "FP64" or abs(v) <= FLT_MAX)]
+        body = ('{"inputs": [{"name": "X", "datatype": "%s", "shape": [%d], "data": [%s]}]}'
+                % (datatype, len(keep), ", ".join(t for t, _ in keep))).encode()
+        fast = plan.decode(body)
+        assert fast is not None
+        want = [0.0 if v == 0 and t.lstrip("-").isdigit() else v for t, v in keep]  # an integer -0 is 0
+        got = bytes(fast[0][0].data)
+        expected = struct.pack(f"<{len(want)}{'d' if datatype == 'FP64' else 'f'}", *want)
+        if got != expected:
+            size = 8 if datatype == "FP64" else 4
+            bad = next(i for i in range(len(keep)) if got[i * size:(i + 1) * size] != expected[i * size:(i + 1) * size])
+            raise AssertionError(f"{keep[bad][0]!r}: read as {got[bad * size:(bad + 1) * size]!r}, "
+                                 f"Python reads {expected[bad * size:(bad + 1) * size]!r}")
+        checked += len(keep)
+    assert checked > 150_000
