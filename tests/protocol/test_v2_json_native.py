@@ -451,8 +451,8 @@ def test_numbers_are_read_as_the_nearest_double_as_python_reads_them(datatype: s
         values = [float(t) for t in texts]
         keep = [(t, v) for t, v in zip(texts, values)
                 if math.isfinite(v) and (datatype == "FP64" or abs(v) <= FLT_MAX)]
-        body = ('{"inputs": [{"name": "X", "datatype": "%s", "shape": [%d], "data": [%s]}]}'
-                % (datatype, len(keep), ", ".join(t for t, _ in keep))).encode()
+        data = ", ".join(t for t, _ in keep)
+        body = f'{{"inputs": [{{"name": "X", "datatype": "{datatype}", "shape": [{len(keep)}], "data": [{data}]}}]}}'.encode()
         fast = plan.decode(body)
         assert fast is not None
         want = [0.0 if v == 0 and t.lstrip("-").isdigit() else v for t, v in keep]  # an integer -0 is 0
