@@ -28,13 +28,15 @@ class PayloadTooLarge(AserveError):
 
 
 class Overloaded(AserveError):
-    """The model's queue is full; retry after `retry_after` seconds."""
+    """The model's queue is full; retry after `retry_after` seconds. `budget`: the latency
+    budget (seconds) the request could not be answered within, when that was the reason."""
 
     status = 503
 
-    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+    def __init__(self, message: str, *, retry_after: float = 1.0, budget: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.budget = budget
 
 
 class RequestTimeout(AserveError):

@@ -310,7 +310,7 @@ class Batcher:
                 return Overloaded(
                     f"model {self.model!r} cannot answer the request within its latency budget "
                     f"({self._queued_samples} samples queued, every interpreter busy); retry in {wait:.2f} s",
-                    retry_after=wait,
+                    retry_after=wait, budget=budget if budget is not None else getattr(self.policy, "latency_budget_s", None),
                 )
         shared = self._shared
         queued = self._queued_samples if shared is None else shared.total()

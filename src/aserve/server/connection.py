@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import fcntl
 import logging
 import random
 import socket
+import struct
+import termios
 import time
 import zlib
 from collections.abc import Callable
@@ -53,6 +56,7 @@ PIPELINE_LIMIT = 1 << 20  # body bytes waiting behind the request in progress be
 MAX_WAITING = 32  # requests waiting behind the one in progress before reading stops
 CLOSE_GRACE_S = 1.0  # after a closing answer, how long the client may go on sending before the close
 HOLD_MAX_S = 1.0  # longest a connection refused for overload reads nothing (Retry-After says at least 1 s)
+HELD_REFUSALS_PER_S = 800.0  # refusals a loop's held connections may take together per second (holds lengthen to keep to it)
 # answers from the head after which the connection closes rather than read the body on the way
 _CLOSING = frozenset({401, 403, 413})
 _METHODS = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")}
@@ -99,6 +103,7 @@ class HttpServer:
         self.elsewhere: Callable[[], int] = _none
         # request heads met before -> what the checks that depend on nothing else made of them
         self.heads: Bounded[tuple[Any, ...], tuple[Any, ...]] = Bounded(256)
+        self.held = 0  # connections held after a refusal for overload (`Connection._hold`)
         self.closing = False
 
     @property
@@ -156,6 +161,9 @@ class Connection(asyncio.Protocol):
         self._discard = False  # nothing more is read on this connection: its last answers are owed
         self._held = False  # reads nothing for a while after a refusal for overload (Response.hold)
         self._held_until = 0.0  # loop time the hold ends
+        self._held_from = 0.0  # time.monotonic() the hold began
+        self._hold_counts = False  # the request read after the hold counts the hold as waited
+        self._sent_by = 0.0  # time.monotonic() the next request was sent by, at the latest (0: unknown)
         self._refusals = 0  # early refusals that held the connection, less one per answer since
         self._told_until = 0.0  # time.monotonic() before which the last refusal asked the client not to retry
         self._task: asyncio.Future[Any] | Pending | None = None  # the answer of the request being served
@@ -209,6 +217,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closing = True
+        if self._held:
+            self._held = False
+            self.server.held -= 1
         self.transport = None
         self._cancel_timer()
         if self.counted:
@@ -241,6 +252,8 @@ class Connection(asyncio.Protocol):
             self._head_bytes = 0
             self._head_began = self._now
             self._received = time.monotonic()
+            if self._sent_by:  # it waited out a hold, unread: that counts against its budget
+                self._received, self._sent_by = self._sent_by, 0.0
         if len(self._url) > self._max_field and self._refusal is None:
             self._refusal = (431, self._header_message())
 
@@ -530,33 +543,64 @@ class Connection(asyncio.Protocol):
         long for each such refusal, one step less for each answer since (to HOLD_MAX_S),
         less a random part: many such clients come back spread out, about as fast as the
         server admits them, and refusing them does not take the CPU the batches need. A
-        client that waits as told is never held."""
+        client that waits as told is never held.
+
+        A hold is at least as long as keeps the refusals of every held connection of the loop
+        within HELD_REFUSALS_PER_S together. A refusal for a latency budget holds at most
+        half that budget where that rate allows, and the request the client sent meanwhile
+        then counts the hold as time it waited (`_unhold`): admitted, it is answered within
+        its budget as its client sees it. (Where so many clients send early that the rate
+        needs longer holds, a request admitted after one waited it out, beyond its budget.)"""
         early = request.received < self._told_until
         self._told_until = time.monotonic() + int(response.headers.get("Retry-After", "1"))
         if not early:
             self._refusals = 0
             return
         self._refusals += 1
-        hold = min(HOLD_MAX_S, response.hold * (1 << min(self._refusals - 1, 16)))
-        self._hold(hold * (0.5 + 0.5 * random.random()))
+        # the held connections' refusals together stay within HELD_REFUSALS_PER_S
+        shortest = min(HOLD_MAX_S, (self.server.held + 1) / HELD_REFUSALS_PER_S)
+        budget = response.budget
+        longest = HOLD_MAX_S if budget is None else min(HOLD_MAX_S, max(budget / 2, shortest))
+        hold = min(longest, max(shortest, response.hold * (1 << min(self._refusals - 1, 16))))
+        # within half the budget, what the client sent meanwhile may still be answered in time
+        self._hold(hold * (0.5 + 0.5 * random.random()), counts=budget is not None and hold <= budget / 2)
 
-    def _hold(self, seconds: float) -> None:
-        """Read nothing for `seconds` (what was read already is still answered in order)."""
+    def _hold(self, seconds: float, *, counts: bool = False) -> None:
+        """Read nothing for `seconds` (what was read already is still answered in order).
+        `counts`: a request sent meanwhile counts the hold as time it waited."""
         until = self.loop.time() + seconds
         if self._held and until <= self._held_until:
             return
         self._held_until = until
         if not self._held:
             self._held = True
+            self.server.held += 1
+            self._held_from = time.monotonic()
             self._read(False)
+        self._hold_counts = counts
         self.loop.call_at(until, self._unhold)
 
     def _unhold(self) -> None:
         if not self._held or self.loop.time() < self._held_until - 0.001:
             return  # a later hold goes on: its own call ends it
         self._held = False
+        self.server.held -= 1
+        if self._hold_counts and self._unread():
+            self._sent_by = self._held_from  # sent during the hold (no earlier than the refusal)
         if not self.closing:
             self._advance()
+
+    def _unread(self) -> bool:
+        """Whether bytes the client sent wait in the socket, not yet read."""
+        transport = self.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is None:
+            return False
+        try:
+            pending = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except (OSError, ValueError):
+            return False
+        return bool(struct.unpack("i", pending)[0])
 
     # ---- refusals ----
 

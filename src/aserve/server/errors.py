@@ -160,4 +160,5 @@ def from_exception(request: Request, exc: BaseException, policy: ErrorPolicy) ->
         # a client that ignores Retry-After has its next request read no sooner than the
         # server expects to admit one: refusing it again would only take CPU from the batches
         response.hold = exc.retry_after
+        response.budget = exc.budget
     return response

@@ -103,6 +103,7 @@ def _response(answer: dict[str, Any]) -> Response:
     """The host's answer (Loops.answer's fields) as the front's response."""
     response = Response(answer["status"], answer["body"], answer["headers"], close=answer["close"])
     response.hold = answer["hold"]
+    response.budget = answer["budget"]
     return response
 
 

@@ -67,9 +67,10 @@ class Response:
     """What a handler answers: a status, headers (Content-Type among them) and a body of
     buffers; `close`: the connection closes after it; `hold`: for a refusal for overload,
     the seconds the server expects to wait before it can admit a request (the connection
-    holds a client that does not wait as told: `Connection._refused`)."""
+    holds a client that does not wait as told: `Connection._refused`), and `budget`: the
+    latency budget (seconds) it was refused for, when that was the reason."""
 
-    __slots__ = ("chunks", "close", "headers", "hold", "status")
+    __slots__ = ("budget", "chunks", "close", "headers", "hold", "status")
 
     def __init__(self, status: int = 200, body: bytes | list[Any] = b"", headers: dict[str, str] | None = None, *,
                  content_type: str | None = None, close: bool = False) -> None:
@@ -80,6 +81,7 @@ class Response:
             self.headers["Content-Type"] = content_type
         self.close = close
         self.hold = 0.0
+        self.budget: float | None = None
 
     @property
     def body(self) -> bytes:

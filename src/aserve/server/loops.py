@@ -348,7 +348,7 @@ def _answer(key: int, response: Any) -> dict[str, Any]:
     """The `answer` message of a response to a front's request `key`."""
     return {"op": "answer", "id": key, "status": response.status, "headers": response.headers,
             "body": b"".join(bytes(c) for c in response.chunks), "close": response.close,
-            "hold": getattr(response, "hold", 0.0)}
+            "hold": getattr(response, "hold", 0.0), "budget": getattr(response, "budget", None)}
 
 
 def _servable(handle: Any) -> bool:
