@@ -176,6 +176,41 @@ def test_admission_asked_ahead_answers_alike_and_counts_nothing() -> None:
     assert answers == [True, True, False, True, False]  # admitted and refused alike
 
 
+@pytest.mark.parametrize("cost", [OVERHEAD, LINEAR, BENT, CNN, UNIT, UNIT_FLAT],
+                         ids=["overhead", "linear", "bent", "cnn", "unit", "unit-flat"])
+def test_a_sure_admission_is_one_the_full_prediction_makes(cost: Callable[[int], float]) -> None:
+    """`admits_surely` (the bound a request's head is asked first) never says yes where the
+    full prediction (`admit`, asked ahead) would refuse, in states built by a random run of
+    arrivals, decisions and completions; and it does say yes where the budget is loose."""
+    import random
+
+    rng = random.Random(5)
+    scale = cost(1)
+    sure = agreed = 0
+    for reserve in (0.0, 0.3):
+        model = CostModel([(b, cost(b)) for b in ladder(32)], max_batch_size=32)
+        p = AdaptivePolicy(model, latency_budget_s=10 * scale, interpreters=rng.choice([1, 2, 4]),
+                           max_queue_delay_s=scale / 5, overload_reserve=reserve)
+        now, waiting = 0.0, []
+        for _ in range(400):
+            now += rng.expovariate(1.0) * scale / 4
+            samples = rng.choice([1, 1, 2, 5])
+            waiting.append(Req(now, samples))
+            p.admit(now, sum(r.samples for r in waiting), samples, None)
+            if rng.random() < 0.7:
+                decision = p.decide(now, waiting, idle=1, running=rng.randint(0, 2), max_batch_size=32)
+                del waiting[:decision.take]
+            if rng.random() < 0.3:
+                p.observe(rng.randint(1, 8), cost(rng.randint(1, 8)) * rng.uniform(0.7, 1.6))
+            for budget in (None, *(k * scale for k in (0.5, 1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 100))):
+                queued = sum(r.samples for r in waiting) + rng.randint(0, 8)
+                waited = rng.uniform(0, scale)
+                if p.admits_surely(now, queued, samples, budget, waited):
+                    sure += 1
+                    agreed += p.admit(now, queued, samples, budget, waited, count=False) is None
+    assert agreed == sure and sure > 100
+
+
 def test_overload_reserve_applies_only_while_arrivals_outpace_every_size() -> None:
     def make(reserve: float) -> AdaptivePolicy:
         model = CostModel([(b, UNIT(b)) for b in ladder(32)], max_batch_size=32)

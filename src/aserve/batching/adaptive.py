@@ -451,6 +451,23 @@ class AdaptivePolicy:
         self._fold(((now, samples),))
         self._update_keep_up(now, self.cost.max_batch_size)
 
+    def admits_surely(self, now: float, queued_samples: int, samples: int = 1, budget: float | None = None,
+                      waited: float = 0.0) -> bool:
+        """Whether `admit` would admit the request whatever batch size its prediction tries:
+        the latest finish any of them predicts (the request behind the queue in batches of
+        one request each, each batch as long as the largest batch's, on the interpreter that
+        frees last) is within the tightest limit `admit` may set. Counts nothing. From a
+        request's head, asked with the loosest budget the request may carry, it spares the
+        full prediction where a refusal is impossible; the request is judged in full with its
+        body (so a bound that errs only moves a refusal from the head to the body)."""
+        factor = self.admit_factor * (1.0 - self.overload_reserve)
+        limit = now - waited + factor * (self.latency_budget_s if budget is None else budget)
+        frees = self._frees(now, cautious=True)
+        largest = self.largest_batch(self.latency_budget_s, self.cost.max_batch_size)
+        batch = self.effective(max(largest, round(max(1.0, self._samples, samples))), cautious=True)
+        turns = (queued_samples + samples - 1) // len(frees) + 1
+        return frees[-1] + turns * batch <= limit
+
     def admit(self, now: float, queued_samples: int, samples: int = 1, budget: float | None = None,
               waited: float = 0.0, *, count: bool = True) -> float | None:
         """None to admit a new request, or a Retry-After in seconds to refuse it (503).

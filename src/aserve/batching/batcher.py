@@ -149,6 +149,10 @@ class Batcher:
         # -> Retry-After seconds | None, and arrive(now, samples) for the requests refused ahead (policy.py)
         self._admit: Admit | None = getattr(policy, "admit", None)
         self._arrive: Callable[[float, int], None] | None = getattr(policy, "arrive", None)
+        # and admits_surely(now, queued_samples, samples, budget, waited) -> bool: a bound that
+        # spares the full prediction from a request's head where no refusal is possible
+        self._admits_surely: Callable[[float, int, int, float | None, float], bool] | None = getattr(
+            policy, "admits_surely", None)
         self._queue: collections.deque[Request] = collections.deque()
         self._queued_samples = 0
         self._shared = shared
@@ -303,7 +307,11 @@ class Batcher:
         admit = self._admit
         if admit is not None and (queue or self._running >= self.interpreters):
             if ahead:
-                wait = admit(now, self._queued_samples, samples, budget, waited, count=False)
+                surely = self._admits_surely
+                if surely is not None and surely(now, self._queued_samples, samples, budget, waited):
+                    wait = None  # asked again, in full, once the body says what the request holds
+                else:
+                    wait = admit(now, self._queued_samples, samples, budget, waited, count=False)
             else:
                 wait = admit(now, self._queued_samples, samples, budget, waited)
             if wait is not None:
