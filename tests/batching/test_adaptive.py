@@ -179,9 +179,11 @@ def test_admission_asked_ahead_answers_alike_and_counts_nothing() -> None:
 @pytest.mark.parametrize("cost", [OVERHEAD, LINEAR, BENT, CNN, UNIT, UNIT_FLAT],
                          ids=["overhead", "linear", "bent", "cnn", "unit", "unit-flat"])
 def test_a_sure_admission_is_one_the_full_prediction_makes(cost: Callable[[int], float]) -> None:
-    """`admits_surely` (the bound a request's head is asked first) never says yes where the
-    full prediction (`admit`, asked ahead) would refuse, in states built by a random run of
-    arrivals, decisions and completions; and it does say yes where the budget is loose."""
+    """`admits_surely` (the bound `admit` asks first from a request's head) never says yes
+    where the full prediction (`admit` with the request) would refuse, in states built by a
+    random run of arrivals, decisions and completions; and it does say yes where the budget
+    is loose."""
+    import copy
     import random
 
     rng = random.Random(5)
@@ -207,7 +209,8 @@ def test_a_sure_admission_is_one_the_full_prediction_makes(cost: Callable[[int],
                 waited = rng.uniform(0, scale)
                 if p.admits_surely(now, queued, samples, budget, waited):
                     sure += 1
-                    agreed += p.admit(now, queued, samples, budget, waited, count=False) is None
+                    assert p.admit(now, queued, samples, budget, waited, count=False) is None
+                    agreed += copy.deepcopy(p).admit(now, queued, samples, budget, waited) is None
     assert agreed == sure and sure > 100
 
 

@@ -459,7 +459,8 @@ class AdaptivePolicy:
         frees last) is within the tightest limit `admit` may set. Counts nothing. From a
         request's head, asked with the loosest budget the request may carry, it spares the
         full prediction where a refusal is impossible; the request is judged in full with its
-        body (so a bound that errs only moves a refusal from the head to the body)."""
+        body (so a bound that errs only moves a refusal from the head to the body). `admit`
+        asks it first when asked ahead."""
         factor = self.admit_factor * (1.0 - self.overload_reserve)
         limit = now - waited + factor * (self.latency_budget_s if budget is None else budget)
         frees = self._frees(now, cautious=True)
@@ -480,10 +481,13 @@ class AdaptivePolicy:
         interpreter's turn). The request's arrival counts first (`arrive`).
 
         count False: the question is asked ahead of the request (from its head, before its
-        body is read). The answer is the one `admit` gives now, but nothing is counted:
+        body is read), the bound `admits_surely` first. The answer is the one `admit` gives now,
+        but nothing is counted:
         the caller counts the arrival (`arrive`) of a request it refuses there, and one it
         lets on is counted when it is asked again with its body."""
         if not count:
+            if self.admits_surely(now, queued_samples, samples, budget, waited):
+                return None  # asked again, in full, once the body says what the request holds
             kept = (self._gap, self._samples, self._arrivals, self._last_arrival, self._keep_up,
                     self._outpaced_since)
             try:

@@ -149,10 +149,8 @@ class Batcher:
         # -> Retry-After seconds | None, and arrive(now, samples) for the requests refused ahead (policy.py)
         self._admit: Admit | None = getattr(policy, "admit", None)
         self._arrive: Callable[[float, int], None] | None = getattr(policy, "arrive", None)
-        # and admits_surely(now, queued_samples, samples, budget, waited) -> bool: a bound that
-        # spares the full prediction from a request's head where no refusal is possible
-        self._admits_surely: Callable[[float, int, int, float | None, float], bool] | None = getattr(
-            policy, "admits_surely", None)
+        # the policy's own latency budget, which its refusals name when the request has none
+        self._budget: float | None = getattr(policy, "latency_budget_s", None)
         self._queue: collections.deque[Request] = collections.deque()
         self._queued_samples = 0
         self._shared = shared
@@ -307,18 +305,14 @@ class Batcher:
         admit = self._admit
         if admit is not None and (queue or self._running >= self.interpreters):
             if ahead:
-                surely = self._admits_surely
-                if surely is not None and surely(now, self._queued_samples, samples, budget, waited):
-                    wait = None  # asked again, in full, once the body says what the request holds
-                else:
-                    wait = admit(now, self._queued_samples, samples, budget, waited, count=False)
+                wait = admit(now, self._queued_samples, samples, budget, waited, count=False)
             else:
                 wait = admit(now, self._queued_samples, samples, budget, waited)
             if wait is not None:
                 return Overloaded(
                     f"model {self.model!r} cannot answer the request within its latency budget "
                     f"({self._queued_samples} samples queued, every interpreter busy); retry in {wait:.2f} s",
-                    retry_after=wait, budget=budget if budget is not None else getattr(self.policy, "latency_budget_s", None),
+                    retry_after=wait, budget=budget if budget is not None else self._budget,
                 )
         shared = self._shared
         queued = self._queued_samples if shared is None else shared.total()

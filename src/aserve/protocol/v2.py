@@ -427,8 +427,9 @@ def encode_infer(
     if fmt == "json":
         # written in C as below (None: written below): every output binary, or integer and
         # boolean outputs each as a flat list
-        if request.binary_outputs if not request.outputs else _binary_only(request.outputs):
-            names = [r.name for r in request.outputs] if request.outputs else None
+        asked = request.outputs
+        if _binary_only(asked) if asked else request.binary_outputs:
+            names = [r.name for r in asked] if asked else None
             chunks = _native.v2_binary_encode(model_name, response.model_version, response.id, outputs, names)
             if chunks is not None:
                 return chunks, {"Content-Type": OCTET_STREAM, HEADER_LENGTH: str(len(chunks[0]))}
