@@ -3,8 +3,10 @@
 Each connection is an `asyncio.Protocol` fed by llhttp's callbacks. A request's head
 goes to the router as soon as it has arrived (`Dispatcher.head`); what the head alone
 decides (unknown route, method, missing token, a body over the limit, an unreadable
-Content-Type or Content-Encoding, an unknown model, a model whose queue refuses it) is
-answered at once. If its body is still on the way, the body is read and dropped as it
+Content-Type or Content-Encoding, an unknown model) is answered at once; whether the
+model's queue refuses it is asked once the read that brought the head is parsed, and only
+if the body is still on the way (`Request.ahead`: a body that came with its head is judged
+in full when the request is served). If its body is still on the way, the body is read and dropped as it
 comes (nothing kept or decoded) and the connection goes on with the next request; it
 closes after the answer instead when the body cannot be skipped that way (chunked, or
 over the limit: 413), the client waits on an `Expect` before sending it, or the answer
@@ -207,6 +209,11 @@ class Connection(asyncio.Protocol):
             self._head_bytes += len(data)
             if self._head_bytes > self.limits.head_bytes:
                 self._refuse_head(431, self._header_message())
+        current = self._current  # a request whose body is still on the way after this read
+        if current is not None and current.ahead is not None and current.answer is None and not self.closing:
+            answer = self.dispatcher.ahead(current)
+            if answer is not None:
+                self.answer_early(current, answer)
         self._advance()
 
     def eof_received(self) -> bool | None:

@@ -27,7 +27,8 @@ class Request:
 
     `received`: time.monotonic() when its first byte was read. `params`: the route's path
     parameters (percent-decoded). `state`: what the route's head check prepared for its
-    handler (an infer call). The other attributes are the connection's, while the request
+    handler (an infer call). `ahead`: the part of the head check that only matters while the
+    body is still on the way (`Dispatcher.ahead`). The other attributes are the connection's, while the request
     arrives: the answer its head decided, its body's parts as they come (decoded), and its
     timing. What most requests never set is a class default."""
 
@@ -44,6 +45,7 @@ class Request:
     body: Any = b""
     route: Any = None  # routes.Route, once matched
     state: Any = None
+    ahead: Any = None  # (app, request) -> None, raising the refusal: asked if the body did not come with the head
     connection: Any = None  # the Connection it arrived on (connection.py): for an answer decided later
 
     def __init__(self, method: str, target: str, version: str, headers: dict[str, str], *, keep_alive: bool = True,

@@ -1,10 +1,13 @@
 """The infer routes (V2 infer, TF-Serving predict, classify and regress): HTTP to the data plane and back.
 
 The route's head check runs as soon as the request's head has arrived, before its body:
-it looks the model up (404 at once for an unknown model or version), prepares the
-`InferCall` the handler completes with the body and hands to `DataPlane.submit`, and asks
-the data plane what the head alone decides (`DataPlane.head`: 503 at once when the model's
-queue would refuse the request whatever its body holds).
+it looks the model up (404 at once for an unknown model or version) and prepares the
+`InferCall` the handler completes with the body and hands to `DataPlane.submit`. What the
+head alone decides about admission (`DataPlane.head`: 503 at once when the model's queue
+would refuse the request whatever its body holds) is asked once the read that brought the
+head is parsed, and only if the body is still on the way (`ask_ahead`): a body that came
+with its head is judged in full by `DataPlane.submit` at once, and asking twice would only
+double what a request, and above all a refusal, costs.
 """
 
 from __future__ import annotations
@@ -36,6 +39,13 @@ def prepare(app: App, request: Request) -> None:
         received=request.received, route=route.path, host=h.get("host", ""),
     )
     request.state = handle, call
+    request.ahead = ask_ahead
+
+
+def ask_ahead(app: App, request: Request) -> None:
+    """What the data plane refuses from the head (raises), for a request whose body is still
+    on the way."""
+    handle, call = request.state
     app.plane.head(call, handle=handle)
 
 

@@ -241,6 +241,8 @@ class Loops:
         request = _request(message)
         try:
             response = dispatcher.head(request, message["length"])
+            if response is None:
+                response = dispatcher.ahead(request)  # the front sends the head while the body is on the way
         except Exception as exc:  # noqa: BLE001 - a failure is the request's answer, not the channel's end
             response = dispatcher.failed(request, exc)
         channel.send(_answer(message["id"], response) if response is not None else

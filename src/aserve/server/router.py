@@ -152,6 +152,19 @@ class Dispatcher:
             return self._cors(request, from_exception(request, exc, self.app.policy))
         return None
 
+    def ahead(self, request: Request) -> Response | None:
+        """The part of the route's head check it left for a body still on the way
+        (`Request.ahead`), asked once: the refusal it decides, or None."""
+        check = request.ahead
+        if check is None:
+            return None
+        request.ahead = None
+        try:
+            check(self.app, request)
+        except AserveError as exc:
+            return self._cors(request, from_exception(request, exc, self.app.policy))
+        return None
+
     def respond(self, request: Request) -> Awaitable[Response | Answer] | Pending:
         """The handler's answer to a request whose head passed and whose body is whole (what it
         raises goes to `failed`; the answer, to `finish`)."""
