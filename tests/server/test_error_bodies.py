@@ -203,3 +203,24 @@ async def test_ready_503_names_why(start_server, tmp_path: pathlib.Path, http: a
     assert body["ready"] is False and body["reason"] == "1 model version not ready"
     assert body["models"] == [{"name": "badconfig", "version": "", "state": "UNAVAILABLE", "reason":
                                "badconfig/config.toml: max_batch_size: Expected `int`, got `str`"}]
+
+
+def test_a_message_without_a_path_is_redacted_without_the_registrys_folders() -> None:
+    # a refusal's message has no "/": the policy answers it without walking the registry's
+    # folders, and says what the full rewrite would
+    from types import SimpleNamespace
+
+    from aserve.redact import Redactor
+    from aserve.server.errors import ErrorPolicy
+
+    class Walked(dict):  # type: ignore[type-arg]
+        def items(self):  # type: ignore[no-untyped-def]
+            raise AssertionError("the registry's folders were walked")
+
+    policy = ErrorPolicy(registry=SimpleNamespace(records=Walked(), repository="/srv/models"))
+    full = Redactor("/srv/models")
+    for text in ("model 'cnn' cannot answer the request within its latency budget; retry in 0.02 s",
+                 "  spaced  ", "boom\nTraceback (most recent call last):\n  File \"x\", line 1", ""):
+        assert policy.redact(text) == full.text(text)
+    with pytest.raises(AssertionError, match="walked"):
+        policy.redact("failed to load /srv/models/cnn/model.py")

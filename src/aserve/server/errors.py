@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from ..errors import AserveError, BodyTimeout, ModelError, Overloaded, Unauthorized
 from ..protocol import encode_error
-from ..redact import Redactor
+from ..redact import Redactor, cut_traceback
 from .http import Request, Response
 
 log = logging.getLogger("aserve.server")
@@ -100,6 +100,8 @@ class ErrorPolicy:
         return self._redactor
 
     def redact(self, text: str) -> str:
+        if "/" not in text:  # no path to rewrite (a refusal's message): only a traceback to cut
+            return cut_traceback(text)
         return self.redactor().text(text)
 
 
