@@ -424,7 +424,9 @@ def repeated(run: Run, kinds: list[str], model: str, cases: dict[str, Case], tim
     on a freshly started server), each point reported as the median of its runs with every
     run's requests/s kept. Rounds, not one server's runs back to back: where the scheduler
     puts the loop and the interpreters' threads on a 2-core VM moves a single run by 20-30%,
-    and the VM's speed drifts over minutes; interleaved, a drift weighs on every server alike."""
+    and the VM's speed drifts over minutes; interleaved, a drift weighs on every server alike.
+    Each round starts one server later in the list than the round before, so no server is
+    always the first after a pause or always the one after the heaviest."""
     if times <= 1:
         for kind in kinds:
             print(f"http: {model} on {kind} ...", file=sys.stderr, flush=True)
@@ -432,7 +434,8 @@ def repeated(run: Run, kinds: list[str], model: str, cases: dict[str, Case], tim
         return
     runs: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for round_ in range(times):
-        for kind in kinds:
+        shift = round_ % len(kinds)
+        for kind in kinds[shift:] + kinds[:shift]:
             print(f"http: {model} on {kind} (round {round_ + 1} of {times}) ...", file=sys.stderr, flush=True)
             for record in bench_server(run, kind, model, cases):
                 if "requests_per_s" not in record:

@@ -216,7 +216,8 @@ def http_bench_case() -> http.Case:
 
 def test_repeats_run_in_rounds_and_report_each_servers_median(monkeypatch: pytest.MonkeyPatch) -> None:
     # every server once per round, so that a drift of the machine's speed over the run
-    # weighs on each alike; each point is the median of its server's runs
+    # weighs on each alike, each round starting one server later; each point is the median
+    # of its server's runs
     calls: list[str] = []
     speed = {"a": [300.0, 100.0, 200.0], "b": [10.0, 30.0, 20.0]}
 
@@ -229,7 +230,7 @@ def test_repeats_run_in_rounds_and_report_each_servers_median(monkeypatch: pytes
 
     monkeypatch.setattr(http, "bench_server", bench_server)
     records = list(http.repeated(None, ["a", "b"], "simple", {}, 3))  # type: ignore[arg-type]
-    assert calls == ["a", "b", "a", "b", "a", "b"]
+    assert calls == ["a", "b", "b", "a", "a", "b"]
     points = {r["server"]: r for r in records if "requests_per_s" in r}
     assert points["a"]["requests_per_s"] == 200.0 and points["a"]["requests_per_s_runs"] == [300.0, 100.0, 200.0]
     assert points["b"]["requests_per_s"] == 20.0 and points["b"]["p99_ms"] == 2.0 and points["b"]["runs"] == 3
