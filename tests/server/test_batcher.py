@@ -217,6 +217,45 @@ async def test_refusing_ahead_asks_the_rule_submit_applies() -> None:
     await b.close(timeout=1)
 
 
+async def test_a_request_that_waited_past_half_its_budget_is_asked_about_even_with_an_idle_interpreter() -> None:
+    """A request that would run at once is admitted unasked, unless it already waited past
+    half its budget before it was queued (unread in its socket while its connection was held,
+    or on a busy loop): then admission judges it, from when it arrived."""
+
+    class Refusing(WindowPolicy):
+        latency_budget_s = 0.05  # the policy's own budget
+
+        def __init__(self) -> None:
+            super().__init__(max_queue_delay=0.001)
+            self.asked: list[tuple[float | None, float]] = []
+
+        def admit(self, now: float, queued_samples: int, samples: int, budget: float | None, waited: float, *,
+                  count: bool = True) -> float | None:
+            self.asked.append((budget, waited))
+            return 0.02
+
+        def arrive(self, now: float, samples: int) -> None:
+            pass
+
+    held: list[Callable[[dict[str, Tensor] | None, BaseException | None], None]] = []
+    policy = Refusing()
+    b = Batcher(model="m", run=lambda model, inputs, done: held.append(done), policy=policy, max_batch_size=4,
+                interpreters=2, max_queue_size=8)
+    fresh = b.submit(_req(1, 0), 1, waited=0.02)  # within half the policy's 50 ms: not asked
+    assert policy.asked == [] and b.running == 1
+    with pytest.raises(Overloaded, match="latency budget") as refused:
+        b.submit(_req(1, 0), 1, waited=0.03)  # an interpreter is free, but it waited 30 ms of 50
+    assert policy.asked == [(None, 0.03)] and refused.value.budget == 0.05 and b.refused == 1
+    own = b.submit(_req(1, 0), 1, budget=1.0, waited=0.3)  # its own budget of 1 s: not asked
+    assert len(policy.asked) == 1 and b.refused == 1
+    for done in held:
+        done(None, ModelError("stop"))
+    for future in (fresh, own):
+        with pytest.raises(ModelError):
+            await future
+    await b.close(timeout=1)
+
+
 async def test_a_sub_millisecond_window_rearms_without_asking_the_timer(echo_pool: Pool) -> None:
     """A window shorter than a millisecond: uvloop hands back plain handles for such timers
     (no `when()`); the batcher keeps the time it armed for and must never ask the handle."""

@@ -298,12 +298,14 @@ class Batcher:
     def _admission(self, now: float, samples: int, budget: float | None, waited: float, *,
                    ahead: bool = False) -> Overloaded | None:
         """The admission rule (None: admitted). A request that must wait (others queued, or
-        every interpreter busy) is refused when the policy's admission control says so; one
-        that would take the queue past max_queue_size, always. `ahead`: asked before the
+        every interpreter busy), or that has waited past half its budget already (unread in
+        its socket, or on the loop), is refused when the policy's admission control says so;
+        one that would take the queue past max_queue_size, always. `ahead`: asked before the
         request is known (`refuse_ahead`), so the policy counts nothing."""
         queue = self._queue
         admit = self._admit
-        if admit is not None and (queue or self._running >= self.interpreters):
+        if admit is not None and (queue or self._running >= self.interpreters or (
+                waited > 0.0 and 2.0 * waited > (budget if budget is not None else self._budget or math.inf))):
             if ahead:
                 wait = admit(now, self._queued_samples, samples, budget, waited, count=False)
             else:

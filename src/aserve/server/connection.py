@@ -165,6 +165,7 @@ class Connection(asyncio.Protocol):
         self._held_until = 0.0  # loop time the hold ends
         self._held_from = 0.0  # time.monotonic() the hold began
         self._hold_counts = False  # the request read after the hold counts the hold as waited
+        self._hold_spends = False  # the hold is longer than half the budget of the refusal that set it
         self._sent_by = 0.0  # time.monotonic() the next request was sent by, at the latest (0: unknown)
         self._refusals = 0  # early refusals that held the connection, less one per answer since
         self._told_until = 0.0  # time.monotonic() before which the last refusal asked the client not to retry
@@ -556,21 +557,30 @@ class Connection(asyncio.Protocol):
         within HELD_REFUSALS_PER_S together. A refusal for a latency budget holds at most
         half that budget where that rate allows, and the request the client sent meanwhile
         then counts the hold as time it waited (`_unhold`): admitted, it is answered within
-        its budget as its client sees it. (Where so many clients send early that the rate
-        needs longer holds, a request admitted after one waited it out, beyond its budget.)"""
+        its budget as its client sees it. Where so many clients send early that the rate
+        needs holds past half the budget, the hold counts too: what waited it out is refused
+        for that wait unless the queue is short enough, and that refusal holds nothing (its
+        client did not send it early: the hold kept it), so the client's next request is
+        judged as it comes. Such holds are twice as long, the two refusals of each within the
+        rate. What is admitted is answered within its budget as its client sees it either way."""
         early = request.received < self._told_until
         self._told_until = time.monotonic() + int(response.headers.get("Retry-After", "1"))
         if not early:
             self._refusals = 0
             return
+        if self._hold_spends and request.received == self._held_from:
+            return  # it waited out a hold longer than half its budget (`_unhold` counted it): not sent early
         self._refusals += 1
         # the held connections' refusals together stay within HELD_REFUSALS_PER_S
         shortest = min(HOLD_MAX_S, (self.server.held + 1) / HELD_REFUSALS_PER_S)
         budget = response.budget
         longest = HOLD_MAX_S if budget is None else min(HOLD_MAX_S, max(budget / 2, shortest))
         hold = min(longest, max(shortest, response.hold * (1 << min(self._refusals - 1, 16))))
-        # within half the budget, what the client sent meanwhile may still be answered in time
-        self._hold(hold * (0.5 + 0.5 * random.random()), counts=budget is not None and hold <= budget / 2)
+        self._hold_spends = budget is not None and hold > budget / 2
+        if self._hold_spends:
+            # what the client sends meanwhile is likely refused for its wait, then its next comes at once
+            hold = min(HOLD_MAX_S, max(hold, 2 * shortest))
+        self._hold(hold * (0.5 + 0.5 * random.random()), counts=budget is not None)
 
     def _hold(self, seconds: float, *, counts: bool = False) -> None:
         """Read nothing for `seconds` (what was read already is still answered in order).
