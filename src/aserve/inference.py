@@ -185,7 +185,8 @@ class InferCall(msgspec.Struct, kw_only=True, gc=False):
     bytes arrived (its latency budget counts from then). route, host: the route template
     (gRPC: the method's full name) and Host a trace's server span names. timeout_ms: the
     deadline the front itself was given (gRPC's `grpc-timeout`); it may only shorten the
-    model's and the request's own."""
+    model's and the request's own. held: the connection held it unread after a refusal, and
+    `received` counts that hold (the batcher's admission judges it, `Batcher.submit`)."""
 
     codec: Codec
     model: str
@@ -200,3 +201,4 @@ class InferCall(msgspec.Struct, kw_only=True, gc=False):
     host: str = ""
     timeout_ms: float | None = None
     front: str = "http"  # the protocol it came in (http, grpc): what the metrics label it
+    held: bool = False

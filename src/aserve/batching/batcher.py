@@ -228,7 +228,7 @@ class Batcher:
     def submit(
         self, inputs: Sequence[Tensor], samples: int, /, *, deadline: float | None = None,
         budget: float | None = None, trace: RequestTrace | None = None, waited: float = 0.0,
-        context: str | None = None,
+        context: str | None = None, held: bool = False,
     ) -> asyncio.Future[dict[str, Tensor]]:
         """Queue one request; the future resolves to its outputs (split from its batch's outputs).
 
@@ -242,7 +242,9 @@ class Batcher:
         context: when it is not sampled, the caller's W3C context model code runs in
         (`tracing.batches.untraced_context`);
         waited: seconds the request already spent in the server (reading, decoding, behind
-        other requests on the event loop): its budget counts them.
+        other requests on the event loop): its budget counts them;
+        held: part of that wait was a hold of its connection after a refusal (the request
+        waited it out unread): admission judges it even where it would run at once.
 
         Raises Overloaded (the queue is full, or the policy's admission control refuses it:
         `_admission`), RequestTimeout (deadline already passed) and EngineError (closing).
@@ -257,7 +259,7 @@ class Batcher:
             loop = self._loop = asyncio.get_running_loop()
         now = self._clock()
         waited = max(0.0, waited)
-        refused = self._admission(now, samples, budget, waited)
+        refused = self._admission(now, samples, budget, waited, held=held)
         if refused is not None:
             self.refused += 1
             raise refused
@@ -296,16 +298,15 @@ class Batcher:
             raise refused
 
     def _admission(self, now: float, samples: int, budget: float | None, waited: float, *,
-                   ahead: bool = False) -> Overloaded | None:
+                   ahead: bool = False, held: bool = False) -> Overloaded | None:
         """The admission rule (None: admitted). A request that must wait (others queued, or
-        every interpreter busy), or that has waited past half its budget already (unread in
-        its socket, or on the loop), is refused when the policy's admission control says so;
-        one that would take the queue past max_queue_size, always. `ahead`: asked before the
-        request is known (`refuse_ahead`), so the policy counts nothing."""
+        every interpreter busy), or that waited out a hold of its connection (`held`), is
+        refused when the policy's admission control says so; one that would take the queue
+        past max_queue_size, always. `ahead`: asked before the request is known
+        (`refuse_ahead`), so the policy counts nothing."""
         queue = self._queue
         admit = self._admit
-        if admit is not None and (queue or self._running >= self.interpreters or (
-                waited > 0.0 and 2.0 * waited > (budget if budget is not None else self._budget or math.inf))):
+        if admit is not None and (queue or held or self._running >= self.interpreters):
             if ahead:
                 wait = admit(now, self._queued_samples, samples, budget, waited, count=False)
             else:
@@ -313,7 +314,8 @@ class Batcher:
             if wait is not None:
                 return Overloaded(
                     f"model {self.model!r} cannot answer the request within its latency budget "
-                    f"({self._queued_samples} samples queued, every interpreter busy); retry in {wait:.2f} s",
+                    f"({self._queued_samples} samples queued, {self._running} of {self.interpreters} interpreters busy"
+                    f"{', after a hold of its connection' if held else ''}); retry in {wait:.2f} s",
                     retry_after=wait, budget=budget if budget is not None else self._budget,
                 )
         shared = self._shared

@@ -145,9 +145,10 @@ class NativeBatcher:
     def submit(
         self, inputs: Sequence[Tensor], samples: int, /, *, deadline: float | None = None,
         budget: float | None = None, trace: RequestTrace | None = None, waited: float = 0.0,
-        context: str | None = None,
+        context: str | None = None, held: bool = False,
     ) -> asyncio.Future[dict[str, Tensor]]:
-        """`Batcher.submit`: queue one request in the pool; the future resolves to its outputs.
+        """`Batcher.submit`: queue one request in the pool; the future resolves to its outputs
+        (the queue's bound is its only admission: `budget`, `waited` and `held` judge nothing).
 
         A traced request, or one with a caller's context, is the host's (fronts hand them on):
         neither is taken here."""

@@ -170,7 +170,7 @@ class DataPlane:
             future = batcher.submit(
                 request.inputs, request.samples, deadline=now + limit / 1000.0,
                 budget=None if budget is None else budget / 1000.0, trace=trace,
-                waited=0.0 if call.received is None else now - call.received, context=caller,
+                waited=0.0 if call.received is None else now - call.received, context=caller, held=call.held,
             )
         except BaseException as exc:
             _failed(handle, call, trace, start, exc)

@@ -167,6 +167,7 @@ class Connection(asyncio.Protocol):
         self._hold_counts = False  # the request read after the hold counts the hold as waited
         self._hold_spends = False  # the hold is longer than half the budget of the refusal that set it
         self._sent_by = 0.0  # time.monotonic() the next request was sent by, at the latest (0: unknown)
+        self._held_over = False  # the request being read waited out a hold: Request.held
         self._refusals = 0  # early refusals that held the connection, less one per answer since
         self._told_until = 0.0  # time.monotonic() before which the last refusal asked the client not to retry
         self._task: asyncio.Future[Any] | Pending | None = None  # the answer of the request being served
@@ -262,6 +263,7 @@ class Connection(asyncio.Protocol):
             self._received = time.monotonic()
             if self._sent_by:  # it waited out a hold, unread: that counts against its budget
                 self._received, self._sent_by = self._sent_by, 0.0
+                self._held_over = True
         if len(self._url) > self._max_field and self._refusal is None:
             self._refusal = (431, self._header_message())
 
@@ -309,6 +311,8 @@ class Connection(asyncio.Protocol):
         request = Request(method_name, target, version, headers, keep_alive=parser.should_keep_alive(),
                           received=self._received, remote=self.remote)
         request.connection = self
+        if self._held_over:
+            request.held, self._held_over = True, False
         queue = self.queue
         if not queue and not self.busy:
             request.began = self._head_began
@@ -568,7 +572,7 @@ class Connection(asyncio.Protocol):
         if not early:
             self._refusals = 0
             return
-        if self._hold_spends and request.received == self._held_from:
+        if self._hold_spends and request.held:
             return  # it waited out a hold longer than half its budget (`_unhold` counted it): not sent early
         self._refusals += 1
         # the held connections' refusals together stay within HELD_REFUSALS_PER_S

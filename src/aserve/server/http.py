@@ -46,6 +46,7 @@ class Request:
     route: Any = None  # routes.Route, once matched
     state: Any = None
     ahead: Any = None  # (app, request) -> None, raising the refusal: asked if the body did not come with the head
+    held = False  # it waited out a hold of its connection unread, and `received` counts the hold
     connection: Any = None  # the Connection it arrived on (connection.py): for an answer decided later
 
     def __init__(self, method: str, target: str, version: str, headers: dict[str, str], *, keep_alive: bool = True,

@@ -36,7 +36,7 @@ def prepare(app: App, request: Request) -> None:
     call = InferCall(
         codec=codec, model=model, version=version, content_type=h.get("content-type"), accept=h.get("accept"),
         header_length=None if length is None or codec is not V2 else header_length(length), headers=h,
-        received=request.received, route=route.path, host=h.get("host", ""),
+        received=request.received, route=route.path, host=h.get("host", ""), held=request.held,
     )
     request.state = handle, call
     request.ahead = ask_ahead
