@@ -149,7 +149,9 @@ async def infer_add(http: aiohttp.ClientSession, url: str, model: str, rows: int
 async def url(start_server, tmp_path: pathlib.Path) -> str:
     repo = adaptive_repository(tmp_path / "repo")
     write_repository(repo, {"badcode": ("raise RuntimeError('cannot import me')\n", "")})
-    _, base = await start_server(repo)
+    # polling stays on rather than probed: the spin counter below must grow while the
+    # interpreters serve, and whether polling pays on this host is the probe's to say
+    _, base = await start_server(repo, spin_always=True)
     return base
 
 
