@@ -9,6 +9,8 @@ import pytest
 
 from tests.conftest import load_script, needs_torch
 
+pytestmark = pytest.mark.serial  # timed against the CPU it gets: run alone (pyproject's markers)
+
 
 @needs_torch  # the bundled cnn
 @pytest.mark.asyncio(loop_factories=["asyncio"])  # spawns `aserve serve` (MagicStack/uvloop#650)

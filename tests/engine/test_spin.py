@@ -17,6 +17,8 @@ from aserve.tensor import Tensor
 
 from ..conftest import until
 
+pytestmark = pytest.mark.serial  # timed against the CPU it gets: run alone (pyproject's markers)
+
 ENGINES = ["private", "main"] + (["subinterp"] if sys.version_info >= (3, 12) else [])
 
 DOUBLE = """

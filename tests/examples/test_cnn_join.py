@@ -17,7 +17,7 @@ from aserve.tensor import Tensor
 from ..conftest import HAVE_TORCH, needs_torch
 from .helpers import spec
 
-pytestmark = needs_torch
+pytestmark = [needs_torch, pytest.mark.serial]
 
 if HAVE_TORCH:
     import torch

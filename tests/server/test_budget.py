@@ -18,6 +18,8 @@ from aserve.batching.policy import Decision, Pending
 from .test_infer import add_inputs
 from .test_metrics import adaptive_repository
 
+pytestmark = pytest.mark.serial  # timed against the CPU it gets: run alone (pyproject's markers)
+
 
 @pytest.fixture
 async def server_url(start_server, tmp_path: pathlib.Path):

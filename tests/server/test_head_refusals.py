@@ -19,6 +19,8 @@ from .conftest import MODELS, logged, write_repository
 from .test_http_front import add_request, expected_sum, read_response
 from .test_metrics import scrape, scrape_until, value
 
+pytestmark = pytest.mark.serial  # timed against the CPU it gets: run alone (pyproject's markers)
+
 # Y = 2 X (FP32 rows of one); a negative X holds its batch until the file `gate` exists;
 # every call first sleeps `delay_ms`.
 GATE_MODEL = '''

@@ -23,6 +23,8 @@ from aserve.server.connection import HttpServer, Limits
 from aserve.server.errors import ErrorPolicy
 from aserve.server.http import Response
 
+pytestmark = pytest.mark.serial  # timed against the CPU it gets: run alone (pyproject's markers)
+
 REQUEST = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
 
 
