@@ -39,7 +39,10 @@ run without refusals to say what a 200 costs the loop), the batcher's counters
 adaptive policy's state) and, per batch size, how many batches ran and their mean
 milliseconds; and adaptive's OK/s over
 each other policy's (`window-N`, the window policy held to batches of at most N, shows
-what batches small enough for the budget serve without admission control). The exit
+what batches small enough for the budget serve without admission control). With
+`--before PYTHON`, every policy also runs on the build that Python serves, at the same
+offered load, keyed `POLICY@before`, the two builds' order alternating round by round;
+each policy's OK/s over its run on that build is `POLICY_ok_per_s_over_before`. The exit
 status is 1 when a policy answered another 5xx, a 503 without Retry-After, or its PSS
 less libraries grew more than `--max-pss-growth-mb` over the drive (the queue is bounded: so is memory).
 
@@ -48,6 +51,7 @@ less libraries grew more than `--max-pss-growth-mb` over the drive (the queue is
     .venv/bin/python loadtests/overload.py --policies window,window-4,adaptive --rounds 3
     .venv/bin/python loadtests/overload.py --policies window,window-4,adaptive --closed
     .venv/bin/python loadtests/overload.py --policies window,adaptive --closed --connections 16 --ignore-retry-after
+    .venv/bin/python loadtests/overload.py --closed --ignore-retry-after --rounds 2 --before ../base/python.sh
 
 Both servers, the client and the interpreters share the machine's cores: on 2 cores
 the figures move with whatever else runs, so compare the two policies within a run.
@@ -125,6 +129,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="largest growth of the server's PSS less libraries over a drive (peak minus before)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run everything this many times; the JSON then holds each round and the medians")
+    ap.add_argument("--before", metavar="PYTHON",
+                    help="also run every policy on the build this Python's `-m aserve.cli` serves (a script that "
+                         "sets PYTHONPATH to another checkout and runs the venv's python, as for benchmarks.http): "
+                         "its runs are keyed POLICY@before, at the same offered load, the two builds' order "
+                         "alternating round by round")
     ap.add_argument("--json", help="also write the result here")
     args = ap.parse_args(argv)
     if args.ignore_retry_after and not args.closed:
@@ -174,13 +183,14 @@ def scheduled(policy: str) -> Iterator[None]:
 class Server:
     """`aserve serve` in a child process, ready when the model is."""
 
-    def __init__(self, repo: pathlib.Path, interpreters: int, extra: list[str] | None = None) -> None:
+    def __init__(self, repo: pathlib.Path, interpreters: int, extra: list[str] | None = None,
+                 python: str = sys.executable) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's output, closed in stop()
         self.proc = subprocess.Popen(
             # chrt: the normal scheduling policy, whatever the client's (util-linux)
-            ["chrt", "--other", "0", sys.executable, "-m", "aserve.cli", "serve", str(repo), "--port",
+            ["chrt", "--other", "0", python, "-m", "aserve.cli", "serve", str(repo), "--port",
              str(self.port), "--interpreters", str(interpreters), "--log-level", "warning", *(extra or [])],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -664,8 +674,16 @@ def summary(tally: Tally, sent: int, seconds: float, budget_ms: float, server: t
     return out
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    policies = [p for p in args.policies.split(",") if p]
+BEFORE = "@before"  # the suffix of the runs on the `--before` build
+
+
+async def run(args: argparse.Namespace, round_index: int = 0) -> dict[str, Any]:
+    """One round: every policy on this build, and on `--before`'s when given (first in the odd
+    rounds); the capacity (open loop) is measured on the round's first server."""
+    builds = [("", sys.executable)] + ([(BEFORE, args.before)] if args.before else [])
+    if round_index % 2:
+        builds.reverse()
+    runs = [(policy, suffix, python) for suffix, python in builds for policy in args.policies.split(",") if policy]
     results: dict[str, Any] = {"model": MODEL, "interpreters": args.interpreters,
                                "load": "closed" if args.closed else "poisson",
                                "factor": None if args.closed else args.factor,
@@ -676,11 +694,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rate: float | None = None  # offered requests/s, from the capacity measured on the first server
     timeout = aiohttp.ClientTimeout(total=120)
     with tempfile.TemporaryDirectory(prefix="aserve-overload-") as tmp:
-        for policy in policies:
-            server = Server(repository(pathlib.Path(tmp), policy, args.budget_ms, args.admission_reserve,
-                                       args.timeout_ms),
+        for policy, suffix, python in runs:
+            server = Server(repository(pathlib.Path(tmp) / f"build{suffix}", policy, args.budget_ms,
+                                       args.admission_reserve, args.timeout_ms),
                             args.interpreters,
-                            shlex.split(args.serve_args))
+                            shlex.split(args.serve_args), python)
+            name = policy + suffix
             try:
                 client = Client(server.port, args.connections)
                 async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -688,7 +707,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     if rate is None and not args.closed:
                         cap = args.capacity or await capacity(client, min(args.connections, 64), args.capacity_seconds)
                         results["capacity_rps"] = round(cap, 1)
-                        results["capacity_measured_on"] = policy if args.capacity is None else "given"
+                        results["capacity_measured_on"] = name if args.capacity is None else "given"
                         rate = args.factor * cap
                     loop = asyncio.get_running_loop()
                     start = loop.time()
@@ -710,29 +729,35 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         client.close()
                     await split
                     counts = await within_budget_by_server(session, server.url, args.budget_ms * 1e3)
-                    results["policies"][policy] = summary(tally, sent, seconds, args.budget_ms, counts, start)
-                    results["policies"][policy]["pss_mb"] = {
+                    results["policies"][name] = summary(tally, sent, seconds, args.budget_ms, counts, start)
+                    results["policies"][name]["pss_mb"] = {
                         "before": round(before, 1), "peak": round(max(peak), 1), "after": round(server.pss_mb(), 1)}
-                    results["policies"][policy]["own_mb"] = {
+                    results["policies"][name]["own_mb"] = {
                         "before": round(own_before, 1), "peak": round(max(own_peak), 1),
                         "after": round(server.own_mb(), 1)}
-                    results["policies"][policy]["batcher"] = await batcher_state(session, server.url)
-                    results["policies"][policy]["batch_sizes"] = await batch_sizes(session, server.url)
-                    results["policies"][policy]["cores"] = cores
-                    results["policies"][policy]["loop_cpu"] = loop_cpu(spent["server_loop"],
-                                                                       results["policies"][policy])
-                    results["policies"][policy]["server_loop_sched"] = SCHED_NAMES.get(
+                    results["policies"][name]["batcher"] = await batcher_state(session, server.url)
+                    results["policies"][name]["batch_sizes"] = await batch_sizes(session, server.url)
+                    results["policies"][name]["cores"] = cores
+                    results["policies"][name]["loop_cpu"] = loop_cpu(spent["server_loop"], results["policies"][name])
+                    results["policies"][name]["server_loop_sched"] = SCHED_NAMES.get(
                         os.sched_getscheduler(server.proc.pid), "other")
-                    print(f"# {policy}: {json.dumps(results['policies'][policy])}", file=sys.stderr, flush=True)
+                    print(f"# {name}: {json.dumps(results['policies'][name])}", file=sys.stderr, flush=True)
             finally:
                 server.stop()
     results["loadavg_1m_end"] = os.getloadavg()[0]
     got = results["policies"]
-    refusal_cpu(got)
-    for other, r in got.items():
-        if other != "adaptive" and "adaptive" in got and r["ok_per_s"]:
-            results[f"adaptive_ok_per_s_over_{other.replace('-', '_')}"] = round(
-                got["adaptive"]["ok_per_s"] / r["ok_per_s"], 3)
+    for this in (True, False) if args.before else (True,):  # each build's 503s against its own 200s
+        refusal_cpu({name: r for name, r in got.items() if name.endswith(BEFORE) != this})
+    for suffix in ("", BEFORE) if args.before else ("",):
+        adaptive = got.get("adaptive" + suffix)
+        for other, r in got.items():
+            if other.endswith(BEFORE) == bool(suffix) and other != "adaptive" + suffix and adaptive and r["ok_per_s"]:
+                key = f"adaptive_ok_per_s_over_{other.removesuffix(BEFORE).replace('-', '_')}{suffix.replace('@', '_')}"
+                results[key] = round(adaptive["ok_per_s"] / r["ok_per_s"], 3)
+    for name, r in got.items():  # this build over the one before, policy by policy
+        before = got.get(name + BEFORE)
+        if before is not None and before["ok_per_s"]:
+            results[f"{name.replace('-', '_')}_ok_per_s_over_before"] = round(r["ok_per_s"] / before["ok_per_s"], 3)
     return results
 
 
@@ -753,7 +778,7 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
                              if isinstance(v, float) and all(isinstance(x["loop_cpu"].get(k), float) for x in runs)}
         out[policy] = entry
     for key in rounds[0]:
-        if key.startswith("adaptive_ok_per_s_over_"):
+        if "_ok_per_s_over_" in key:
             out[key] = statistics.median(r[key] for r in rounds)
     return out
 
@@ -761,7 +786,7 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     with scheduled(args.client_sched):
-        rounds = [uvloop.run(run(args)) for _ in range(args.rounds)]  # the client's loop, as cheap as the server's
+        rounds = [uvloop.run(run(args, i)) for i in range(args.rounds)]  # the client's loop, as cheap as the server's
     result = rounds[0] if len(rounds) == 1 else {"rounds": rounds, "medians": medians(rounds)}
     text = json.dumps(result, indent=2)
     if args.json:

@@ -4,6 +4,8 @@ refuses with 503 + Retry-After, answers no other 5xx, and its memory stays bound
 from __future__ import annotations
 
 import os
+import pathlib
+import sys
 
 import pytest
 
@@ -98,3 +100,27 @@ async def test_closed_loop_clients_that_ignore_retry_after_send_again_at_once() 
     assert adaptive["refused_503_with_retry_after"] == adaptive["refused_503"] and adaptive["ok"] > 0, adaptive
     cpu = adaptive["loop_cpu"]
     assert cpu["total_ms"] > 0 and 0 < cpu["per_answer_ms"] <= cpu["per_ok_ms"], cpu
+
+
+@needs_torch
+@pytest.mark.asyncio(loop_factories=["asyncio"])
+async def test_before_runs_every_policy_on_the_other_build_too(tmp_path: pathlib.Path) -> None:
+    # `--before PYTHON`: the same policy on the build that Python serves (here this one, through a
+    # script that leaves a mark), keyed POLICY@before; in an odd round it runs first
+    overload = load_script("overload")
+    mark = tmp_path / "ran"
+    script = tmp_path / "python.sh"
+    script.write_text(f'#!/bin/sh\ntouch "{mark}"\nexec "{sys.executable}" "$@"\n')
+    script.chmod(0o755)
+    args = overload.parse(["--policies", "window", "--closed", "--duration", "1", "--connections", "4",
+                           "--before", str(script)])
+    result = await overload.run(args, 1)
+    assert mark.exists()
+    assert list(result["policies"]) == ["window@before", "window"]
+    this, before = result["policies"]["window"], result["policies"]["window@before"]
+    for r in (this, before):
+        assert r["ok"] > 0 and r["refused_503"] == 0 and r["other_5xx"] == 0 and r["other_failures"] == {}, r
+    assert result["window_ok_per_s_over_before"] == round(this["ok_per_s"] / before["ok_per_s"], 3)
+    assert overload.problems(result, args.max_pss_growth_mb) == []
+    medians = overload.medians([result, result])
+    assert medians["window_ok_per_s_over_before"] == result["window_ok_per_s_over_before"]
