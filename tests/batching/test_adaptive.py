@@ -246,6 +246,27 @@ def test_overload_reserve_applies_only_while_arrivals_outpace_every_size() -> No
     assert wait is not None and wait >= 10.15 - kept
 
 
+def test_a_burst_before_any_batch_is_admitted_on_the_contention_measured_at_warm_up() -> None:
+    """Before any batch has been timed, admission plans with the warm-up's contention (every
+    interpreter busy), not with the curve of one batch run alone; the first batch timed
+    replaces it."""
+    model = CostModel([(b, UNIT(b)) for b in ladder(32)], max_batch_size=32, alpha=0.0)
+    alone = AdaptivePolicy(model, latency_budget_s=14.0, interpreters=1, max_queue_delay_s=0.02)
+    busy = AdaptivePolicy(model, latency_budget_s=14.0, interpreters=1, max_queue_delay_s=0.02, contention=1.5)
+    assert busy.slowdown == busy.contention == 1.5 and busy.as_dict(0.0)["contention"] == 1.5
+    for p in (alone, busy):  # a burst: the first request runs at once (ends at 3 on the curve, 4.5 at 1.5x it)
+        assert p.decide(0.0, queue(0.0), idle=1, running=0, max_batch_size=32) == Decision(1, None)
+    # behind 3 queued samples: batches of 2 end at 3 + 2 L(2) = 13 on the curve, 19.5 at 1.5x it
+    assert alone.predicted_finish(0.1, 3, 1, within=13.0) == pytest.approx(13.0)
+    assert busy.predicted_finish(0.1, 3, 1, within=14.1) > 14.1
+    assert alone.admit(0.1, 3, 1, None) is None
+    assert busy.admit(0.1, 3, 1, None) is not None  # refused: the burst would end past its budget
+    busy.observe(2, 5.0)  # a batch ran as the curve says: the measured slowdown is 1
+    assert busy.slowdown == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="contention"):
+        AdaptivePolicy(model, latency_budget_s=14.0, interpreters=1, max_queue_delay_s=0.0, contention=0.2)
+
+
 def test_invalid_settings_are_refused() -> None:
     model = CostModel([(1, 0.01)], max_batch_size=1)
     for bad in ({"latency_budget_s": 0.0}, {"interpreters": 0}, {"max_queue_delay_s": -1.0}, {"headroom": 0.5},

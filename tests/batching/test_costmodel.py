@@ -183,3 +183,47 @@ def test_invalid_models_are_refused() -> None:
         CostModel([(1, 0.0)], max_batch_size=4)
     with pytest.raises(ValueError, match="batch size must be >= 1"):
         CostModel([(0, 1.0)], max_batch_size=4)
+
+
+LOCKED = '''
+import fcntl
+import time
+from aserve.runtime import Model, TensorSpec
+
+class Locked(Model):
+    """Y = X, each batch holding one file lock for `hold` seconds: two batches at once take
+    one hold and two, whichever interpreters run them."""
+    inputs = (TensorSpec("X", "FP32", (-1, 2)),)
+    outputs = (TensorSpec("Y", "FP32", (-1, 2)),)
+
+    def load(self):
+        self.lock = open(self.parameters["lock"], "w")
+        self.hold = float(self.parameters["hold"])
+
+    def __call__(self, inputs):
+        fcntl.flock(self.lock, fcntl.LOCK_EX)
+        try:
+            time.sleep(self.hold)
+        finally:
+            fcntl.flock(self.lock, fcntl.LOCK_UN)
+        return {"Y": inputs["X"]}
+'''
+
+
+@pytest.mark.serial  # its ratio is of two timings: a test beside it on the same core skews one of them
+async def test_contention_is_measured_with_every_interpreter_running_a_batch(model_dir, tmp_path) -> None:
+    """`contention`: batches run on every interpreter at once, against the curve measured one
+    at a time. Batches serialised by a lock take one hold and two when two run at once: their
+    median is 1.5 holds, against one hold alone; with one interpreter nothing runs (1.0)."""
+    from aserve.batching.costmodel import contention, warmup
+    from aserve.engine import ModelSpec, Pool
+
+    folder = model_dir(LOCKED)
+    parameters = {"lock": str(tmp_path / "lock"), "hold": 0.1}
+    async with Pool(engine="private", interpreters=2) as pool:
+        info = await pool.load(ModelSpec(name="locked", path=str(folder), parameters=parameters))
+        cost = await warmup(pool, info, 4, repeats=2)  # alone: one hold (and the pool's own time)
+        ratio = await contention(pool, info, cost, 4, repeats=2)
+        assert 1.25 < ratio < 4.0, ratio
+        one = await pool.load(ModelSpec(name="one", path=str(folder), parameters=parameters), interpreters=1)
+        assert await contention(pool, one, cost, 4) == 1.0

@@ -15,13 +15,10 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 
-from .costmodel import CostModel
+from .costmodel import SLOWDOWN_RANGE, CostModel
 from .policy import Decision, Pending
 
 WAIT = Decision(0, None)
-# One batch's run time over its prediction counts within these bounds (a stalled batch
-# moves the slowdown by a bounded step).
-SLOWDOWN_RANGE = (0.5, 4.0)
 # Admission and the backlog size plan with batches this many mean deviations slower than
 # the slowdown: batch times jitter, and a request admitted on the mean would miss its
 # budget whenever its batch runs long.
@@ -64,6 +61,10 @@ class AdaptivePolicy:
     tolerance: the efficient size is the smallest within `tolerance` of the best
       throughput.
     slowdown_alpha: weight of one batch in the slowdown.
+    contention: the slowdown to plan with before any batch has been observed: how much
+      longer a batch runs while every interpreter runs one (`costmodel.contention`, measured
+      at warm-up). A burst that meets a server fresh from its warm-up is admitted on it, not
+      on the curve of a batch run alone; the first observed batch replaces it.
     """
 
     def __init__(
@@ -79,6 +80,7 @@ class AdaptivePolicy:
         overload_reserve: float = 0.0,
         tolerance: float = 0.05,
         slowdown_alpha: float = 0.2,
+        contention: float = 1.0,
     ) -> None:
         if not latency_budget_s > 0:
             raise ValueError(f"latency_budget_s must be > 0, got {latency_budget_s}")
@@ -98,6 +100,9 @@ class AdaptivePolicy:
             raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
         if not 0.0 <= slowdown_alpha <= 1.0:
             raise ValueError(f"slowdown_alpha must be in [0, 1], got {slowdown_alpha}")
+        low, high = SLOWDOWN_RANGE
+        if not low <= contention <= high:
+            raise ValueError(f"contention must be in [{low}, {high}], got {contention}")
         self.cost = cost
         self.latency_budget_s = latency_budget_s
         self.interpreters = interpreters
@@ -118,8 +123,9 @@ class AdaptivePolicy:
         self._flight: list[tuple[float, float]] = []  # batches in flight: (dispatched, predicted L(b))
         self._observed = 0
         self._spread = 0.0  # mean absolute deviation of a batch's ratio from the slowdown
-        self._cautious = 1.0  # the slowdown of a slow spell: slowdown + CAUTION x spread
-        self._slowdown = 1.0  # batches' seconds over the cost model's prediction, averaged
+        self.contention = contention
+        self._cautious = contention  # the slowdown of a slow spell: slowdown + CAUTION x spread
+        self._slowdown = contention  # batches' seconds over the cost model's prediction, averaged
         self._sizes_key: tuple[float, int, int, float, int] | None = None
         self._sizes_cached = (1, 1)
         self._pays_key: tuple[int, int] | None = None
@@ -521,6 +527,7 @@ class AdaptivePolicy:
             "backlog_batch": backlog,
             "slowdown": self._slowdown,
             "slowdown_cautious": self._cautious,
+            "contention": self.contention,
             "drain_rate_samples_per_s": self.interpreters * backlog / self.effective(backlog),
             "cost": self.cost.as_dict(),
         }

@@ -18,6 +18,7 @@ followed within tens of batches.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import math
 import statistics
@@ -28,6 +29,10 @@ from typing import Any
 from ..engine import ModelInfo, Pool
 from ..runtime.datatypes import DATATYPES, element_count, encode_bytes
 from ..tensor import Tensor, concat_inputs, split_outputs
+
+# One batch's run time over its prediction counts within these bounds (a stalled batch
+# moves the slowdown by a bounded step).
+SLOWDOWN_RANGE = (0.5, 4.0)
 
 FORMS = ("interp", "affine", "logistic")
 # Smallest residual scale, relative to the prediction: timings on a shared machine
@@ -472,6 +477,33 @@ async def measure(
             await pool.infer(model_info.name, inputs[b])
             times[b].append(time.perf_counter() - start)
     return [(b, statistics.median(times[b])) for b in sizes]
+
+
+async def contention(pool: Pool, model_info: ModelInfo, cost: CostModel, max_batch_size: int, *,
+                     repeats: int = 3) -> float:
+    """How much longer a batch takes while every interpreter of the model runs one at once
+    than `cost` predicts for it alone: the median over `repeats` rounds of the batches'
+    seconds over the prediction, within SLOWDOWN_RANGE and at least 1 (1.0 with one
+    interpreter). The batch is the ladder's middle size (size 1 for a model that does not
+    batch). A burst of requests meets every interpreter busy before any batch under load has
+    been timed: admission plans with this until one has (`AdaptivePolicy(contention=)`)."""
+    n = model_info.interpreters
+    if n < 2:
+        return 1.0
+    sizes = ladder(max_batch_size) if max_batch_size > 0 else [1]
+    size = sizes[len(sizes) // 2]
+    inputs = sample_inputs(model_info, size, batched=max_batch_size > 0)
+
+    async def timed() -> float:
+        start = time.perf_counter()
+        await pool.infer(model_info.name, inputs)
+        return time.perf_counter() - start
+
+    ratios = []
+    for _ in range(max(1, repeats)):
+        times = await asyncio.gather(*(timed() for _ in range(n)))
+        ratios.append(statistics.median(times) / cost.predict(size))
+    return min(SLOWDOWN_RANGE[1], max(1.0, statistics.median(ratios)))
 
 
 async def warmup(

@@ -15,7 +15,7 @@ import msgspec
 
 from ..batching import Batcher, BatchPolicy, WindowPolicy
 from ..batching.adaptive import AdaptivePolicy
-from ..batching.costmodel import warmup
+from ..batching.costmodel import contention, warmup
 from ..batching.join import JoinPlanner, measure_stages
 from ..batching.joining import Joining
 from ..batching.native import NativeBatcher
@@ -43,6 +43,7 @@ async def make_policy(
     policy = AdaptivePolicy(
         cost, latency_budget_s=budget, interpreters=info.interpreters,
         max_queue_delay_s=batching.max_queue_delay_ms / 1000.0, overload_reserve=batching.admission_reserve,
+        contention=await contention(pool, info, cost, max_batch_size),
     )
     joining = None
     if batching.layer_join and info.stages > 0 and max_batch_size > 0:
