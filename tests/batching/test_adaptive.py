@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from aserve.batching.adaptive import OVERLOAD_SUSTAINED_S, AdaptivePolicy
+from aserve.batching.adaptive import CAUTION, OVERLOAD_SUSTAINED_S, AdaptivePolicy
 from aserve.batching.costmodel import CostModel, ladder
 from aserve.batching.policy import Decision
 
@@ -254,6 +254,9 @@ def test_a_burst_before_any_batch_is_admitted_on_the_contention_measured_at_warm
     alone = AdaptivePolicy(model, latency_budget_s=14.0, interpreters=1, max_queue_delay_s=0.02)
     busy = AdaptivePolicy(model, latency_budget_s=14.0, interpreters=1, max_queue_delay_s=0.02, contention=1.5)
     assert busy.slowdown == busy.contention == 1.5 and busy.as_dict(0.0)["contention"] == 1.5
+    # how far a batch alone is from one with every interpreter busy is the spread it plans with
+    assert busy.as_dict(0.0)["slowdown_cautious"] == pytest.approx(1.5 + CAUTION * 0.5)
+    assert alone.as_dict(0.0)["slowdown_cautious"] == 1.0
     for p in (alone, busy):  # a burst: the first request runs at once (ends at 3 on the curve, 4.5 at 1.5x it)
         assert p.decide(0.0, queue(0.0), idle=1, running=0, max_batch_size=32) == Decision(1, None)
     # behind 3 queued samples: batches of 2 end at 3 + 2 L(2) = 13 on the curve, 19.5 at 1.5x it

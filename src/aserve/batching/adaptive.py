@@ -63,8 +63,9 @@ class AdaptivePolicy:
     slowdown_alpha: weight of one batch in the slowdown.
     contention: the slowdown to plan with before any batch has been observed: how much
       longer a batch runs while every interpreter runs one (`costmodel.contention`, measured
-      at warm-up). A burst that meets a server fresh from its warm-up is admitted on it, not
-      on the curve of a batch run alone; the first observed batch replaces it.
+      at warm-up), its distance from 1 the spread. A burst that meets a server fresh from its
+      warm-up is admitted on it, not on the curve of a batch run alone; the first observed
+      batch replaces both.
     """
 
     def __init__(
@@ -122,10 +123,12 @@ class AdaptivePolicy:
         self._outpaced_since: float | None = None  # since when no batch size keeps up (None: one does)
         self._flight: list[tuple[float, float]] = []  # batches in flight: (dispatched, predicted L(b))
         self._observed = 0
-        self._spread = 0.0  # mean absolute deviation of a batch's ratio from the slowdown
         self.contention = contention
-        self._cautious = contention  # the slowdown of a slow spell: slowdown + CAUTION x spread
+        # mean absolute deviation of a batch's ratio from the slowdown: before any batch, the
+        # distance between a batch alone and one with every interpreter busy
+        self._spread = contention - 1.0 if contention > 1.0 else 0.0
         self._slowdown = contention  # batches' seconds over the cost model's prediction, averaged
+        self._cautious = contention + CAUTION * self._spread  # a slow spell's: slowdown + CAUTION x spread
         self._sizes_key: tuple[float, int, int, float, int] | None = None
         self._sizes_cached = (1, 1)
         self._pays_key: tuple[int, int] | None = None
