@@ -746,14 +746,15 @@ async def run(args: argparse.Namespace, round_index: int = 0) -> dict[str, Any]:
                 server.stop()
     results["loadavg_1m_end"] = os.getloadavg()[0]
     got = results["policies"]
-    for this in (True, False) if args.before else (True,):  # each build's 503s against its own 200s
-        refusal_cpu({name: r for name, r in got.items() if name.endswith(BEFORE) != this})
-    for suffix in ("", BEFORE) if args.before else ("",):
-        adaptive = got.get("adaptive" + suffix)
-        for other, r in got.items():
-            if other.endswith(BEFORE) == bool(suffix) and other != "adaptive" + suffix and adaptive and r["ok_per_s"]:
-                key = f"adaptive_ok_per_s_over_{other.removesuffix(BEFORE).replace('-', '_')}{suffix.replace('@', '_')}"
-                results[key] = round(adaptive["ok_per_s"] / r["ok_per_s"], 3)
+    for suffix in ("", BEFORE) if args.before else ("",):  # each build's runs against its own
+        built = {name: r for name, r in got.items() if name.endswith(BEFORE) == bool(suffix)}
+        refusal_cpu(built)
+        adaptive = built.get("adaptive" + suffix)
+        for name, r in built.items():
+            if adaptive is not None and r is not adaptive and r["ok_per_s"]:
+                policy = name.removesuffix(suffix).replace("-", "_")
+                results[f"adaptive_ok_per_s_over_{policy}{suffix.replace('@', '_')}"] = round(
+                    adaptive["ok_per_s"] / r["ok_per_s"], 3)
     for name, r in got.items():  # this build over the one before, policy by policy
         before = got.get(name + BEFORE)
         if before is not None and before["ok_per_s"]:
@@ -766,7 +767,7 @@ MEDIAN_FIELDS = ("ok_per_s", "admitted_p50_ms", "admitted_p99_ms", "within_budge
 
 def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Per policy, the median over rounds of each of MEDIAN_FIELDS, of the cores and of the
-    loop's CPU per answer; and of each adaptive_ok_per_s_over_* ratio (each taken within its round)."""
+    loop's CPU per answer; and of each *_ok_per_s_over_* ratio (each taken within its round)."""
     out: dict[str, Any] = {}
     for policy in rounds[0]["policies"]:
         runs = [r["policies"][policy] for r in rounds]

@@ -9,12 +9,15 @@ import pytest
 
 from aserve.batching.costmodel import (
     CostModel,
+    contention,
     fit_affine,
     fit_logistic,
     ladder,
     logistic_latency,
     monotone,
+    warmup,
 )
+from aserve.engine import ModelSpec, Pool
 
 LOGISTIC = (2e-3, 2e-4, 8.0, 1.5)  # per-sample 2 ms alone, 0.2 ms when amortised, bend near 8
 
@@ -215,9 +218,6 @@ async def test_contention_is_measured_with_every_interpreter_running_a_batch(mod
     """`contention`: batches run on every interpreter at once, against the curve measured one
     at a time. Batches serialised by a lock take one hold and two when two run at once: their
     median is 1.5 holds, against one hold alone; with one interpreter nothing runs (1.0)."""
-    from aserve.batching.costmodel import contention, warmup
-    from aserve.engine import ModelSpec, Pool
-
     folder = model_dir(LOCKED)
     parameters = {"lock": str(tmp_path / "lock"), "hold": 0.1}
     async with Pool(engine="private", interpreters=2) as pool:

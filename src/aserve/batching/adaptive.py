@@ -126,7 +126,7 @@ class AdaptivePolicy:
         self.contention = contention
         # mean absolute deviation of a batch's ratio from the slowdown: before any batch, the
         # distance between a batch alone and one with every interpreter busy
-        self._spread = contention - 1.0 if contention > 1.0 else 0.0
+        self._spread = max(0.0, contention - 1.0)
         self._slowdown = contention  # batches' seconds over the cost model's prediction, averaged
         self._cautious = contention + CAUTION * self._spread  # a slow spell's: slowdown + CAUTION x spread
         self._sizes_key: tuple[float, int, int, float, int] | None = None

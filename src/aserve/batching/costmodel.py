@@ -490,7 +490,7 @@ async def contention(pool: Pool, model_info: ModelInfo, cost: CostModel, max_bat
     n = model_info.interpreters
     if n < 2:
         return 1.0
-    sizes = ladder(max_batch_size) if max_batch_size > 0 else [1]
+    sizes = ladder(max_batch_size)  # [1] for a model that does not batch
     size = sizes[len(sizes) // 2]
     inputs = sample_inputs(model_info, size, batched=max_batch_size > 0)
 
