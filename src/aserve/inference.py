@@ -186,7 +186,9 @@ class InferCall(msgspec.Struct, kw_only=True, gc=False):
     (gRPC: the method's full name) and Host a trace's server span names. timeout_ms: the
     deadline the front itself was given (gRPC's `grpc-timeout`); it may only shorten the
     model's and the request's own. held: the connection held it unread after a refusal, and
-    `received` counts that hold (the batcher's admission judges it, `Batcher.submit`)."""
+    `received` counts that hold (the batcher's admission judges it, `Batcher.submit`).
+    admission: what the batcher was asked to admit (samples, latency budget in seconds or
+    None), set by `DataPlane.submit` once the body is decoded (`DataPlane.refuse_again`)."""
 
     codec: Codec
     model: str
@@ -202,3 +204,4 @@ class InferCall(msgspec.Struct, kw_only=True, gc=False):
     timeout_ms: float | None = None
     front: str = "http"  # the protocol it came in (http, grpc): what the metrics label it
     held: bool = False
+    admission: tuple[int, float | None] | None = None

@@ -176,6 +176,32 @@ def test_admission_asked_ahead_answers_alike_and_counts_nothing() -> None:
     assert answers == [True, True, False, True, False]  # admitted and refused alike
 
 
+def test_refuses_answers_as_admit_and_counts_only_a_refusal() -> None:
+    """`refuses` (a request refused before, sent again) answers what `admit` answers; where
+    that is a refusal, it counts the arrival as `admit` does; where it admits, nothing is
+    counted (the request is then asked about in full)."""
+
+    def made() -> AdaptivePolicy:
+        p = policy(UNIT, budget=14.0, interpreters=1)
+        p.decide(0.0, queue(0.0), idle=1, running=0, max_batch_size=32)
+        for i in range(5):
+            p.admit(0.1 * (i + 1), i, 1, None)
+        return p
+
+    answers = []
+    for queued, budget in ((3, None), (3, 12.0), (7, None), (3, 20.0), (40, 20.0)):
+        p, asked = made(), made()
+        before = p.as_dict(1.0)
+        wait = p.refuses(1.0, queued, 1, budget)
+        assert wait == asked.admit(1.0, queued, 1, budget)
+        if wait is None:
+            assert p.as_dict(1.0) == before and p.keep_up_batch(1.0, 32) == made().keep_up_batch(1.0, 32)
+        else:
+            assert p.as_dict(1.0) == asked.as_dict(1.0) != before
+        answers.append(wait is None)
+    assert answers == [True, True, False, True, False]  # admitted and refused alike
+
+
 @pytest.mark.parametrize("cost", [OVERHEAD, LINEAR, BENT, CNN, UNIT, UNIT_FLAT],
                          ids=["overhead", "linear", "bent", "cnn", "unit", "unit-flat"])
 def test_a_sure_admission_is_one_the_full_prediction_makes(cost: Callable[[int], float]) -> None:

@@ -217,6 +217,66 @@ async def test_refusing_ahead_asks_the_rule_submit_applies() -> None:
     await b.close(timeout=1)
 
 
+@pytest.mark.parametrize("refuses", [True, False], ids=["policy-refuses", "policy-admit-only"])
+async def test_refusing_again_answers_as_submit_and_counts_only_a_refusal(refuses: bool) -> None:
+    """A request refused before, sent again (`refuse_again`), meets `submit`'s admission with
+    its own samples and budget: refused, it counts as `submit` counts a refusal (the policy's
+    arrival included); admitted, nothing is counted and nothing queued (its caller submits it).
+    A policy with `refuses` is asked that; one with `admit` alone, ahead, then told the arrival."""
+
+    class Admitting(WindowPolicy):
+        """Admission control that refuses unless the budget is at least a second."""
+
+        def __init__(self) -> None:
+            super().__init__(max_queue_delay=0.001)
+            self.asked: list[tuple[str, int, int, float | None]] = []
+            self.arrived: list[int] = []
+
+        def admit(self, now: float, queued_samples: int, samples: int, budget: float | None, waited: float, *,
+                  count: bool = True) -> float | None:
+            self.asked.append(("admit" if count else "ahead", queued_samples, samples, budget))
+            if count:
+                self.arrived.append(samples)
+            return None if budget is not None and budget >= 1.0 else 0.5
+
+        def arrive(self, now: float, samples: int) -> None:
+            self.arrived.append(samples)
+
+    class Refusing(Admitting):
+        def refuses(self, now: float, queued_samples: int, samples: int, budget: float | None,
+                    waited: float) -> float | None:
+            self.asked.append(("refuses", queued_samples, samples, budget))
+            wait = None if budget is not None and budget >= 1.0 else 0.5
+            if wait is not None:
+                self.arrived.append(samples)
+            return wait
+
+    held: list[Callable[[dict[str, Tensor] | None, BaseException | None], None]] = []
+    policy = Refusing() if refuses else Admitting()
+    b = Batcher(model="m", run=lambda model, inputs, done: held.append(done), policy=policy, max_batch_size=4,
+                interpreters=1, max_queue_size=3)
+    assert b.refuse_again(2) is None and policy.asked == []  # an interpreter is free: nothing to ask
+    running = b.submit(_req(1, 0), 1, budget=2.0)
+    policy.arrived.clear()
+    asked = "refuses" if refuses else "ahead"
+    assert b.refuse_again(2, budget=2.0, waited=0.1) is None  # admitted: nothing counted, nothing queued
+    assert policy.asked == [(asked, 0, 2, 2.0)] and policy.arrived == [] and b.refused == 0 and b.queued == 0
+    refused = b.refuse_again(2)  # the policy's own budget: refused, its arrival counted once
+    assert isinstance(refused, Overloaded) and refused.retry_after == 0.5 and "latency budget" in str(refused)
+    assert policy.asked[-1] == (asked, 0, 2, None) and policy.arrived == [2] and b.refused == 1
+    queued = b.submit(_req(3, 0), 3, budget=2.0)
+    refused = b.refuse_again(1, budget=2.0)  # admitted by the policy, one sample over the queue's size
+    assert isinstance(refused, Overloaded) and "max_queue_size 3" in str(refused) and b.refused == 2
+    assert policy.arrived == [2, 3, 1]  # the policy admitted it, and was asked: the arrival counts, as in submit
+    held[0](None, ModelError("stop"))
+    with pytest.raises(ModelError):
+        await running
+    held[1](None, ModelError("stop"))
+    with pytest.raises(ModelError):
+        await queued
+    await b.close(timeout=1)
+
+
 async def test_a_request_that_waited_out_a_hold_is_asked_about_even_with_an_idle_interpreter() -> None:
     """A request that would run at once is admitted unasked, however long it took to read
     (a budget tighter than the loop's own time is still served by an idle server), unless it

@@ -314,3 +314,57 @@ async def test_a_client_that_ignores_retry_after_is_held_and_one_that_waits_is_n
         gate.touch()
         for _, w in (eager, patient):
             w.close()
+
+
+async def test_a_refused_request_sent_again_byte_for_byte_is_judged_by_admission_alone(
+        start_server, repo: pathlib.Path, gate: pathlib.Path, http: aiohttp.ClientSession,
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that sends the very bytes of a request its model's admission refused, again at
+    once: each time refused as the first was (503, Retry-After, the queue's message), held as
+    any early client is, counted once and access-logged, with its body not decoded again (on
+    the host's loop, where the test sees the codec); once the queue has room, the same bytes
+    are admitted and answered."""
+    from aserve.protocol.v2 import V2Codec
+
+    decoded = []
+    decode = V2Codec.decode
+
+    def counting(self: V2Codec, call: object, schema: object) -> object:
+        decoded.append(call)
+        return decode(self, call, schema)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(V2Codec, "decode", counting)
+    server, url = await start_server(repo, access_log=True, request_timeout_s=60.0, log_level="info")
+    caplog.set_level("INFO", logger="aserve.access")
+    labels = {"model": "gate", "version": "1"}
+    running = asyncio.ensure_future(infer(http, url, "gate", -1.0))
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    data = request("gate", 1.5)
+    try:
+        waiting = await fill_the_queue(http, url)
+        before = len(decoded)
+        for _ in range(3):
+            writer.write(data)
+            status, headers, body = await read_response(reader)
+            assert status == 503 and headers["retry-after"] in ("1", "2") and "connection" not in headers
+            assert "max_queue_size 1" in json.loads(body)["error"]
+        if server.loops is None:
+            assert len(decoded) - before == 1, "the same bytes were decoded again"
+        m = await scrape(http, url)
+        assert value(m, "aserve_inference_refused_total", **labels) == 3
+        assert value(m, "aserve_inference_request_failure_total", **labels, reason="overloaded") == 3
+        gate.touch()
+        assert await running == (200, [-2.0]) and await waiting == (200, [4.0])
+        writer.write(data)
+        status, _, body = await read_response(reader)
+        assert status == 200 and outputs(body) == [3.0]
+    finally:
+        gate.touch()
+        writer.close()
+    m = await scrape(http, url)
+    assert value(m, "aserve_inference_refused_total", **labels) == 3
+    assert value(m, "aserve_inference_request_success_total", **labels) == 3
+    lines = await logged(caplog, 6, lambda r: r.name == "aserve.access"
+                         and r.request == "POST /v2/models/gate/infer HTTP/1.1",  # type: ignore[attr-defined]
+                         "six access log lines")
+    assert sorted(r.status for r in lines) == [200, 200, 200, 503, 503, 503]  # type: ignore[attr-defined]

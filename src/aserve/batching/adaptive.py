@@ -32,6 +32,9 @@ OVERLOAD_SUSTAINED_S = 0.5
 # its samples over the batch size.
 PACKING = 0.75
 
+# what counting an arrival changes: gap, samples, arrivals, last arrival, keep-up size, outpaced since
+_Arrivals = tuple[float | None, float, int, float | None, int | None, float | None]
+
 
 def _prefix(sizes: Sequence[int], limit: int) -> int:
     """How many requests from the head fit in `limit` samples (cumulative `sizes`), at least 1."""
@@ -497,13 +500,11 @@ class AdaptivePolicy:
         if not count:
             if self.admits_surely(now, queued_samples, samples, budget, waited):
                 return None  # asked again, in full, once the body says what the request holds
-            kept = (self._gap, self._samples, self._arrivals, self._last_arrival, self._keep_up,
-                    self._outpaced_since)
+            kept = self._arrival_state()
             try:
                 return self.admit(now, queued_samples, samples, budget, waited)
             finally:
-                (self._gap, self._samples, self._arrivals, self._last_arrival, self._keep_up,
-                 self._outpaced_since) = kept
+                self._restore_arrivals(kept)
         self.arrive(now, samples)
         factor = self.admit_factor
         since = self._outpaced_since  # set only while no batch size keeps up
@@ -515,6 +516,24 @@ class AdaptivePolicy:
             return None
         c = self.backlog_batch(self.latency_budget_s, self.cost.max_batch_size)
         return max(finish - limit, self.effective(c) / self.interpreters)
+
+    def refuses(self, now: float, queued_samples: int, samples: int = 1, budget: float | None = None,
+                waited: float = 0.0) -> float | None:
+        """`admit` where only a refusal counts: its Retry-After, the arrival counted as `admit`
+        counts it, or None with nothing counted (the request is then asked about in full, by
+        `admit`). For a request already known, the one `admit` refused before, sent again."""
+        kept = self._arrival_state()
+        wait = self.admit(now, queued_samples, samples, budget, waited)
+        if wait is None:
+            self._restore_arrivals(kept)
+        return wait
+
+    def _arrival_state(self) -> _Arrivals:
+        """What counting an arrival changes (`arrive`)."""
+        return (self._gap, self._samples, self._arrivals, self._last_arrival, self._keep_up, self._outpaced_since)
+
+    def _restore_arrivals(self, kept: _Arrivals) -> None:
+        self._gap, self._samples, self._arrivals, self._last_arrival, self._keep_up, self._outpaced_since = kept
 
     def as_dict(self, now: float) -> dict[str, object]:
         """JSON-ready state for metrics: budget, arrival rate, batch sizes, slowdown, cost model."""

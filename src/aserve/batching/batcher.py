@@ -149,6 +149,8 @@ class Batcher:
         # -> Retry-After seconds | None, and arrive(now, samples) for the requests refused ahead (policy.py)
         self._admit: Admit | None = getattr(policy, "admit", None)
         self._arrive: Callable[[float, int], None] | None = getattr(policy, "arrive", None)
+        # and refuses(now, queued_samples, samples, budget, waited): admit, counting only a refusal
+        self._refuses: Callable[..., float | None] | None = getattr(policy, "refuses", None)
         # the policy's own latency budget, which its refusals name when the request has none
         self._budget: float | None = getattr(policy, "latency_budget_s", None)
         self._queue: collections.deque[Request] = collections.deque()
@@ -297,6 +299,37 @@ class Batcher:
             self.refused += 1
             raise refused
 
+    def refuse_again(self, samples: int, /, *, budget: float | None = None, waited: float = 0.0,
+                     held: bool = False) -> Overloaded | None:
+        """`submit`'s admission alone, for a request it refused before, byte for byte again
+        (a client that does not wait as told): the Overloaded `submit` would raise, counted as
+        `submit` counts a refusal (the policy's arrival included where the policy was asked),
+        or None where `submit` would admit it, with nothing counted (the caller then submits
+        it). Spares a refusal the decoding and the queueing."""
+        if self._closed:
+            return None
+        now = self._clock()
+        waited = max(0.0, waited)
+        asked = self._admit is not None and (self._queue or held or self._running >= self.interpreters)
+        refuses = self._refuses
+        counted = False  # the policy counted the arrival itself
+        refused = None
+        if asked:
+            if refuses is not None:  # counts the arrival of what it refuses, and nothing else
+                refused = self._policy_refusal(refuses(now, self._queued_samples, samples, budget, waited), budget,
+                                               held)
+                counted = refused is not None
+            else:
+                refused = self._policy_refusal(self._admit(now, self._queued_samples, samples, budget,  # type: ignore[misc]
+                                                           waited, count=False), budget, held)
+        if refused is None:
+            refused = self._queue_refusal(samples)
+        if refused is not None:
+            if asked and not counted and self._arrive is not None:
+                self._arrive(now, samples)  # the policy was asked: its arrival counts, as in submit
+            self.refused += 1
+        return refused
+
     def _admission(self, now: float, samples: int, budget: float | None, waited: float, *,
                    ahead: bool = False, held: bool = False) -> Overloaded | None:
         """The admission rule (None: admitted). A request that must wait (others queued, or
@@ -304,23 +337,32 @@ class Batcher:
         refused when the policy's admission control says so; one that would take the queue
         past max_queue_size, always. `ahead`: asked before the request is known
         (`refuse_ahead`), so the policy counts nothing."""
-        queue = self._queue
         admit = self._admit
-        if admit is not None and (queue or held or self._running >= self.interpreters):
+        if admit is not None and (self._queue or held or self._running >= self.interpreters):
             if ahead:
                 wait = admit(now, self._queued_samples, samples, budget, waited, count=False)
             else:
                 wait = admit(now, self._queued_samples, samples, budget, waited)
             if wait is not None:
-                return Overloaded(
-                    f"model {self.model!r} cannot answer the request within its latency budget "
-                    f"({self._queued_samples} samples queued, {self._running} of {self.interpreters} interpreters busy"
-                    f"{', after a hold of its connection' if held else ''}); retry in {wait:.2f} s",
-                    retry_after=wait, budget=budget if budget is not None else self._budget,
-                )
+                return self._policy_refusal(wait, budget, held)
+        return self._queue_refusal(samples)
+
+    def _policy_refusal(self, wait: float | None, budget: float | None, held: bool) -> Overloaded | None:
+        """The refusal of the policy's admission control, whose Retry-After is `wait` (None: none)."""
+        if wait is None:
+            return None
+        return Overloaded(
+            f"model {self.model!r} cannot answer the request within its latency budget "
+            f"({self._queued_samples} samples queued, {self._running} of {self.interpreters} interpreters busy"
+            f"{', after a hold of its connection' if held else ''}); retry in {wait:.2f} s",
+            retry_after=wait, budget=budget if budget is not None else self._budget,
+        )
+
+    def _queue_refusal(self, samples: int) -> Overloaded | None:
+        """The queue bound's refusal of `samples` more, over every loop's queue of the model."""
         shared = self._shared
         queued = self._queued_samples if shared is None else shared.total()
-        return queue_full(self.model, queued, samples, self.max_queue_size, waiting=bool(queue))
+        return queue_full(self.model, queued, samples, self.max_queue_size, waiting=bool(self._queue))
 
     def withdraw(self, future: asyncio.Future[dict[str, Tensor]]) -> None:
         """The caller stopped waiting for `future`: free its place if it has not run yet."""

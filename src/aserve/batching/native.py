@@ -209,6 +209,16 @@ class NativeBatcher:
             self.refused += 1
             raise refused
 
+    def refuse_again(self, samples: int, /, *, budget: float | None = None, waited: float = 0.0,
+                     held: bool = False) -> Overloaded | None:
+        """`Batcher.refuse_again`: the queue bound's refusal `submit` would raise, counted, or None."""
+        if self._closed:
+            return None
+        refused = self._admission(samples)
+        if refused is not None:
+            self.refused += 1
+        return refused
+
     def _admission(self, samples: int) -> Overloaded | None:
         return queue_full(self.model, self._shared.total(), samples, self.max_queue_size)
 

@@ -163,13 +163,14 @@ class DataPlane:
             timeout = call.timeout_ms  # the front's deadline (gRPC's)
             if timeout is not None and timeout < limit:
                 limit = timeout
-            budget = request.latency_budget_ms
+            budget_ms = request.latency_budget_ms
+            budget = None if budget_ms is None else budget_ms / 1000.0
+            call.admission = (request.samples, budget)
             now = time.monotonic()
             batcher = handle.batcher
             assert batcher is not None  # require_ready checked it
             future = batcher.submit(
-                request.inputs, request.samples, deadline=now + limit / 1000.0,
-                budget=None if budget is None else budget / 1000.0, trace=trace,
+                request.inputs, request.samples, deadline=now + limit / 1000.0, budget=budget, trace=trace,
                 waited=0.0 if call.received is None else now - call.received, context=caller, held=call.held,
             )
         except BaseException as exc:
@@ -185,6 +186,31 @@ class DataPlane:
         else:
             future.add_done_callback(pending.ran)
         return pending
+
+    def refuse_again(self, call: InferCall, handle: ModelHandle, *, received: float, held: bool) -> Overloaded | None:
+        """A call `submit` refused for overload (Overloaded), sent again byte for byte (a client
+        that does not wait as told), judged by its model's admission alone: the refusal, counted
+        as `submit` counts one, or None where `submit` may admit it (nothing counted: the caller
+        submits it as a new call). `received`, `held`: the new request's (`InferCall`'s fields).
+        Where the call would meet anything else now (tracing on, another handle for the name, a
+        model not ready), None too."""
+        admission = call.admission
+        if admission is None or self.tracer is not None or handle.retired or not handle.ready:
+            return None
+        try:
+            if self.registry.get(call.model, call.version) is not handle:
+                return None
+        except AserveError:
+            return None
+        batcher = handle.batcher
+        if batcher is None:
+            return None
+        start = time.perf_counter()
+        samples, budget = admission
+        refused = batcher.refuse_again(samples, budget=budget, waited=time.monotonic() - received, held=held)
+        if refused is not None:
+            _failed(handle, call, None, start, refused)
+        return refused
 
 
 Done = Callable[[Answer | None, BaseException | None], None]

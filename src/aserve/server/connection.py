@@ -45,10 +45,11 @@ import msgspec
 from ..bounded import Bounded
 from ..config import ServerSettings
 from ..dataplane.plane import Pending
-from ..errors import BodyTimeout, InvalidInput, PayloadTooLarge
+from ..errors import BodyTimeout, InvalidInput, Overloaded, PayloadTooLarge
 from ..inference import Answer
 from .errors import error_response, from_exception
 from .http import CONTINUE, Request, Response, encode
+from .infer import judged_again
 from .router import Dispatcher, too_large
 
 log = logging.getLogger("aserve.server")
@@ -176,6 +177,8 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._done: asyncio.Future[None] | None = None  # a shutdown waits for the request in progress
+        self._heads_read = 0  # request heads begun (on_url): whether a read held exactly one request
+        self._again: Request | None = None  # the last request, refused for overload, whose bytes came in one read
 
     # ---- asyncio.Protocol ----
 
@@ -201,6 +204,13 @@ class Connection(asyncio.Protocol):
         if self.closing or self._discard:
             return  # a closing answer was sent or is owed: what the client still sends is dropped
         self._now = self.loop.time()
+        again = self._again
+        if again is not None:
+            self._again = None
+            if data == again.raw and self._refuse_again(again):
+                return
+        whole = not self.queue and not self.busy and self._current is None and not self._head
+        heads = self._heads_read
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -216,6 +226,9 @@ class Connection(asyncio.Protocol):
             answer = self.dispatcher.ahead(current)
             if answer is not None:
                 self.answer_early(current, answer)
+        if whole and self._heads_read == heads + 1 and len(self.queue) == 1 and self._current is None \
+                and not self._head and not self.closing:
+            self.queue[0].raw = data  # the read held this request and nothing else
         self._advance()
 
     def eof_received(self) -> bool | None:
@@ -255,6 +268,7 @@ class Connection(asyncio.Protocol):
             self._url += url
         else:
             self._url = url
+            self._heads_read += 1
             self._fields = []
             self._refusal = None
             self._head = True
@@ -480,6 +494,8 @@ class Connection(asyncio.Protocol):
         try:
             pending = self.dispatcher.respond(request)
         except Exception as exc:  # noqa: BLE001 - every failure gets an answer; the server goes on
+            if type(exc) is Overloaded and request.raw is not None and judged_again(request):
+                self._again = request  # refused by its model's admission: the same bytes are judged again cheaply
             self._answer(request, self.dispatcher.failed(request, exc))
             return
         if isinstance(pending, Pending):
@@ -488,6 +504,36 @@ class Connection(asyncio.Protocol):
             return
         future = self._task = asyncio.ensure_future(pending)  # a future as it is; a coroutine in a task
         future.add_done_callback(self._answered)
+
+    def _refuse_again(self, refused: Request) -> bool:
+        """A read that holds the same bytes as the last request, which its model's admission
+        refused (a client that does not wait as told sends it again): judged by the admission
+        alone (`DataPlane.refuse_again`), with no parsing, routing or decoding, and refused
+        again as it was, counted and held as any refusal is. False when the admission would
+        admit it now, or the connection or model is not as it was: the read is then parsed as
+        any other."""
+        if self.queue or self.busy or self._current is not None or self._head or not self.counted \
+                or self.server.closing or self.dispatcher.app.draining:
+            return False
+        began = time.perf_counter() if self.server.access_log is not None else 0.0
+        handle, call = refused.state
+        received, held = (self._sent_by, True) if self._sent_by else (time.monotonic(), False)
+        refusal = self.dispatcher.app.plane.refuse_again(call, handle, received=received, held=held)
+        if refusal is None:
+            return False
+        self._sent_by = 0.0
+        request = Request(refused.method, refused.target, refused.version, refused.headers,
+                          keep_alive=refused.keep_alive, received=received, remote=self.remote)
+        request.route, request.params, request.state, request.raw = refused.route, refused.params, refused.state, \
+            refused.raw
+        request.held = held
+        request.began = self._head_began = self._now
+        self._send(request, self.dispatcher.failed(request, refusal), began)
+        if not self.closing:
+            self._again = request
+        self._free_since = self.loop.time()
+        self._advance()
+        return True
 
     def _told(self, answer: Answer | None, error: BaseException | None) -> None:
         """The data plane's answer to the request being served (`Pending.then`)."""

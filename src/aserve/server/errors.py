@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -52,7 +53,7 @@ class ExpectationFailed(AserveError):
 def retry_after(seconds: float) -> str:
     """A Retry-After header value: whole seconds, at least 1, and one more for half of the
     requests at random: clients refused together (in a burst) come back over two seconds."""
-    return str(max(1, math.ceil(seconds)) + (os.urandom(1)[0] & 1))
+    return str(max(1, math.ceil(seconds)) + random.getrandbits(1))
 
 
 def new_error_id() -> str:

@@ -48,6 +48,7 @@ class Request:
     ahead: Any = None  # (app, request) -> None, raising the refusal: asked if the body did not come with the head
     held = False  # it waited out a hold of its connection unread, and `received` counts the hold
     connection: Any = None  # the Connection it arrived on (connection.py): for an answer decided later
+    raw: Any = None  # the bytes of the read that held it and nothing else (a refusal may be judged again on them)
 
     def __init__(self, method: str, target: str, version: str, headers: dict[str, str], *, keep_alive: bool = True,
                  received: float = 0.0, remote: str | None = None) -> None:
@@ -95,8 +96,8 @@ class Response:
 # ---- the wire ----
 
 _STATUS_LINES: dict[int, bytes] = {}
-# the head of a 200 answer, by (body size, close, header fields): clients repeat their requests, and the
-# answers' heads repeat with them; the Date changes once a second and the table with it
+# an answer's head, by (status, body size, close, header fields): clients repeat their requests, and the
+# answers' heads repeat with them (refusals' too); the Date changes once a second and the table with it
 _HEADS: Bounded[tuple[Any, ...], bytes] = Bounded(256)
 _second = [0]  # the second the Date value below is of
 _date = [b""]
@@ -127,12 +128,10 @@ def encode(response: Response | Answer, *, close: bool, head_only: bool = False)
     size = len(chunks[0]) if len(chunks) == 1 else sum(map(len, chunks))
     date = _date[0] if int(time.time()) == _second[0] else http_date()
     status = response.status
-    key: tuple[Any, ...] = ()
-    if status == 200:
-        key = (size, close, *response.headers.items())
-        known = _HEADS.get(key)
-        if known is not None:
-            return [known] if head_only else [known, *chunks]
+    key = (status, size, close, *response.headers.items())
+    known = _HEADS.get(key)
+    if known is not None:
+        return [known] if head_only else [known, *chunks]
     head = [status_line(status), b"\r\nServer: ", SERVER_NAME_BYTES, b"\r\nDate: ", date, b"\r\nContent-Length: ",
             str(size).encode()]
     for name, value in response.headers.items():
@@ -141,8 +140,7 @@ def encode(response: Response | Answer, *, close: bool, head_only: bool = False)
         head.append(b"\r\nConnection: close")
     head.append(b"\r\n\r\n")
     encoded = b"".join(head)
-    if key:
-        _HEADS.remember(key, encoded)
+    _HEADS.remember(key, encoded)
     return [encoded] if head_only else [encoded, *chunks]
 
 

@@ -49,6 +49,13 @@ def ask_ahead(app: App, request: Request) -> None:
     app.plane.head(call, handle=handle)
 
 
+def judged_again(request: Request) -> bool:
+    """Whether `request` is an infer call that its model's admission refused after decoding it
+    (`DataPlane.refuse_again` can judge its bytes again)."""
+    state = request.state
+    return type(state) is tuple and len(state) == 2 and type(state[1]) is InferCall and state[1].admission is not None
+
+
 def infer(app: App, request: Request) -> Pending:
     """The call completed with the body, to the data plane; its Answer is the 200 response
     (the connection learns it from the Pending, with no task of its own)."""
