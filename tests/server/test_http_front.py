@@ -471,6 +471,64 @@ def test_answer_heads_are_remembered_by_what_they_say() -> None:
     assert encode(Response(404, b"{}"), close=False, head_only=True)[0].startswith(b"HTTP/1.1 404 Not Found\r\n")
 
 
+async def test_a_head_read_before_byte_for_byte_is_read_without_the_parser(start_server, repository: pathlib.Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read that holds one request whose head, byte for byte, a read held before with a body
+    of the same length and nothing else, is read without llhttp (on the host's loop, where the
+    test sees it): each such request is still answered on its own body, and the model it names
+    is looked up again (gone: 404, the connection open). Another length, and two requests in
+    one read, go through the parser."""
+    from aserve.server.connection import Connection
+
+    known_reads: list[int] = []
+    read_known = Connection._read_known
+
+    def counting(self: Connection, known: tuple[object, ...], data: bytes, start: int) -> None:
+        known_reads.append(len(data) - start)
+        read_known(self, known, data, start)
+
+    monkeypatch.setattr(Connection, "_read_known", counting)
+    server, _ = await start_server(repository)
+    on_host = server.loops is None
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+
+    async def answered(data: bytes, *firsts: int) -> None:
+        writer.write(data)
+        for first in firsts:
+            status, headers, body = await read_response(reader)
+            assert status == 200 and json.loads(body)["outputs"][0]["data"] == expected_sum(first)
+            assert "connection" not in headers
+
+    firsts = [10, 20, 30, 41]  # one Content-Length: one head; the second read of it is learned
+    for first in firsts:
+        await answered(add_request(first), first)
+    assert not on_host or len(known_reads) == 2
+    await answered(add_request(1000), 1000)  # a longer body: another head
+    await answered(add_request(11) + add_request(12), 11, 12)  # two in one read
+    assert not on_host or len(known_reads) == 2
+    await answered(add_request(13), 13)
+    assert not on_host or known_reads == [len(add_body_bytes(10))] * 3
+    if not on_host:  # a front learns of the model's unload a moment after the host
+        writer.close()
+        return
+    shutil.rmtree(repository / "add")
+    await server.plane.rescan()
+    await until(lambda: "add" not in server.plane.registry.routes, what="the model to leave the routes")
+    writer.write(add_request(14))
+    status, headers, body = await read_response(reader)
+    assert status == 404 and "connection" not in headers
+    assert json.loads(body)["error"].startswith("unknown model 'add'")
+    assert len(known_reads) == 4
+    writer.write(LIVE)
+    status, _, body = await read_response(reader)
+    assert status == 200 and json.loads(body) == {"live": True}
+    writer.close()
+
+
+def add_body_bytes(first: int) -> bytes:
+    return json.dumps(add_body(first)).encode()
+
+
 @pytest.mark.host_loop  # the host's cache of request heads
 async def test_a_head_met_again_is_checked_again_where_the_model_may_have_changed(start_server,
                                                                                   repository: pathlib.Path) -> None:

@@ -55,6 +55,7 @@ from .router import Dispatcher, too_large
 log = logging.getLogger("aserve.server")
 
 MAX_FIELDS = 128  # header fields in one request (more: 431)
+KNOWN_HEAD_BYTES = 2048  # longest head kept byte for byte (`HttpServer.raw_heads`)
 PIPELINE_LIMIT = 1 << 20  # body bytes waiting behind the request in progress before reading stops
 MAX_WAITING = 32  # requests waiting behind the one in progress before reading stops
 CLOSE_GRACE_S = 1.0  # after a closing answer, how long the client may go on sending before the close
@@ -106,6 +107,10 @@ class HttpServer:
         self.elsewhere: Callable[[], int] = _none
         # request heads met before -> what the checks that depend on nothing else made of them
         self.heads: Bounded[tuple[Any, ...], tuple[Any, ...]] = Bounded(256)
+        # such a head's bytes, when a read held it and its body alone (Content-Length framing, no
+        # Content-Encoding or Expect) -> (what `heads` holds, version, keep-alive, body length):
+        # a read that holds it and a body of that length is one request, read without llhttp
+        self.raw_heads: Bounded[bytes, tuple[Any, ...]] = Bounded(256)
         self.held = 0  # connections held after a refusal for overload (`Connection._hold`)
         self.closing = False
 
@@ -179,6 +184,7 @@ class Connection(asyncio.Protocol):
         self._done: asyncio.Future[None] | None = None  # a shutdown waits for the request in progress
         self._heads_read = 0  # request heads begun (on_url): whether a read held exactly one request
         self._again: Request | None = None  # the last request, refused for overload, whose bytes came in one read
+        self._known: tuple[Any, ...] | None = None  # the last head read: its `HttpServer.heads` entry, if plain
 
     # ---- asyncio.Protocol ----
 
@@ -210,7 +216,15 @@ class Connection(asyncio.Protocol):
             if data == again.raw and self._refuse_again(again):
                 return
         whole = not self.queue and not self.busy and self._current is None and not self._head
+        if whole and self.counted:
+            end = data.find(b"\r\n\r\n", 0, KNOWN_HEAD_BYTES)
+            if end > 0:
+                known = self.server.raw_heads.get(data[:end + 4])
+                if known is not None and len(data) - end - 4 == known[3]:
+                    self._read_known(known, data, end + 4)
+                    return
         heads = self._heads_read
+        self._known = None
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -228,7 +242,45 @@ class Connection(asyncio.Protocol):
                 self.answer_early(current, answer)
         if whole and self._heads_read == heads + 1 and len(self.queue) == 1 and self._current is None \
                 and not self._head and not self.closing:
-            self.queue[0].raw = data  # the read held this request and nothing else
+            request = self.queue[0]
+            request.raw = data  # the read held this request and nothing else
+            if self._known is not None and request.answer is None:
+                self._learn(data, request, self._known)
+        self._advance()
+
+    def _learn(self, data: bytes, request: Request, known: tuple[Any, ...]) -> None:
+        """Keep the head of a read that held one request, head and body, byte for byte: the
+        head ends where the body's `request.size` bytes begin (then it ends at the read's first
+        blank line), so the same bytes are the same request head (`_read_known`)."""
+        start = len(data) - request.size
+        if start <= KNOWN_HEAD_BYTES and data.find(b"\r\n\r\n", 0, start) == start - 4:
+            self.server.raw_heads.remember(data[:start], (known, request.version, request.keep_alive, request.size))
+
+    def _read_known(self, known: tuple[Any, ...], data: bytes, start: int) -> None:
+        """A read of one request whose head, byte for byte, a read held before with a body of
+        the same length and nothing else (`_learn`): what llhttp's callbacks make of it, made
+        without llhttp (which stays between requests), then answered as any request."""
+        (headers, method_name, target, route, params, _, _), version, keep_alive, _ = known
+        self._heads_read += 1
+        received = time.monotonic()
+        request = Request(method_name, target, version, headers, keep_alive=keep_alive, received=received,
+                          remote=self.remote)
+        if self._sent_by:  # it waited out a hold, unread: that counts against its budget
+            request.received, self._sent_by = self._sent_by, 0.0
+            request.held = True
+        request.connection = self
+        request.began = self._head_began = self._now
+        request.route, request.params = route, params
+        self.queue.append(request)
+        answer = request.answer = self.dispatcher.again(request)
+        if answer is not None:
+            request.drop = self._drops(request, answer)
+        else:
+            body = data[start:]
+            request.size = request.kept = len(body)
+            request.parts = [body]
+        request.complete = True
+        request.raw = data
         self._advance()
 
     def eof_received(self) -> bool | None:
@@ -343,6 +395,8 @@ class Connection(asyncio.Protocol):
             answer = request.answer = self.dispatcher.again(request)
             if answer is not None:
                 request.drop = self._drops(request, answer)
+            elif encoding == "identity" and not expect and "transfer-encoding" not in headers:
+                self._known = known
         else:
             if self._refusal is None and "host" not in headers and version == "1.1":
                 self._refusal = (400, "malformed HTTP request: an HTTP/1.1 request needs a Host header")
