@@ -29,14 +29,18 @@ class PayloadTooLarge(AserveError):
 
 class Overloaded(AserveError):
     """The model's queue is full; retry after `retry_after` seconds. `budget`: the latency
-    budget (seconds) the request could not be answered within, when that was the reason."""
+    budget (seconds) the request could not be answered within, when that was the reason.
+    `rate`: the requests per second the model admits while overloaded, where its policy
+    measures it (the server holds clients that send again early to a multiple of it)."""
 
     status = 503
 
-    def __init__(self, message: str, *, retry_after: float = 1.0, budget: float | None = None) -> None:
+    def __init__(self, message: str, *, retry_after: float = 1.0, budget: float | None = None,
+                 rate: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
         self.budget = budget
+        self.rate = rate
 
 
 class RequestTimeout(AserveError):

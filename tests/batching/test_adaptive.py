@@ -67,6 +67,15 @@ def test_backlog_size_fits_the_budget_after_one_interpreters_turn() -> None:
     assert policy(CNN, budget=0.001).backlog_batch(0.001, 32) == 11  # no batch fits: serve efficiently
 
 
+def test_the_admission_rate_is_a_backlog_drained_in_backlog_batches() -> None:
+    """What a refusal tells the server the model admits while overloaded: every interpreter
+    running backlog-size batches (9 here, 45.9 / 1.5 ms each: see above), at the slowdown."""
+    p = policy(CNN, budget=0.05)
+    assert p.admission_rate() == pytest.approx(2 * 9 / CNN(9), rel=1e-3)
+    p.observe(9, 2 * CNN(9))  # batches run twice as long as the curve says: half the rate
+    assert p.admission_rate() < 2 * 9 / CNN(9) * 0.75
+
+
 def test_batching_pays_follows_the_requests_size() -> None:
     p = policy(CNN_BUSY)  # 4.2 ms overhead, 4.1 ms a sample: two single samples batch well
     assert p.batching_pays()

@@ -243,6 +243,9 @@ async def test_refusing_again_answers_as_submit_and_counts_only_a_refusal(refuse
             self.arrived.append(samples)
 
     class Refusing(Admitting):
+        def admission_rate(self) -> float:
+            return 7.0  # requests/s it admits while overloaded: carried by its refusals
+
         def refuses(self, now: float, queued_samples: int, samples: int, budget: float | None,
                     waited: float) -> float | None:
             self.asked.append(("refuses", queued_samples, samples, budget))
@@ -263,6 +266,7 @@ async def test_refusing_again_answers_as_submit_and_counts_only_a_refusal(refuse
     assert policy.asked == [(asked, 0, 2, 2.0)] and policy.arrived == [] and b.refused == 0 and b.queued == 0
     refused = b.refuse_again(2)  # the policy's own budget: refused, its arrival counted once
     assert isinstance(refused, Overloaded) and refused.retry_after == 0.5 and "latency budget" in str(refused)
+    assert refused.rate == (7.0 if refuses else None)
     assert policy.asked[-1] == (asked, 0, 2, None) and policy.arrived == [2] and b.refused == 1
     queued = b.submit(_req(3, 0), 3, budget=2.0)
     refused = b.refuse_again(1, budget=2.0)  # admitted by the policy, one sample over the queue's size

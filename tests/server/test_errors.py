@@ -156,3 +156,18 @@ def test_retry_after_is_whole_seconds_spread_over_two() -> None:
 
     assert {retry_after(0.02) for _ in range(200)} == {"1", "2"}
     assert {retry_after(2.2) for _ in range(200)} == {"3", "4"}
+
+
+def test_an_overload_refusal_tells_the_connection_how_to_hold_its_client() -> None:
+    """The 503 of an Overloaded carries, for the connection that may hold its client, the wait
+    the server expects, the budget it was refused for and the rate the model admits."""
+    from aserve.errors import Overloaded
+    from aserve.server.errors import ErrorPolicy, from_exception
+    from aserve.server.http import Request
+
+    request = Request("POST", "/v2/models/m/infer", "1.1", {"content-type": "application/json"})
+    response = from_exception(request, Overloaded("busy", retry_after=0.3, budget=0.05, rate=120.0), ErrorPolicy())
+    assert (response.status, response.hold, response.budget, response.rate) == (503, 0.3, 0.05, 120.0)
+    assert response.headers["Retry-After"] in ("1", "2")
+    response = from_exception(request, Overloaded("queue full"), ErrorPolicy())
+    assert (response.hold, response.budget, response.rate) == (1.0, None, None)

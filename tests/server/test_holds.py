@@ -31,10 +31,11 @@ REQUEST = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n
 class Refusing:
     """Every request passes its head; its handler refuses it for overload."""
 
-    def __init__(self, hold: float, budget: float | None) -> None:
+    def __init__(self, hold: float, budget: float | None, rate: float | None = None) -> None:
         self.app = types.SimpleNamespace(stats=HttpStats(), policy=ErrorPolicy(), draining=False, cors=None)
         self.hold = hold
         self.budget = budget
+        self.rate = rate  # requests/s the model admits while overloaded, as an adaptive policy's refusal says
         self.received: list[float] = []  # each request's arrival, as the connection tells it
 
     def head(self, request: Any, length: int | None) -> None:
@@ -48,6 +49,7 @@ class Refusing:
         response = Response(503, b"{}", {"Retry-After": "1"}, content_type="application/json")
         response.hold = self.hold
         response.budget = self.budget
+        response.rate = self.rate
         return response
 
     def finish(self, request: Any, response: Any) -> Any:
@@ -166,6 +168,30 @@ async def test_many_held_connections_hold_longer_together(monkeypatch: pytest.Mo
                 break
             await asyncio.sleep(0.05)
         assert http.held == 0  # every hold ended
+    finally:
+        await close(http, listener, *(writer for _, writer in conns))
+
+
+@pytest.mark.parametrize("rate", [None, 10.0])
+async def test_held_connections_come_back_about_as_often_as_the_model_admits(rate: float | None) -> None:
+    """Where the refusal says the model admits 10 requests a second, held connections together
+    come back at most twice that: the third connection held waits at least 2 x 3 / 20 s (less
+    the random half), past its 20 ms budget. Without it, the loop-wide rate (800 a second)
+    leaves the hold at half the budget."""
+    dispatcher = Refusing(hold=0.001, budget=0.02, rate=rate)
+    http, listener, port = await serve(dispatcher)
+    conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+    try:
+        for conn in conns[:2]:
+            await refused(*conn)
+            await refused(*conn)  # early: held
+        await refused(*conns[2])
+        before = await refused(*conns[2])  # held, the third at once
+        after = await refused(*conns[2])
+        if rate is None:
+            assert after - before < 0.1, after - before
+        else:
+            assert after - before >= 0.14, after - before
     finally:
         await close(http, listener, *(writer for _, writer in conns))
 

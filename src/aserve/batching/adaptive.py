@@ -517,6 +517,13 @@ class AdaptivePolicy:
         c = self.backlog_batch(self.latency_budget_s, self.cost.max_batch_size)
         return max(finish - limit, self.effective(c) / self.interpreters)
 
+    def admission_rate(self) -> float:
+        """Requests per second the model's interpreters serve while a backlog drains (batches of
+        the backlog size, each as long as the slowdown makes it): the most admission lets in,
+        sustained."""
+        c = self.backlog_batch(self.latency_budget_s, self.cost.max_batch_size)
+        return self.interpreters * c / self.effective(c) / max(1.0, self._samples)
+
     def refuses(self, now: float, queued_samples: int, samples: int = 1, budget: float | None = None,
                 waited: float = 0.0) -> float | None:
         """`admit` where only a refusal counts: its Retry-After, the arrival counted as `admit`

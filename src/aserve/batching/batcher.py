@@ -151,6 +151,8 @@ class Batcher:
         self._arrive: Callable[[float, int], None] | None = getattr(policy, "arrive", None)
         # and refuses(now, queued_samples, samples, budget, waited): admit, counting only a refusal
         self._refuses: Callable[..., float | None] | None = getattr(policy, "refuses", None)
+        # admission_rate() -> requests/s it admits while overloaded, which its refusals carry
+        self._rate: Callable[[], float] | None = getattr(policy, "admission_rate", None)
         # the policy's own latency budget, which its refusals name when the request has none
         self._budget: float | None = getattr(policy, "latency_budget_s", None)
         self._queue: collections.deque[Request] = collections.deque()
@@ -345,7 +347,9 @@ class Batcher:
                 wait = admit(now, self._queued_samples, samples, budget, waited)
             if wait is not None:
                 return self._policy_refusal(wait, budget, held)
-        return self._queue_refusal(samples)
+        shared = self._shared  # `_queue_refusal`, inline on the hot path
+        queued = self._queued_samples if shared is None else shared.total()
+        return queue_full(self.model, queued, samples, self.max_queue_size, waiting=bool(self._queue))
 
     def _policy_refusal(self, wait: float | None, budget: float | None, held: bool) -> Overloaded | None:
         """The refusal of the policy's admission control, whose Retry-After is `wait` (None: none)."""
@@ -356,6 +360,7 @@ class Batcher:
             f"({self._queued_samples} samples queued, {self._running} of {self.interpreters} interpreters busy"
             f"{', after a hold of its connection' if held else ''}); retry in {wait:.2f} s",
             retry_after=wait, budget=budget if budget is not None else self._budget,
+            rate=None if self._rate is None else self._rate(),
         )
 
     def _queue_refusal(self, samples: int) -> Overloaded | None:

@@ -61,6 +61,8 @@ MAX_WAITING = 32  # requests waiting behind the one in progress before reading s
 CLOSE_GRACE_S = 1.0  # after a closing answer, how long the client may go on sending before the close
 HOLD_MAX_S = 1.0  # longest a connection refused for overload reads nothing (Retry-After says at least 1 s)
 HELD_REFUSALS_PER_S = 800.0  # refusals a loop's held connections may take together per second (holds lengthen to keep to it)
+# ... and at most this many times the requests per second the refused model admits, where its policy measures that
+HELD_PER_ADMITTED = 2.0
 # answers from the head after which the connection closes rather than read the body on the way
 _CLOSING = frozenset({401, 403, 413})
 _METHODS = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")}
@@ -658,7 +660,11 @@ class Connection(asyncio.Protocol):
         client that waits as told is never held.
 
         A hold is at least as long as keeps the refusals of every held connection of the loop
-        within HELD_REFUSALS_PER_S together. A refusal for a latency budget holds at most
+        within HELD_REFUSALS_PER_S together, and, where the refusal says how many requests a
+        second the model admits while overloaded (`Response.rate`, the adaptive policy's), within
+        HELD_PER_ADMITTED times that: held clients together come back about as often as the
+        model can take one, the rest of their sending being refusals that take the CPU the
+        batches need. A refusal for a latency budget holds at most
         half that budget where that rate allows, and the request the client sent meanwhile
         then counts the hold as time it waited (`_unhold`): admitted, it is answered within
         its budget as its client sees it. Where so many clients send early that the rate
@@ -675,8 +681,11 @@ class Connection(asyncio.Protocol):
         if self._hold_spends and request.held:
             return  # it waited out a hold longer than half its budget (`_unhold` counted it): not sent early
         self._refusals += 1
-        # the held connections' refusals together stay within HELD_REFUSALS_PER_S
-        shortest = min(HOLD_MAX_S, (self.server.held + 1) / HELD_REFUSALS_PER_S)
+        # the held connections' refusals together stay within HELD_REFUSALS_PER_S, and within
+        # HELD_PER_ADMITTED x the requests the model admits per second where the refusal says that
+        rate = HELD_REFUSALS_PER_S if response.rate is None else \
+            min(HELD_REFUSALS_PER_S, max(HELD_PER_ADMITTED * response.rate, 1.0))
+        shortest = min(HOLD_MAX_S, (self.server.held + 1) / rate)
         budget = response.budget
         longest = HOLD_MAX_S if budget is None else min(HOLD_MAX_S, max(budget / 2, shortest))
         hold = min(longest, max(shortest, response.hold * (1 << min(self._refusals - 1, 16))))

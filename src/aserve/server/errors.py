@@ -164,4 +164,5 @@ def from_exception(request: Request, exc: BaseException, policy: ErrorPolicy) ->
         # server expects to admit one: refusing it again would only take CPU from the batches
         response.hold = exc.retry_after
         response.budget = exc.budget
+        response.rate = exc.rate
     return response

@@ -104,6 +104,7 @@ def _response(answer: dict[str, Any]) -> Response:
     response = Response(answer["status"], answer["body"], answer["headers"], close=answer["close"])
     response.hold = answer["hold"]
     response.budget = answer["budget"]
+    response.rate = answer["rate"]
     return response
 
 

@@ -71,10 +71,11 @@ class Response:
     """What a handler answers: a status, headers (Content-Type among them) and a body of
     buffers; `close`: the connection closes after it; `hold`: for a refusal for overload,
     the seconds the server expects to wait before it can admit a request (the connection
-    holds a client that does not wait as told: `Connection._refused`), and `budget`: the
-    latency budget (seconds) it was refused for, when that was the reason."""
+    holds a client that does not wait as told: `Connection._refused`), `budget`: the
+    latency budget (seconds) it was refused for, when that was the reason, and `rate`: the
+    requests per second the model admits while overloaded, where its policy measures it."""
 
-    __slots__ = ("budget", "chunks", "close", "headers", "hold", "status")
+    __slots__ = ("budget", "chunks", "close", "headers", "hold", "rate", "status")
 
     def __init__(self, status: int = 200, body: bytes | list[Any] = b"", headers: dict[str, str] | None = None, *,
                  content_type: str | None = None, close: bool = False) -> None:
@@ -86,6 +87,7 @@ class Response:
         self.close = close
         self.hold = 0.0
         self.budget: float | None = None
+        self.rate: float | None = None
 
     @property
     def body(self) -> bytes:

@@ -350,7 +350,8 @@ def _answer(key: int, response: Any) -> dict[str, Any]:
     """The `answer` message of a response to a front's request `key`."""
     return {"op": "answer", "id": key, "status": response.status, "headers": response.headers,
             "body": b"".join(bytes(c) for c in response.chunks), "close": response.close,
-            "hold": getattr(response, "hold", 0.0), "budget": getattr(response, "budget", None)}
+            "hold": getattr(response, "hold", 0.0), "budget": getattr(response, "budget", None),
+            "rate": getattr(response, "rate", None)}
 
 
 def _servable(handle: Any) -> bool:
