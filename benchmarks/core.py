@@ -10,19 +10,23 @@ and encodes the V2 answer. `--clients` coroutines on one uvloop loop each send t
 soon as the previous answer is encoded (closed loop), for `--duration` seconds after a
 warm-up. Every answer is checked against the value computed here.
 
-Each (engine, model, body) is measured twice in the same run (`--paths`):
+Each (engine, model, body) is measured on each path in the same run (`--paths`):
 
 - `codec`, the baseline: decode the body and encode the answer, the answer computed
   once by the data plane beforehand: what the wire format alone costs the loop;
-- `plane`: the whole path above, batcher and pool included.
+- `plane`: the whole path above, batcher and pool included, each client a coroutine that
+  awaits `DataPlane.infer` (a task wake-up per request);
+- `front`: the same path as the HTTP front runs it: `DataPlane.submit` with the model's
+  handle, the answer told to a callback (`Pending.then`) that sends the client's next
+  request; no task or coroutine per request.
 
 Each record: `path`, `requests_per_s`, `loop_cpu_us_per_request` (CPU of the loop
 thread, `time.thread_time`, over the requests answered) and `requests_per_core_s` (1e6
 / that: what one core of the host loop would carry if the interpreters kept up), with
-`engine`, `model`, `body`, `clients`, `mean_batch` (requests per batch; plane only). A
-plane record also has `codec_us_per_request` and `beyond_codec_us_per_request`: the
-batcher, the pool's submit and completion, the futures and the split of a batch's
-outputs, per request. Subtracting the plane's loop CPU from `benchmarks.http`'s loop
+`engine`, `model`, `body`, `clients`, `mean_batch` (requests per batch; plane and front).
+A plane or front record also has `codec_us_per_request` and `beyond_codec_us_per_request`:
+the batcher, the pool's submit and completion, the futures and the split of a batch's
+outputs, per request. Subtracting the front's loop CPU from `benchmarks.http`'s loop
 CPU per request gives what HTTP costs.
 
 `--profile FILE` also writes a cProfile of the loop thread (the interpreters run in
@@ -96,7 +100,46 @@ async def _run_point(plane: DataPlane, case: Case, path: str, clients: int, dura
                 _check(case, answered.chunks, answered.headers)
             counts["answered"] += 1
 
-    await asyncio.gather(*(client() for _ in range(clients)))  # warm-up
+    async def front() -> None:
+        """`clients` clients the HTTP front's way: `DataPlane.submit` with the handle looked up
+        once (from the head), the answer told to a callback (`Pending.then`), no task or
+        coroutine per request; each client sends its next request from that callback."""
+        finished: asyncio.Future[None] = loop.create_future()
+        live = [clients]
+
+        def send() -> None:
+            try:
+                plane.submit(call, handle=handle).then(told)
+            except Exception as exc:  # noqa: BLE001 - the point fails with it
+                if not finished.done():
+                    finished.set_exception(exc)
+
+        def told(answered: Answer | None, error: BaseException | None) -> None:
+            if error is not None or answered is None:
+                if not finished.done():
+                    finished.set_exception(error or AssertionError("no answer"))
+                return
+            if counts["answered"] % 997 == 0:
+                _check(case, answered.chunks, answered.headers)
+            counts["answered"] += 1
+            if loop.time() < phase["stop"]:
+                send()
+            else:
+                live[0] -= 1
+                if not live[0] and not finished.done():
+                    finished.set_result(None)
+
+        for _ in range(clients):
+            send()
+        await finished
+
+    async def drive() -> None:
+        if path == "front":
+            await front()
+        else:
+            await asyncio.gather(*(client() for _ in range(clients)))
+
+    await drive()  # warm-up
     batcher = handle.batcher
     assert batcher is not None
     batches0, requests0 = batcher.batches, batcher.requests
@@ -105,7 +148,7 @@ async def _run_point(plane: DataPlane, case: Case, path: str, clients: int, dura
     cpu0, wall0 = time.thread_time(), time.perf_counter()
     if profile is not None:
         profile.enable()
-    await asyncio.gather(*(client() for _ in range(clients)))
+    await drive()
     if profile is not None:
         profile.disable()
     cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
@@ -117,7 +160,7 @@ async def _run_point(plane: DataPlane, case: Case, path: str, clients: int, dura
         "loop_cpu_us_per_request": round(cpu / n * 1e6, 2) if n else None,
         "requests_per_core_s": round(n / cpu, 1) if cpu > 0 else None,
         "loop_cpu_cores": round(cpu / wall, 3),
-        "mean_batch": round((batcher.requests - requests0) / batches, 2) if path == "plane" and batches else None,
+        "mean_batch": round((batcher.requests - requests0) / batches, 2) if path != "codec" and batches else None,
         "requests": n,
         "duration_s": round(wall, 3),
     }
@@ -175,17 +218,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default=",".join(DEFAULT_MODELS))
     p.add_argument("--engines", default=",".join(DEFAULT_ENGINES))
     p.add_argument("--bodies", default="binary,json")
-    p.add_argument("--paths", default="codec,plane",
-                   help="what runs per request: codec (decode and encode, the baseline), plane (the whole data plane)")
+    p.add_argument("--paths", default="codec,plane,front",
+                   help="what runs per request: codec (decode and encode, the baseline), plane (the whole data "
+                        "plane, awaited), front (the same as the HTTP front runs it: submit and a callback)")
     p.add_argument("--interpreters", type=int, default=2)
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per point")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds before each point")
     p.add_argument("--profile", help="write a cProfile of the loop thread (all points) to this file")
     args = p.parse_args(argv)
-    unknown = set(args.paths.split(",")) - {"codec", "plane"}
+    unknown = set(args.paths.split(",")) - {"codec", "plane", "front"}
     if unknown:
-        p.error(f"--paths: expected codec and/or plane, got {','.join(sorted(unknown))}")
+        p.error(f"--paths: expected codec, plane and/or front, got {','.join(sorted(unknown))}")
     ensure_glibc_tunables()
     import uvloop
 

@@ -15,8 +15,8 @@ from benchmarks import core
 
 def test_measures_the_codec_baseline_beside_the_whole_plane(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "core.json"
-    argv = ["--models", "simple", "--engines", "private", "--bodies", "binary,json", "--clients", "4",
-            "--duration", "0.3", "--warmup", "0.1", "--json", str(out)]
+    argv = ["--models", "simple", "--engines", "private", "--bodies", "binary,json", "--paths", "codec,plane",
+            "--clients", "4", "--duration", "0.3", "--warmup", "0.1", "--json", str(out)]
     assert core.main(argv) == 0
     records = json.loads(out.read_text())
     assert [(r["body"], r["path"]) for r in records] == [
@@ -46,8 +46,21 @@ def test_the_plane_alone_has_no_baseline_fields(tmp_path: pathlib.Path) -> None:
     assert "codec_us_per_request" not in record and "beyond_codec_us_per_request" not in record
 
 
+def test_the_front_path_runs_every_client_from_callbacks(tmp_path: pathlib.Path) -> None:
+    """The HTTP front's way (submit, a callback, the client's next request from it): every
+    answer checked as the plane's are, its batches counted, beside the codec baseline."""
+    out = tmp_path / "core.json"
+    argv = ["--models", "simple", "--engines", "private", "--bodies", "json", "--paths", "codec,front",
+            "--clients", "4", "--duration", "0.3", "--warmup", "0.1", "--json", str(out)]
+    assert core.main(argv) == 0
+    codec, front = json.loads(out.read_text())
+    assert (codec["path"], front["path"]) == ("codec", "front")
+    assert front["requests"] > 0 and front["mean_batch"] >= 1.0
+    assert front["codec_us_per_request"] == codec["loop_cpu_us_per_request"]
+
+
 def test_unknown_paths_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         core.main(["--paths", "codec,http"])
     assert exit_.value.code == 2
-    assert "--paths: expected codec and/or plane, got http" in capsys.readouterr().err
+    assert "--paths: expected codec, plane and/or front, got http" in capsys.readouterr().err
