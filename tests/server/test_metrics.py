@@ -220,11 +220,12 @@ async def test_counters_follow_requests(url: str, http: aiohttp.ClientSession) -
     assert {s.labels["engine"] for s in after.samples("aserve_pool_interpreters")} == {"main"}
     assert value(after, "aserve_pool_batch_slots", engine="main") == 2
     assert value(after, "aserve_pool_batch_slots_in_use", engine="main") == 0
-    # the time interpreters spent polling for their next batch (spin_us): a counter that grows
-    # only while they serve, and how many poll right now
+    # the time interpreters spent polling for their next batch (spin_us): a counter (how it grows
+    # with the batches is tests/engine/test_spin.py's: whether these few requests meet a poll
+    # depends on the arrivals the pool learned), and how many poll right now
     assert after.family("aserve_pool_spin_seconds_total").type == "counter"
     spun = value(after, "aserve_pool_spin_seconds_total", engine="main")
-    assert spun > value(before, "aserve_pool_spin_seconds_total", engine="main")
+    assert spun >= value(before, "aserve_pool_spin_seconds_total", engine="main") > 0  # spin_always: warm-up polled
     assert 0 <= value(after, "aserve_pool_spinning", engine="main") <= 1
     # and the batches that found an interpreter polling for them
     assert after.family("aserve_pool_polled_batches_total").type == "counter"
