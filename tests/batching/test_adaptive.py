@@ -159,17 +159,19 @@ def test_admission_judges_each_request_by_its_own_budget() -> None:
     assert p.admit(0.1, 7, 1, None) == pytest.approx(3 + 2 * 7 + 7 - 14.1)  # batches of 3: ends at 24
 
 
+def made() -> AdaptivePolicy:
+    """A policy that has seen five arrivals, one interpreter busy: asked ahead or again below."""
+    p = policy(UNIT, budget=14.0, interpreters=1)
+    p.decide(0.0, queue(0.0), idle=1, running=0, max_batch_size=32)
+    for i in range(5):
+        p.admit(0.1 * (i + 1), i, 1, None)
+    return p
+
+
 def test_admission_asked_ahead_answers_alike_and_counts_nothing() -> None:
     """Asked ahead of a request (from its head, count=False), admission answers what it
     answers when asked with the request, and leaves the arrival rate and the keep-up size as
     they were; `arrive` counts what admit counts."""
-
-    def made() -> AdaptivePolicy:
-        p = policy(UNIT, budget=14.0, interpreters=1)
-        p.decide(0.0, queue(0.0), idle=1, running=0, max_batch_size=32)
-        for i in range(5):
-            p.admit(0.1 * (i + 1), i, 1, None)
-        return p
 
     answers = []
     for queued, budget in ((3, None), (3, 12.0), (7, None), (3, 20.0), (40, 20.0)):
@@ -189,13 +191,6 @@ def test_refuses_answers_as_admit_and_counts_only_a_refusal() -> None:
     """`refuses` (a request refused before, sent again) answers what `admit` answers; where
     that is a refusal, it counts the arrival as `admit` does; where it admits, nothing is
     counted (the request is then asked about in full)."""
-
-    def made() -> AdaptivePolicy:
-        p = policy(UNIT, budget=14.0, interpreters=1)
-        p.decide(0.0, queue(0.0), idle=1, running=0, max_batch_size=32)
-        for i in range(5):
-            p.admit(0.1 * (i + 1), i, 1, None)
-        return p
 
     answers = []
     for queued, budget in ((3, None), (3, 12.0), (7, None), (3, 20.0), (40, 20.0)):

@@ -168,6 +168,16 @@ async def test_limits_timeout_and_overload(echo_pool: Pool) -> None:
     await b.close(timeout=1)
 
 
+async def _fail_held(b: Batcher, held: list[Callable[[dict[str, Tensor] | None, BaseException | None], None]],
+                     *futures: asyncio.Future[dict[str, Tensor]]) -> None:
+    """End the batches the test's runner holds, failing each request, and close the batcher."""
+    for done, future in zip(held, futures):
+        done(None, ModelError("stop"))
+        with pytest.raises(ModelError):
+            await future
+    await b.close(timeout=1)
+
+
 async def test_refusing_ahead_asks_the_rule_submit_applies() -> None:
     """From a request's head the batcher refuses only what `submit` would refuse of any
     request: the queue-full rule for one sample, the policy's admission with the budget
@@ -208,13 +218,7 @@ async def test_refusing_ahead_asks_the_rule_submit_applies() -> None:
     with pytest.raises(Overloaded, match="max_queue_size 3"):
         b.refuse_ahead(budget=2.0)  # admitted by the policy, but one more sample is over the queue's size
     assert b.refused == 2 and policy.arrived == [1, 1]
-    held[0](None, ModelError("stop"))
-    with pytest.raises(ModelError):
-        await running
-    held[1](None, ModelError("stop"))
-    with pytest.raises(ModelError):
-        await queued
-    await b.close(timeout=1)
+    await _fail_held(b, held, running, queued)
 
 
 @pytest.mark.parametrize("refuses", [True, False], ids=["policy-refuses", "policy-admit-only"])
@@ -272,13 +276,7 @@ async def test_refusing_again_answers_as_submit_and_counts_only_a_refusal(refuse
     refused = b.refuse_again(1, budget=2.0)  # admitted by the policy, one sample over the queue's size
     assert isinstance(refused, Overloaded) and "max_queue_size 3" in str(refused) and b.refused == 2
     assert policy.arrived == [2, 3, 1]  # the policy admitted it, and was asked: the arrival counts, as in submit
-    held[0](None, ModelError("stop"))
-    with pytest.raises(ModelError):
-        await running
-    held[1](None, ModelError("stop"))
-    with pytest.raises(ModelError):
-        await queued
-    await b.close(timeout=1)
+    await _fail_held(b, held, running, queued)
 
 
 async def test_a_request_that_waited_out_a_hold_is_asked_about_even_with_an_idle_interpreter() -> None:

@@ -84,6 +84,13 @@ async def refused(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     return time.monotonic()
 
 
+async def hold_two(conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]) -> None:
+    """The first two connections each refused twice, the second time early: both held."""
+    for conn in conns[:2]:
+        await refused(*conn)
+        await refused(*conn)  # early: held
+
+
 async def test_a_refusal_for_a_budget_holds_half_the_budget_at_most() -> None:
     # the server expects to admit one in 0.4 s: a refusal without a budget holds up to that,
     # doubling with each early refusal; one judged by a 20 ms budget holds 10 ms at most
@@ -151,9 +158,7 @@ async def test_many_held_connections_hold_longer_together(monkeypatch: pytest.Mo
     http, listener, port = await serve(dispatcher)
     conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
     try:
-        for conn in conns[:2]:
-            await refused(*conn)
-            await refused(*conn)  # early: held
+        await hold_two(conns)
         assert http.held == 2
         await refused(*conns[2])
         before = await refused(*conns[2])  # held, the third at once: at least 0.15 s
@@ -182,9 +187,7 @@ async def test_held_connections_come_back_about_as_often_as_the_model_admits(rat
     http, listener, port = await serve(dispatcher)
     conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
     try:
-        for conn in conns[:2]:
-            await refused(*conn)
-            await refused(*conn)  # early: held
+        await hold_two(conns)
         await refused(*conns[2])
         before = await refused(*conns[2])  # held, the third at once
         after = await refused(*conns[2])
