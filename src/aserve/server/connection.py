@@ -258,18 +258,24 @@ class Connection(asyncio.Protocol):
         if start <= KNOWN_HEAD_BYTES and data.find(b"\r\n\r\n", 0, start) == start - 4:
             self.server.raw_heads.remember(data[:start], (known, request.version, request.keep_alive, request.size))
 
+    def _sent(self) -> tuple[float, bool]:
+        """When the request now read was sent, at the latest, and whether it waited out a hold of
+        the connection unread (`_unhold`): then the hold's start, which counts against its budget;
+        else now. Whoever makes the request of it consumes `_sent_by`."""
+        sent_by = self._sent_by
+        return (sent_by, True) if sent_by else (time.monotonic(), False)
+
     def _read_known(self, known: tuple[Any, ...], data: bytes, start: int) -> None:
         """A read of one request whose head, byte for byte, a read held before with a body of
         the same length and nothing else (`_learn`): what llhttp's callbacks make of it, made
         without llhttp (which stays between requests), then answered as any request."""
         (headers, method_name, target, route, params, _, _), version, keep_alive, _ = known
         self._heads_read += 1
-        received = time.monotonic()
+        received, held = self._sent()
+        self._sent_by = 0.0
         request = Request(method_name, target, version, headers, keep_alive=keep_alive, received=received,
                           remote=self.remote)
-        if self._sent_by:  # it waited out a hold, unread: that counts against its budget
-            request.received, self._sent_by = self._sent_by, 0.0
-            request.held = True
+        request.held = held
         request.connection = self
         request.began = self._head_began = self._now
         request.route, request.params = route, params
@@ -328,10 +334,8 @@ class Connection(asyncio.Protocol):
             self._head = True
             self._head_bytes = 0
             self._head_began = self._now
-            self._received = time.monotonic()
-            if self._sent_by:  # it waited out a hold, unread: that counts against its budget
-                self._received, self._sent_by = self._sent_by, 0.0
-                self._held_over = True
+            self._received, self._held_over = self._sent()
+            self._sent_by = 0.0
         if len(self._url) > self._max_field and self._refusal is None:
             self._refusal = (431, self._header_message())
 
@@ -573,7 +577,7 @@ class Connection(asyncio.Protocol):
             return False
         began = time.perf_counter() if self.server.access_log is not None else 0.0
         handle, call = refused.state
-        received, held = (self._sent_by, True) if self._sent_by else (time.monotonic(), False)
+        received, held = self._sent()
         refusal = self.dispatcher.app.plane.refuse_again(call, handle, received=received, held=held)
         if refusal is None:
             return False
