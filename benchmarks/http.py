@@ -685,7 +685,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(--spin-us 0) and aserve-same (aserve again: the noise of a comparison)")
     p.add_argument("--before", type=pathlib.Path, metavar="PYTHON",
                    help=f"the Python of another build of aserve (a checkout's .venv/bin/python): served as "
-                        f"{servers.BEFORE!r}, a change's baseline measured in the same run")
+                        f"{servers.BEFORE!r}, a change's baseline measured in the same run (added to --servers "
+                        f"after aserve when not named there)")
     p.add_argument("--repeat", type=int, default=1,
                    help="start each server this many times, in rounds (every server once per round), and report "
                         "each point's median (default %(default)s)")
@@ -707,6 +708,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.bodies = _list(args.bodies, BODIES, "bodies", p)
     args.servers = _list(args.servers, (*servers.SERVERS, servers.BEFORE, *servers.TRACED, *servers.SETTINGS),
                          "servers", p)
+    if args.before is not None and servers.BEFORE not in args.servers:
+        # the baseline is what --before is for: it runs next to the build it is compared with
+        at = args.servers.index("aserve") + 1 if "aserve" in args.servers else len(args.servers)
+        args.servers.insert(at, servers.BEFORE)
     if servers.BEFORE in args.servers and args.before is None:
         p.error(f"--servers {servers.BEFORE} needs --before PYTHON (the interpreter of the build to compare with)")
     try:

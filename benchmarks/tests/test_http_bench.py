@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from benchmarks import http
+from benchmarks import http, servers
 from benchmarks.peers import models, native, v2, v2_structs
 
 from .conftest import EXAMPLES, needs_torch
@@ -254,3 +254,14 @@ def test_variants_are_compared_with_aserve_round_by_round() -> None:
         {"summary": {"peaks": [], "aserve": {"p50_ms_at_1_connection": {}, "loop_cpu_us_per_request_at_peak": {},
                                              "mlp_pss_mb": None, "mosec_mlp_pss_mb": None},
                      "generator_check": {}, "versus_aserve": list(out.values()), "errors": 0}})
+
+
+def test_a_baseline_build_runs_next_to_aserve_whether_or_not_it_is_named(tmp_path: pathlib.Path) -> None:
+    before = tmp_path / "python"
+    args = http.parse_args(["--servers", "aserve,ceiling", "--before", str(before)])
+    assert args.servers == ["aserve", servers.BEFORE, "ceiling"]
+    args = http.parse_args(["--servers", f"ceiling,{servers.BEFORE},aserve", "--before", str(before)])
+    assert args.servers == ["ceiling", servers.BEFORE, "aserve"]  # named: where it was named
+    assert http.parse_args(["--servers", "ceiling"]).servers == ["ceiling"]
+    with pytest.raises(SystemExit):
+        http.parse_args(["--servers", servers.BEFORE])  # a baseline with no build to run
