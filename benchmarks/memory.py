@@ -17,6 +17,15 @@ kind:
 
 Each record also has the total PSS, and the per-interpreter cost: the difference to
 the record with one interpreter fewer, divided by the interpreters added.
+
+The last line, `split`, divides the last record's memory: the host (the same server on an
+empty repository: its event loop, HTTP, gRPC and batching, no interpreter started), the
+interpreters (the rest, also per interpreter), the model's load (its `memory_bytes`
+metadata: what loading it in every interpreter added, per interpreter), and a plain Python
+process of the same interpreter that imports the model's framework (`tensor_format` torch or
+numpy; its PSS, and its anonymous memory alone): one worker's floor in a server that runs a
+process per worker. An interpreter here costs about as much as that process, since each has
+its own copy of the framework.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import json
 import os
 import pathlib
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -92,10 +102,72 @@ def measure(model: str, interpreters: int, engine: str, examples: pathlib.Path) 
             time.sleep(0.5)  # let the interpreters give back the outputs' owners before reading smaps
             assert server.proc is not None
             kinds = pss_by_kind(server.proc.pid)
+            status, text = servers.get(f"{server.base}/v2/models/{model}")
+            meta = json.loads(text) if status == 200 else {}
         finally:
             server.stop()
+    parameters = meta.get("parameters", {})
     return {"bench": "memory", "model": model, "engine": engine, "interpreters": interpreters,
-            "pss_mb": round(sum(kinds.values()), 1), "pss_mb_by_kind": kinds}
+            "pss_mb": round(sum(kinds.values()), 1), "pss_mb_by_kind": kinds,
+            "model_load_mb": round(parameters.get("memory_bytes", 0) / 2**20, 1),
+            "tensor_format": parameters.get("tensor_format")}
+
+
+_FRAMEWORKS = {"torch": "torch", "numpy": "numpy"}  # tensor_format -> the module a worker imports for it
+_PLAIN = """
+import json, sys
+{imports}
+totals = {{"pss": 0, "anon": 0}}
+path = ""
+for line in open("/proc/self/smaps"):
+    head = line.split()
+    if "-" in head[0] and ":" not in head[0]:
+        path = head[5] if len(head) > 5 else ""
+    elif head[0] == "Pss:":
+        totals["pss"] += int(head[1])
+        if path in ("", "[heap]") or path.startswith("[anon"):
+            totals["anon"] += int(head[1])
+print(json.dumps({{k: round(v / 1024, 1) for k, v in totals.items()}}))
+"""
+
+
+def plain_process(tensor_format: str | None) -> dict[str, Any]:
+    """PSS of a plain Python process (this interpreter, no aserve) that imports the framework
+    of `tensor_format`: one worker's floor in a server that runs a process per worker."""
+    module = _FRAMEWORKS.get(tensor_format or "")
+    code = _PLAIN.format(imports=f"import {module}" if module else "")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    mb = json.loads(out)
+    return {"imports": module, "pss_mb": mb["pss"], "anon_mb": mb["anon"]}
+
+
+def host_only(engine: str) -> float:
+    """PSS in MB of the server on an empty repository (no model: no interpreter started)."""
+    with tempfile.TemporaryDirectory(prefix="benchmarks-memory-") as tmp:
+        server = servers.aserve_server("aserve" if engine != "main" else "aserve-main", "", pathlib.Path(tmp),
+                                       interpreters=1)
+        server.ready = "probe"
+        server.start(lambda: servers.get(f"{server.base}/v2/health/live", timeout=5)[0] == 200)
+        try:
+            assert server.proc is not None
+            return round(sum(pss_by_kind(server.proc.pid).values()), 1)
+        finally:
+            server.stop()
+
+
+def split(records: list[dict[str, Any]], engine: str) -> dict[str, Any]:
+    """The last record's memory divided into the host, the interpreters, the model's load, and a
+    plain process importing its framework (see the module's docstring)."""
+    last = records[-1]
+    k = last["interpreters"]
+    host = host_only(engine)
+    interpreters = last["pss_mb"] - host
+    return {"bench": "memory", "split": {
+        "model": last["model"], "interpreters": k, "pss_mb": last["pss_mb"], "host_mb": host,
+        "interpreters_mb": round(interpreters, 1), "per_interpreter_mb": round(interpreters / k, 1),
+        "model_load_per_interpreter_mb": round(last["model_load_mb"] / k, 1),
+        "plain_process": plain_process(last.get("tensor_format")),
+    }}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             }
         records.append(record)
         print(json.dumps(record), flush=True)
+    records.append(split(records, args.engine))
+    print(json.dumps(records[-1]), flush=True)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
     return 0
