@@ -39,7 +39,8 @@ run without refusals to say what a 200 costs the loop), the batcher's counters
 adaptive policy's state) and, per batch size, how many batches ran and their mean
 milliseconds; and adaptive's OK/s over
 each other policy's (`window-N`, the window policy held to batches of at most N, shows
-what batches small enough for the budget serve without admission control). With
+what batches small enough for the budget serve without admission control; `adaptive-R`,
+the adaptive policy with admission_reserve R, compares two reserves in one run). With
 `--before PYTHON`, every policy also runs on the build that Python serves, at the same
 offered load, keyed `POLICY@before`, the two builds' order alternating round by round;
 each policy's OK/s over its run on that build is `POLICY_ok_per_s_over_before`. The exit
@@ -115,7 +116,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                          "it, so admission refuses a V2 head before its body only with a timeout at most the budget")
     ap.add_argument("--interpreters", type=int, default=2)
     ap.add_argument("--admission-reserve", type=float, help="the adaptive policy's admission_reserve (default: its own)")
-    ap.add_argument("--policies", default="window,adaptive")
+    ap.add_argument("--policies", default="window,adaptive",
+                    help="comma-separated: window, window-N (batches of at most N), adaptive, adaptive-R (with "
+                         "admission_reserve R: two reserves compared in one run); default %(default)s")
     ap.add_argument("--capacity", type=float, help="requests/s to take as the capacity instead of measuring it")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--serve-args", default="", help="more arguments for `aserve serve` (e.g. \"--spin-us 0\")")
@@ -138,7 +141,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.ignore_retry_after and not args.closed:
         ap.error("--ignore-retry-after is for the closed loop (--closed)")
+    for policy in filter(None, args.policies.split(",")):
+        kind, _, value = policy.partition("-")
+        if kind not in ("window", "adaptive") or (value and not _variant(kind, value)):
+            ap.error(f"--policies: {policy!r} is none of window, window-N (N >= 1), adaptive, adaptive-R (0 <= R < 1)")
     return args
+
+
+def _variant(kind: str, value: str) -> bool:
+    """Whether `value` is a window-N's N or an adaptive-R's R."""
+    try:
+        return int(value) >= 1 if kind == "window" else 0.0 <= float(value) < 1.0
+    except ValueError:
+        return False
 
 
 # ---- the servers ----
@@ -147,13 +162,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def repository(base: pathlib.Path, policy: str, budget_ms: float, reserve: float | None = None,
                timeout_ms: float | None = None) -> pathlib.Path:
     """A repository holding the bundled cnn with its [batching] table replaced (`window-N`:
-    the window policy with max_batch_size N)."""
+    the window policy with max_batch_size N; `adaptive-R`: the adaptive policy with
+    admission_reserve R, rather than `reserve`)."""
     repo = base / policy
     shutil.copytree(ROOT / "examples" / MODEL, repo / MODEL, ignore=shutil.ignore_patterns("__pycache__"))
     config = repo / MODEL / "config.toml"
     head = config.read_text().split("[batching]")[0].rstrip()
-    if policy == "adaptive":
+    if policy.startswith("adaptive"):
         table = f'[batching]\npolicy = "adaptive"\nlatency_budget_ms = {budget_ms}\n'
+        if policy.startswith("adaptive-"):
+            reserve = float(policy.split("-", 1)[1])
         if reserve is not None:
             table += f"admission_reserve = {reserve}\n"
     else:

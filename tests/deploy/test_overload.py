@@ -124,3 +124,20 @@ async def test_before_runs_every_policy_on_the_other_build_too(tmp_path: pathlib
     assert overload.problems(result, args.max_pss_growth_mb) == []
     medians = overload.medians([result, result])
     assert medians["window_ok_per_s_over_before"] == result["window_ok_per_s_over_before"]
+
+
+def test_policies_name_a_reserve_to_compare_in_one_run(tmp_path: pathlib.Path) -> None:
+    # adaptive-R: the adaptive policy with admission_reserve R, beside plain adaptive (its own
+    # reserve, or --admission-reserve's); anything else in --policies is refused
+    overload = load_script("overload")
+    args = overload.parse(["--policies", "adaptive,adaptive-0.4,window-4", "--admission-reserve", "0.1"])
+    tables = {}
+    for policy in args.policies.split(","):
+        config = overload.repository(tmp_path, policy, 50.0, args.admission_reserve) / "cnn" / "config.toml"
+        tables[policy] = config.read_text().split("[batching]")[1]
+    assert "admission_reserve = 0.1\n" in tables["adaptive"]
+    assert "admission_reserve = 0.4\n" in tables["adaptive-0.4"] and 'policy = "adaptive"' in tables["adaptive-0.4"]
+    assert 'policy = "window"' in tables["window-4"] and "admission_reserve" not in tables["window-4"]
+    for wrong in ("adaptive-1.0", "adaptive-x", "window-0", "fifo"):
+        with pytest.raises(SystemExit):
+            overload.parse(["--policies", f"adaptive,{wrong}"])
