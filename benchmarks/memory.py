@@ -113,32 +113,22 @@ def measure(model: str, interpreters: int, engine: str, examples: pathlib.Path) 
             "tensor_format": parameters.get("tensor_format")}
 
 
-_FRAMEWORKS = {"torch": "torch", "numpy": "numpy"}  # tensor_format -> the module a worker imports for it
-_PLAIN = """
-import json, sys
-{imports}
-totals = {{"pss": 0, "anon": 0}}
-path = ""
-for line in open("/proc/self/smaps"):
-    head = line.split()
-    if "-" in head[0] and ":" not in head[0]:
-        path = head[5] if len(head) > 5 else ""
-    elif head[0] == "Pss:":
-        totals["pss"] += int(head[1])
-        if path in ("", "[heap]") or path.startswith("[anon"):
-            totals["anon"] += int(head[1])
-print(json.dumps({{k: round(v / 1024, 1) for k, v in totals.items()}}))
-"""
+FRAMEWORKS = ("torch", "numpy")  # the tensor_formats a worker imports a module of that name for
 
 
 def plain_process(tensor_format: str | None) -> dict[str, Any]:
     """PSS of a plain Python process (this interpreter, no aserve) that imports the framework
-    of `tensor_format`: one worker's floor in a server that runs a process per worker."""
-    module = _FRAMEWORKS.get(tensor_format or "")
-    code = _PLAIN.format(imports=f"import {module}" if module else "")
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
-    mb = json.loads(out)
-    return {"imports": module, "pss_mb": mb["pss"], "anon_mb": mb["anon"]}
+    of `tensor_format`: one worker's floor in a server that runs a process per worker; its
+    anonymous memory alone too (`heap_and_arenas`)."""
+    module = tensor_format if tensor_format in FRAMEWORKS else None
+    code = f"{f'import {module}; ' if module else ''}import sys; print('ready', flush=True); sys.stdin.read()"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n", "the plain process did not start"
+        kinds = pss_by_kind(proc.pid)
+    finally:
+        proc.communicate("")  # its stdin closes: it ends
+    return {"imports": module, "pss_mb": round(sum(kinds.values()), 1), "anon_mb": kinds.get("heap_and_arenas", 0.0)}
 
 
 def host_only(engine: str) -> float:
