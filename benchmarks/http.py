@@ -17,9 +17,9 @@ Servers (`--servers`):
 - `aserve-main`: the same with `--engine main` (threads of the host interpreter).
 - `aserve-nospin`: the same with `--spin-us 0` (threads block at once rather than poll for
   work: the baseline of polling), only when named.
-- `aserve-loops0` .. `aserve-loops3`: the same with `--loops N`; `aserve-loops2-loop`: two
-  fronts batching with a batcher each (`--front-batching loop`, the baseline of one queue
-  per model in the pool), only when named.
+- `aserve-loops0` .. `aserve-loops4`, `aserve-loops6`, `aserve-loops8`: the same with
+  `--loops N`; `aserve-loops2-loop`: two fronts batching with a batcher each
+  (`--front-batching loop`, the baseline of one queue per model in the pool), only when named.
 - `aserve-trace`, `aserve-trace1`: the same with OpenTelemetry tracing on, sampling every
   request or one in 100, sending to a local OTLP sink, only when named.
 - `aserve-same`: `aserve` once more, unchanged, only when named: with `--repeat` it shows
@@ -68,13 +68,14 @@ aserve's p50 at one connection; aserve's loop CPU per request at its peak; aserv
 over MOSEC's for mlp (the leaner MOSEC row's).
 
 Is the generator the bottleneck? wrk runs on the same machine and takes CPU from the
-servers. It is not the limit while `generator_cpu_cores` stays well below 1.0 (one wrk
-thread is one core) when the server is saturated (`server_cpu_cores` near the cores it
-can use, or its loop thread near 1.0: `loop_cpu_us_per_request` times `requests_per_s`
-near 1e6). The run also measures the ceiling once more with `wrk -t2` at the highest
-connection count (the `generator_check` record, summarised at the end): if two wrk
-threads get no more out of the ceiling than one, one was enough. `--no-generator-check`
-skips it.
+servers. It is not the limit while `generator_cpu_cores` stays well below `--threads` (one
+wrk thread is one core; default 1) when the server is saturated (`server_cpu_cores` near the
+cores it can use, or its loop thread near 1.0: `loop_cpu_us_per_request` times
+`requests_per_s` near 1e6). The run also measures the ceiling once more with twice the
+threads at the highest connection count (the `generator_check` record, summarised at the
+end): if twice the threads get no more out of the ceiling, the threads were enough.
+`--no-generator-check` skips it. On many cores, where several loops serve (`--servers
+aserve-loops4`), one wrk thread cannot load them: give `--threads` a core each.
 
 `--plot FILE` writes a PNG (matplotlib, from the `bench` extra: `pip install -e '.[bench]'`):
 for each model and body, requests/s and p99 against connections, per server.
@@ -311,10 +312,12 @@ def _record(server: str, model: str, body: str | None, **fields: Any) -> dict[st
     return {"bench": "http", "server": server, "model": model, "body": body, **fields}
 
 
-def measure(run: Run, server: ServerProcess, case: Case, connections: int, *, threads: int = 1) -> dict[str, Any]:
+def measure(run: Run, server: ServerProcess, case: Case, connections: int, *, threads: int | None = None,
+            ) -> dict[str, Any]:
     front0, tree0, t0 = server.front_cpu_s(), server.tree_cpu_s(), time.perf_counter()
     load = loadgen.drive(run.generator, server.url, body=case.body, headers=case.headers,
-                         connections=connections, seconds=run.seconds, threads=threads)
+                         connections=connections, seconds=run.seconds,
+                         threads=run.args.threads if threads is None else threads)
     wall = time.perf_counter() - t0
     front, tree = server.front_cpu_s() - front0, server.tree_cpu_s() - tree0
     return _record(
@@ -399,7 +402,7 @@ def bench_server(run: Run, kind: str, model: str, cases: dict[str, Case]) -> Ite
             try:
                 if run.args.warmup > 0:
                     loadgen.drive(run.generator, server.url, body=case.body, headers=case.headers,
-                                  connections=max(run.args.connections),
+                                  connections=max(run.args.connections), threads=run.args.threads,
                                   seconds=max(1, math.ceil(run.args.warmup)))
                 warm = round(server.pss_mb(), 1)
                 for connections in run.args.connections:
@@ -407,7 +410,7 @@ def bench_server(run: Run, kind: str, model: str, cases: dict[str, Case]) -> Ite
                            "response": response, **extra}
                 if kind == "ceiling" and not run.generator_checked and max(run.args.connections) >= 2:
                     run.generator_checked = True
-                    yield {**measure(run, server, case, max(run.args.connections), threads=2),
+                    yield {**measure(run, server, case, max(run.args.connections), threads=2 * run.args.threads),
                            "generator_check": True, **extra}
             except (OSError, RuntimeError) as e:  # the server died under load, or wrk failed
                 yield _record(kind, model, body, error=f"measuring failed: {e}; server log: {server.log_tail()}",
@@ -618,6 +621,14 @@ def require_matplotlib() -> None:
                          "pip install -e '.[bench]' (./dev setup installs it)") from None
 
 
+def title(records: list[dict[str, Any]]) -> str:
+    """The plot's title: the machine the records were measured on, which may not be this one (a
+    plot made from another machine's JSON)."""
+    cpus = next((r["cpus"] for r in records if "cpus" in r), os.cpu_count())
+    python = next((r["python"] for r in records if "python" in r), platform.python_version())
+    return f"benchmarks.http ({cpus} CPUs, Python {python})"
+
+
 def plot(records: list[dict[str, Any]], path: str) -> None:
     import matplotlib
 
@@ -654,7 +665,7 @@ def plot(records: list[dict[str, Any]], path: str) -> None:
         p99_ax.yaxis.set_minor_formatter(NullFormatter())
         rps_ax.set_ylim(bottom=0)
         rps_ax.legend(fontsize="small")
-    fig.suptitle(f"benchmarks.http ({os.cpu_count()} CPUs, Python {platform.python_version()})")
+    fig.suptitle(title(records))
     fig.tight_layout(rect=(0, 0, 1, 0.98))
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -697,8 +708,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--interpreters", type=int, default=2, help="aserve's interpreters (default %(default)s)")
     p.add_argument("--generator", choices=("auto", "wrk", "aiohttp"), default="auto",
                    help="load generator (auto: wrk when installed)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="wrk threads (aiohttp: processes) per point: one core each; more where one cannot load "
+                        "the servers, as on many cores (default %(default)s)")
     p.add_argument("--no-generator-check", dest="generator_check", action="store_false",
-                   help="skip the ceiling's extra point with wrk -t2")
+                   help="skip the ceiling's extra point with twice --threads")
     p.add_argument("--peer-venvs", type=pathlib.Path,
                    default=pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
                    / "aserve" / "peers", help="where MOSEC's virtual environment is kept (default %(default)s)")

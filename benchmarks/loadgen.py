@@ -83,6 +83,7 @@ def parse_wrk(out: str) -> dict[str, Any]:
 
 def run_wrk(url: str, *, body: bytes, headers: dict[str, str], connections: int, seconds: int,
             threads: int = 1) -> Load:
+    threads = min(threads, connections)  # wrk refuses more threads than connections
     with tempfile.TemporaryDirectory(prefix="aserve-wrk-") as tmp:
         body_file = pathlib.Path(tmp) / "body"
         body_file.write_bytes(body)

@@ -113,15 +113,18 @@ def _point(loops: int, where: str, args: argparse.Namespace) -> dict[str, Any]:
         body = b'{"inputs": []}'
         url = f"http://127.0.0.1:{port}/v2/models/m/infer"
         headers = {"Content-Type": "application/json"}
-        run_wrk(url, body=body, headers=headers, connections=args.connections, seconds=1)  # warm-up
+        run_wrk(url, body=body, headers=headers, connections=args.connections, seconds=1,
+                threads=args.threads)  # warm-up
         cpu0, t0 = _cpu(proc.pid), time.monotonic()
-        load = run_wrk(url, body=body, headers=headers, connections=args.connections, seconds=args.duration)
+        load = run_wrk(url, body=body, headers=headers, connections=args.connections, seconds=args.duration,
+                       threads=args.threads)
         wall = time.monotonic() - t0
         return {"bench": "loops", "loops": loops, "where": where, "connections": args.connections,
                 "requests_per_s": load.requests_per_s, "p50_ms": load.p50_ms, "p99_ms": load.p99_ms,
                 "errors": load.errors, "server_cpu_cores": round((_cpu(proc.pid) - cpu0) / wall, 3),
                 "pss_mb": round(_pss(proc.pid) / 2**20, 1),
-                "generator_cpu_cores": round(load.generator_cpu_s / wall, 3)}
+                "generator_cpu_cores": round(load.generator_cpu_s / wall, 3), "threads": load.threads,
+                "cpus": os.cpu_count()}
     finally:
         proc.kill()
         proc.wait()
@@ -138,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loops", default="1,2", help="numbers of loops in private interpreters")
     p.add_argument("--connections", type=int, default=64)
     p.add_argument("--duration", type=int, default=5, help="seconds per point (wrk takes whole seconds)")
+    p.add_argument("--threads", type=int, default=1, help="wrk threads (default %(default)s)")
     args = p.parse_args(argv)
     if not have_wrk():
         print("benchmarks.loops: needs wrk (apt-get install wrk; ./dev bench installs it)", file=sys.stderr)

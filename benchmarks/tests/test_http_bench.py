@@ -76,6 +76,25 @@ def test_the_baseline_without_polling_runs_aserve_with_spin_off(tmp_path: pathli
     assert point["arguments"] == "--spin-us 0"
 
 
+def test_generator_threads_and_four_front_loops(tmp_path: pathlib.Path) -> None:
+    # as on many cores: several wrk threads (aiohttp: processes), never more than connections, against --loops 4
+    records = _run(tmp_path, "--threads", "2", "--duration", "1", "--warmup", "0", "--connections", "1,4",
+                   "--servers", "aserve-loops4", "--models", "simple", "--bodies", "json", "--no-generator-check")
+    points = {r["connections"]: r for r in records if "requests_per_s" in r}
+    assert {c: (p["threads"], p["errors"], p["arguments"]) for c, p in points.items()} == {
+        1: (1, 0, "--loops 4"), 4: (2, 0, "--loops 4")}
+    assert all(p["requests"] > 0 for p in points.values())
+
+
+def test_a_plot_names_the_machine_its_records_were_measured_on(tmp_path: pathlib.Path) -> None:
+    records = [{"bench": "http", "server": "ceiling", "model": "simple", "body": "json", "connections": c,
+                "requests_per_s": 1000.0 * c, "p99_ms": 1.0 + c, "cpus": 16, "python": "3.11.7"} for c in (1, 4)]
+    assert http.title(records) == "benchmarks.http (16 CPUs, Python 3.11.7)"
+    png = tmp_path / "other.png"
+    http.plot(records, str(png))
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
 def test_aiohttp_generator_when_asked(tmp_path: pathlib.Path) -> None:
     records = _run(tmp_path, "--generator", "aiohttp", "--duration", "1", "--warmup", "0", "--connections", "2",
                    "--servers", "ceiling", "--models", "simple", "--bodies", "json")
