@@ -28,8 +28,8 @@ Servers (`--servers`):
   can do (`benchmarks.peers.ceiling`).
 - `inline`: aiohttp + uvloop decoding the V2 request and running the model in the handler
   (`benchmarks.peers.inline`).
-- `mosec`: MOSEC 0.9.8 (Rust front; 2 worker processes, batches of up to 8, 10 ms wait)
-  in its own virtual environment, created with pip on first use under `--peer-venvs`
+- `mosec`: MOSEC 0.9.8 (Rust front; a worker process per aserve interpreter, `--interpreters`;
+  batches of up to 8, 10 ms wait) in its own virtual environment, created with pip on first use under `--peer-venvs`
   (default ~/.cache/aserve/peers; msgspec with it, torch==2.13.0 added for mlp), its
   workers decoding and encoding V2 JSON with msgspec Structs (`benchmarks.peers.mosec_server`).
   It reads binary requests but answers V2 JSON (it cannot set the response's header-length
@@ -303,8 +303,9 @@ class Run:
         if kind in ("ceiling", "inline"):
             return servers.aiohttp_peer(kind, model, self.examples)
         python, version = self.mosec()
-        s = servers.mosec_server(model, self.examples, python, native=kind == "mosec-native")
-        s.notes.update(mosec_version=version, workers=2, max_batch_size=8, max_wait_ms=10)
+        workers = self.args.interpreters  # a worker process per aserve interpreter
+        s = servers.mosec_server(model, self.examples, python, native=kind == "mosec-native", workers=workers)
+        s.notes.update(mosec_version=version, workers=workers, max_batch_size=8, max_wait_ms=10)
         return s
 
 

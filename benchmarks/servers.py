@@ -261,9 +261,11 @@ def aiohttp_peer(name: str, model: str, examples: pathlib.Path) -> ServerProcess
     return ServerProcess(name, model, argv, env=child_env())
 
 
-def mosec_server(model: str, examples: pathlib.Path, python: pathlib.Path, *, native: bool = False) -> ServerProcess:
-    """MOSEC serving V2 JSON (`mosec`), or its own JSON body on /inference (`mosec-native`)."""
-    env = child_env(dict(os.environ, ASERVE_BENCH_MODEL=model,
+def mosec_server(model: str, examples: pathlib.Path, python: pathlib.Path, *, native: bool = False,
+                 workers: int = 2) -> ServerProcess:
+    """MOSEC serving V2 JSON (`mosec`), or its own JSON body on /inference (`mosec-native`), with
+    `workers` worker processes."""
+    env = child_env(dict(os.environ, ASERVE_BENCH_MODEL=model, ASERVE_BENCH_WORKERS=str(workers),
                          ASERVE_BENCH_MODEL_PY=str(examples / model / "model.py")))
     # an example's model.py imports aserve.runtime (standard library only), which is not installed there
     env["PYTHONPATH"] = os.pathsep.join((str(ROOT / "src"), env["PYTHONPATH"]))

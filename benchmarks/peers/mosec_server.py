@@ -1,5 +1,5 @@
-"""MOSEC serving `simple` or `mlp` over V2 JSON: Rust HTTP front, 2 Python worker processes,
-dynamic batching; the body decoded and the answer encoded with msgspec Structs.
+"""MOSEC serving `simple` or `mlp` over V2 JSON: Rust HTTP front, Python worker processes (2, or
+`ASERVE_BENCH_WORKERS`: as many as aserve's interpreters), dynamic batching; the body decoded and the answer encoded with msgspec Structs.
 
 Runs in MOSEC's own virtual environment (`benchmarks.http` creates it, msgspec included),
 with the repository on `PYTHONPATH` for the shared models and codecs (msgspec and the
@@ -31,7 +31,7 @@ from mosec.errors import DecodingError
 from benchmarks.peers import models, v2, v2_structs
 
 MODEL = os.environ.get("ASERVE_BENCH_MODEL", "simple")
-WORKERS = 2
+WORKERS = int(os.environ.get("ASERVE_BENCH_WORKERS", "2"))
 MAX_BATCH = 8
 WAIT_MS = 10
 
