@@ -18,6 +18,12 @@ kind:
 Each record also has the total PSS, and the per-interpreter cost: the difference to
 the record with one interpreter fewer, divided by the interpreters added.
 
+PSS divides a library's text between every process that maps it, so it reads lower while
+other processes map the same libpython or libtorch (another Python of the same build, a
+test run). `text_shared_with` counts them, apart from the server and this benchmark's own
+process, and a line on stderr says so: figures taken then are not comparable with a run on
+an otherwise idle machine.
+
 The last line, `split`, divides the last record's memory: the host (the same server on an
 empty repository: its event loop, HTTP, gRPC and batching, no interpreter started), the
 interpreters (the rest, also per interpreter), the model's load (its `memory_bytes`
@@ -58,6 +64,38 @@ def classify(path: str, private_dirty_kb: int) -> str:
     if path in ("", "[heap]") or path.startswith("[anon"):
         return "heap_and_arenas"
     return "other"
+
+
+def sharing_text(pid: int) -> set[int]:
+    """The processes outside the tree rooted at `pid` (and other than this one) that map one of
+    the libpython or libtorch files the tree maps: each lowers the tree's PSS of that text."""
+    import psutil
+
+    tree = {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
+    files: set[str] = set()
+    for p in tree:
+        for line in pathlib.Path(f"/proc/{p}/maps").read_text().splitlines():
+            fields = line.split(maxsplit=5)
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if classify(path, 0) in ("libtorch_text", "libpython_text"):
+                files.add(path)
+    others: set[int] = set()
+    for proc in psutil.process_iter():
+        if proc.pid in tree or proc.pid == os.getpid():
+            continue
+        try:
+            maps = pathlib.Path(f"/proc/{proc.pid}/maps").read_text()
+        except OSError:  # gone, or not ours to read
+            continue
+        if any(f in maps for f in files):
+            others.add(proc.pid)
+    return others
+
+
+def _warn_shared(what: str, others: int) -> None:
+    if others:
+        print(f"memory: {others} other process(es) map the libraries {what} maps: its PSS of their text "
+              f"reads lower than on an otherwise idle machine", file=sys.stderr, flush=True)
 
 
 def pss_by_kind(pid: int) -> dict[str, float]:
@@ -102,13 +140,15 @@ def measure(model: str, interpreters: int, engine: str, examples: pathlib.Path) 
             time.sleep(0.5)  # let the interpreters give back the outputs' owners before reading smaps
             assert server.proc is not None
             kinds = pss_by_kind(server.proc.pid)
+            shared = len(sharing_text(server.proc.pid))
+            _warn_shared("the server", shared)
             status, text = servers.get(f"{server.base}/v2/models/{model}")
             meta = json.loads(text) if status == 200 else {}
         finally:
             server.stop()
     parameters = meta.get("parameters", {})
     return {"bench": "memory", "model": model, "engine": engine, "interpreters": interpreters,
-            "pss_mb": round(sum(kinds.values()), 1), "pss_mb_by_kind": kinds,
+            "pss_mb": round(sum(kinds.values()), 1), "pss_mb_by_kind": kinds, "text_shared_with": shared,
             "model_load_mb": round(parameters.get("memory_bytes", 0) / 2**20, 1),
             "tensor_format": parameters.get("tensor_format")}
 
@@ -126,9 +166,12 @@ def plain_process(tensor_format: str | None) -> dict[str, Any]:
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n", "the plain process did not start"
         kinds = pss_by_kind(proc.pid)
+        shared = len(sharing_text(proc.pid))
+        _warn_shared("the plain process", shared)
     finally:
         proc.communicate("")  # its stdin closes: it ends
-    return {"imports": module, "pss_mb": round(sum(kinds.values()), 1), "anon_mb": kinds.get("heap_and_arenas", 0.0)}
+    return {"imports": module, "pss_mb": round(sum(kinds.values()), 1), "anon_mb": kinds.get("heap_and_arenas", 0.0),
+            "text_shared_with": shared}
 
 
 def host_only(engine: str) -> float:

@@ -38,3 +38,27 @@ def test_a_plain_process_imports_the_framework_of_the_tensor_format() -> None:
     numpy = memory.plain_process("numpy")
     assert numpy["imports"] == "numpy"
     assert numpy["anon_mb"] > bare["anon_mb"]  # importing numpy allocates
+
+
+def test_other_processes_mapping_the_same_libpython_are_found() -> None:
+    # two processes of this Python map the same libpython (a build with a shared libpython; a
+    # static one maps its own binary's text, which is not counted)
+    import subprocess
+    import sys
+    import sysconfig
+
+    def started() -> subprocess.Popen[str]:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        return proc
+
+    one, two = started(), started()
+    try:
+        found = memory.sharing_text(one.pid)
+        assert (two.pid in found) == bool(sysconfig.get_config_var("Py_ENABLE_SHARED"))
+        assert one.pid not in found  # the tree measured is not counted, nor is this process
+        assert memory.plain_process(None)["text_shared_with"] >= (2 if two.pid in found else 0)
+    finally:
+        one.communicate("")
+        two.communicate("")
