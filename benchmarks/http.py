@@ -29,9 +29,10 @@ Servers (`--servers`):
 - `inline`: aiohttp + uvloop decoding the V2 request and running the model in the handler
   (`benchmarks.peers.inline`).
 - `mosec`: MOSEC 0.9.8 (Rust front; a worker process per aserve interpreter, `--interpreters`;
-  batches of up to 8, 10 ms wait) in its own virtual environment, created with pip on first use under `--peer-venvs`
-  (default ~/.cache/aserve/peers; msgspec with it, torch==2.13.0 added for mlp), its
-  workers decoding and encoding V2 JSON with msgspec Structs (`benchmarks.peers.mosec_server`).
+  batches of up to 8, 10 ms wait) in its own virtual environment, created with pip on first
+  use under `--peer-venvs` (default ~/.cache/aserve/peers; msgspec with it, torch==2.13.0
+  added for mlp), its workers decoding and encoding V2 JSON with msgspec Structs
+  (`benchmarks.peers.mosec_server`).
   It reads binary requests but answers V2 JSON (it cannot set the response's header-length
   header).
 - `mosec-native`: the same MOSEC, serving its own minimal msgspec JSON body instead of V2

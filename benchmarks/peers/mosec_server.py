@@ -1,5 +1,6 @@
 """MOSEC serving `simple` or `mlp` over V2 JSON: Rust HTTP front, Python worker processes (2, or
-`ASERVE_BENCH_WORKERS`: as many as aserve's interpreters), dynamic batching; the body decoded and the answer encoded with msgspec Structs.
+`ASERVE_BENCH_WORKERS`: as many as aserve's interpreters), dynamic batching; the body decoded
+and the answer encoded with msgspec Structs.
 
 Runs in MOSEC's own virtual environment (`benchmarks.http` creates it, msgspec included),
 with the repository on `PYTHONPATH` for the shared models and codecs (msgspec and the

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import pathlib
+import subprocess
+import sys
+import sysconfig
 
 import pytest
 
@@ -43,10 +46,6 @@ def test_a_plain_process_imports_the_framework_of_the_tensor_format() -> None:
 def test_other_processes_mapping_the_same_libpython_are_found() -> None:
     # two processes of this Python map the same libpython (a build with a shared libpython; a
     # static one maps its own binary's text, which is not counted)
-    import subprocess
-    import sys
-    import sysconfig
-
     def started() -> subprocess.Popen[str]:
         proc = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
