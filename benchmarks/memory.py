@@ -66,19 +66,35 @@ def classify(path: str, private_dirty_kb: int) -> str:
     return "other"
 
 
+def _tree(pid: int) -> set[int]:
+    """`pid` and every process below it."""
+    import psutil
+
+    return {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
+
+
+def _mappings(pids: set[int]) -> list[dict[str, Any]]:
+    """Every mapping of `pids` from /proc/PID/smaps: its path, and its Pss and Private_Dirty (kB)."""
+    mappings: list[dict[str, Any]] = []
+    for p in pids:
+        for line in pathlib.Path(f"/proc/{p}/smaps").read_text().splitlines():
+            m = _HEADER.match(line)
+            if m:
+                mappings.append({"path": m[2].strip()})
+            elif mappings:
+                key, _, value = line.partition(":")
+                if key in ("Pss", "Private_Dirty"):
+                    mappings[-1][key] = int(value.split()[0])
+    return mappings
+
+
 def sharing_text(pid: int) -> set[int]:
     """The processes outside the tree rooted at `pid` (and other than this one) that map one of
     the libpython or libtorch files the tree maps: each lowers the tree's PSS of that text."""
     import psutil
 
-    tree = {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
-    files: set[str] = set()
-    for p in tree:
-        for line in pathlib.Path(f"/proc/{p}/maps").read_text().splitlines():
-            fields = line.split(maxsplit=5)
-            path = fields[5].strip() if len(fields) == 6 else ""
-            if classify(path, 0) in ("libtorch_text", "libpython_text"):
-                files.add(path)
+    tree = _tree(pid)
+    files = {m["path"] for m in _mappings(tree) if classify(m["path"], 0) in ("libtorch_text", "libpython_text")}
     others: set[int] = set()
     for proc in psutil.process_iter():
         if proc.pid in tree or proc.pid == os.getpid():
@@ -92,29 +108,19 @@ def sharing_text(pid: int) -> set[int]:
     return others
 
 
-def _warn_shared(what: str, others: int) -> None:
+def text_shared_with(pid: int, what: str) -> int:
+    """How many processes `sharing_text` finds; a line on stderr when any do."""
+    others = len(sharing_text(pid))
     if others:
         print(f"memory: {others} other process(es) map the libraries {what} maps: its PSS of their text "
               f"reads lower than on an otherwise idle machine", file=sys.stderr, flush=True)
+    return others
 
 
 def pss_by_kind(pid: int) -> dict[str, float]:
     """PSS in MB per kind of mapping, of every process of the tree rooted at `pid`."""
-    import psutil
-
     out: dict[str, float] = {}
-    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    mappings: list[dict[str, Any]] = []
-    for proc in procs:
-        for line in pathlib.Path(f"/proc/{proc.pid}/smaps").read_text().splitlines():
-            m = _HEADER.match(line)
-            if m:
-                mappings.append({"path": m[2].strip()})
-            elif mappings:
-                key, _, value = line.partition(":")
-                if key in ("Pss", "Private_Dirty"):
-                    mappings[-1][key] = int(value.split()[0])
-    for mapping in mappings:
+    for mapping in _mappings(_tree(pid)):
         kind = classify(mapping["path"], mapping.get("Private_Dirty", 0))
         out[kind] = out.get(kind, 0.0) + mapping.get("Pss", 0) / 1024
     return {k: round(v, 1) for k, v in sorted(out.items())}
@@ -140,8 +146,7 @@ def measure(model: str, interpreters: int, engine: str, examples: pathlib.Path) 
             time.sleep(0.5)  # let the interpreters give back the outputs' owners before reading smaps
             assert server.proc is not None
             kinds = pss_by_kind(server.proc.pid)
-            shared = len(sharing_text(server.proc.pid))
-            _warn_shared("the server", shared)
+            shared = text_shared_with(server.proc.pid, "the server")
             status, text = servers.get(f"{server.base}/v2/models/{model}")
             meta = json.loads(text) if status == 200 else {}
         finally:
@@ -166,8 +171,7 @@ def plain_process(tensor_format: str | None) -> dict[str, Any]:
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n", "the plain process did not start"
         kinds = pss_by_kind(proc.pid)
-        shared = len(sharing_text(proc.pid))
-        _warn_shared("the plain process", shared)
+        shared = text_shared_with(proc.pid, "the plain process")
     finally:
         proc.communicate("")  # its stdin closes: it ends
     return {"imports": module, "pss_mb": round(sum(kinds.values()), 1), "anon_mb": kinds.get("heap_and_arenas", 0.0),
