@@ -19,7 +19,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define AS_COUNTER_MAX_SLOTS 64
+#define AS_COUNTER_MAX_SLOTS 128 /* 1 + 5 x 14 front loops (dataplane/models.py, queue_layout) fit */
 
 typedef struct {
     _Alignas(64) _Atomic int64_t value;

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import pathlib
+import sys
 from collections.abc import Mapping
 from typing import Annotated, Any, NamedTuple
 
@@ -61,10 +62,10 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                                             "the link-map namespaces the front loops leave")
     ] | None = None
     loops: Annotated[
-        int, msgspec.Meta(ge=0, le=8, description="event loops that serve connections beside the host's, each in "
-                                                  "a private interpreter of its own (0 = the host's loop serves "
-                                                  "every connection); None = chosen from the CPUs this process "
-                                                  "may use")
+        int, msgspec.Meta(ge=0, le=14, description="event loops that serve connections beside the host's, each in "
+                                                   "a private interpreter of its own (0 = the host's loop serves "
+                                                   "every connection; loops and private interpreters together at "
+                                                   "most 15); None = chosen from the CPUs this process may use")
     ] | None = None
     front_batching: Annotated[
         str, _doc("where the front loops' requests are batched: pool = one queue per model in the extension, "
@@ -165,6 +166,8 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         if self.front_batching not in FRONT_BATCHING:
             raise SettingsError(f"front_batching: expected one of {', '.join(FRONT_BATCHING)}, "
                                 f"got {self.front_batching!r}")
+        if self.interpreters and (self.engine == "private" or (self.engine == "auto" and sys.version_info < (3, 12))):
+            self._fits_namespaces()  # the default engine is private: these flags cannot start
         for origin in self.cors_origins:
             if origin != "*" and not _is_origin(origin):
                 raise SettingsError(f"cors_origins: expected * or an origin such as https://app.example.com "
@@ -190,12 +193,26 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         """Front loops to start (`loops`, or the default for the CPUs available)."""
         return self.loops if self.loops is not None else default_loops(cpus.available())
 
+    def _fits_namespaces(self) -> None:
+        """SettingsError when `interpreters` private interpreters and the front loops need more
+        link-map namespaces than glibc has (one each)."""
+        interpreters, loops = self.interpreters or 0, self.loop_count
+        if interpreters + loops > PRIVATE_NAMESPACES:
+            raise SettingsError(
+                f"interpreters: {interpreters} private interpreters and {loops} front loops (--loops) need "
+                f"{interpreters + loops} link-map namespaces, one each, and glibc allows {PRIVATE_NAMESPACES}: "
+                f"expected --interpreters of at most {max(0, PRIVATE_NAMESPACES - loops)} with {loops} loops, "
+                "fewer --loops, or --engine subinterp (Python 3.12+)")
+
     def pool_size(self, engine: str) -> int:
         """Interpreters the pool of `engine` gets: `interpreters`, or one per CPU available.
         A private interpreter and a front loop each take one of glibc's link-map namespaces
         (PRIVATE_NAMESPACES in all), so by default the private pool takes at most what the
-        front loops leave, not an interpreter count that fails to start on 16 CPUs or more."""
+        front loops leave, not an interpreter count that fails to start on 16 CPUs or more; an
+        explicit count that does not fit beside the loops is refused (SettingsError)."""
         if self.interpreters:
+            if engine == "private":
+                self._fits_namespaces()
             return self.interpreters
         n = cpus.available()
         if engine == "private":

@@ -4,12 +4,14 @@ polling that follows from it."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from aserve import _native, cpus
-from aserve.config import PRIVATE_NAMESPACES, ServerSettings
+from aserve.config import PRIVATE_NAMESPACES, ServerSettings, SettingsError
 from aserve.engine import Pool
 
 
@@ -91,7 +93,28 @@ def test_default_interpreters_and_loops_fit_glibcs_namespaces(monkeypatch: pytes
     assert loops + private <= _native.MAX_NAMESPACES == PRIVATE_NAMESPACES
 
 
-def test_explicit_loops_and_interpreters_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_explicit_loops_and_interpreters_are_kept_where_they_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpus, "available", lambda *a: 16)
     assert ServerSettings(loops=8).pool_size("private") == 7
-    assert ServerSettings(loops=8, interpreters=12).pool_size("private") == 12  # asked for: the engine says no
+    assert ServerSettings(loops=14).pool_size("private") == 1  # a light model on many CPUs: loops do the work
+    assert ServerSettings(loops=12, interpreters=3).pool_size("private") == 3
+    assert ServerSettings(engine="main", loops=8, interpreters=12).pool_size("main") == 12  # no namespaces taken
+
+
+def test_private_interpreters_and_loops_beyond_glibcs_namespaces_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every front loop and private interpreter takes one of glibc's 15 namespaces: flags that
+    need more are refused naming both and the count that fits, rather than a model's load
+    failing in dlmopen once the server runs."""
+    monkeypatch.setattr(cpus, "available", lambda *a: 16)
+    with pytest.raises(SettingsError, match=r"^interpreters: 12 private interpreters and 8 front loops \(--loops\) "
+                                            r"need 20 .* glibc allows 15: expected --interpreters of at most 7 "):
+        ServerSettings(engine="private", loops=8, interpreters=12)
+    if sys.version_info < (3, 12):  # auto is the private engine here
+        with pytest.raises(SettingsError, match="at most 11 with 4 loops"):
+            ServerSettings(interpreters=12)  # 16 CPUs: 4 loops by default
+    # another default engine starts; a model that asks for the private one cannot have that pool
+    settings = ServerSettings(engine="main", loops=8, interpreters=12)
+    with pytest.raises(SettingsError, match="at most 7 with 8 loops"):
+        settings.pool_size("private")
+    with pytest.raises(msgspec.ValidationError, match=r"Expected `int` <= 14 - at `\$.loops`"):
+        msgspec.convert({"loops": 15}, ServerSettings)

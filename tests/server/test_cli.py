@@ -171,3 +171,17 @@ async def test_serve_reports_missing_repository(tmp_path: pathlib.Path) -> None:
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2
     assert "is not a folder" in err.decode()
+
+
+@spawns
+async def test_serve_refuses_loops_and_interpreters_beyond_glibcs_namespaces(tmp_path: pathlib.Path) -> None:
+    """Front loops and private interpreters take a link-map namespace each: flags that need
+    more than glibc's 15 end the command at once, naming what fits, before anything starts."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aserve.cli", "serve", str(tmp_path), "--engine", "private", "--loops", "8",
+        "--interpreters", "12", "--port", "0", stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    assert "12 private interpreters and 8 front loops (--loops) need 20 link-map namespaces" in err.decode()
+    assert "expected --interpreters of at most 7 with 8 loops" in err.decode()

@@ -99,6 +99,33 @@ async def test_infer_is_served_by_every_loop_and_counted_once(looped) -> None:  
     assert stats["execution_count"] >= 1
 
 
+async def test_fourteen_loops_and_one_interpreter_fill_glibcs_namespaces(start_server,  # type: ignore[no-untyped-def]
+                                                                         tmp_path: pathlib.Path) -> None:
+    """The most loops there is room for (a light model on many CPUs wants loops, not
+    interpreters): each serves, every request joins the one queue of its model, and each is
+    counted once."""
+    server, url = await start_server(write_repository(tmp_path / "repo"), loops=14, interpreters=1)
+    assert server.loops.serving == 14
+    sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) for _ in range(28)]
+
+    async def client(i: int, session: aiohttp.ClientSession) -> None:
+        for k in range(3):
+            await infer(session, url, 10 * i + k)
+
+    try:
+        await asyncio.gather(*(client(i, s) for i, s in enumerate(sessions)))
+        per_front = await front_requests(server)
+    finally:
+        for s in sessions:
+            await s.close()
+    assert sorted(per_front) == [6] * 14, per_front  # two connections handed to each front, three requests each
+    async with aiohttp.ClientSession() as http:
+        text = await scrape(http, url)
+    assert value(text, "aserve_event_loops") == 14
+    assert value(text, "aserve_inference_request_success_total", model="add", version="1") == 84
+    assert value(text, "aserve_batcher_requests_total", model="add", version="1") == 84
+
+
 async def test_every_route_answers_on_a_front_connection(looped) -> None:  # type: ignore[no-untyped-def]
     server, url = looped
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
