@@ -17,7 +17,7 @@ Servers (`--servers`):
 - `aserve-main`: the same with `--engine main` (threads of the host interpreter).
 - `aserve-nospin`: the same with `--spin-us 0` (threads block at once rather than poll for
   work: the baseline of polling), only when named.
-- `aserve-loops0` .. `aserve-loops4`, `aserve-loops6`, `aserve-loops8`: the same with
+- `aserve-loops0` .. `aserve-loops4`, `aserve-loops6`, `aserve-loops8`, `aserve-loops10`, `aserve-loops12`: the same with
   `--loops N`; `aserve-loops2-loop`: two fronts batching with a batcher each
   (`--front-batching loop`, the baseline of one queue per model in the pool), only when named.
 - `aserve-trace`, `aserve-trace1`: the same with OpenTelemetry tracing on, sampling every

@@ -33,6 +33,7 @@ TRACED = {"aserve-trace": 1.0, "aserve-trace1": 0.01}
 SETTINGS = {"aserve-nospin": ["--spin-us", "0"], "aserve-same": [], "aserve-loops0": ["--loops", "0"],
             "aserve-loops1": ["--loops", "1"], "aserve-loops2": ["--loops", "2"], "aserve-loops3": ["--loops", "3"],
             "aserve-loops4": ["--loops", "4"], "aserve-loops6": ["--loops", "6"], "aserve-loops8": ["--loops", "8"],
+            "aserve-loops10": ["--loops", "10"], "aserve-loops12": ["--loops", "12"],
             # two fronts, each batching with its own batcher (the pool's queue shared only by their batches)
             "aserve-loops2-loop": ["--loops", "2", "--front-batching", "loop"]}
 BEFORE = "aserve-before"  # aserve as another build serves it (`--before PYTHON`): a change's same-run baseline
