@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from aserve import _native
+from aserve.dataplane.models import queue_layout
 
 
 def test_views_add_to_their_own_slot_and_read_the_whole() -> None:
@@ -34,8 +35,10 @@ def test_slots_out_of_range_are_refused() -> None:
         _native.Counter.at(host.address, 2)
     with pytest.raises(ValueError, match="slot -1 of 2 is out of range"):
         host.clear(-1)
-    with pytest.raises(ValueError, match=r"slots must be in \[1, 64\], got 0"):
+    with pytest.raises(ValueError, match=r"slots must be in \[1, 128\], got 0"):
         _native.Counter(0)
+    slots, summed = queue_layout(14)  # the most front loops: a model's queue Counter still fits
+    assert _native.Counter(slots, summed=summed).get(slots - 1) == 0
     with pytest.raises(ValueError, match=r"summed must be in \[1, slots=2\], got 3"):
         _native.Counter(2, summed=3)
     with pytest.raises(ValueError, match="slot 2 of 2 is out of range"):
