@@ -53,7 +53,8 @@ Each point's record:
 | `requests_per_s`, `p50_ms`, `p99_ms`, `requests`, `duration_s` | wrk's figures for the measured interval |
 | `errors` = `non_2xx` + `socket_errors` | every answer counts: a non-2xx status or a connect/read/write error or timeout is an error |
 | `pss_mb` | PSS of the server's whole process tree (psutil `memory_full_info().pss`, summed) after the point; `pss_mb_after_warmup` before the sweep |
-| `loop_cpu_us_per_request` | CPU (utime + stime, `/proc/PID/task/TID/stat`) of the server's event-loop thread during the point, over the requests completed; for MOSEC the Rust front process's CPU (all its threads): `loop_cpu_source` says which |
+| `loop_cpu_us_per_request` | CPU (utime + stime, `/proc/PID/task/TID/stat`) of the server's event-loop threads during the point (the main thread's and, under `--loops`, the front loops'), over the requests completed; for MOSEC the Rust front process's CPU (all its threads): `loop_cpu_source` says which |
+| `thread_cpu_us_per_request` | the same per thread group, by thread name (`servers.thread_cpu_s`): `host` (the main thread), `loops` (front loops), `interpreters` (and the threads their models start), `other`; None for MOSEC |
 | `server_cpu_cores` | CPU seconds of the whole server tree over wall seconds |
 | `generator_cpu_cores` | the load generator's CPU seconds (getrusage of children) over wall seconds |
 | `generator`, `threads` | `wrk` or `aiohttp`, and its threads or processes |
@@ -316,12 +317,17 @@ def _record(server: str, model: str, body: str | None, **fields: Any) -> dict[st
 
 def measure(run: Run, server: ServerProcess, case: Case, connections: int, *, threads: int | None = None,
             ) -> dict[str, Any]:
+    threads0 = server.threads_cpu_s() if server.front == "main-thread" else None
     front0, tree0, t0 = server.front_cpu_s(), server.tree_cpu_s(), time.perf_counter()
     load = loadgen.drive(run.generator, server.url, body=case.body, headers=case.headers,
                          connections=connections, seconds=run.seconds,
                          threads=run.args.threads if threads is None else threads)
     wall = time.perf_counter() - t0
     front, tree = server.front_cpu_s() - front0, server.tree_cpu_s() - tree0
+    per_thread = None
+    if threads0 is not None and load.requests:
+        after = server.threads_cpu_s()
+        per_thread = {g: round(max(0.0, after[g] - threads0[g]) / load.requests * 1e6, 1) for g in after}
     return _record(
         server.name, case.model, case.body_kind,
         connections=connections,
@@ -340,6 +346,7 @@ def measure(run: Run, server: ServerProcess, case: Case, connections: int, *, th
         generator=load.generator,
         threads=load.threads,
         loop_cpu_source=server.front_source,
+        thread_cpu_us_per_request=per_thread,
     )
 
 

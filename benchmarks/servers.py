@@ -114,6 +114,28 @@ def stat_cpu_s(path: str) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+# a thread's group by its name's start (the interpreter pools name their threads: engine/pool.py)
+THREAD_GROUPS = (("loops", "aserve-loop"), ("interpreters", "aserve-"))
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of process `pid`'s threads by what they do, read from their names: `host`
+    (the main thread: the host's event loop), `loops` (front loops, aserve-loop*),
+    `interpreters` (aserve-priv*, -subi*, -main*, and the threads their models start, which
+    take their names) and `other`. A thread that ended takes its CPU with it."""
+    groups = {"host": 0.0, "loops": 0.0, "interpreters": 0.0, "other": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            cpu = stat_cpu_s(f"/proc/{pid}/task/{tid}/stat")
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # it ended between the listing and the read
+        group = "host" if tid == str(pid) else next((g for g, start in THREAD_GROUPS if name.startswith(start)), "other")
+        groups[group] += cpu
+    return groups
+
+
 class ServerProcess:
     """One server under test, started with `start()`, always stopped with `stop()`."""
 
@@ -204,7 +226,8 @@ class ServerProcess:
         return cpu_s(self.tree())
 
     def front_cpu_s(self) -> float:
-        """CPU of the server's front: its event-loop thread, or MOSEC's Rust process (all threads)."""
+        """CPU of the server's front: its event-loop threads (the main thread's, and the front
+        loops' where there are any), or MOSEC's Rust process (all threads)."""
         assert self.proc is not None
         if self.front == "mosec":
             for p in self.tree()[1:]:
@@ -214,14 +237,19 @@ class ServerProcess:
                 except (psutil.NoSuchProcess, FileNotFoundError):
                     pass
             raise ServerFailed("mosec: no Rust front process (named 'mosec') under the server")
-        pid = self.proc.pid
-        return stat_cpu_s(f"/proc/{pid}/task/{pid}/stat")
+        groups = self.threads_cpu_s()
+        return groups["host"] + groups["loops"]
+
+    def threads_cpu_s(self) -> dict[str, float]:
+        """`thread_cpu_s` of the server's main process."""
+        assert self.proc is not None
+        return thread_cpu_s(self.proc.pid)
 
     @property
     def front_source(self) -> str:
         if self.front == "mosec":
             return "MOSEC Rust front process, all its threads (MOSEC has no Python event loop)"
-        return "event-loop thread (TID = PID)"
+        return "event-loop threads: the main thread (TID = PID) and the front loops' (aserve-loop*)"
 
 
 # ---- command lines ---------------------------------------------------------------

@@ -12,6 +12,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from aserve import cpus
+from aserve.config import default_loops
 from benchmarks import http, servers
 from benchmarks.peers import models, native, v2, v2_structs
 
@@ -44,6 +46,10 @@ def test_short_run_records_every_field_and_plots(tmp_path: pathlib.Path) -> None
         assert r["pss_mb"] > 0 and r["loop_cpu_us_per_request"] > 0
         assert r["server_cpu_cores"] > 0 and r["generator_cpu_cores"] > 0
         assert r["generator"] in ("wrk", "aiohttp")
+        threads = r["thread_cpu_us_per_request"]
+        assert threads["host"] > 0 and (threads["interpreters"] > 0) == (r["server"] == "aserve"), threads
+        if r["server"] == "ceiling" or default_loops(cpus.available()) == 0:  # the host's loop serves alone
+            assert threads["loops"] == 0, threads
     binary = {r["server"]: r["response"] for r in points if r["body"] == "binary"}
     assert binary == {"aserve": "binary", "ceiling": "json"}  # aserve answered the binary extension in kind
     summary = records[-1]["summary"]
@@ -84,6 +90,11 @@ def test_generator_threads_and_four_front_loops(tmp_path: pathlib.Path) -> None:
     assert {c: (p["threads"], p["errors"], p["arguments"]) for c, p in points.items()} == {
         1: (1, 0, "--loops 4"), 4: (2, 0, "--loops 4")}
     assert all(p["requests"] > 0 for p in points.values())
+    # the front loops answered: their threads' CPU is the loop's, by name
+    for p in points.values():
+        threads = p["thread_cpu_us_per_request"]
+        assert threads["loops"] > 0 and threads["interpreters"] > 0, threads
+        assert p["loop_cpu_us_per_request"] >= threads["loops"] > 0
 
 
 def test_a_plot_names_the_machine_its_records_were_measured_on(tmp_path: pathlib.Path) -> None:

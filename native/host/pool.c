@@ -282,6 +282,14 @@ static void *worker_main(void *arg)
     /* its naps toward a polling window end within a microsecond of the time asked,
      * not the default 50 */
     (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    /* "aserve-priv3": whose thread this is, in top -H, perf and /proc; threads the model
+     * starts take the name too */
+    char name[16];
+    pthread_mutex_lock(&p->mu);
+    snprintf(name, sizeof name, "%s%d", p->thread_name, w->index);
+    (void)pthread_setname_np(pthread_self(), name);
+    w->named = 1;
+    pthread_mutex_unlock(&p->mu);
     if (p->library != NULL)
         rc = as_private_open(p->library, &w->engine, sj->start_error, errlen);
     if (rc == 0 && w->engine.thread_init != NULL)
@@ -694,6 +702,21 @@ void as_pool_set_spin(pool_t *p, long long us, int spinners)
 
 /* Polling off (and back on) without forgetting the pace learned: a napping worker is woken
  * to block instead, a polling one kicked. */
+void as_pool_name_threads(pool_t *p, const char *prefix)
+{
+    pthread_mutex_lock(&p->mu);
+    snprintf(p->thread_name, sizeof p->thread_name, "%s", prefix);
+    for (int i = 0; i < p->n_workers; i++) {
+        worker_t *w = p->workers[i];
+        if (w->named && !w->dead) {
+            char name[16];
+            snprintf(name, sizeof name, "%s%d", p->thread_name, w->index);
+            (void)pthread_setname_np(w->thread, name);
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
 void as_pool_set_spin_paused(pool_t *p, int paused)
 {
     int n = 0;

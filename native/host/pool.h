@@ -131,6 +131,7 @@ typedef struct worker {
     int64_t idle_from;   /* CLOCK_MONOTONIC ns: when it last ran out of jobs (0: not idle) */
     int64_t gaps[AS_GAPS]; /* ns from running out of jobs to the next shared job being queued */
     int n_gaps;          /* gaps recorded, all told (the ring's next slot: n_gaps % AS_GAPS) */
+    int named;           /* has taken p->thread_name (p->mu): as_pool_name_threads renames it */
     int napping;         /* waiting on cv until its polling window opens */
     int gathering;       /* waiting on cv until a native request's batching window closes */
     int64_t late_ns;     /* how late its naps end past the time asked (moving average) */
@@ -151,6 +152,7 @@ typedef struct worker {
 typedef struct pool {
     PyObject_HEAD
     char engine_name[16];
+    char thread_name[12]; /* its workers' thread names: this and their index (top -H, perf, /proc/.../comm) */
     as_engine engine; /* template: private workers open their own namespace */
     char *library;
     as_init init;
@@ -394,6 +396,7 @@ void as_pool_put_back(pool_t *p, hjob *ordered);
  * block, at most `spinners` at once; each relearns its clients' pace. */
 void as_pool_set_spin(pool_t *p, long long us, int spinners);
 void as_pool_set_spin_paused(pool_t *p, int paused);
+void as_pool_name_threads(pool_t *p, const char *prefix);
 /* Only the first n workers take shared jobs. */
 void as_pool_set_active(pool_t *p, long n);
 

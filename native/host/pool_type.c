@@ -41,6 +41,7 @@ static PyObject *pool_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
     }
     p->efd = -1;
     snprintf(p->engine_name, sizeof p->engine_name, "%s", engine);
+    snprintf(p->thread_name, sizeof p->thread_name, "aserve-%.4s", engine); /* until name_threads */
     char err[512] = "";
     int rc = 0;
     if (strcmp(engine, "private") == 0) {
@@ -500,6 +501,20 @@ static PyObject *pool_set_spin_paused(pool_t *p, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *pool_name_threads(pool_t *p, PyObject *arg)
+{
+    Py_ssize_t n;
+    const char *prefix = PyUnicode_Check(arg) ? PyUnicode_AsUTF8AndSize(arg, &n) : NULL;
+    if (prefix == NULL || n < 1 || (size_t)n >= sizeof p->thread_name) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "Pool.name_threads: expected a str of 1 to %d bytes",
+                         (int)sizeof p->thread_name - 1);
+        return NULL;
+    }
+    as_pool_name_threads(p, prefix);
+    Py_RETURN_NONE;
+}
+
 static PyObject *pool_fileno(pool_t *p, PyObject *Py_UNUSED(ignored)) { return PyLong_FromLong(p->efd); }
 
 static PyObject *pool_set_active(pool_t *p, PyObject *arg)
@@ -624,6 +639,8 @@ static PyMethodDef pool_methods[] = {
     {"set_spin", (PyCFunction)pool_set_spin, METH_VARARGS,
      "set_spin(us, spinners): an idle worker polls for its next job for `us` microseconds before it blocks; "
      "at most `spinners` poll at once (0: never)"},
+    {"name_threads", (PyCFunction)pool_name_threads, METH_O,
+     "name_threads(prefix): the interpreters' threads are named prefix + their index, now and from their start"},
     {"set_spin_paused", (PyCFunction)pool_set_spin_paused, METH_O,
      "set_spin_paused(paused): no worker polls while paused; what set_spin set and the pace learned are kept"},
     {"fileno", (PyCFunction)pool_fileno, METH_NOARGS, "fileno() -> the eventfd that signals completions"},

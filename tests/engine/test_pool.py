@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import os
 import pathlib
 import sys
 
@@ -50,6 +51,35 @@ async def test_torch_runs_in_every_interpreter_of_four() -> None:
         results = [eval(await pool.execute(i, code)) for i in range(4)]
         assert [r[0] for r in results] == [3.0] * 4
         assert len({r[2] for r in results}) == 4  # four distinct torch modules
+
+
+def _thread_names() -> list[str]:
+    return sorted(pathlib.Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task"))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_interpreter_threads_are_named_for_top_and_perf(engine: str) -> None:
+    """Each interpreter's thread says whose it is (top -H, perf, /proc), as do the threads
+    model code starts from it; a pool can name its threads (front loops do)."""
+    async with Pool(engine=engine, interpreters=2) as pool:
+        short = {"private": "priv", "subinterp": "subi", "main": "main"}[engine]
+        assert {f"aserve-{short}0", f"aserve-{short}1"} <= set(_thread_names())
+        # a thread as a native library starts one (threading.Thread would add a dummy Thread for
+        # the worker, which 3.13 finalizes noisily in a subinterpreter)
+        started = await pool.execute(1, "import _thread, pathlib\n"
+                                        "names, done = [], _thread.allocate_lock()\n"
+                                        "done.acquire()\n"
+                                        "def read():\n"
+                                        "    names.append(pathlib.Path('/proc/thread-self/comm').read_text().strip())\n"
+                                        "    done.release()\n"
+                                        "_thread.start_new_thread(read, ())\n"
+                                        "done.acquire()\n"
+                                        "result = names[0]")
+        assert started == f"'aserve-{short}1'"
+    async with Pool(engine=engine, interpreters=1, threads="aserve-loop"):
+        assert "aserve-loop0" in _thread_names()
+    with pytest.raises(EngineError, match="threads: expected a thread name of 1 to 11 printable ASCII characters"):
+        Pool(engine=engine, threads="aserve-far-too-long")
 
 
 RENDEZVOUS = """

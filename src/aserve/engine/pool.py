@@ -256,12 +256,16 @@ class Pool:
     a polling thread would take the loop's. An idle pool polls for nothing. Whether polling
     pays is measured while batches come, and it is turned off where it does not
     (engine/polling.py), unless `spin_always`.
+
+    threads: its interpreters' thread names, before each one's index (at most 11
+    characters; default aserve-priv, aserve-subi or aserve-main): what top -H, perf and
+    /proc show, and what threads a model starts inherit.
     """
 
     cancel_grace_s = 10.0
 
     def __init__(self, *, engine: str = "private", interpreters: int | None = None, spin_us: int = 0,
-                 spinners: int | None = None, spin_always: bool = False) -> None:
+                 spinners: int | None = None, spin_always: bool = False, threads: str | None = None) -> None:
         if engine not in ENGINES:
             raise EngineError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
         have = cpus.available()
@@ -280,8 +284,11 @@ class Pool:
             )
         if spin_us < 0:
             raise EngineError(f"spin_us must be >= 0, got {spin_us}")
+        if threads is not None and not (0 < len(threads) <= 11 and threads.isprintable() and threads.isascii()):
+            raise EngineError(f"threads: expected a thread name of 1 to 11 printable ASCII characters, got {threads!r}")
         self.engine = engine
         self.interpreters = n
+        self.threads = threads
         self.spin_us = spin_us
         self.spinners = spinners if spinners is not None else _spinners(have)
         self._poll_s = spin_us / 1e6 if have >= 2 else 0.0  # on one CPU the loop's polling starves the batch
@@ -321,6 +328,7 @@ class Pool:
             return
         loop = asyncio.get_running_loop()
         native = self._take_native()
+        native.name_threads(self.threads or f"aserve-{self.engine[:4]}")  # a parked pool's too
         have = native.stats()["ready"]
         self._native, self._loop = native, loop
         loop.add_reader(native.fileno(), self._drain)

@@ -77,7 +77,7 @@ class Loops:
 
     async def start(self) -> None:
         """Start every front's interpreter and loop (they report ready on their own)."""
-        self.pool = Pool(engine="private", interpreters=self.count, spin_us=0)
+        self.pool = Pool(engine="private", interpreters=self.count, spin_us=0, threads="aserve-loop")
         await self.pool.start()
         for front in self.fronts:
             self._start(front)
