@@ -700,8 +700,8 @@ void as_pool_set_spin(pool_t *p, long long us, int spinners)
     pthread_mutex_unlock(&p->mu);
 }
 
-/* Polling off (and back on) without forgetting the pace learned: a napping worker is woken
- * to block instead, a polling one kicked. */
+/* Workers' thread names from now on, and those of the running ones now (a parked pool's
+ * reused under another name). */
 void as_pool_name_threads(pool_t *p, const char *prefix)
 {
     pthread_mutex_lock(&p->mu);
@@ -717,6 +717,8 @@ void as_pool_name_threads(pool_t *p, const char *prefix)
     pthread_mutex_unlock(&p->mu);
 }
 
+/* Polling off (and back on) without forgetting the pace learned: a napping worker is woken
+ * to block instead, a polling one kicked. */
 void as_pool_set_spin_paused(pool_t *p, int paused)
 {
     int n = 0;
