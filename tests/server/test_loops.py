@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import pathlib
+import sys
 import time
 
 import aiohttp
 import pytest
 
-from ..conftest import until
+from ..conftest import free_port, spawns, until, wait_ready
 from . import test_head_refusals as refusals
 from .conftest import ADD_CONFIG, ADD_MODEL, MODELS, write_repository
 from .test_http_front import read_response
@@ -99,31 +101,49 @@ async def test_infer_is_served_by_every_loop_and_counted_once(looped) -> None:  
     assert stats["execution_count"] >= 1
 
 
-async def test_fourteen_loops_and_one_interpreter_fill_glibcs_namespaces(start_server,  # type: ignore[no-untyped-def]
-                                                                         tmp_path: pathlib.Path) -> None:
+@spawns
+async def test_fourteen_loops_and_one_interpreter_fill_glibcs_namespaces(tmp_path: pathlib.Path) -> None:
     """The most loops there is room for (a light model on many CPUs wants loops, not
-    interpreters): each serves, every request joins the one queue of its model, and each is
-    counted once."""
-    server, url = await start_server(write_repository(tmp_path / "repo"), loops=14, interpreters=1)
-    assert server.loops.serving == 14
-    sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) for _ in range(28)]
-
-    async def client(i: int, session: aiohttp.ClientSession) -> None:
-        for k in range(3):
-            await infer(session, url, 10 * i + k)
-
+    interpreters), in a process of its own (namespaces are the process's): each loop serves,
+    every request joins its model's one queue, and each is counted once."""
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aserve.cli", "serve", str(write_repository(tmp_path / "repo")), "--engine", "private",
+        "--loops", "14", "--interpreters", "1", "--port", str(port), "--grpc-port", "0",
+        env=dict(os.environ, ASERVE_LOG_LEVEL="warning"), stderr=asyncio.subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
     try:
-        await asyncio.gather(*(client(i, s) for i, s in enumerate(sessions)))
-        per_front = await front_requests(server)
+        async with aiohttp.ClientSession() as http:
+            await wait_ready(http, url, proc)
+            await until(lambda: _serving(http, url, 14), what="14 front loops serving")
+            sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) for _ in range(28)]
+
+            async def client(i: int, session: aiohttp.ClientSession) -> None:
+                for k in range(3):
+                    await infer(session, url, 10 * i + k)
+
+            try:
+                await asyncio.gather(*(client(i, s) for i, s in enumerate(sessions)))
+                text = await scrape(http, url)  # the 28 still open
+            finally:
+                for session in sessions:
+                    await session.close()
+        assert value(text, "aserve_event_loops") == 14
+        assert value(text, "aserve_pool_interpreters", engine="private") == 1
+        assert value(text, "aserve_inference_request_success_total", model="add", version="1") == 84
+        assert value(text, "aserve_batcher_requests_total", model="add", version="1") == 84
+        # each connection went to the loop with the fewest: the 28 two to a loop (the scrape's own
+        # went to one as well, or to the host if it came before the loops served)
+        counts = sorted(value(text, "aserve_event_loop_connections", loop=str(i)) for i in range(14))
+        assert counts in ([2] * 14, [2] * 13 + [3]), counts
     finally:
-        for s in sessions:
-            await s.close()
-    assert sorted(per_front) == [6] * 14, per_front  # two connections handed to each front, three requests each
-    async with aiohttp.ClientSession() as http:
-        text = await scrape(http, url)
-    assert value(text, "aserve_event_loops") == 14
-    assert value(text, "aserve_inference_request_success_total", model="add", version="1") == 84
-    assert value(text, "aserve_batcher_requests_total", model="add", version="1") == 84
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 60)
+
+
+async def _serving(http: aiohttp.ClientSession, url: str, loops: int) -> bool:
+    return value(await scrape(http, url), "aserve_event_loops") == loops
 
 
 async def test_every_route_answers_on_a_front_connection(looped) -> None:  # type: ignore[no-untyped-def]
