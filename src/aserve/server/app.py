@@ -9,6 +9,7 @@ from ..config import ServerSettings, is_loopback
 from ..dataplane import DataPlane
 from .access import Access, Cors
 from .errors import ErrorPolicy
+from .threads import ThreadCpu
 
 log = logging.getLogger("aserve.server")
 
@@ -47,3 +48,4 @@ class App:
         self.draining = False  # readiness answers 503 and every answer closes its connection
         self.loops: Any = None  # server/loops.py Loops, with --loops: readiness asks whether every loop serves
         self.grpc_stats: Any = None  # grpc.service.GrpcStats, while the gRPC front serves
+        self.threads = ThreadCpu()  # the loops' and interpreters' CPU, for /metrics

@@ -305,13 +305,15 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
            schedulers: Mapping[str, Any] | None = None, http: HttpStats | None = None,
            tracing: Mapping[str, int] | None = None, *, openmetrics: bool = False,
            fronts: list[dict[str, Any]] | None = None, loops: Any = None,
-           grpc: Mapping[tuple[str, str], int] | None = None) -> str:
+           grpc: Mapping[tuple[str, str], int] | None = None,
+           threads: Mapping[tuple[str, ...], float] | None = None) -> str:
     """The exposition text (OpenMetrics with exemplars when asked): every model (requests,
     batcher, policy), then every pool (with its fair scheduler's slots), then the HTTP
     front (`app.HttpStats`) and the gRPC front's calls by method and code (`grpc`), then the
     tracer's records (`Tracer.stats()`, when tracing is on).
     `fronts`: what the front loops counted (`server/loops.py` `Loops.stats`), added to the
-    host's; `loops`: the `Loops` themselves (how many serve, how many were started again)."""
+    host's; `loops`: the `Loops` themselves (how many serve, how many were started again);
+    `threads`: CPU seconds per event loop and interpreter (`threads.ThreadCpu.sample`)."""
     out = Exposition()
     reported: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     if fronts:
@@ -367,6 +369,17 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
             out.add("aserve_event_loop_connections", "gauge",
                     "Connections a front event loop serves now (new ones go to the loop with the fewest).",
                     front.connections, {"loop": str(front.index)})
+    if threads is not None:
+        for thread, seconds in sorted(threads.items()):
+            if thread[0] == "loop":
+                out.add("aserve_event_loop_cpu_seconds_total", "counter",
+                        "CPU seconds of each event loop's thread: the host's (loop=\"host\") and each front's.",
+                        seconds, {"loop": thread[1]})
+        for thread, seconds in sorted(threads.items()):
+            if thread[0] == "interpreter":
+                out.add("aserve_interpreter_cpu_seconds_total", "counter",
+                        "CPU seconds of each interpreter's thread and of the threads its models started.",
+                        seconds, {"engine": thread[1], "interpreter": thread[2]})
     if grpc is not None:
         for (method, code), count in sorted(grpc.items()):
             out.add("aserve_grpc_requests_total", "counter",
@@ -428,5 +441,6 @@ async def metrics(app: App, request: Request) -> Response:
     fronts = await app.loops.stats() if app.loops is not None else None
     text = render(registry.handles(), registry.pools, plane.metrics, registry.schedulers, http=app.stats,
                   tracing=plane.tracer.stats() if plane.tracer else None, openmetrics=openmetrics,
-                  fronts=fronts, loops=app.loops, grpc=app.grpc_stats.calls if app.grpc_stats is not None else None)
+                  fronts=fronts, loops=app.loops, grpc=app.grpc_stats.calls if app.grpc_stats is not None else None,
+                  threads=app.threads.sample())
     return Response(200, text.encode(), content_type=OPENMETRICS_CONTENT_TYPE if openmetrics else CONTENT_TYPE)
