@@ -14,7 +14,7 @@ import os
 import re
 
 _TICKS = os.sysconf("SC_CLK_TCK")
-_NAME = re.compile(r"aserve-(loop|priv|subi|main)(\d+)")
+_NAME = re.compile(rb"aserve-(loop|priv|subi|main)(\d+)")
 ENGINES = {"priv": "private", "subi": "subinterp", "main": "main"}
 HOST = ("loop", "host")  # the main thread: the host's event loop
 
@@ -27,6 +27,7 @@ class ThreadCpu:
     def __init__(self, pid: int | None = None, proc: str = "/proc") -> None:
         self.pid = os.getpid() if pid is None else pid
         self._task = f"{proc}/{self.pid}/task"
+        self._main = str(self.pid)
         self._seen: dict[str, tuple[Key, float]] = {}  # thread id -> (its key, its CPU at the last sample)
         self._ended: dict[Key, float] = {}  # CPU of the ended threads of each key, as last seen
 
@@ -53,19 +54,22 @@ class ThreadCpu:
     def _read(self, tid: str) -> tuple[Key, float] | None:
         """(key, CPU seconds) of one thread, or None for a thread of no loop or interpreter
         (or one that ended while it was read)."""
-        try:
-            with open(f"{self._task}/{tid}/stat") as f:
-                text = f.read()
+        try:  # os.read, not open(): a scrape reads one of these per thread, on the loop
+            fd = os.open(f"{self._task}/{tid}/stat", os.O_RDONLY)
+            try:
+                text = os.read(fd, 1024)
+            finally:
+                os.close(fd)
         except OSError:
             return None
-        name = text[text.find("(") + 1:text.rfind(")")]
-        if tid == str(self.pid):
+        end = text.rfind(b")")
+        if tid == self._main:
             key: Key = HOST
         else:
-            m = _NAME.fullmatch(name)
+            m = _NAME.fullmatch(text, text.find(b"(") + 1, end)
             if m is None:
                 return None
-            kind, index = m.groups()
+            kind, index = m[1].decode(), m[2].decode()
             key = ("loop", index) if kind == "loop" else ("interpreter", ENGINES[kind], index)
-        fields = text[text.rfind(")") + 2:].split()  # from field 3 (state) on
+        fields = text[end + 2:].split()  # from field 3 (state) on
         return key, (int(fields[11]) + int(fields[12])) / _TICKS
