@@ -132,6 +132,7 @@ def test_dashboard_has_the_panels_asked_for(dashboard: dict) -> None:
     assert some(r"by \(model, reason\) \(rate\(aserve_inference_request_failure_total")
     assert some(rf"^{MEMORY}\{{")
     assert some(r"sum by \(protocol\) \(rate\(aserve_inference_request_protocol_total")  # HTTP against gRPC
+    assert some(r"rate\(aserve_event_loop_cpu_seconds_total") and some(r"rate\(aserve_interpreter_cpu_seconds_total")
 
 
 # ---- against a real server ----
