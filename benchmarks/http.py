@@ -54,7 +54,7 @@ Each point's record:
 | `errors` = `non_2xx` + `socket_errors` | every answer counts: a non-2xx status or a connect/read/write error or timeout is an error |
 | `pss_mb` | PSS of the server's whole process tree (psutil `memory_full_info().pss`, summed) after the point; `pss_mb_after_warmup` before the sweep |
 | `loop_cpu_us_per_request` | CPU (utime + stime, `/proc/PID/task/TID/stat`) of the server's event-loop threads during the point (the main thread's and, under `--loops`, the front loops'), over the requests completed; for MOSEC the Rust front process's CPU (all its threads): `loop_cpu_source` says which |
-| `thread_cpu_us_per_request` | the same per thread group, by thread name (`servers.thread_cpu_s`): `host` (the main thread), `loops` (front loops), `interpreters` (and the threads their models start), `other`; None for MOSEC |
+| `thread_cpu_us_per_request` | the same per thread group, by thread name (`servers.thread_cpu_s`, the server's own `aserve.server.threads`): `host` (the main thread), `loops` (front loops), `interpreters` (and the threads their models start), `other`; None for MOSEC |
 | `server_cpu_cores` | CPU seconds of the whole server tree over wall seconds |
 | `generator_cpu_cores` | the load generator's CPU seconds (getrusage of children) over wall seconds |
 | `generator`, `threads` | `wrk` or `aiohttp`, and its threads or processes |
@@ -318,16 +318,21 @@ def _record(server: str, model: str, body: str | None, **fields: Any) -> dict[st
 def measure(run: Run, server: ServerProcess, case: Case, connections: int, *, threads: int | None = None,
             ) -> dict[str, Any]:
     threads0 = server.threads_cpu_s() if server.front == "main-thread" else None
-    front0, tree0, t0 = server.front_cpu_s(), server.tree_cpu_s(), time.perf_counter()
+    front0 = threads0["host"] + threads0["loops"] if threads0 is not None else server.front_cpu_s()
+    tree0, t0 = server.tree_cpu_s(), time.perf_counter()
     load = loadgen.drive(run.generator, server.url, body=case.body, headers=case.headers,
                          connections=connections, seconds=run.seconds,
                          threads=run.args.threads if threads is None else threads)
     wall = time.perf_counter() - t0
-    front, tree = server.front_cpu_s() - front0, server.tree_cpu_s() - tree0
+    tree = server.tree_cpu_s() - tree0
     per_thread = None
-    if threads0 is not None and load.requests:
+    if threads0 is not None:
         after = server.threads_cpu_s()
-        per_thread = {g: round(max(0.0, after[g] - threads0[g]) / load.requests * 1e6, 1) for g in after}
+        front = after["host"] + after["loops"] - front0
+        if load.requests:
+            per_thread = {g: round(max(0.0, after[g] - threads0[g]) / load.requests * 1e6, 1) for g in after}
+    else:
+        front = server.front_cpu_s() - front0
     return _record(
         server.name, case.model, case.body_kind,
         connections=connections,

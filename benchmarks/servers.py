@@ -19,10 +19,14 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import psutil
 
 from . import ROOT, child_env
+
+if TYPE_CHECKING:
+    from aserve.server.threads import ThreadCpu
 
 SERVERS = ("aserve", "aserve-main", "ceiling", "inline", "mosec", "mosec-native")
 # aserve with OpenTelemetry tracing on, sampling every request or one in a hundred, sending to a
@@ -114,26 +118,18 @@ def stat_cpu_s(path: str) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
-# a thread's group by its name's start (the interpreter pools name their threads: engine/pool.py)
-THREAD_GROUPS = (("loops", "aserve-loop"), ("interpreters", "aserve-"))
+def thread_cpu_s(sampler: ThreadCpu) -> dict[str, float]:
+    """CPU seconds of a server process's threads by what they do, from their names (the
+    server's own reading, `aserve.server.threads`): `host` (the main thread: the host's event
+    loop), `loops` (front loops), `interpreters` (and the threads their models start), and
+    `other`, the rest of the process's CPU."""
+    from aserve.server.threads import HOST
 
-
-def thread_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds of process `pid`'s threads by what they do, read from their names: `host`
-    (the main thread: the host's event loop), `loops` (front loops, aserve-loop*),
-    `interpreters` (aserve-priv*, -subi*, -main*, and the threads their models start, which
-    take their names) and `other`. A thread that ended takes its CPU with it."""
-    groups = {"host": 0.0, "loops": 0.0, "interpreters": 0.0, "other": 0.0}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                name = f.read().strip()
-            cpu = stat_cpu_s(f"/proc/{pid}/task/{tid}/stat")
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # it ended between the listing and the read
-        group = "host" if tid == str(pid) else next((g for g, start in THREAD_GROUPS if name.startswith(start)), "other")
-        groups[group] += cpu
-    return groups
+    groups = {"host": 0.0, "loops": 0.0, "interpreters": 0.0}
+    for key, seconds in sampler.sample().items():
+        groups["host" if key == HOST else "loops" if key[0] == "loop" else "interpreters"] += seconds
+    total = stat_cpu_s(f"/proc/{sampler.pid}/stat")  # every thread's, ended ones included
+    return {**groups, "other": max(0.0, total - sum(groups.values()))}
 
 
 class ServerProcess:
@@ -153,6 +149,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: pathlib.Path | None = None  # the server's stdout and stderr
         self.notes: dict[str, object] = {}
+        self._threads: ThreadCpu | None = None  # its threads' CPU by name, kept across readings
 
     # ---- lifecycle ----
 
@@ -243,7 +240,12 @@ class ServerProcess:
     def threads_cpu_s(self) -> dict[str, float]:
         """`thread_cpu_s` of the server's main process."""
         assert self.proc is not None
-        return thread_cpu_s(self.proc.pid)
+        if self._threads is None or self._threads.pid != self.proc.pid:
+            # the server's own reading, imported here: it imports the server package
+            from aserve.server.threads import ThreadCpu
+
+            self._threads = ThreadCpu(self.proc.pid)
+        return thread_cpu_s(self._threads)
 
     @property
     def front_source(self) -> str:
