@@ -23,7 +23,7 @@ from ..conftest import free_port, spawns, until, wait_ready
 from . import test_head_refusals as refusals
 from .conftest import ADD_CONFIG, ADD_MODEL, MODELS, write_repository
 from .test_http_front import read_response
-from .test_metrics import scrape, value
+from .test_metrics import Scrape, scrape, value
 
 
 def add_body(rows: list[list[int]], other: list[list[int]]) -> dict[str, object]:
@@ -47,6 +47,23 @@ async def infer(session: aiohttp.ClientSession, url: str, seed: int) -> None:
     assert out == {"SUM": total, "DIFF": diff}
 
 
+async def infer_on_connections(url: str, connections: int, each: int, http: aiohttp.ClientSession) -> Scrape:
+    """`each` checked infer calls on each of `connections` connections at once, then /metrics
+    scraped through `http` while those connections are still open."""
+    sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) for _ in range(connections)]
+
+    async def client(i: int, session: aiohttp.ClientSession) -> None:
+        for k in range(each):
+            await infer(session, url, 10 * i + k)
+
+    try:
+        await asyncio.gather(*(client(i, s) for i, s in enumerate(sessions)))
+        return await scrape(http, url)
+    finally:
+        for session in sessions:
+            await session.close()
+
+
 async def front_requests(server: object) -> list[int]:
     """HTTP requests each front answered, from its own counters."""
     return [front["http"]["requests"] for front in await server.loops.stats()]  # type: ignore[attr-defined]
@@ -68,19 +85,8 @@ async def looped(start_server, tmp_path: pathlib.Path):  # type: ignore[no-untyp
 async def test_infer_is_served_by_every_loop_and_counted_once(looped) -> None:  # type: ignore[no-untyped-def]
     server, url = looped
     # eight connections: the host hands each to the front with the fewest
-    sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) for _ in range(8)]
-
-    async def client(i: int, session: aiohttp.ClientSession) -> None:
-        for k in range(5):
-            await infer(session, url, 10 * i + k)
-
-    try:
-        await asyncio.gather(*(client(i, s) for i, s in enumerate(sessions)))
-        async with aiohttp.ClientSession() as http:
-            balance = await scrape(http, url)
-    finally:
-        for s in sessions:
-            await s.close()
+    async with aiohttp.ClientSession() as http:
+        balance = await infer_on_connections(url, 8, 5, http)
     # the eight are still open while the scrape's own connection is served: four and four, plus that one
     counts = sorted(value(balance, "aserve_event_loop_connections", loop=str(i)) for i in range(2))
     assert counts == [4, 5], counts
@@ -117,18 +123,7 @@ async def test_fourteen_loops_and_one_interpreter_fill_glibcs_namespaces(tmp_pat
         async with aiohttp.ClientSession() as http:
             await wait_ready(http, url, proc)
             await until(lambda: _serving(http, url, 14), what="14 front loops serving")
-            sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) for _ in range(28)]
-
-            async def client(i: int, session: aiohttp.ClientSession) -> None:
-                for k in range(3):
-                    await infer(session, url, 10 * i + k)
-
-            try:
-                await asyncio.gather(*(client(i, s) for i, s in enumerate(sessions)))
-                text = await scrape(http, url)  # the 28 still open
-            finally:
-                for session in sessions:
-                    await session.close()
+            text = await infer_on_connections(url, 28, 3, http)
         assert value(text, "aserve_event_loops") == 14
         assert value(text, "aserve_pool_interpreters", engine="private") == 1
         assert value(text, "aserve_inference_request_success_total", model="add", version="1") == 84
