@@ -1,7 +1,8 @@
 """The data plane without HTTP: how many requests one core of the host loop can carry.
 
     python -m benchmarks.core [--json FILE] [--models simple,mlp] [--engines private,main]
-                              [--bodies binary,json] [--clients 32] [--duration 5] [--profile FILE]
+                              [--bodies binary,json] [--paths codec,plane,front,native]
+                              [--clients 32] [--duration 5] [--profile FILE]
 
 An in-process client drives the whole path that `aserve serve` runs for a request,
 minus HTTP: `DataPlane.infer` decodes the V2 body against the model's schema, queues
@@ -18,7 +19,11 @@ Each (engine, model, body) is measured on each path in the same run (`--paths`):
   awaits `DataPlane.infer` (a task wake-up per request);
 - `front`: the same path as the HTTP front runs it: `DataPlane.submit` with the model's
   handle, the answer told to a callback (`Pending.then`) that sends the client's next
-  request; no task or coroutine per request.
+  request; no task or coroutine per request;
+- `native`: the `front` path as a front loop (`aserve serve --loops N`) runs it: the
+  model's handle is the one a front makes (`server.front.front_handle`), whose
+  `NativeBatcher` queues each request in the pool's shared queue through a native `Link`,
+  where the window rule in C batches it (the host's `Batcher` runs the other paths).
 
 Each record: `path`, `requests_per_s`, `loop_cpu_us_per_request` (CPU of the loop
 thread, `time.thread_time`, over the requests answered) and `requests_per_core_s` (1e6
@@ -51,6 +56,7 @@ from typing import Any
 from aserve.cli import bundled_examples
 from aserve.config import ServerSettings
 from aserve.dataplane import DataPlane
+from aserve.dataplane.models import ModelHandle
 from aserve.engine import ensure_glibc_tunables
 from aserve.inference import Answer, InferCall, InferResponse
 from aserve.protocol import V2
@@ -67,10 +73,28 @@ def _check(case: Case, chunks: list[Any], headers: dict[str, str]) -> None:
         raise AssertionError(f"{case.model} ({case.body_kind} body): {wrong}")
 
 
+def _front_handle(plane: DataPlane, model: str, engines: dict[str, Any]) -> ModelHandle:
+    """The handle a front loop (`--loops`) makes of `model`, made here on this loop: its
+    NativeBatcher queues each request in the pool's shared queue through a native Link, as
+    a front's does (the pool's queue Counter is laid out for one front, this one)."""
+    from aserve import _native
+    from aserve.server.front import LinkEngine, front_handle
+    from aserve.server.loops import front_model
+
+    host = plane.model(model)
+    engine = engines.get("link")
+    if engine is None:
+        engine = engines["link"] = LinkEngine(_native.link_api(), asyncio.get_running_loop(), lambda pool, job: None)
+    m = front_model(host, 1)
+    handle = front_handle(m, plane, engine, engines.setdefault("schedulers", {}), 0, plane.settings)
+    engine.add(m, handle, 0)
+    return handle
+
+
 async def _run_point(plane: DataPlane, case: Case, path: str, clients: int, duration: float,
-                     warmup: float, profile: cProfile.Profile | None) -> dict[str, Any]:
+                     warmup: float, profile: cProfile.Profile | None, engines: dict[str, Any]) -> dict[str, Any]:
     model = case.model
-    handle = plane.model(model)
+    handle = plane.model(model) if path != "native" else _front_handle(plane, model, engines)
     schema = handle.require_ready()
     body, headers = case.body, case.headers
     content_type = headers.get("Content-Type")
@@ -134,7 +158,7 @@ async def _run_point(plane: DataPlane, case: Case, path: str, clients: int, dura
         await finished
 
     async def drive() -> None:
-        if path == "front":
+        if path in ("front", "native"):
             await front()
         else:
             await asyncio.gather(*(client() for _ in range(clients)))
@@ -177,6 +201,9 @@ async def _run_engine(engine: str, models: list[str], args: argparse.Namespace,
         for m in models:
             shutil.copytree(examples / m, repo / m)
         plane = DataPlane(repo, ServerSettings(engine=engine, interpreters=args.interpreters))
+        if "native" in args.paths.split(","):
+            plane.registry.queue_fronts = 1  # each model's queue Counter, laid out for one front loop
+        engines: dict[str, Any] = {}
         await plane.start()
         try:
             for model in models:
@@ -196,7 +223,7 @@ async def _run_engine(engine: str, models: list[str], args: argparse.Namespace,
                     codec: float | None = None
                     for path in args.paths.split(","):
                         point = await _run_point(plane, case, path, args.clients, args.duration, args.warmup,
-                                                 profile)
+                                                 profile, engines)
                         us = point["loop_cpu_us_per_request"]
                         if path == "codec":
                             codec = us
@@ -206,6 +233,9 @@ async def _run_engine(engine: str, models: list[str], args: argparse.Namespace,
                         records.append({**common, "body": body, **point})
                         print(json.dumps(records[-1]), flush=True)
         finally:
+            link = engines.get("link")
+            if link is not None:
+                link.close()
             await plane.close(timeout=10)
     return records
 
@@ -220,16 +250,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bodies", default="binary,json")
     p.add_argument("--paths", default="codec,plane,front",
                    help="what runs per request: codec (decode and encode, the baseline), plane (the whole data "
-                        "plane, awaited), front (the same as the HTTP front runs it: submit and a callback)")
+                        "plane, awaited), front (the same as the HTTP front runs it: submit and a callback), "
+                        "native (front's way, batched in the pool's shared queue as a front loop's requests are)")
     p.add_argument("--interpreters", type=int, default=2)
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per point")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds before each point")
     p.add_argument("--profile", help="write a cProfile of the loop thread (all points) to this file")
     args = p.parse_args(argv)
-    unknown = set(args.paths.split(",")) - {"codec", "plane", "front"}
+    unknown = set(args.paths.split(",")) - {"codec", "plane", "front", "native"}
     if unknown:
-        p.error(f"--paths: expected codec, plane and/or front, got {','.join(sorted(unknown))}")
+        p.error(f"--paths: expected codec, plane, front and/or native, got {','.join(sorted(unknown))}")
     ensure_glibc_tunables()
     import uvloop
 

@@ -59,8 +59,45 @@ def test_the_front_path_runs_every_client_from_callbacks(tmp_path: pathlib.Path)
     assert front["codec_us_per_request"] == codec["loop_cpu_us_per_request"]
 
 
+def test_the_native_path_batches_in_the_pools_shared_queue(tmp_path: pathlib.Path) -> None:
+    """A front loop's way: its NativeBatcher queues the requests in the pool, whose window
+    rule in C batches them; every answer checked, its batches counted as a front counts them."""
+    out = tmp_path / "core.json"
+    argv = ["--models", "simple", "--engines", "private", "--bodies", "binary", "--paths", "codec,native",
+            "--clients", "8", "--duration", "0.3", "--warmup", "0.1", "--json", str(out)]
+    assert core.main(argv) == 0
+    codec, native = json.loads(out.read_text())
+    assert (codec["path"], native["path"]) == ("codec", "native")
+    assert native["requests"] > 0 and native["mean_batch"] >= 1.0
+    assert native["codec_us_per_request"] == codec["loop_cpu_us_per_request"]
+
+
+async def test_the_native_handle_is_a_fronts(tmp_path: pathlib.Path) -> None:
+    """The handle the native path measures is the one a front makes of the model: batched in
+    the pool, counting in the model's queue Counter."""
+    from aserve.batching.native import NativeBatcher
+    from aserve.cli import bundled_examples
+    from aserve.config import ServerSettings
+    from aserve.dataplane import DataPlane
+
+    examples = bundled_examples()
+    assert examples is not None
+    (tmp_path / "simple").symlink_to(examples / "simple", target_is_directory=True)
+    plane = DataPlane(tmp_path, ServerSettings(engine="main", interpreters=1))
+    plane.registry.queue_fronts = 1
+    engines: dict[str, object] = {}
+    await plane.start()
+    try:
+        handle = core._front_handle(plane, "simple", engines)
+        assert isinstance(handle.batcher, NativeBatcher) and handle.queued is not None
+        assert handle.key == plane.model("simple").key and handle.ready
+    finally:
+        engines["link"].close()  # type: ignore[attr-defined]
+        await plane.close(timeout=10)
+
+
 def test_unknown_paths_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         core.main(["--paths", "codec,http"])
     assert exit_.value.code == 2
-    assert "--paths: expected codec, plane and/or front, got http" in capsys.readouterr().err
+    assert "--paths: expected codec, plane, front and/or native, got http" in capsys.readouterr().err

@@ -131,6 +131,15 @@ class LinkEngine:
         self.in_flight = 0
         loop.add_reader(self.link.fileno(), self._drain)
 
+    def add(self, m: dict[str, Any], handle: ModelHandle, index: int) -> None:
+        """Run the batches of a model version the host lists (`loops.front_model`) for front
+        `index`, whose handle of it is `handle`."""
+        assert handle.info is not None
+        rows = _rows(handle.config, handle.info)
+        counter = None if m["queued"] is None else (m["queued"][0], wait_slots(m["queued"][1], index))
+        self.models[m["key"]] = (m["pool"], m["mask"], tuple(m["names"]), tuple(m["datatypes"]), rows, counter)
+        self.pools.add(m["pool"])
+
     def run(self, model: str, inputs: Sequence[Any], done: Done, /, *, trace: bool = False,
             waiting: tuple[int, int] | None = None) -> tuple[int, int]:
         """`Pool.run` for a front: queue one batch on the first idle interpreter of `model`;
@@ -215,6 +224,42 @@ class LinkEngine:
 
     def close(self) -> None:
         self.loop.remove_reader(self.link.fileno())
+
+
+def front_handle(m: dict[str, Any], plane: DataPlane, engine: LinkEngine, schedulers: dict[str, FairScheduler],
+                 index: int, settings: ServerSettings) -> ModelHandle:
+    """A front's handle of one model version the host lists (`loops.front_model`): its batcher
+    queues the front's requests in the host's pool through `engine`; `index`: the front's."""
+    config = msgspec.convert(m["config"], ModelConfig)
+    source = VersionSource(version=m["version"], directory=m["directory"], config=config,
+                           fingerprint=m["fingerprint"])
+    name = m["name"]
+    handle = ModelHandle(name, source, key=m["key"], stats=plane.metrics.stats(name, str(m["version"])))
+    info = msgspec.convert(m["info"], ModelInfo)
+    schema = ModelSchema(name, handle.version, inputs=info.inputs, outputs=info.outputs,
+                         max_batch_size=config.max_batch_size, max_latency_budget_ms=handle.timeout_ms)
+    kind = m["engine"]
+    scheduler = schedulers.get(kind)
+    if scheduler is None:
+        scheduler = schedulers[kind] = FairScheduler(m["interpreters"])
+    queued = _shared(m["queued"], index)
+    delay = config.batching.max_queue_delay_ms / 1000.0
+    if queued is not None and settings.front_batching == "pool" and _rows(config, info) > 0:
+        handle.batcher = NativeBatcher(
+            model=name, key=handle.key, queue=engine, max_batch_size=config.max_batch_size,
+            max_queue_size=config.batching.max_queue_size, max_queue_delay=delay, shared=queued,
+            slots=_native_slots(wait_slots(m["queued"][1], index)),
+        )
+    else:
+        handle.batcher = Batcher(
+            model=name, key=handle.key, run=engine.run, policy=WindowPolicy(max_queue_delay=delay),
+            max_batch_size=config.max_batch_size, interpreters=info.interpreters,
+            max_queue_size=config.batching.max_queue_size, scheduler=scheduler, uniform=schema.uniform,
+            cancel=engine.cancel, shared=queued, waiting=queued is not None,
+        )
+    handle.queued = queued
+    handle.engine, handle.info, handle.schema, handle.state = kind, info, schema, READY
+    return handle
 
 
 class _Connections(set[Any]):
@@ -434,11 +479,7 @@ class Front:
             handle = self.handles.pop(key, None) or self._handle(m)
             handles[key] = handle
             versions.setdefault(handle.name, {})[handle.number] = handle
-            assert handle.info is not None
-            rows = _rows(handle.config, handle.info)
-            counter = None if m["queued"] is None else (m["queued"][0], wait_slots(m["queued"][1], self.index))
-            self.engine.models[key] = (m["pool"], m["mask"], tuple(m["names"]), tuple(m["datatypes"]), rows, counter)
-            self.engine.pools.add(m["pool"])
+            self.engine.add(m, handle, self.index)
         self.retired.update(self.handles)  # listed no more: closed when the host retires them
         for handle in self.handles.values():
             handle.retired = True
@@ -447,37 +488,8 @@ class Front:
                                       for name, vs in versions.items()}
 
     def _handle(self, m: dict[str, Any]) -> ModelHandle:
-        config = msgspec.convert(m["config"], ModelConfig)
-        source = VersionSource(version=m["version"], directory=m["directory"], config=config,
-                               fingerprint=m["fingerprint"])
-        name = m["name"]
-        handle = ModelHandle(name, source, key=m["key"], stats=self.plane.metrics.stats(name, str(m["version"])))
-        info = msgspec.convert(m["info"], ModelInfo)
-        schema = ModelSchema(name, handle.version, inputs=info.inputs, outputs=info.outputs,
-                             max_batch_size=config.max_batch_size, max_latency_budget_ms=handle.timeout_ms)
-        engine = m["engine"]
-        scheduler = self.schedulers.get(engine)
-        if scheduler is None:
-            scheduler = self.schedulers[engine] = FairScheduler(m["interpreters"])
         assert self.engine is not None
-        queued = _shared(m["queued"], self.index)
-        delay = config.batching.max_queue_delay_ms / 1000.0
-        if queued is not None and self.settings.front_batching == "pool" and _rows(config, info) > 0:
-            handle.batcher = NativeBatcher(
-                model=name, key=handle.key, queue=self.engine, max_batch_size=config.max_batch_size,
-                max_queue_size=config.batching.max_queue_size, max_queue_delay=delay, shared=queued,
-                slots=_native_slots(wait_slots(m["queued"][1], self.index)),
-            )
-        else:
-            handle.batcher = Batcher(
-                model=name, key=handle.key, run=self.engine.run, policy=WindowPolicy(max_queue_delay=delay),
-                max_batch_size=config.max_batch_size, interpreters=info.interpreters,
-                max_queue_size=config.batching.max_queue_size, scheduler=scheduler, uniform=schema.uniform,
-                cancel=self.engine.cancel, shared=queued, waiting=queued is not None,
-            )
-        handle.queued = queued
-        handle.engine, handle.info, handle.schema, handle.state = engine, info, schema, READY
-        return handle
+        return front_handle(m, self.plane, self.engine, self.schedulers, self.index, self.settings)
 
     async def _retire(self, key: str, ask: int) -> None:
         """The host unloads `key` once every front answered what it queued of it."""

@@ -33,6 +33,7 @@ from .channel import Channel
 from .http import Request
 
 if TYPE_CHECKING:
+    from ..dataplane.models import ModelHandle
     from .serve import Server
 
 log = logging.getLogger("aserve.server")
@@ -274,17 +275,7 @@ class Loops:
             handles = list(routes.versions.values())
             if not handles or not all(_servable(h) for h in handles):
                 continue
-            for handle in handles:
-                pool = handle.pool
-                assert pool is not None and handle.info is not None
-                models.append({
-                    "name": name, "version": handle.number, "key": handle.key, "engine": handle.engine,
-                    "config": msgspec.to_builtins(handle.config), "directory": handle.source.directory,
-                    "fingerprint": handle.fingerprint, "info": msgspec.to_builtins(handle.info),
-                    "pool": pool.address, "mask": pool.mask_of(handle.key), "interpreters": pool.interpreters,
-                    "names": [s.name for s in handle.info.inputs], "datatypes": [s.datatype for s in handle.info.inputs],
-                    "queued": None if handle.queued is None else [handle.queued.address, self.count],
-                })
+            models.extend(front_model(handle, self.count) for handle in handles)
             labels[name] = {label: int(v) for label, v in routes.labels.items()}
         tracing = self.server.plane.tracer is not None
         roots = self.server.app.policy.redactor().roots  # model errors name paths as the host's do
@@ -352,6 +343,21 @@ def _answer(key: int, response: Any) -> dict[str, Any]:
             "body": b"".join(bytes(c) for c in response.chunks), "close": response.close,
             "hold": getattr(response, "hold", 0.0), "budget": getattr(response, "budget", None),
             "rate": getattr(response, "rate", None)}
+
+
+def front_model(handle: ModelHandle, fronts: int) -> dict[str, Any]:
+    """One ready model version as the `models` message lists it to `fronts` fronts: what a
+    front's batcher needs to queue its requests in the host's pool (`front.front_handle`)."""
+    pool = handle.pool
+    assert pool is not None and handle.info is not None
+    return {
+        "name": handle.name, "version": handle.number, "key": handle.key, "engine": handle.engine,
+        "config": msgspec.to_builtins(handle.config), "directory": handle.source.directory,
+        "fingerprint": handle.fingerprint, "info": msgspec.to_builtins(handle.info),
+        "pool": pool.address, "mask": pool.mask_of(handle.key), "interpreters": pool.interpreters,
+        "names": [s.name for s in handle.info.inputs], "datatypes": [s.datatype for s in handle.info.inputs],
+        "queued": None if handle.queued is None else [handle.queued.address, fronts],
+    }
 
 
 def _servable(handle: Any) -> bool:
