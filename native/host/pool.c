@@ -48,7 +48,9 @@
  *     it on the release list, since only the host GIL may release host buffers.
  *   - outputs: the interpreter's owner object until every OutputBuffer over it is
  *     gone (as_result, refs under the host GIL); then the owner goes back to its
- *     worker's release list and that worker frees it under its own GIL.
+ *     worker's release list and that worker frees it under its own GIL, when it next
+ *     wakes: for its next job, or at most RELEASE_LINGER_NS after it went idle (an
+ *     idle worker with owners out is not woken for each one that comes back).
  *
  * Staged jobs (layer-level joining) and the groups offered to them: pool_join.c.
  *
@@ -91,7 +93,10 @@ static hjob *pop_shared(pool_t *p, int index, int64_t *wake_at)
     return NULL;
 }
 
-/* Hand an interpreter's output owner back to its worker, which frees it under its GIL. */
+/* Hand an interpreter's output owner back to its worker, which frees it under its GIL: when it
+ * next wakes, for its next job or at the end of its linger (worker_main), whichever is first.
+ * A worker blocked with no owner counted out (one it handed out on a path that does not count)
+ * is woken for it, as is one that must stop. */
 void as_pool_give_back(pool_t *p, worker_t *w, void *owner)
 {
     release_t *rel = malloc(sizeof *rel);
@@ -101,9 +106,32 @@ void as_pool_give_back(pool_t *p, worker_t *w, void *owner)
     pthread_mutex_lock(&p->mu);
     rel->next = w->releases;
     w->releases = rel;
-    w->waiting = 0;
+    if (w->owners_out > 0)
+        w->owners_out--;
+    int wake = !w->lingering || w->stop;
+    if (wake)
+        w->waiting = 0;
     pthread_mutex_unlock(&p->mu);
-    pthread_cond_signal(&w->cv);
+    if (wake)
+        pthread_cond_signal(&w->cv);
+}
+
+/* The output owners a finished job and the jobs that ran in its batch hand the host: one
+ * for a batch sliced among them (a shared owner), else one per job with outputs. Caller
+ * holds p->mu. */
+static int64_t owners_of(const hjob *j)
+{
+    int64_t n = 0;
+    int shared = 0;
+    for (const hjob *k = j; k != NULL; k = k == j ? j->parts : k->part_next) {
+        if (k->job.owner == NULL)
+            continue;
+        if (k->shared)
+            shared = 1;
+        else
+            n++;
+    }
+    return n + shared;
 }
 
 /* ---- input buffers ---- */
@@ -232,6 +260,9 @@ static inline void cpu_relax(void)
 
 /* A nap shorter than this is not worth a timer: poll instead. */
 #define NAP_MIN_NS 20000
+/* Longest an idle worker with outputs out sleeps before it frees those the host gave back
+ * meanwhile (as_pool_give_back wakes none that lingers) */
+#define RELEASE_LINGER_NS 20000000
 
 /* Caller holds p->mu: the window, in ns after w went idle, over which w polls for its
  * next job: [*from, *to). 0 when polling would not pay (the next job is expected after
@@ -370,6 +401,7 @@ static void *worker_main(void *arg)
             w->busy = 0;
             w->current = NULL;
             w->lost = 0; /* back from a job it was given up in: it takes jobs again */
+            w->owners_out += owners_of(j);
             wake = j->job.join != NULL ? as_pool_finish_staged(p, j) : 0;
             for (hjob *k = j->parts, *next; k != NULL; k = next) {
                 next = k->part_next;
@@ -438,7 +470,21 @@ static void *worker_main(void *arg)
             continue;
         }
         w->waiting = 1;
-        pthread_cond_wait(&w->cv, &p->mu);
+        if (w->owners_out > 0) {
+            /* outputs it made are still out: the host gives them back without waking it (a
+             * wake-up on a virtual CPU costs about as much as a small model's batch); it
+             * frees them when it wakes for its next job, or after RELEASE_LINGER_NS */
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            int64_t at = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + RELEASE_LINGER_NS;
+            ts.tv_sec = at / 1000000000;
+            ts.tv_nsec = at % 1000000000;
+            w->lingering = 1;
+            pthread_cond_timedwait(&w->cv, &p->mu, &ts);
+            w->lingering = 0;
+        } else {
+            pthread_cond_wait(&w->cv, &p->mu);
+        }
         w->waiting = 0;
     }
     w->ready = 0;

@@ -134,6 +134,8 @@ typedef struct worker {
     int named;           /* has taken p->thread_name (p->mu): as_pool_name_threads renames it */
     int napping;         /* waiting on cv until its polling window opens */
     int gathering;       /* waiting on cv until a native request's batching window closes */
+    int64_t owners_out;  /* output owners it handed the host, not yet given back (p->mu) */
+    int lingering;       /* waiting on cv, at most RELEASE_LINGER_NS, for owners out to come back */
     int64_t late_ns;     /* how late its naps end past the time asked (moving average) */
     int kick;            /* atomic: set to end a spin (a job for it, stop) */
     int64_t spin_from;   /* CLOCK_MONOTONIC ns: when the current spin began */

@@ -1,5 +1,6 @@
 """CPU per event loop and per interpreter, from the threads' names: `server/threads.py` on a
-/proc of its own making, and the /metrics families of a real server with two front loops."""
+/proc of its own making, and the /metrics families of a real server with two front loops;
+and how often an interpreter's thread sleeps per request."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import pathlib
 
 import aiohttp
+import pytest
 
 from aserve.server.threads import ThreadCpu
 
@@ -69,3 +71,37 @@ async def test_metrics_give_each_loops_and_interpreters_cpu(start_server, tmp_pa
         assert value(second, "aserve_event_loop_cpu_seconds_total", loop=loop) >= \
             value(first, "aserve_event_loop_cpu_seconds_total", loop=loop)
     assert server.loops.serving == 2
+
+
+def _sleeps(name: str) -> int:
+    """Times the process's threads of that name slept, all told (voluntary context switches)."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != name:
+                    continue
+            with open(f"/proc/self/task/{tid}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches:"))
+        except OSError:  # the thread ended
+            continue
+    return total
+
+
+@pytest.mark.serial  # a request that comes later than the interpreter's linger costs it one more sleep
+async def test_an_interpreter_sleeps_once_per_request_at_one_connection(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
+    """One request after another: the interpreter wakes for each batch, and not once more for
+    the outputs the loop gives back after answering (it frees them when it next wakes)."""
+    server, url = await start_server(write_repository(tmp_path / "repo"), engine="private", interpreters=1)
+    assert server.plane.model("add").pool.engine == "private"
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
+        for k in range(5):
+            await infer(session, url, k)
+        before = _sleeps("aserve-priv0")
+        n = 60
+        for k in range(n):
+            await infer(session, url, k)
+        slept = _sleeps("aserve-priv0") - before
+    # one sleep per request, and a few more where a request came later than the linger; a
+    # wake-up for each give-back too would make it about two per request
+    assert slept < 1.35 * n, f"the interpreter slept {slept} times for {n} requests"
