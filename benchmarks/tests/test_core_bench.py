@@ -46,30 +46,21 @@ def test_the_plane_alone_has_no_baseline_fields(tmp_path: pathlib.Path) -> None:
     assert "codec_us_per_request" not in record and "beyond_codec_us_per_request" not in record
 
 
-def test_the_front_path_runs_every_client_from_callbacks(tmp_path: pathlib.Path) -> None:
-    """The HTTP front's way (submit, a callback, the client's next request from it): every
-    answer checked as the plane's are, its batches counted, beside the codec baseline."""
+@pytest.mark.parametrize(("path", "body", "clients"), [("front", "json", "4"), ("native", "binary", "8")])
+def test_the_callback_paths_run_beside_the_codec_baseline(tmp_path: pathlib.Path, path: str, body: str,
+                                                          clients: str) -> None:
+    """The HTTP front's way (submit, a callback, the client's next request from it), on the
+    host's batcher (`front`) and on a front loop's, batched in the pool's shared queue by the
+    window rule in C (`native`): every answer checked as the plane's are, its batches
+    counted, beside the codec baseline."""
     out = tmp_path / "core.json"
-    argv = ["--models", "simple", "--engines", "private", "--bodies", "json", "--paths", "codec,front",
-            "--clients", "4", "--duration", "0.3", "--warmup", "0.1", "--json", str(out)]
+    argv = ["--models", "simple", "--engines", "private", "--bodies", body, "--paths", f"codec,{path}",
+            "--clients", clients, "--duration", "0.3", "--warmup", "0.1", "--json", str(out)]
     assert core.main(argv) == 0
-    codec, front = json.loads(out.read_text())
-    assert (codec["path"], front["path"]) == ("codec", "front")
-    assert front["requests"] > 0 and front["mean_batch"] >= 1.0
-    assert front["codec_us_per_request"] == codec["loop_cpu_us_per_request"]
-
-
-def test_the_native_path_batches_in_the_pools_shared_queue(tmp_path: pathlib.Path) -> None:
-    """A front loop's way: its NativeBatcher queues the requests in the pool, whose window
-    rule in C batches them; every answer checked, its batches counted as a front counts them."""
-    out = tmp_path / "core.json"
-    argv = ["--models", "simple", "--engines", "private", "--bodies", "binary", "--paths", "codec,native",
-            "--clients", "8", "--duration", "0.3", "--warmup", "0.1", "--json", str(out)]
-    assert core.main(argv) == 0
-    codec, native = json.loads(out.read_text())
-    assert (codec["path"], native["path"]) == ("codec", "native")
-    assert native["requests"] > 0 and native["mean_batch"] >= 1.0
-    assert native["codec_us_per_request"] == codec["loop_cpu_us_per_request"]
+    codec, measured = json.loads(out.read_text())
+    assert (codec["path"], measured["path"]) == ("codec", path)
+    assert measured["requests"] > 0 and measured["mean_batch"] >= 1.0
+    assert measured["codec_us_per_request"] == codec["loop_cpu_us_per_request"]
 
 
 async def test_the_native_handle_is_a_fronts(tmp_path: pathlib.Path) -> None:
