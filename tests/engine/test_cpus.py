@@ -80,7 +80,8 @@ def test_polling_needs_a_cpu_besides_the_loop(monkeypatch: pytest.MonkeyPatch, a
 
 
 @pytest.mark.parametrize(("available", "loops", "private", "subinterp"),
-                         [(1, 0, 1, 1), (2, 0, 2, 2), (4, 1, 4, 4), (16, 4, 11, 16), (64, 4, 11, 64)])
+                         [(1, 0, 1, 1), (2, 0, 2, 2), (4, 2, 4, 4), (8, 2, 8, 8), (12, 3, 12, 12),
+                          (16, 4, 11, 16), (64, 4, 11, 64)])
 def test_default_interpreters_and_loops_fit_glibcs_namespaces(monkeypatch: pytest.MonkeyPatch, available: int,
                                                              loops: int, private: int, subinterp: int) -> None:
     """Every front loop and private interpreter takes a link-map namespace: by default the
