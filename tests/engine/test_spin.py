@@ -138,15 +138,21 @@ async def test_gaps_longer_than_spin_us_block_at_once(model_dir) -> None:
         assert polled == 0 and spun == 0.0, (polled, spun)
 
 
-SLOW = DOUBLE.replace("    def __call__(self, inputs):\n", "    def __call__(self, inputs):\n        time.sleep(0.002)\n")
+SLOW = DOUBLE.replace("    def __call__(self, inputs):\n", "    def __call__(self, inputs):\n        time.sleep(0.03)\n")
 SLOW = "import time\n" + SLOW
 
 
-async def test_the_loop_polls_only_for_lone_batches_short_enough_to_pay(model_dir) -> None:
-    """Polling for a batch that runs 2 ms burns the loop for 2 ms to save one wake-up: after
+async def test_the_loop_polls_only_for_lone_batches_short_enough_to_pay(model_dir,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Polling for a batch that runs 30 ms burns the loop for 30 ms to save one wake-up: after
     a few such batches the loop waits for the eventfd; batches that answer fast bring the
-    polling back."""
-    async with Pool(engine="private", interpreters=1, spin_us=20_000, spinners=1) as pool:
+    polling back. What pays is set at 10 ms for the test, between the two models' times even
+    on a busy machine, where a polled batch of `double` waits a scheduler slice or two for a
+    CPU (the default, 100 µs, is what a wake-up costs on an idle one)."""
+    from aserve.engine import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "_POLL_PAYS_S", 0.01)
+    async with Pool(engine="private", interpreters=1, spin_us=100_000, spinners=1) as pool:
         await pool.load(ModelSpec(name="slow", path=str(model_dir(SLOW))))
         await pool.load(ModelSpec(name="double", path=str(model_dir(DOUBLE))))
         assert pool._lone_pays
