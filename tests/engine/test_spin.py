@@ -166,6 +166,18 @@ async def test_the_loop_polls_only_for_lone_batches_short_enough_to_pay(model_di
         assert pool._lone_pays
 
 
+async def test_lone_batches_that_outlast_the_polling_count_against_it(model_dir) -> None:
+    """A lone batch of 30 ms outlasts the loop's polling (spin_us 1 ms): the loop burnt the
+    1 ms for nothing, so the batch counts against polling although the loop had stopped
+    polling when its answer came; after a few such batches the loop waits for the eventfd."""
+    async with Pool(engine="private", interpreters=1, spin_us=1_000, spinners=1) as pool:
+        await pool.load(ModelSpec(name="slow", path=str(model_dir(SLOW))))
+        assert pool._lone_pays
+        for i in range(8):
+            assert _y(await pool.infer("slow", _x(i))) == [2 * i]
+        assert not pool._lone_pays
+
+
 def test_spin_must_not_be_negative() -> None:
     with pytest.raises(EngineError, match="spin_us must be >= 0"):
         Pool(engine="main", interpreters=1, spin_us=-1)
