@@ -301,11 +301,10 @@ class Pool:
         self._native: _native.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._in_flight = 0  # jobs submitted and not yet completed
-        self._lone_from = 0.0  # when the job now alone in flight was queued (0: none, or not alone)
+        self._lone_from = 0.0  # when the job now alone in flight, polled for, was queued (0: none)
         self._lone: list[float] = []  # seconds the last lone jobs took, queued to answered
         self._lone_pays = True  # whether the loop polls for a lone job's answer
         self._lone_count = 0  # lone jobs queued, all told
-        self._lone_polled = False  # whether the loop polled for the job now alone in flight
         self._idle: asyncio.Future[None] | None = None  # resolved when _in_flight drops to 0
         self._models: dict[str, _Model] = {}
         self._closed = False
@@ -466,33 +465,31 @@ class Pool:
         polling goes on."""
         lone = self._in_flight == 1
         if lone:
-            self._lone_from = time.perf_counter()
             self._lone_count += 1
-        else:
-            self._lone_from = 0.0  # not alone: its time says nothing of a lone job's
-        self._lone_polled = False
+        self._lone_from = 0.0  # a job not alone, or not polled for, says nothing of polling
         if self._poll_s and (self._polling or (lone and (self._lone_pays or self._lone_count % _LONE_JOBS == 0))) \
                 and (self.probe is None or self.probe.on):
-            self._lone_polled = lone
-            self._poll_until = time.perf_counter() + self._poll_s
+            now = time.perf_counter()
+            if lone:
+                self._lone_from = now
+            self._poll_until = now + self._poll_s
             if not self._polling and self._loop is not None:
                 self._polling = True
                 self._loop.call_soon(self._poll)
 
     def _lone_done(self) -> None:
-        """The only job in flight was answered: if the loop polled for it (a time taken
-        waiting for the eventfd would count the wake-up too), remember how long it took,
-        and whether polling for the next lone one pays (the median of the last few). A job
-        that outlasted the polling counts too: the loop burnt spin_us on it, and a model
-        whose batches outlast spin_us would otherwise be judged by the few it caught."""
-        if self._lone_polled:
-            lone = self._lone
-            lone.append(time.perf_counter() - self._lone_from)
-            if len(lone) > _LONE_JOBS:
-                del lone[0]
-            self._lone_pays = len(lone) < _LONE_JOBS or sorted(lone)[_LONE_JOBS // 2] <= _POLL_PAYS_S
+        """The only job in flight, which the loop polled for, was answered (a job it did not
+        poll for counts nothing: its time waiting for the eventfd would count the wake-up
+        too): remember how long it took, and whether polling for the next lone one pays (the
+        median of the last few). A job that outlasted the polling counts too: the loop burnt
+        spin_us on it, and a model whose batches outlast spin_us would otherwise be judged
+        by the few it caught."""
+        lone = self._lone
+        lone.append(time.perf_counter() - self._lone_from)
+        if len(lone) > _LONE_JOBS:
+            del lone[0]
+        self._lone_pays = len(lone) < _LONE_JOBS or sorted(lone)[_LONE_JOBS // 2] <= _POLL_PAYS_S
         self._lone_from = 0.0
-        self._lone_polled = False
 
     def _poll(self) -> None:
         """While a batch runs, answer what finished at every turn of the loop rather than
