@@ -24,7 +24,7 @@ Builds, in the same run, rounds interleaved so that a drift of the machine weigh
 
 Each build runs in a subprocess of its own. Records: one per (case, build) with the
 medians over `--rounds` and the rounds' min and max, then per case the ratios of head to
-the others; `python`, `cpus` and the load average before the run in every record.
+the others (three significant figures); `python`, `cpus` and the load average before the run in every record.
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         for other in builds:
             if other != "head":
                 records.append({**common, "case": case, "summary": f"head / {other}",
-                                **{f"{field}_ratio": round(medians["head"][field] / medians[other][field], 3)
+                                **{f"{field}_ratio": float(f"{medians['head'][field] / medians[other][field]:.3g}")
                                    for field in ("decode_us", "encode_us")}})
     for rec in records:
         print(json.dumps(rec))
