@@ -47,12 +47,21 @@ each policy's OK/s over its run on that build is `POLICY_ok_per_s_over_before`. 
 status is 1 when a policy answered another 5xx, a 503 without Retry-After, or its PSS
 less libraries grew more than `--max-pss-growth-mb` over the drive (the queue is bounded: so is memory).
 
+With `--budget-capacity`, each server first serves Poisson arrivals at rates a bisection
+chooses, to find the largest it serves within the budget: the p99 from the scheduled
+arrival within `--budget-ms`, a refusal counting as beyond it (MLPerf's server scenario;
+Triton's perf_analyzer `--latency-threshold`). A model with a latency budget cannot be asked more
+than that: the window policy's closed-loop throughput comes from batches whose p99 is
+several budgets long. `adaptive_ok_per_s_over_budget_capacity` is adaptive's OK/s under
+the drive over the largest such rate of its build's servers.
+
     .venv/bin/python loadtests/overload.py                 # about a minute and a half
     .venv/bin/python loadtests/overload.py --duration 5 --factor 3 --json out.json
     .venv/bin/python loadtests/overload.py --policies window,window-4,adaptive --rounds 3
     .venv/bin/python loadtests/overload.py --policies window,window-4,adaptive --closed
     .venv/bin/python loadtests/overload.py --policies window,adaptive --closed --connections 16 --ignore-retry-after
     .venv/bin/python loadtests/overload.py --closed --ignore-retry-after --rounds 2 --before ../base/python.sh
+    .venv/bin/python loadtests/overload.py --closed --ignore-retry-after --connections 16 --budget-capacity
 
 Both servers, the client and the interpreters share the machine's cores: on 2 cores
 the figures move with whatever else runs, so compare the two policies within a run.
@@ -137,6 +146,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                          "sets PYTHONPATH to another checkout and runs the venv's python, as for benchmarks.http): "
                          "its runs are keyed POLICY@before, at the same offered load, the two builds' order "
                          "alternating round by round")
+    ap.add_argument("--budget-capacity", action="store_true",
+                    help="also find, on each server before its drive, the largest Poisson rate it serves within "
+                         "the budget (every request answered 200, p99 from the scheduled arrival within "
+                         "--budget-ms), and report adaptive's OK/s over the largest such rate of its build")
+    ap.add_argument("--budget-seconds", type=float, default=4.0, help="seconds of each --budget-capacity probe")
+    ap.add_argument("--budget-steps", type=int, default=6, help="probes of the --budget-capacity bisection")
     ap.add_argument("--json", help="also write the result here")
     args = ap.parse_args(argv)
     if args.ignore_retry_after and not args.closed:
@@ -530,6 +545,31 @@ async def drive(client: Client, rate: float, seconds: float, seed: int) -> tuple
     return tally, len(tasks), seconds
 
 
+async def budget_capacity(client: Client, top: float, budget_ms: float, seconds: float, steps: int,
+                          seed: int) -> dict[str, Any]:
+    """The largest Poisson rate (requests/s) the server serves within the budget: the p99 of
+    the requests' latency from the scheduled arrival at most `budget_ms`, a refusal or failure
+    counting as beyond it (so at most 1% of them). A bisection between 0 and `top` (the server's
+    closed-loop throughput: no rate above it can be served) over `steps` drives of `seconds`,
+    as MLPerf's server scenario and perf_analyzer's --latency-threshold define a server's
+    capacity under a latency bound. {"rps": the rate, "probes": each drive's rate, answers, p99}"""
+    lo, hi = 0.0, top
+    probes = []
+    for step in range(steps):
+        rate = (lo + hi) / 2
+        tally, sent, _ = await drive(client, rate, seconds, seed + 1000 + step)
+        latencies = sorted(tally.ok) + [math.inf] * (sent - len(tally.ok))
+        p99 = latencies[max(0, math.ceil(0.99 * len(latencies)) - 1)] if latencies else math.inf
+        meets = p99 <= budget_ms / 1e3
+        probes.append({"rate": round(rate, 1), "sent": sent, "ok": len(tally.ok), "refused_503": tally.refused,
+                       "p99_ms": round(1e3 * p99, 1) if p99 < math.inf else None, "within": meets})
+        if meets:
+            lo = rate
+        else:
+            hi = rate
+    return {"rps": round(lo, 1), "top_rps": round(top, 1), "probes": probes}
+
+
 def cpu_seconds(pid: int) -> dict[str, float]:
     """CPU seconds so far of the server's event loop (its main thread), of its other
     threads (the interpreters, mostly) and of this client."""
@@ -727,6 +767,12 @@ async def run(args: argparse.Namespace, round_index: int = 0) -> dict[str, Any]:
                         results["capacity_rps"] = round(cap, 1)
                         results["capacity_measured_on"] = name if args.capacity is None else "given"
                         rate = args.factor * cap
+                    searched = None
+                    if args.budget_capacity:
+                        top = await capacity(client, min(args.connections, 64), args.capacity_seconds)
+                        searched = await budget_capacity(client, top, args.budget_ms, args.budget_seconds,
+                                                         args.budget_steps, args.seed)
+                        print(f"# {name}: within budget {json.dumps(searched)}", file=sys.stderr, flush=True)
                     loop = asyncio.get_running_loop()
                     start = loop.time()
                     before, own_before = server.pss_mb(), server.own_mb()
@@ -753,6 +799,8 @@ async def run(args: argparse.Namespace, round_index: int = 0) -> dict[str, Any]:
                     results["policies"][name]["own_mb"] = {
                         "before": round(own_before, 1), "peak": round(max(own_peak), 1),
                         "after": round(server.own_mb(), 1)}
+                    if searched is not None:
+                        results["policies"][name]["budget_capacity"] = searched
                     results["policies"][name]["batcher"] = await batcher_state(session, server.url)
                     results["policies"][name]["batch_sizes"] = await batch_sizes(session, server.url)
                     results["policies"][name]["cores"] = cores
@@ -773,6 +821,12 @@ async def run(args: argparse.Namespace, round_index: int = 0) -> dict[str, Any]:
                 policy = name.removesuffix(suffix).replace("-", "_")
                 results[f"adaptive_ok_per_s_over_{policy}{suffix.replace('@', '_')}"] = round(
                     adaptive["ok_per_s"] / r["ok_per_s"], 3)
+        within = [r["budget_capacity"]["rps"] for r in built.values() if "budget_capacity" in r]
+        if within:
+            results[f"budget_capacity_rps{suffix.replace('@', '_')}"] = max(within)
+            if adaptive is not None and max(within) > 0:
+                results[f"adaptive_ok_per_s_over_budget_capacity{suffix.replace('@', '_')}"] = round(
+                    adaptive["ok_per_s"] / max(within), 3)
     for name, r in got.items():  # this build over the one before, policy by policy
         before = got.get(name + BEFORE)
         if before is not None and before["ok_per_s"]:
@@ -785,7 +839,8 @@ MEDIAN_FIELDS = ("ok_per_s", "admitted_p50_ms", "admitted_p99_ms", "within_budge
 
 def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Per policy, the median over rounds of each of MEDIAN_FIELDS, of the cores and of the
-    loop's CPU per answer; and of each *_ok_per_s_over_* ratio (each taken within its round)."""
+    loop's CPU per answer; and of each *_ok_per_s_over_* ratio (each taken within its round)
+    and each build's capacity within the budget."""
     out: dict[str, Any] = {}
     for policy in rounds[0]["policies"]:
         runs = [r["policies"][policy] for r in rounds]
@@ -797,8 +852,8 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
                              if isinstance(v, float) and all(isinstance(x["loop_cpu"].get(k), float) for x in runs)}
         out[policy] = entry
     for key in rounds[0]:
-        if "_ok_per_s_over_" in key:
-            out[key] = statistics.median(r[key] for r in rounds)
+        if "_ok_per_s_over_" in key or key.startswith("budget_capacity_rps"):
+            out[key] = round(statistics.median(r[key] for r in rounds), 3)
     return out
 
 

@@ -126,6 +126,38 @@ async def test_before_runs_every_policy_on_the_other_build_too(tmp_path: pathlib
     assert medians["window_ok_per_s_over_before"] == result["window_ok_per_s_over_before"]
 
 
+@needs_torch
+@pytest.mark.asyncio(loop_factories=["asyncio"])
+async def test_the_capacity_within_the_budget_is_the_fastest_rate_whose_p99_met_it() -> None:
+    # `--budget-capacity`: before its drive, each server serves Poisson arrivals at rates a
+    # bisection chooses; the capacity is the fastest rate whose p99 (refusals beyond it) met the budget
+    overload = load_script("overload")
+    args = overload.parse(["--policies", "window,adaptive", "--closed", "--ignore-retry-after", "--duration", "1",
+                           "--connections", "16", "--capacity-seconds", "1", "--budget-capacity",
+                           "--budget-seconds", "1", "--budget-steps", "3"])
+    result = await overload.run(args)
+    assert overload.problems(result, args.max_pss_growth_mb) == []
+    found = {}
+    for name, r in result["policies"].items():
+        searched = r["budget_capacity"]
+        probes = searched["probes"]
+        assert len(probes) == 3 and searched["top_rps"] > 0, searched
+        lo, hi = 0.0, searched["top_rps"]
+        for probe in probes:  # each rate halves the interval the ones before left
+            assert probe["rate"] == pytest.approx((lo + hi) / 2, abs=0.1), searched
+            assert 0 < probe["ok"] + probe["refused_503"] <= probe["sent"], searched
+            missed = probe["sent"] - probe["ok"]  # refused or failed: beyond the budget
+            assert probe["within"] == (missed <= probe["sent"] // 100 and probe["p99_ms"] is not None
+                                       and probe["p99_ms"] <= args.budget_ms), searched
+            lo, hi = (probe["rate"], hi) if probe["within"] else (lo, probe["rate"])
+        assert searched["rps"] == max([p["rate"] for p in probes if p["within"]], default=0.0), searched
+        found[name] = searched["rps"]
+    assert result["budget_capacity_rps"] == max(found.values())
+    if result["budget_capacity_rps"] > 0:
+        assert result["adaptive_ok_per_s_over_budget_capacity"] == round(
+            result["policies"]["adaptive"]["ok_per_s"] / result["budget_capacity_rps"], 3)
+
+
 def test_policies_name_a_reserve_to_compare_in_one_run(tmp_path: pathlib.Path) -> None:
     # adaptive-R: the adaptive policy with admission_reserve R, beside plain adaptive (its own
     # reserve, or --admission-reserve's); anything else in --policies is refused
