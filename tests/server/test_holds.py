@@ -216,3 +216,44 @@ async def test_a_held_connection_closed_by_the_server_is_held_no_more() -> None:
         assert not http.connections and http.held == 0
     finally:
         await close(http, listener, writer)
+
+
+class SlowFirstHead(Refusing):
+    """The first request's head takes 30 ms of the loop (as a long run of refusals does)."""
+
+    def head(self, request: Any, length: int | None) -> None:
+        if not self.received and not getattr(self, "slowed", False):
+            self.slowed = True
+            time.sleep(0.03)
+
+
+async def test_a_request_read_late_in_a_run_of_ready_connections_counts_from_the_runs_start() -> None:
+    # two connections ready at once are read in one iteration of the loop; the second is read
+    # after the first's 30 ms, but its bytes sat in its socket since the iteration began
+    dispatcher = SlowFirstHead(hold=0.0, budget=None)
+    http, listener, port = await serve(dispatcher)
+    conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+    try:
+        before = time.monotonic()
+        for _, writer in conns:
+            writer.write(REQUEST)  # both sent before the server's loop runs again
+        for reader, _ in conns:
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503 "), head
+            await reader.readexactly(2)
+        first, second = sorted(dispatcher.received)
+        assert before <= first and second - first < 0.01, (before, dispatcher.received)
+        await refused(*conns[1])  # read in an iteration of its own: counts from then
+        assert dispatcher.received[2] >= first + 0.03, dispatcher.received
+    finally:
+        await close(http, listener, *(writer for _, writer in conns))
+
+
+async def test_a_start_left_by_a_loop_that_stopped_is_not_taken_for_a_later_iterations() -> None:
+    http, listener, _ = await serve(Refusing(hold=0.0, budget=None))
+    try:
+        http._reads_began = time.monotonic() - 5.0  # its loop stopped before the reset ran
+        before = time.monotonic()
+        assert http.reads_began(asyncio.get_running_loop()) >= before
+    finally:
+        await close(http, listener)

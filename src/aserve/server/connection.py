@@ -59,6 +59,7 @@ KNOWN_HEAD_BYTES = 2048  # longest head kept byte for byte (`HttpServer.raw_head
 PIPELINE_LIMIT = 1 << 20  # body bytes waiting behind the request in progress before reading stops
 MAX_WAITING = 32  # requests waiting behind the one in progress before reading stops
 CLOSE_GRACE_S = 1.0  # after a closing answer, how long the client may go on sending before the close
+READS_BEGAN_STALE_S = 1.0  # no iteration of a serving loop reads for that long
 HOLD_MAX_S = 1.0  # longest a connection refused for overload reads nothing (Retry-After says at least 1 s)
 HELD_REFUSALS_PER_S = 800.0  # refusals a loop's held connections may take together per second (holds lengthen to keep to it)
 # ... and at most this many times the requests per second the refused model admits, where its policy measures that
@@ -115,6 +116,21 @@ class HttpServer:
         self.raw_heads: Bounded[bytes, tuple[Any, ...]] = Bounded(256)
         self.held = 0  # connections held after a refusal for overload (`Connection._hold`)
         self.closing = False
+        self._reads_began = 0.0  # time.monotonic() of the loop's first read of this iteration (0: none yet)
+
+    def reads_began(self, loop: asyncio.AbstractEventLoop) -> float:
+        """When the loop's iteration under way began reading: the sockets it reads were ready
+        then, so a request read late in a long run of ready connections (hundreds of refusals
+        can take tens of milliseconds) waited in its socket since then at least."""
+        now = time.monotonic()
+        began = self._reads_began
+        if not began or now - began > READS_BEGAN_STALE_S:  # stale: a loop stopped before the reset ran
+            began = self._reads_began = now
+            loop.call_soon(self._reads_ended)  # runs once this iteration's callbacks have
+        return began
+
+    def _reads_ended(self) -> None:
+        self._reads_began = 0.0
 
     @property
     def full(self) -> bool:
@@ -261,9 +277,10 @@ class Connection(asyncio.Protocol):
     def _sent(self) -> tuple[float, bool]:
         """When the request now read was sent, at the latest, and whether it waited out a hold of
         the connection unread (`_unhold`): then the hold's start, which counts against its budget;
-        else now. Whoever makes the request of it consumes `_sent_by`."""
+        else when the loop's iteration began reading (`HttpServer.reads_began`). Whoever makes the
+        request of it consumes `_sent_by`."""
         sent_by = self._sent_by
-        return (sent_by, True) if sent_by else (time.monotonic(), False)
+        return (sent_by, True) if sent_by else (self.server.reads_began(self.loop), False)
 
     def _read_known(self, known: tuple[Any, ...], data: bytes, start: int) -> None:
         """A read of one request whose head, byte for byte, a read held before with a body of
