@@ -188,7 +188,9 @@ class InferCall(msgspec.Struct, kw_only=True, gc=False):
     model's and the request's own. held: the connection held it unread after a refusal, and
     `received` counts that hold (the batcher's admission judges it, `Batcher.submit`).
     admission: what the batcher was asked to admit (samples, latency budget in seconds or
-    None), set by `DataPlane.submit` once the body is decoded (`DataPlane.refuse_again`)."""
+    None), set by `DataPlane.submit` once the body is decoded (`DataPlane.refuse_again`).
+    whole: time.perf_counter() when another loop had the whole request and handed it over (a
+    front's, `--loops`): its duration counts from then, not from `DataPlane.submit`."""
 
     codec: Codec
     model: str
@@ -205,3 +207,4 @@ class InferCall(msgspec.Struct, kw_only=True, gc=False):
     front: str = "http"  # the protocol it came in (http, grpc): what the metrics label it
     held: bool = False
     admission: tuple[int, float | None] | None = None
+    whole: float | None = None

@@ -633,3 +633,33 @@ async def test_a_request_the_host_refuses_from_its_head_is_answered_before_its_b
     finally:
         writer.close()
     assert sum(await front_requests(server)) == sum(before) + 2  # a front answered both
+
+
+async def test_a_handed_over_requests_duration_counts_the_hop_to_the_host(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
+    """A front hands every request of an adaptive model to the host's loop; while that loop is
+    busy the request waits in the channel, and its duration (as the metrics and the statistics
+    extension count it) includes that wait."""
+    from .test_metrics import adaptive_repository
+
+    server, url = await start_server(adaptive_repository(tmp_path / "repo"), loops=2)
+    rows, other = [[1, 2, 3, 4]], [[4, 3, 2, 1]]
+    data = json.dumps(add_body(rows, other)).encode()
+    raw = (f"POST /v2/models/fast/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(raw)
+        status, _, body = await read_response(reader)
+        assert status == 200, body
+        assert sum(await front_requests(server)) == 1  # the connection is a front's
+        os.write(writer.transport.get_extra_info("socket").fileno(), raw)  # sent now, not when this loop runs again
+        time.sleep(0.2)  # noqa: ASYNC251 - the host's loop (this one) is busy: the front's hand-over waits
+        status, _, body = await read_response(reader)
+        assert status == 200, body
+    finally:
+        writer.close()
+    async with aiohttp.ClientSession() as http:
+        text = await scrape(http, url)
+    labels = {"model": "fast", "version": "1"}
+    assert value(text, "aserve_inference_request_success_total", **labels) == 2
+    assert value(text, "aserve_inference_request_duration_us_sum", **labels) >= 150_000

@@ -139,7 +139,7 @@ class DataPlane:
         batch ran. A front that answers many calls uses it to spend no task on each."""
         if handle is None or handle.retired:  # retired: a reload or unload took it out while the body arrived
             handle = self.registry.get(call.model, call.version)
-        start = time.perf_counter()
+        start = time.perf_counter() if call.whole is None else call.whole
         trace: RequestTrace | None = None
         caller: str | None = None  # not sampled: the caller's W3C context for model code
         try:

@@ -19,6 +19,7 @@ import asyncio
 import functools
 import logging
 import socket
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -399,7 +400,7 @@ class Front:
         return _response(await self._ask({
             "op": "forward", "method": request.method, "target": request.target, "version": request.version,
             "headers": request.headers, "body": body if isinstance(body, bytes) else bytes(body),
-            "remote": request.remote, "received": request.received}))
+            "remote": request.remote, "received": request.received, "whole": time.perf_counter()}))
 
     # ---- the host's messages ----
 

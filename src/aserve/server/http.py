@@ -49,6 +49,7 @@ class Request:
     held = False  # it waited out a hold of its connection unread, and `received` counts the hold
     connection: Any = None  # the Connection it arrived on (connection.py): for an answer decided later
     raw: Any = None  # the bytes of the read that held it and nothing else (a refusal may be judged again on them)
+    whole: float | None = None  # time.perf_counter() when a front that handed it over had all of it (`--loops`)
 
     def __init__(self, method: str, target: str, version: str, headers: dict[str, str], *, keep_alive: bool = True,
                  received: float = 0.0, remote: str | None = None) -> None:

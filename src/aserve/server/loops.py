@@ -223,6 +223,7 @@ class Loops:
         dispatcher = self.server.http.dispatcher
         body = message["body"]
         request = _request(message)
+        request.whole = message["whole"]  # its duration counts from then: the hop to this loop included
         try:
             response: Any = dispatcher.head(request, len(body))
             if response is None:
