@@ -56,6 +56,7 @@ Each point's record:
 | `loop_cpu_us_per_request` | CPU (utime + stime, `/proc/PID/task/TID/stat`) of the server's event-loop threads during the point (the main thread's and, under `--loops`, the front loops'), over the requests completed; for MOSEC the Rust front process's CPU (all its threads): `loop_cpu_source` says which |
 | `thread_cpu_us_per_request` | the same per thread group, by thread name (`servers.thread_cpu_s`, the server's own `aserve.server.threads`): `host` (the main thread), `loops` (front loops), `interpreters` (and the threads their models start), `other`; None for MOSEC |
 | `server_cpu_cores` | CPU seconds of the whole server tree over wall seconds |
+| `server_cpu_us_per_request` | CPU of the whole server tree over the requests completed |
 | `generator_cpu_cores` | the load generator's CPU seconds (getrusage of children) over wall seconds |
 | `generator`, `threads` | `wrk` or `aiohttp`, and its threads or processes |
 | `response` | whether the answer was V2 JSON or binary |
@@ -66,8 +67,10 @@ torch, MOSEC that pip could not install), `{"generator_check": true}` (below), a
 `{"summary": ...}` with the ratios the targets are judged by, against the ceiling
 measured in the same run: each server's peak requests/s over the ceiling's peak, per
 model and body; aserve's peak against the faster MOSEC row's (`versus_mosec`, the headline);
-aserve's p50 at one connection; aserve's loop CPU per request at its peak; aserve's PSS
-over MOSEC's for mlp (the leaner MOSEC row's).
+aserve's p50 at one connection; aserve's server CPU per request at one connection over
+the ceiling's (`server_cpu_at_1_connection_vs_ceiling`; with `--repeat`, also the median of
+each round's ratio); aserve's loop CPU per request at its peak; aserve's PSS over MOSEC's
+for mlp (the leaner MOSEC row's).
 
 Is the generator the bottleneck? wrk runs on the same machine and takes CPU from the
 servers. It is not the limit while `generator_cpu_cores` stays well below `--threads` (one
@@ -124,7 +127,7 @@ DEFAULT_CONNECTIONS = (1, 8, 32, 64, 256)
 POINT_FIELDS = (
     "bench", "server", "model", "body", "connections", "requests_per_s", "p50_ms", "p99_ms", "errors",
     "non_2xx", "socket_errors", "pss_mb", "loop_cpu_us_per_request", "server_cpu_cores",
-    "generator_cpu_cores", "duration_s",
+    "server_cpu_us_per_request", "generator_cpu_cores", "duration_s",
 )
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -345,6 +348,7 @@ def measure(run: Run, server: ServerProcess, case: Case, connections: int, *, th
         pss_mb=round(server.pss_mb(), 1),
         loop_cpu_us_per_request=round(front / load.requests * 1e6, 1) if load.requests else None,
         server_cpu_cores=round(tree / wall, 3),
+        server_cpu_us_per_request=round(tree / load.requests * 1e6, 1) if load.requests else None,
         generator_cpu_cores=round(load.generator_cpu_s / wall, 3),
         duration_s=round(load.wall_s, 3),
         requests=load.requests,
@@ -463,13 +467,15 @@ def repeated(run: Run, kinds: list[str], model: str, cases: dict[str, Case], tim
     for group in runs.values():
         by_rps = sorted(group, key=lambda r: r["requests_per_s"])
         median = dict(by_rps[len(by_rps) // 2])
-        for field in ("p50_ms", "p99_ms", "loop_cpu_us_per_request", "pss_mb", "server_cpu_cores"):
+        for field in ("p50_ms", "p99_ms", "loop_cpu_us_per_request", "pss_mb", "server_cpu_cores",
+                      "server_cpu_us_per_request"):
             values = sorted(r[field] for r in group if isinstance(r.get(field), (int, float)))
             if values:
                 median[field] = values[len(values) // 2]
         median["errors"] = sum(r["errors"] for r in group)
         median["runs"] = len(group)
         median["requests_per_s_runs"] = [r["requests_per_s"] for r in group]
+        median["server_cpu_us_per_request_runs"] = [r.get("server_cpu_us_per_request") for r in group]
         yield median
 
 
@@ -485,7 +491,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     for r in pts:
         groups.setdefault((r["model"], r["body"]), []).append(r)
     peaks = []
-    aserve: dict[str, Any] = {"p50_ms_at_1_connection": {}, "loop_cpu_us_per_request_at_peak": {}}
+    aserve: dict[str, Any] = {"p50_ms_at_1_connection": {}, "loop_cpu_us_per_request_at_peak": {},
+                              "server_cpu_at_1_connection_vs_ceiling": {}}
     for (model, body), rs in groups.items():
         ceiling = max((r["requests_per_s"] for r in rs if r["server"] == "ceiling"), default=None)
         for name in dict.fromkeys(r["server"] for r in rs):
@@ -500,6 +507,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                 one = [r for r in rs if r["server"] == name and r["connections"] == 1]
                 if one:
                     aserve["p50_ms_at_1_connection"][key] = one[0]["p50_ms"]
+                    ceiling_one = [r for r in rs if r["server"] == "ceiling" and r["connections"] == 1]
+                    if ceiling_one:
+                        versus = cpu_versus_ceiling(one[0], ceiling_one[0])
+                        if versus is not None:
+                            aserve["server_cpu_at_1_connection_vs_ceiling"][key] = versus
                 aserve["loop_cpu_us_per_request_at_peak"][key] = best["loop_cpu_us_per_request"]
     pss = {name: max((r["pss_mb"] for r in pts if r["model"] == "mlp" and r["server"] == name), default=None)
            for name in ("aserve", *MOSECS)}
@@ -521,6 +533,23 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {"bench": "http", "summary": {"peaks": peaks, "aserve": aserve, "generator_check": generator,
                                          "sizing": sizing(pts), "versus_aserve": versus_aserve(pts),
                                          "versus_mosec": versus_mosec(peaks), "errors": errors}}
+
+
+def cpu_versus_ceiling(mine: dict[str, Any], ceiling: dict[str, Any]) -> dict[str, Any] | None:
+    """aserve's server CPU per request over the ceiling's at one point: the medians' ratio and,
+    when both ran in rounds (`--repeat`), the median, least and most of each round's ratio (the
+    two ran one after the other in a round, so a spell of the host's weighs on both alike)."""
+    a, c = mine.get("server_cpu_us_per_request"), ceiling.get("server_cpu_us_per_request")
+    if not a or not c:
+        return None
+    out: dict[str, Any] = {"aserve_us": a, "ceiling_us": c, "ratio": round(a / c, 3)}
+    runs = list(zip(mine.get("server_cpu_us_per_request_runs") or [],
+                    ceiling.get("server_cpu_us_per_request_runs") or []))
+    paired = sorted(x / y for x, y in runs if x and y)
+    if len(paired) > 1:
+        out.update(rounds=len(paired), paired_median=round(paired[len(paired) // 2], 3),
+                   paired_min=round(paired[0], 3), paired_max=round(paired[-1], 3))
+    return out
 
 
 def versus_mosec(peaks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -602,6 +631,13 @@ def summary_text(summary: dict[str, Any]) -> str:
                      f"{v['ratio']}x")
     for key, v in a["p50_ms_at_1_connection"].items():
         lines.append(f"aserve p50 at 1 connection, {key}: {v} ms")
+    for key, v in a.get("server_cpu_at_1_connection_vs_ceiling", {}).items():
+        line = (f"aserve server CPU per request at 1 connection, {key}: {v['aserve_us']} us, the ceiling's "
+                f"{v['ceiling_us']} us: {v['ratio']}x")
+        if "rounds" in v:
+            line += f" (paired rounds: median {v['paired_median']}x, {v['paired_min']}x to {v['paired_max']}x " \
+                    f"over {v['rounds']})"
+        lines.append(line)
     for key, v in a["loop_cpu_us_per_request_at_peak"].items():
         lines.append(f"aserve loop CPU per request at peak, {key}: {v} us")
     if a["mlp_pss_mb"] is not None or a["mosec_mlp_pss_mb"] is not None:

@@ -295,3 +295,20 @@ def test_a_baseline_build_runs_next_to_aserve_whether_or_not_it_is_named(tmp_pat
     assert http.parse_args(["--servers", "ceiling"]).servers == ["ceiling"]
     with pytest.raises(SystemExit):
         http.parse_args(["--servers", servers.BEFORE])  # a baseline with no build to run
+
+
+def test_the_server_cpu_at_one_connection_is_judged_against_the_ceiling_round_by_round() -> None:
+    def point(server: str, cpu_runs: list[float]) -> dict[str, Any]:
+        return {"server": server, "model": "simple", "body": "json", "connections": 1, "requests_per_s": 1000.0,
+                "p50_ms": 0.5, "p99_ms": 1.0, "loop_cpu_us_per_request": 100.0,
+                "server_cpu_us_per_request": sorted(cpu_runs)[len(cpu_runs) // 2],
+                "server_cpu_us_per_request_runs": cpu_runs, "pss_mb": None, "errors": 0}
+
+    # the host slows down in the second round: both servers with it; each round's ratio is 1.5
+    records = [point("aserve", [300.0, 450.0, 330.0]), point("ceiling", [200.0, 300.0, 220.0])]
+    versus = http.summarize(records)["summary"]["aserve"]["server_cpu_at_1_connection_vs_ceiling"]
+    assert versus == {"simple/json": {"aserve_us": 330.0, "ceiling_us": 220.0, "ratio": 1.5, "rounds": 3,
+                                      "paired_median": 1.5, "paired_min": 1.5, "paired_max": 1.5}}
+    assert http.cpu_versus_ceiling(point("aserve", [300.0]), point("ceiling", [0.0])) is None
+    one = http.cpu_versus_ceiling({"server_cpu_us_per_request": 300.0}, {"server_cpu_us_per_request": 250.0})
+    assert one == {"aserve_us": 300.0, "ceiling_us": 250.0, "ratio": 1.2}  # one round: no pairs
