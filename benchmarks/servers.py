@@ -34,7 +34,7 @@ SERVERS = ("aserve", "aserve-main", "ceiling", "inline", "mosec", "mosec-native"
 TRACED = {"aserve-trace": 1.0, "aserve-trace1": 0.01}
 # aserve with its defaults changed: the same-run baseline of a default; aserve-same changes nothing (a
 # second aserve in each round: how far two runs of one server differ, against which a difference is judged)
-SETTINGS = {"aserve-nospin": ["--spin-us", "0"], "aserve-same": [], "aserve-loops0": ["--loops", "0"],
+SETTINGS = {"aserve-nospin": ["--spin-us", "0"], "aserve-nocolocate": ["--no-colocate"], "aserve-same": [], "aserve-loops0": ["--loops", "0"],
             "aserve-loops1": ["--loops", "1"], "aserve-loops2": ["--loops", "2"], "aserve-loops3": ["--loops", "3"],
             "aserve-loops4": ["--loops", "4"], "aserve-loops6": ["--loops", "6"], "aserve-loops8": ["--loops", "8"],
             "aserve-loops10": ["--loops", "10"], "aserve-loops12": ["--loops", "12"],

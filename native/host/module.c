@@ -2,6 +2,7 @@
 #include "common.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -47,12 +48,19 @@ static PyObject *tunables_at_start(PyObject *m, PyObject *Py_UNUSED(ignored))
     return res != NULL || PyErr_Occurred() ? res : Py_NewRef(Py_None);
 }
 
+static PyObject *current_cpu(PyObject *m, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromLong(sched_getcpu());
+}
+
 static PyObject *namespaces_in_use(PyObject *m, PyObject *Py_UNUSED(ignored))
 {
     return PyLong_FromLong(as_private_namespaces_in_use());
 }
 
 static PyMethodDef native_methods[] = {
+    {"current_cpu", current_cpu, METH_NOARGS,
+     "current_cpu() -> int: the CPU the calling thread runs on now (sched_getcpu; -1 where unknown)"},
     {"tunables_at_start", tunables_at_start, METH_NOARGS,
      "tunables_at_start() -> str | None: GLIBC_TUNABLES in the environment the process started with"},
     {"namespaces_in_use", namespaces_in_use, METH_NOARGS,

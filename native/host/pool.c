@@ -69,6 +69,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -303,6 +304,7 @@ static void *worker_main(void *arg)
     hjob *sj = w->start_job;
     const size_t errlen = 1024;
     int rc = 0;
+    __atomic_store_n(&w->tid, (int)syscall(SYS_gettid), __ATOMIC_RELEASE);
     /* SCHED_BATCH: a worker woken by the loop's submit never preempts the loop (the
      * kernel skips wake-up preemption for batch threads), so the submit never
      * waits out the woken worker's batch when every CPU is busy. Threads the model

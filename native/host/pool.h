@@ -149,6 +149,7 @@ typedef struct worker {
     int64_t since;       /* CLOCK_MONOTONIC ns: when it took `current` */
     int lost;            /* stuck in a job it was asked to give up: takes no jobs until it returns */
     int fault_slot;      /* fault.c's slot, -1 if none */
+    int tid;             /* atomic: its thread's id (gettid), 0 until it runs: what sched_setaffinity takes */
 } worker_t;
 
 typedef struct pool {

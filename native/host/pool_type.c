@@ -526,6 +526,22 @@ static PyObject *pool_set_active(pool_t *p, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *pool_thread_ids(pool_t *p, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = PyList_New(p->n_workers);
+    if (out == NULL)
+        return NULL;
+    for (int i = 0; i < p->n_workers; i++) {
+        PyObject *tid = PyLong_FromLong(__atomic_load_n(&p->workers[i]->tid, __ATOMIC_ACQUIRE));
+        if (tid == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, tid);
+    }
+    return out;
+}
+
 static PyObject *pool_stats(pool_t *p, PyObject *Py_UNUSED(ignored))
 {
     pool_stats_t st;
@@ -649,6 +665,8 @@ static PyMethodDef pool_methods[] = {
     {"shutdown", (PyCFunction)pool_shutdown, METH_NOARGS,
      "shutdown(): end subinterpreters once their queues are empty (at host exit)"},
     {"stats", (PyCFunction)pool_stats, METH_NOARGS, "stats() -> dict of interpreter and queue counts"},
+    {"thread_ids", (PyCFunction)pool_thread_ids, METH_NOARGS,
+     "thread_ids() -> [int]: each interpreter's thread id (gettid; 0 before its thread runs), by index"},
     {"cancel", (PyCFunction)pool_cancel, METH_O,
      "cancel(job) -> 'queued' | 'running' | None: a queued job completes at once, failed (Cancelled); a running "
      "one gets Cancelled raised in its interpreter at the next bytecode boundary (from a thread of its own); "

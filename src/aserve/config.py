@@ -88,6 +88,10 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                                                            "latency at low load, for CPU that would otherwise idle; "
                                                            "kept on only where measured to pay; 0 = always block)")
     ] = 200
+    colocate: Annotated[bool, _doc("while one client's requests come one at a time and their batches run under a "
+                                   "millisecond, and nothing polls, hold the interpreters' threads and the event "
+                                   "loop's to the CPU the loop runs on: the hand-offs between them stay on one CPU, "
+                                   "which costs less CPU per request; without front loops (--loops 0) only")] = True
     spin_always: Annotated[bool, _doc("poll within spin_us whether or not it is measured to pay: the lowest latency "
                                       "at low load, whatever it costs in CPU")] = False
     log_format: Annotated[str, _doc("text, or json: one JSON object per line, with trace_id/span_id when tracing",

@@ -190,7 +190,9 @@ class InferCall(msgspec.Struct, kw_only=True, gc=False):
     admission: what the batcher was asked to admit (samples, latency budget in seconds or
     None), set by `DataPlane.submit` once the body is decoded (`DataPlane.refuse_again`).
     whole: time.perf_counter() when another loop had the whole request and handed it over (a
-    front's, `--loops`): its duration counts from then, not from `DataPlane.submit`."""
+    front's, `--loops`): its duration counts from then, not from `DataPlane.submit`. client:
+    who sent it, where the front can tell (an HTTP connection's identity; None: unknown),
+    for `DataPlane.sole`."""
 
     codec: Codec
     model: str
@@ -208,3 +210,4 @@ class InferCall(msgspec.Struct, kw_only=True, gc=False):
     held: bool = False
     admission: tuple[int, float | None] | None = None
     whole: float | None = None
+    client: int | None = None

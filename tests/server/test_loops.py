@@ -663,3 +663,17 @@ async def test_a_handed_over_requests_duration_counts_the_hop_to_the_host(start_
     labels = {"model": "fast", "version": "1"}
     assert value(text, "aserve_inference_request_success_total", **labels) == 2
     assert value(text, "aserve_inference_request_duration_us_sum", **labels) >= 150_000
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="holding threads to one CPU needs two")
+async def test_only_a_server_without_front_loops_holds_its_threads_to_the_loops_cpu(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
+    # front loops queue jobs in the host's pools that the host's loop does not see, so it
+    # cannot tell a lone one: their pools never hold (engine/placement.py)
+    alone, _ = await start_server(write_repository(tmp_path / "alone"), loops=0)
+    assert alone.plane.registry.pools and all(
+        pool.placement is not None for pool in alone.plane.registry.pools.values())
+    off, _ = await start_server(write_repository(tmp_path / "off"), loops=0, colocate=False)
+    assert off.plane.registry.pools and all(pool.placement is None for pool in off.plane.registry.pools.values())
+    fronted, _ = await start_server(write_repository(tmp_path / "fronted"), loops=2)
+    assert fronted.plane.registry.pools and all(
+        pool.placement is None for pool in fronted.plane.registry.pools.values())

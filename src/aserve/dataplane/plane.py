@@ -36,6 +36,8 @@ from .models import ModelHandle
 from .registry import ModelRegistry
 from .stats import Metrics, failure_reason
 
+SOLE_CALLS = 8  # calls in a row from one client before `DataPlane.sole` says one client sends
+
 
 class DataPlane:
     """Every model of a repository and the infer path to them.
@@ -49,6 +51,13 @@ class DataPlane:
         self.metrics = Metrics()
         self.registry = ModelRegistry(repository, settings, self.metrics)
         self.tracer: Tracer | None = None  # while tracing is on (set_tracer)
+        self._client: int | None = None  # InferCall.client of the last call submitted
+        self._same_client = 0  # calls in a row from that client
+        self.registry.sole = self.sole
+
+    def sole(self) -> bool:
+        """Whether the last few calls submitted came from one client (one connection)."""
+        return self._same_client >= SOLE_CALLS
 
     def set_tracer(self, tracer: Tracer | None) -> None:
         """Trace sampled requests' batches from now on (None: stop)."""
@@ -140,6 +149,11 @@ class DataPlane:
         if handle is None or handle.retired:  # retired: a reload or unload took it out while the body arrived
             handle = self.registry.get(call.model, call.version)
         start = time.perf_counter() if call.whole is None else call.whole
+        client = call.client
+        if client is not None and client == self._client:
+            self._same_client += 1
+        else:
+            self._client, self._same_client = client, 0
         trace: RequestTrace | None = None
         caller: str | None = None  # not sampled: the caller's W3C context for model code
         try:

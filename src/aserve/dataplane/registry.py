@@ -98,6 +98,9 @@ class ModelRegistry:
         self.routes: dict[str, ModelRoutes] = {}  # the request path's view: swapped, never mutated
         self.records: dict[str, ModelRecord] = {}
         self.pools: dict[str, Pool] = {}
+        # whether the last requests came from one client (DataPlane.sole): a pool holds its
+        # threads to the loop's CPU for one client only (engine/placement.py)
+        self.sole: Callable[[], bool] | None = None
         self.on_publish: Callable[[], None] | None = None  # the routes changed (front loops learn them)
         # before a load is unloaded, once its batcher answered everything: other loops answer theirs
         self.before_unload: Callable[[str], Awaitable[None]] | None = None
@@ -470,7 +473,9 @@ class ModelRegistry:
         if pool is not None:
             return pool
         pool = Pool(engine=engine, interpreters=self.settings.pool_size(engine), spin_us=self.settings.spin_us,
-                    spin_always=self.settings.spin_always)
+                    spin_always=self.settings.spin_always,
+                    # front loops queue jobs the host's loop does not see: it cannot tell a lone one
+                    colocate=self.settings.colocate and self.settings.loop_count == 0, sole=self.sole)
         pool.on_lost = self._lost_changed
         try:
             await pool.start()

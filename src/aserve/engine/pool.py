@@ -33,6 +33,7 @@ import os
 import platform
 import sys
 import sysconfig
+import threading
 import time
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any, Self
@@ -44,6 +45,7 @@ from ..errors import EngineError, InvalidInput, ModelError, ModelLoadError, Mode
 from ..runtime.model import TensorSpec
 from ..tensor import Tensor
 from . import tunables
+from .placement import LonePlacement
 from .polling import PHASE_S, REST_S, PollingProbe
 
 ENGINES = ("private", "subinterp", "main")
@@ -260,12 +262,19 @@ class Pool:
     threads: its interpreters' thread names, before each one's index (at most 11
     characters; default aserve-priv, aserve-subi or aserve-main): what top -H, perf and
     /proc show, and what threads a model starts inherit.
+
+    colocate: while its jobs come one at a time, from one client (`sole()`, where given),
+    run short and nothing polls, hold its interpreters' threads and the loop's (the one that
+    starts it) to the CPU the loop runs on, so that each hand-off between the loop and an
+    interpreter stays on one CPU (engine/placement.py). Only for a pool whose every job its
+    own loop queues (not one front loops queue in).
     """
 
     cancel_grace_s = 10.0
 
     def __init__(self, *, engine: str = "private", interpreters: int | None = None, spin_us: int = 0,
-                 spinners: int | None = None, spin_always: bool = False, threads: str | None = None) -> None:
+                 spinners: int | None = None, spin_always: bool = False, threads: str | None = None,
+                 colocate: bool = False, sole: Callable[[], bool] | None = None) -> None:
         if engine not in ENGINES:
             raise EngineError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
         have = cpus.available()
@@ -305,6 +314,12 @@ class Pool:
         self._lone: list[float] = []  # seconds the last lone jobs took, queued to answered
         self._lone_pays = True  # whether the loop polls for a lone job's answer
         self._lone_count = 0  # lone jobs queued, all told
+        self._alone_at = 0.0  # when the job now alone in flight was queued (0: none), for `placement`
+        # with `colocate` (and two CPUs or more): the interpreters' threads held to the loop's CPU
+        # while jobs come alone and run short (engine/placement.py)
+        self._colocate = colocate and have >= 2
+        self._sole = sole
+        self.placement: LonePlacement | None = None
         self._idle: asyncio.Future[None] | None = None  # resolved when _in_flight drops to 0
         self._models: dict[str, _Model] = {}
         self._closed = False
@@ -346,6 +361,8 @@ class Pool:
         native.set_active(self.interpreters)
         native.set_spin(self.spin_us, min(self.spinners, self.interpreters))
         native.set_spin_paused(self.probe is not None and not self.probe.on)
+        if self._colocate:
+            self.placement = LonePlacement(native.thread_ids, threading.get_native_id(), self._sole)
         if self.probe is not None:
             self._probe_timer = loop.call_later(PHASE_S, self._probe_tick)
         if errors:
@@ -408,6 +425,8 @@ class Pool:
         finally:
             native.set_active(0)
             native.set_spin(0, 0)  # parked interpreters do not poll
+            if self.placement is not None and self.placement.cpu >= 0:
+                self.placement.spread()  # a parked pool's threads keep every CPU
             if self._probe_timer is not None:
                 self._probe_timer.cancel()
                 self._probe_timer = None
@@ -466,6 +485,10 @@ class Pool:
         lone = self._in_flight == 1
         if lone:
             self._lone_count += 1
+        placement = self.placement
+        if placement is not None:
+            self._alone_at = time.perf_counter() if lone else 0.0
+            placement.queued(lone, self.spin_us > 0 and self.spinners > 0 and (self.probe is None or self.probe.on))
         self._lone_from = 0.0  # a job not alone, or not polled for, says nothing of polling
         if self._poll_s and (self._polling or (lone and (self._lone_pays or self._lone_count % _LONE_JOBS == 0))) \
                 and (self.probe is None or self.probe.on):
@@ -556,6 +579,10 @@ class Pool:
         self._in_flight -= 1
         if self._in_flight == 0 and self._lone_from:
             self._lone_done()
+        if self._in_flight == 0 and self._alone_at:
+            assert self.placement is not None
+            self.placement.answered(time.perf_counter() - self._alone_at)
+            self._alone_at = 0.0
         if self._in_flight == 0 and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
 
@@ -568,6 +595,7 @@ class Pool:
     def _forget(self) -> None:
         """A job that was never queued after all (no lone job's time either)."""
         self._lone_from = 0.0
+        self._alone_at = 0.0
         self._done_one()
 
     def _submit(self, kind: int, *, model: str | None = None, text: str | None = None,
@@ -948,12 +976,17 @@ class Pool:
         woke_napping, woke_blocked: batches that woke one asleep until its polling window
         (early), or blocked (late, or not polling); coalesced: front loops' batches that ran
         as one batch with another front's (--loops); polling: 1 while polling is on (spin_us,
-        and the last measurement found that it pays)."""
+        and the last measurement found that it pays); colocated: 1 while its threads and the
+        loop's are held to the loop's CPU, holds: how many times they were (`colocate`)."""
         if self._native is None:
             return {"interpreters": 0, "ready": 0, "active": 0, "busy": 0, "queued": 0, "spinning": 0,
-                    "spin_s": 0.0, "polled": 0, "woke_napping": 0, "woke_blocked": 0, "coalesced": 0, "polling": 0}
+                    "spin_s": 0.0, "polled": 0, "woke_napping": 0, "woke_blocked": 0, "coalesced": 0, "polling": 0,
+                    "colocated": 0, "holds": 0}
         stats: dict[str, Any] = self._native.stats()
         stats["polling"] = int(self.spin_us > 0 and self.spinners > 0 and (self.probe is None or self.probe.on))
+        placement = self.placement
+        stats["colocated"] = int(placement is not None and placement.cpu >= 0)
+        stats["holds"] = 0 if placement is None else placement.held
         return stats
 
     @property

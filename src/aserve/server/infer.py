@@ -37,7 +37,7 @@ def prepare(app: App, request: Request) -> None:
         codec=codec, model=model, version=version, content_type=h.get("content-type"), accept=h.get("accept"),
         header_length=None if length is None or codec is not V2 else header_length(length), headers=h,
         received=request.received, route=route.path, host=h.get("host", ""), held=request.held,
-        whole=request.whole,
+        whole=request.whole, client=None if request.connection is None else id(request.connection),
     )
     request.state = handle, call
     request.ahead = ask_ahead

@@ -194,6 +194,7 @@ _POOL_HELP = {
     "lost": "Interpreters given up on: stuck in a cancelled batch (native code), they get no jobs until it returns.",
     "spinning": "Interpreters polling for their next batch now (spin_us).",
     "polling": "1 while interpreters may poll for their next batch: spin_us, and the last measurement found it pays.",
+    "colocated": "1 while the interpreters' threads and the loop's are held to one CPU: one client, lone batches (--colocate).",
 }
 _POOL_COUNTERS = {
     "spin_s": ("aserve_pool_spin_seconds_total",
@@ -210,6 +211,8 @@ _POOL_COUNTERS = {
     "flight_s": ("aserve_pool_flight_sample_seconds_total",
                  ("Sample-seconds the pool's batches spent from queued to answered (/ answered samples: the mean "
                   "round trip through the interpreters, which polling is judged by).")),
+    "holds": ("aserve_pool_colocated_holds_total",
+              "Times the interpreters' threads and the loop's were held to the loop's CPU (--colocate)."),
     "coalesced": ("aserve_pool_coalesced_batches_total",
                   "Front loops' batches that ran as one batch with another front's of the same model (--loops)."),
 }
