@@ -310,11 +310,11 @@ class Pool:
         self._native: _native.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._in_flight = 0  # jobs submitted and not yet completed
-        self._lone_from = 0.0  # when the job now alone in flight, polled for, was queued (0: none)
+        self._alone_at = 0.0  # when the job now alone in flight was queued (0: none)
+        self._lone_polled = False  # ... and the loop polls for its answer
         self._lone: list[float] = []  # seconds the last lone jobs took, queued to answered
         self._lone_pays = True  # whether the loop polls for a lone job's answer
         self._lone_count = 0  # lone jobs queued, all told
-        self._alone_at = 0.0  # when the job now alone in flight was queued (0: none), for `placement`
         # with `colocate` (and two CPUs or more): the interpreters' threads held to the loop's CPU
         # while jobs come alone and run short (engine/placement.py)
         self._colocate = colocate and have >= 2
@@ -483,24 +483,24 @@ class Pool:
         _LONE_JOBS is polled for all the same, to learn whether that changed), or while
         polling goes on."""
         lone = self._in_flight == 1
+        now = 0.0
         if lone:
             self._lone_count += 1
+            now = time.perf_counter()
+        self._alone_at = now
+        self._lone_polled = False  # a job not alone, or not polled for, says nothing of polling
         placement = self.placement
         if placement is not None:
-            self._alone_at = time.perf_counter() if lone else 0.0
             placement.queued(lone, self.spin_us > 0 and self.spinners > 0 and (self.probe is None or self.probe.on))
-        self._lone_from = 0.0  # a job not alone, or not polled for, says nothing of polling
         if self._poll_s and (self._polling or (lone and (self._lone_pays or self._lone_count % _LONE_JOBS == 0))) \
                 and (self.probe is None or self.probe.on):
-            now = time.perf_counter()
-            if lone:
-                self._lone_from = now
-            self._poll_until = now + self._poll_s
+            self._lone_polled = lone
+            self._poll_until = (now or time.perf_counter()) + self._poll_s
             if not self._polling and self._loop is not None:
                 self._polling = True
                 self._loop.call_soon(self._poll)
 
-    def _lone_done(self) -> None:
+    def _lone_done(self, seconds: float) -> None:
         """The only job in flight, which the loop polled for, was answered (a job it did not
         poll for counts nothing: its time waiting for the eventfd would count the wake-up
         too): remember how long it took, and whether polling for the next lone one pays (the
@@ -508,11 +508,10 @@ class Pool:
         spin_us on it, and a model whose batches outlast spin_us would otherwise be judged
         by the few it caught."""
         lone = self._lone
-        lone.append(time.perf_counter() - self._lone_from)
+        lone.append(seconds)
         if len(lone) > _LONE_JOBS:
             del lone[0]
         self._lone_pays = len(lone) < _LONE_JOBS or sorted(lone)[_LONE_JOBS // 2] <= _POLL_PAYS_S
-        self._lone_from = 0.0
 
     def _poll(self) -> None:
         """While a batch runs, answer what finished at every turn of the loop rather than
@@ -577,12 +576,13 @@ class Pool:
 
     def _done_one(self) -> None:
         self._in_flight -= 1
-        if self._in_flight == 0 and self._lone_from:
-            self._lone_done()
         if self._in_flight == 0 and self._alone_at:
-            assert self.placement is not None
-            self.placement.answered(time.perf_counter() - self._alone_at)
+            took = time.perf_counter() - self._alone_at
             self._alone_at = 0.0
+            if self._lone_polled:
+                self._lone_done(took)
+            if self.placement is not None:
+                self.placement.answered(took)
         if self._in_flight == 0 and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
 
@@ -594,7 +594,6 @@ class Pool:
 
     def _forget(self) -> None:
         """A job that was never queued after all (no lone job's time either)."""
-        self._lone_from = 0.0
         self._alone_at = 0.0
         self._done_one()
 
