@@ -129,11 +129,29 @@ static int sub_create(const as_init *cfg, as_interp **out, char *err, size_t err
     return rc;
 }
 
+/* Drop the record `threading` keeps of this thread (made where model code asked for the
+ * current thread: the worker's thread was not started by `threading`) while the interpreter's
+ * modules live. Py_EndInterpreter would drop it after they are cleared, and 3.13's record then
+ * fails in its __del__ ("Exception ignored in: _DeleteDummyThreadOnDel.__del__"). */
+static void drop_thread_record(void)
+{
+    PyObject *name = PyUnicode_FromString("threading");
+    PyObject *threading = name != NULL ? PyImport_GetModule(name) : NULL;
+    Py_XDECREF(name);
+    PyObject *info = threading != NULL ? PyObject_GetAttrString(threading, "_thread_local_info") : NULL;
+    if (info != NULL && PyObject_DelAttrString(info, "_track_dummy_thread_ref") < 0)
+        PyErr_Clear(); /* no record: the thread never asked */
+    Py_XDECREF(info);
+    Py_XDECREF(threading);
+    PyErr_Clear(); /* no `threading`, or one without the record (3.12) */
+}
+
 /* Subinterpreters must end before the host finalizes (3.12 aborts otherwise). */
 static void sub_destroy(as_interp *ip)
 {
     pthread_mutex_lock(&sub_lifecycle);
     PyEval_RestoreThread(ip->ts);
+    drop_thread_record();
     Py_CLEAR(ip->fn_load);
     Py_CLEAR(ip->fn_unload);
     Py_CLEAR(ip->fn_infer);

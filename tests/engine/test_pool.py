@@ -545,3 +545,35 @@ async def test_closing_the_main_engine_collects_the_servers_heap_once(model_dir)
         if automatic:
             gc.enable()
     assert full == [0]
+
+
+EXIT_SCRIPT = '''
+import asyncio, sys
+from aserve.engine import Pool, ensure_glibc_tunables
+
+async def main(engine):
+    pool = Pool(engine=engine, interpreters=2)
+    await pool.start()
+    try:
+        for i in range(2):  # what logging does for every record: the thread's name
+            await pool.execute(i, "import threading; result = threading.current_thread().name")
+    finally:
+        await pool.close()
+    print("closed")
+
+ensure_glibc_tunables()
+asyncio.run(main(sys.argv[1]))
+'''
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_process_whose_model_code_asked_its_thread_exits_quietly(engine: str) -> None:
+    """Model code that asks `threading` for its thread (logging does, for every record) leaves
+    a record of that thread in its interpreter; ending the interpreters at the host's exit
+    reports no error for it (3.13 printed "Exception ignored in _DeleteDummyThreadOnDel")."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, engine], check=False, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "closed", done.stderr[-3000:]
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
