@@ -67,11 +67,13 @@ class LonePlacement:
             self._run = 0
             return
         self._run += 1
+        if self.cpu >= 0:
+            return  # held: the loop's thread is held too, so the CPU it runs on cannot have changed
         times = self._times
         if self._run < self.need or len(times) < LONE_RUN or statistics.median(times) > SHORT_S:
             return
         cpu = _native.current_cpu()
-        if cpu != self.cpu and cpu in self._cpus:
+        if cpu in self._cpus:
             self._hold(cpu)
 
     def answered(self, seconds: float) -> None:
@@ -86,8 +88,7 @@ class LonePlacement:
         for tid in [*self._thread_ids(), self._loop]:
             if tid:
                 _set(tid, {cpu})
-        if self.cpu < 0:
-            self._run = 0  # counts the jobs of this hold from here
+        self._run = 0  # counts the jobs of this hold from here
         self.cpu = cpu
         self.held += 1
 
