@@ -491,7 +491,7 @@ class Pool:
         self._lone_polled = False  # a job not alone, or not polled for, says nothing of polling
         placement = self.placement
         if placement is not None:
-            placement.queued(lone, self.spin_us > 0 and self.spinners > 0 and (self.probe is None or self.probe.on))
+            placement.queued(lone, self.interpreters_poll)
         if self._poll_s and (self._polling or (lone and (self._lone_pays or self._lone_count % _LONE_JOBS == 0))) \
                 and (self.probe is None or self.probe.on):
             self._lone_polled = lone
@@ -499,6 +499,12 @@ class Pool:
             if not self._polling and self._loop is not None:
                 self._polling = True
                 self._loop.call_soon(self._poll)
+
+    @property
+    def interpreters_poll(self) -> bool:
+        """Whether the interpreters may poll for their next batch now: spin_us, and the last
+        measurement found that it pays."""
+        return self.spin_us > 0 and self.spinners > 0 and (self.probe is None or self.probe.on)
 
     def _lone_done(self, seconds: float) -> None:
         """The only job in flight, which the loop polled for, was answered (a job it did not
@@ -982,7 +988,7 @@ class Pool:
                     "spin_s": 0.0, "polled": 0, "woke_napping": 0, "woke_blocked": 0, "coalesced": 0, "polling": 0,
                     "colocated": 0, "holds": 0}
         stats: dict[str, Any] = self._native.stats()
-        stats["polling"] = int(self.spin_us > 0 and self.spinners > 0 and (self.probe is None or self.probe.on))
+        stats["polling"] = int(self.interpreters_poll)
         placement = self.placement
         stats["colocated"] = int(placement is not None and placement.cpu >= 0)
         stats["holds"] = 0 if placement is None else placement.held
