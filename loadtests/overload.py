@@ -816,17 +816,16 @@ async def run(args: argparse.Namespace, round_index: int = 0) -> dict[str, Any]:
         built = {name: r for name, r in got.items() if name.endswith(BEFORE) == bool(suffix)}
         refusal_cpu(built)
         adaptive = built.get("adaptive" + suffix)
+        tag = suffix.replace("@", "_")  # the build's suffix in the result's keys
         for name, r in built.items():
             if adaptive is not None and r is not adaptive and r["ok_per_s"]:
                 policy = name.removesuffix(suffix).replace("-", "_")
-                results[f"adaptive_ok_per_s_over_{policy}{suffix.replace('@', '_')}"] = round(
-                    adaptive["ok_per_s"] / r["ok_per_s"], 3)
-        within = [r["budget_capacity"]["rps"] for r in built.values() if "budget_capacity" in r]
-        if within:
-            results[f"budget_capacity_rps{suffix.replace('@', '_')}"] = max(within)
-            if adaptive is not None and max(within) > 0:
-                results[f"adaptive_ok_per_s_over_budget_capacity{suffix.replace('@', '_')}"] = round(
-                    adaptive["ok_per_s"] / max(within), 3)
+                results[f"adaptive_ok_per_s_over_{policy}{tag}"] = round(adaptive["ok_per_s"] / r["ok_per_s"], 3)
+        within = max((r["budget_capacity"]["rps"] for r in built.values() if "budget_capacity" in r), default=None)
+        if within is not None:
+            results[f"budget_capacity_rps{tag}"] = within
+            if adaptive is not None and within > 0:
+                results[f"adaptive_ok_per_s_over_budget_capacity{tag}"] = round(adaptive["ok_per_s"] / within, 3)
     for name, r in got.items():  # this build over the one before, policy by policy
         before = got.get(name + BEFORE)
         if before is not None and before["ok_per_s"]:
