@@ -132,9 +132,34 @@ static int link_infer(as_link *l, pool_t *p, const char *key, uint64_t mask, siz
         j->deadline_ns = window->deadline_ns;
         j->run_slot = window->run_slot;
     }
-    as_pool_enqueue(p, j, -1);
+    if (l->holding) {
+        j->id = __atomic_add_fetch(&p->next_id, 1, __ATOMIC_RELAXED); /* the caller's handle for cancel */
+        job_append(&l->held_head, &l->held_tail, j);
+    } else {
+        as_pool_enqueue(p, j, -1);
+    }
     *id = j->id;
     return 0;
+}
+
+static void link_hold(as_link *l)
+{
+    l->holding = 1;
+}
+
+static void link_release(as_link *l)
+{
+    l->holding = 0;
+    hjob *j = l->held_head;
+    l->held_head = l->held_tail = NULL;
+    while (j != NULL) { /* each run of jobs of one pool, in one enqueue */
+        hjob *first = j, *last = j;
+        while (last->next != NULL && last->next->pool == first->pool)
+            last = last->next;
+        j = last->next;
+        last->next = NULL;
+        as_pool_enqueue_many(first->pool, first);
+    }
 }
 
 static hjob *link_take(as_link *l, hinputs **released)
@@ -181,6 +206,8 @@ const as_link_api as_link_api_table = {
     .open = link_open,
     .close = link_close,
     .infer = link_infer,
+    .hold = link_hold,
+    .release = link_release,
     .take = link_take,
     .job_free = link_job_free,
     .inputs_free = as_pool_inputs_free,

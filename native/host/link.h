@@ -14,7 +14,7 @@
 
 #include "pool.h"
 
-#define AS_LINK_API_VERSION 6
+#define AS_LINK_API_VERSION 7
 
 typedef struct as_link {
     pthread_mutex_t mu;
@@ -22,6 +22,10 @@ typedef struct as_link {
     int signalled;
     hjob *done;         /* finished jobs, newest first */
     hinputs *released;  /* inputs the interpreters no longer reference: the front releases them */
+    /* the front's alone (its thread, no lock): between hold and release, jobs are kept here,
+     * in the order given, and queued together by release */
+    int holding;
+    hjob *held_head, *held_tail;
 } as_link;
 
 /* What a front's batch counts while it waits in the pool's queue (pool.h, unwait): its
@@ -53,10 +57,16 @@ typedef struct as_link_api {
      * batch with other fronts' jobs of the model, of that many rows in all (pool_coalesce.c).
      * wait: what it counts while queued, or NULL. window: a request the pool batches with
      * others (then wait is required and counts it as a request, not a batch), or NULL.
-     * 0 and *id, or -1 (errno). */
+     * 0 and *id, or -1 (errno). While the link holds (hold), the job is numbered and kept,
+     * not queued. */
     int (*infer)(as_link *l, pool_t *p, const char *key, uint64_t mask, size_t n, const as_tensor *in,
                  void *token, void *cookie, int trace, int64_t max_rows, const as_wait *wait,
                  const as_window *window, uint64_t *id);
+    /* Hold the jobs infer makes from now on; release queues every held one, each pool's
+     * under one lock, and only then wakes the workers that take them: a front that queues
+     * the requests of one loop iteration together has them batched together. */
+    void (*hold)(as_link *l);
+    void (*release)(as_link *l);
     /* The jobs finished since the last take, oldest first (linked by next), and the inputs
      * no longer referenced (linked by next; release their cookie, then inputs_free). */
     hjob *(*take)(as_link *l, hinputs **released);

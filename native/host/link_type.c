@@ -85,6 +85,8 @@ static PyObject *link_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
 static void link_dealloc(linkobj *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
+    if (self->link != NULL)
+        self->api->release(self->link); /* held jobs are out too: they complete, and the link is leaked */
     /* a link with jobs out is leaked rather than freed under a worker's feet */
     if (self->link != NULL && self->jobs == 0 && self->inputs == 0)
         self->api->close(self->link);
@@ -320,6 +322,18 @@ static PyObject *link_abandon(linkobj *self, PyObject *pool_address)
     return PyLong_FromLong(self->api->cancel_link(p, self->link));
 }
 
+static PyObject *link_hold(linkobj *self, PyObject *Py_UNUSED(ignored))
+{
+    self->api->hold(self->link);
+    Py_RETURN_NONE;
+}
+
+static PyObject *link_release(linkobj *self, PyObject *Py_UNUSED(ignored))
+{
+    self->api->release(self->link);
+    Py_RETURN_NONE;
+}
+
 static PyObject *link_pending(linkobj *self, void *Py_UNUSED(closure))
 {
     return Py_BuildValue("(nn)", self->jobs, self->inputs);
@@ -327,6 +341,10 @@ static PyObject *link_pending(linkobj *self, void *Py_UNUSED(closure))
 
 static PyMethodDef link_methods[] = {
     {"fileno", (PyCFunction)link_fileno, METH_NOARGS, "the eventfd written when a job finishes"},
+    {"hold", (PyCFunction)link_hold, METH_NOARGS,
+     "hold() -> None: infer keeps the jobs it makes (numbered: cancel takes them once released) until release"},
+    {"release", (PyCFunction)link_release, METH_NOARGS,
+     "release() -> None: queue every held job, each pool's together, then wake the interpreters that take them"},
     {"infer", (PyCFunction)(void (*)(void))link_infer, METH_VARARGS | METH_KEYWORDS,
      "infer(pool, model, mask, names, datatypes, inputs, token, trace=False, max_rows=0, waiting=None, "
      "window=None) -> job id: "

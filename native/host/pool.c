@@ -558,32 +558,63 @@ static int window_may_end(const hjob *j)
 
 /* Host GIL held, p->mu not: queue a job (targeted at a worker, or shared) and wake the
  * worker that will take it. */
-void as_pool_enqueue(pool_t *p, hjob *j, int target)
+/* Caller holds p->mu: put j on the shared queue; the idle worker to signal for it, or NULL. */
+static worker_t *queue_shared(pool_t *p, hjob *j)
 {
-    worker_t *w;
+    if (j->flight_rows > 0)
+        fly(p, j->flight_rows);
+    j->queued_ns = monotonic_ns();
+    job_append(&p->head, &p->tail, j);
+    p->queued++;
+    count_queued_rows(j, 1);
+    return idle_worker(p, j->mask, window_may_end(j));
+}
+
+static void number_job(pool_t *p, hjob *j)
+{
     if (j->id == 0) /* fronts number their jobs too, without the host GIL */
         j->id = __atomic_add_fetch(&p->next_id, 1, __ATOMIC_RELAXED);
     j->job.id = j->id;
     if (j->job.kind == AS_JOB_INFER)
         j->flight_rows = j->job.n_inputs > 0 && j->in[0].ndim >= 1 && j->in[0].shape[0] > 0 ? j->in[0].shape[0] : 1;
+}
+
+void as_pool_enqueue(pool_t *p, hjob *j, int target)
+{
+    worker_t *w;
+    number_job(p, j);
     pthread_mutex_lock(&p->mu);
-    if (j->flight_rows > 0)
-        fly(p, j->flight_rows);
     if (target >= 0) {
+        if (j->flight_rows > 0)
+            fly(p, j->flight_rows);
         w = p->workers[target];
         job_append(&w->head, &w->tail, j);
         w->waiting = 0;
         kick(p, w);
     } else {
-        j->queued_ns = monotonic_ns();
-        job_append(&p->head, &p->tail, j);
-        p->queued++;
-        count_queued_rows(j, 1);
-        w = idle_worker(p, j->mask, window_may_end(j));
+        w = queue_shared(p, j);
     }
     pthread_mutex_unlock(&p->mu);
     if (w != NULL)
         pthread_cond_signal(&w->cv);
+}
+
+void as_pool_enqueue_many(pool_t *p, hjob *jobs)
+{
+    worker_t *wake[MAX_WORKERS];
+    int n = 0;
+    for (hjob *j = jobs; j != NULL; j = j->next)
+        number_job(p, j);
+    pthread_mutex_lock(&p->mu);
+    for (hjob *j = jobs, *next; j != NULL; j = next) {
+        next = j->next; /* job_append relinks it */
+        worker_t *w = queue_shared(p, j);
+        if (w != NULL && n < MAX_WORKERS)
+            wake[n++] = w;
+    }
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < n; i++)
+        pthread_cond_signal(&wake[i]->cv);
 }
 
 /* ---- results handed to the host ---- */

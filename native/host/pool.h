@@ -379,6 +379,9 @@ void as_pool_give_back(pool_t *p, worker_t *w, void *owner);
 void as_pool_model_decref(hmodel *m);
 /* Queue j, targeted at worker `target` or shared (-1), and wake the worker that takes it. */
 void as_pool_enqueue(pool_t *p, hjob *j, int target);
+/* Host GIL not needed, p->mu not held: queue shared jobs (linked by next) under one lock,
+ * then wake the workers that will take them: a worker woken finds every one queued. */
+void as_pool_enqueue_many(pool_t *p, hjob *jobs);
 /* as_buffer_free_fn of output buffers over a struct as_result, and its builder's own
  * reference: the last one gives the owner back to its worker. */
 void as_pool_result_decref(void *ctx);

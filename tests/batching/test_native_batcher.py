@@ -32,13 +32,26 @@ class Queue:
         self.cancelled: list[int] = []
         self.running: set[int] = set()  # jobs an interpreter took, each alone
         self.shared = 0  # the model's queued samples, as the pool's slots would count them
+        self.holding: list[int] | None = None  # jobs given since hold()
+        self.released: list[list[int]] = []  # the jobs each release() queued together
 
     def request(self, model: str, inputs: Sequence[Tensor], samples: int, done: NativeDone, /, *,
                 window_ns: int, deadline_ns: int) -> int:
         job = len(self.jobs) + len(self.cancelled) + 1
         self.jobs[job] = done
         self.shared += samples
+        if self.holding is not None:
+            self.holding.append(job)
         return job
+
+    def hold(self) -> None:
+        assert self.holding is None, "hold() twice without release()"
+        self.holding = []
+
+    def release(self) -> None:
+        assert self.holding is not None, "release() without hold()"
+        self.released.append(self.holding)
+        self.holding = None
 
     def cancel_request(self, job: int, /) -> str | None:
         done = self.jobs.pop(job, None)
@@ -95,6 +108,34 @@ async def test_answers_counts_and_released_outputs() -> None:
     stats = b.stats()
     assert (stats["batches"], stats["requests"], stats["refused"]) == (1, 3, 2)
     assert b.batch_sizes.keys() == {3}
+
+
+async def test_the_requests_of_one_iteration_are_handed_on_together() -> None:
+    """Each flush holds the pool's queue while it hands its requests on, so an interpreter
+    woken by the first finds them all queued; one that fails to be handed on fails alone."""
+    queue = Queue()
+    b = batcher(queue, max_queue_size=8)
+    first = [b.submit(X, 1) for _ in range(3)]
+    await until(lambda: len(queue.jobs) == 3, what="the loop to hand its requests on")
+    later = [b.submit(X, 1) for _ in range(2)]
+    await until(lambda: len(queue.jobs) == 5, what="the loop to hand its requests on")
+    assert queue.released == [[1, 2, 3], [4, 5]] and queue.holding is None
+    refused = RuntimeError("the model went away")
+    requests, calls = queue.request, []
+
+    def second_fails(*args: Any, **kw: Any) -> int:
+        calls.append(args)
+        if len(calls) == 2:
+            raise refused
+        return requests(*args, **kw)
+
+    queue.request = second_fails  # type: ignore[method-assign]
+    last = [b.submit(X, 1) for _ in range(3)]
+    await until(lambda: last[1].done(), what="the request that could not be handed on to fail")
+    assert last[1].exception() is refused and queue.released[-1] == [6, 7] and queue.holding is None
+    for job in sorted(queue.jobs):
+        queue.answer(job)
+    assert all(f.result() is not None for f in (*first, *later, last[0], last[2]))
 
 
 async def test_a_request_past_its_deadline_times_out_and_leaves_the_queue() -> None:

@@ -12,6 +12,7 @@ import sys
 import msgspec
 import pytest
 
+from aserve.batching.native import NativeBatcher
 from aserve.config import ServerSettings
 from aserve.dataplane import DataPlane
 from aserve.errors import InvalidInput, ModelNotFound, ModelNotReady, RequestTimeout
@@ -193,4 +194,38 @@ async def test_each_model_reports_the_memory_its_load_added(tmp_path: pathlib.Pa
         assert light.memory_bytes < heavy.memory_bytes / 4
         assert heavy.parameters()["memory_bytes"] == heavy.memory_bytes
     finally:
+        await p.close(timeout=5)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_fronts_requests_of_one_iteration_run_as_one_batch(tmp_path: pathlib.Path, engine: str) -> None:
+    """A front loop (`--loops`) hands the pool the requests it took in during one loop
+    iteration together: an interpreter polling for work when the first arrives finds the
+    others queued too, and runs them as one batch, as the host's window policy would."""
+    from aserve import _native
+    from aserve.server.front import LinkEngine, front_handle
+    from aserve.server.loops import front_model
+
+    repo = write_repository(tmp_path / "repo", {"add": MODELS["add"]})
+    p = DataPlane(repo, ServerSettings(engine=engine, interpreters=1, spin_always=True))
+    p.registry.queue_fronts = 1  # each model's queue Counter, laid out for one front loop
+    await p.start()
+    link = LinkEngine(_native.link_api(), asyncio.get_running_loop(), lambda pool, job: None)
+    try:
+        m = front_model(p.model("add"), 1)
+        handle = front_handle(m, p, link, {}, 0, p.settings)
+        link.add(m, handle, 0)
+        batcher = handle.batcher
+        assert isinstance(batcher, NativeBatcher)  # batched in the pool, by the window rule in C
+        # one request first: the interpreter then polls for the next (spin_always)
+        first = await p.submit(add_call([[0, 0, 0, 0]], [[1, 1, 1, 1]]), handle=handle).answer
+        assert outputs(first)["SUM"] == [1, 1, 1, 1]
+        for _ in range(20):
+            pending = [p.submit(add_call([[i, i, i, i]], [[1, 2, 3, 4]]), handle=handle) for i in range(8)]
+            answers = [outputs(a) for a in await asyncio.gather(*(q.answer for q in pending))]
+            assert [a["SUM"] for a in answers] == [[i + 1, i + 2, i + 3, i + 4] for i in range(8)]
+            assert [a["DIFF"] for a in answers] == [[i - 1, i - 2, i - 3, i - 4] for i in range(8)]
+        assert {rows: counts[0] for rows, counts in batcher.batch_sizes.items()} == {1: 1, 8: 20}
+    finally:
+        link.close()
         await p.close(timeout=5)

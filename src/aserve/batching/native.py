@@ -43,6 +43,8 @@ class NativeQueue(Protocol):
     def request(self, model: str, inputs: Sequence[Tensor], samples: int, done: NativeDone, /, *,
                 window_ns: int, deadline_ns: int) -> Any: ...
     def cancel_request(self, job: Any, /) -> str | None: ...
+    def hold(self) -> None: ...
+    def release(self) -> None: ...
 
 
 class SharedQueued(Protocol):
@@ -188,16 +190,21 @@ class NativeBatcher:
         self._flushing = False
         deferred, self._deferred = self._deferred, []
         self._shared.add(-sum(req.samples for req, _, _ in deferred))
-        for req, inputs, deadline_ns in deferred:
-            if req.future.done():  # withdrawn or timed out before it was handed on
-                self._pending.discard(req)
-                continue
-            try:
-                req.job = self._queue.request(self.key, inputs, req.samples, lambda *done, req=req: self._done(req, *done),
-                                              window_ns=self._window_ns, deadline_ns=deadline_ns)
-            except Exception as exc:  # noqa: BLE001 - the request's own failure (its model went away)
-                self._pending.discard(req)
-                req.future.set_exception(exc)
+        queue = self._queue
+        queue.hold()  # queued together: an interpreter woken by the first finds the rest queued
+        try:
+            for req, inputs, deadline_ns in deferred:
+                if req.future.done():  # withdrawn or timed out before it was handed on
+                    self._pending.discard(req)
+                    continue
+                try:
+                    req.job = queue.request(self.key, inputs, req.samples, lambda *done, req=req: self._done(req, *done),
+                                            window_ns=self._window_ns, deadline_ns=deadline_ns)
+                except Exception as exc:  # noqa: BLE001 - the request's own failure (its model went away)
+                    self._pending.discard(req)
+                    req.future.set_exception(exc)
+        finally:
+            queue.release()
         self._check_drained()
 
     def refuse_ahead(self, *, budget: float | None = None, waited: float = 0.0) -> None:

@@ -172,6 +172,15 @@ class LinkEngine:
         self.in_flight += 1
         return pool, job
 
+    def hold(self) -> None:
+        """Keep the requests `request` queues from now on, until `release`."""
+        self.link.hold()
+
+    def release(self) -> None:
+        """Queue the requests held since `hold` together, then wake the interpreters that
+        take them: one taking the first finds the others queued and batches them."""
+        self.link.release()
+
     def _request_done(self, done: NativeDone, ok: bool, payload: Any) -> None:
         self.in_flight -= 1
         if not ok:
