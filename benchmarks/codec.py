@@ -7,9 +7,11 @@ Each case is a request of a bundled model's shape and its answer:
 - `simple-json`, `simple-binary`: two INT32 [1, 16] inputs, two INT32 [1, 16] outputs;
 - `mlp-json`, `mlp-binary`: one FP32 [1, 16] input (values as clients write float32s:
   17-digit reprs), one FP32 [1, 16] output;
-- `cnn-json`, `cnn-binary`: one FP32 [1, 3, 64, 64] image, ten FP32 scores.
+- `cnn-json`, `cnn-binary`: one FP32 [1, 3, 64, 64] image, ten FP32 scores;
+- `simple-nested`, `mlp-nested`, `cnn-nested`: the JSON case with each input's data nested
+  one list per dimension, as numpy's `tolist()` writes it.
 
-JSON cases send V2 JSON and are answered in V2 JSON; binary cases send the binary tensor
+JSON and nested cases send V2 JSON and are answered in V2 JSON; binary cases send the binary tensor
 extension with `binary_data_output` and are answered with binary outputs. Per case and
 build, `decode_us` times `decode_infer` on the same body (after the first, so a binary
 header is remembered, as for a client that repeats it) and `encode_us` times
@@ -42,12 +44,21 @@ import sys
 import timeit
 from typing import Any
 
-CASES = ("simple-json", "simple-binary", "mlp-json", "mlp-binary", "cnn-json", "cnn-binary")
+CASES = ("simple-json", "simple-binary", "simple-nested", "mlp-json", "mlp-binary", "mlp-nested", "cnn-json",
+         "cnn-binary", "cnn-nested")
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 def _float32s(rng: random.Random, n: int) -> list[float]:
     return [struct.unpack("<f", struct.pack("<f", rng.gauss(0, 1)))[0] for _ in range(n)]
+
+
+def _nested(values: list[Any], shape: list[int]) -> list[Any]:
+    """`values` nested one list per dimension, as numpy's tolist() writes a tensor."""
+    if len(shape) == 1:
+        return values
+    step = len(values) // shape[0]
+    return [_nested(values[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
 
 
 def _case(name: str) -> dict[str, Any]:
@@ -74,6 +85,8 @@ def _case(name: str) -> dict[str, Any]:
         real = [1, *shape[1:]]
         if body_kind == "json":
             items.append({"name": name_, "datatype": datatype, "shape": real, "data": values})
+        elif body_kind == "nested":
+            items.append({"name": name_, "datatype": datatype, "shape": real, "data": _nested(values, real)})
         else:
             data = struct.pack(f"<{len(values)}{'i' if datatype == 'INT32' else 'f'}", *values)
             blobs.append(data)
@@ -89,8 +102,8 @@ def _case(name: str) -> dict[str, Any]:
         "outputs": outputs,
         "max_batch_size": max_batch,
         "body": header + b"".join(blobs),
-        "content_type": "application/json" if body_kind == "json" else "application/octet-stream",
-        "header_length": None if body_kind == "json" else len(header),
+        "content_type": "application/octet-stream" if body_kind == "binary" else "application/json",
+        "header_length": len(header) if body_kind == "binary" else None,
     }
 
 

@@ -1,20 +1,21 @@
 /* V2 JSON infer messages of numeric tensors, decoded and encoded in C.
  *
- * The common request, {"inputs": [{"name", "shape", "datatype", "data": flat list}, ...]}
- * with nothing else, is decoded by V2Json.decode straight into each input's little-endian
- * bytes, checked against the model's inputs as aserve.protocol.validate checks them. The
- * common answer of integer and boolean outputs, every output's data as a flat JSON list,
- * is written by v2_json_encode byte for byte as the Python codec writes it. Float outputs
- * are left to the codec: msgspec writes the shortest text of a double several times
- * faster than CPython's repr, the only shortest formatting at hand here. Reading a float
- * is done here (json_double), several times faster than msgspec on long lists.
- * v2_binary_encode writes the binary extension's answer: the JSON header, each output's
- * data after it as the tensor's own buffer (any datatype: nothing to format).
+ * The common request, {"inputs": [{"name", "shape", "datatype", "data": list}, ...]} with
+ * nothing else, its data a flat list or nested one list per dimension (after the shape,
+ * as numpy's tolist() writes it), is decoded by V2Json.decode straight into each input's
+ * little-endian bytes, checked against the model's inputs as aserve.protocol.validate
+ * checks them. The common answer of integer and boolean outputs, every output's data as a
+ * flat JSON list, is written by v2_json_encode byte for byte as the Python codec writes it.
+ * Float outputs are left to the codec: msgspec writes the shortest text of a double
+ * several times faster than CPython's repr, the only shortest formatting at hand here.
+ * Reading a float is done here (json_double), several times faster than msgspec on long
+ * lists. v2_binary_encode writes the binary extension's answer: the JSON header, each
+ * output's data after it as the tensor's own buffer (any datatype: nothing to format).
  *
- * All answer None for anything else (another field, an escaped string, nested data, a
- * value out of range, a datatype they do not carry, any error): the Python codec then
- * decodes or encodes the message, and names what is wrong with it. So the fast path
- * never decides what is valid; it only skips work for what the codec would accept as is.
+ * All answer None for anything else (another field, an escaped string, nested data before
+ * its shape, a value out of range, a datatype they do not carry, any error): the Python
+ * codec then decodes or encodes the message, and names what is wrong with it. So the fast
+ * path never decides what is valid; it only skips work for what the codec would accept as is.
  */
 #include "common.h"
 
@@ -463,6 +464,29 @@ static int element(scan_t *s, int kind, buf_t *b)
     return buf_put(b, (const char *)&v, (size_t)KINDS[kind].size) == 0;
 }
 
+/* Nested data from `level` down (numpy's tolist() writes a tensor so): a list of shape[level]
+ * items, each a list one level down, or at the last level an element. The codec's rule
+ * (aserve.protocol.arrays.flatten): exactly one list per dimension, each as long as its
+ * dimension. */
+static int nested_data(scan_t *s, int kind, buf_t *b, const Py_ssize_t *shape, int rank, int level, int64_t *count)
+{
+    if (!eat(s, '['))
+        return 0;
+    Py_ssize_t n = 0;
+    do {
+        if (level + 1 < rank) {
+            if (!nested_data(s, kind, b, shape, rank, level + 1, count))
+                return 0;
+        } else {
+            if (!element(s, kind, b))
+                return 0;
+            (*count)++;
+        }
+        n++;
+    } while (eat(s, ','));
+    return eat(s, ']') && n == shape[level];
+}
+
 /* One input object; fills its position's shape and bytes. */
 static int input_object(v2plan *p, scan_t *s, int *seen, Py_ssize_t *shape_out, int *rank_out, buf_t *data,
                         int *index_out, int64_t *count_out)
@@ -515,10 +539,21 @@ static int input_object(v2plan *p, scan_t *s, int *seen, Py_ssize_t *shape_out, 
             *rank_out = rank;
             has_shape = 1;
         } else if (klen == 4 && memcmp(key, "data", 4) == 0 && !has_data) {
-            if (!has_datatype || !eat(s, '['))
+            if (!has_datatype)
+                return 0;
+            ws(s);
+            const char *open = s->p;
+            if (!eat(s, '['))
                 return 0;
             int kind = p->inputs[index].kind;
-            if (!eat(s, ']')) {
+            ws(s);
+            if (s->p < s->end && *s->p == '[') { /* nested: its shape must come first */
+                if (!has_shape || *rank_out < 2)
+                    return 0;
+                s->p = open;
+                if (!nested_data(s, kind, data, shape_out, *rank_out, 0, &count))
+                    return 0;
+            } else if (!eat(s, ']')) {
                 do {
                     if (!element(s, kind, data))
                         return 0;

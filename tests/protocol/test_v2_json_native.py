@@ -80,17 +80,31 @@ def value_text(datatype: str, rng: random.Random) -> str:
     return repr(rng.uniform(-1, 1) * 10 ** rng.randint(-40, 40))
 
 
+def nested_text(values: list[str], shape: list[int], sep: str) -> str:
+    """`values` as nested lists, one per dimension of `shape` (as numpy's tolist() gives them)."""
+    if len(shape) <= 1:
+        return sep.join(values)
+    step = len(values) // shape[0] if shape[0] else 0
+    return sep.join("[" + nested_text(values[i * step:(i + 1) * step], shape[1:], sep) + "]" for i in range(shape[0]))
+
+
 def body_text(inputs: list[tuple[str, str, tuple[int, ...]]], rng: random.Random, *,
-              order: bool = True, noise: bool = False) -> tuple[str, list[int]]:
-    # order: the fields in the order clients write them; else shuffled
+              order: bool = True, noise: bool = False, nested: bool = False) -> tuple[str, list[int]]:
+    # order: the fields in the order clients write them; else shuffled. nested: the data of
+    # inputs of two or more dimensions nested one list per dimension
     """A plain request for the schema's inputs (batch of rows where the first dimension is -1)."""
     rows = rng.randint(1, 4)
     parts = []
     for name, datatype, shape in rng.sample(inputs, len(inputs)):
         real = [rows if (i == 0 and d == -1) else (rng.randint(1, 3) if d == -1 else d) for i, d in enumerate(shape)]
         count = math.prod(real)
-        data = ", ".join(value_text(datatype, rng) for _ in range(count)) if not noise else \
-            ",".join(value_text(datatype, rng) for _ in range(count + rng.choice([-1, 0, 1])))
+        values = [value_text(datatype, rng) for _ in range(count)]
+        if nested and len(real) > 1:
+            data = nested_text(values, real, rng.choice([", ", ","]))
+        else:
+            data = ", ".join(values)
+        if noise:
+            data = ",".join(value_text(datatype, rng) for _ in range(count + rng.choice([-1, 0, 1])))
         fields = [f'"name": "{name}"', f'"datatype": "{datatype}"', f'"shape": {json.dumps(real)}',
                   f'"data": [{data}]']
         if not order:
@@ -119,8 +133,8 @@ def test_plain_requests_of_every_numeric_datatype_decode_in_c_as_the_codec_decod
         plan = v2mod._json_plan(schema)
         assert plan is not None
         for _ in range(60):
-            ordered = rng.random() < 0.8  # name and datatype before data, as clients write them
-            body = body_text(inputs, rng, order=ordered)[0].encode()
+            ordered = rng.random() < 0.8  # name, datatype and shape before data, as clients write them
+            body = body_text(inputs, rng, order=ordered, nested=rng.random() < 0.4)[0].encode()
             fast = plan.decode(body)
             reference = python_decode(body, schema)
             if fast is not None:
@@ -131,6 +145,19 @@ def test_plain_requests_of_every_numeric_datatype_decode_in_c_as_the_codec_decod
             else:
                 assert not ordered, f"a plain request the codec accepts was not decoded in C: {body!r}"
     assert answered > refused > 0  # both exercised
+
+
+def test_nested_data_as_numpy_writes_it_is_decoded_in_c() -> None:
+    schema = make_schema([("X", "FP32", (-1, 2, 3)), ("M", "INT64", (-1, 2))], 4)
+    x = [[[0.5, -1.0, 2.0], [3.0, 4.25, -5.0]], [[6.0, 7.0, 8.0], [9.0, 10.0, 11.5]]]
+    body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [2, 2, 3], "data": x},
+                                  {"name": "M", "datatype": "INT64", "shape": [2, 2], "data": [[1, 2], [3, -4]]}]})
+    plan = v2mod._json_plan(schema)
+    assert plan is not None
+    fast = plan.decode(body.encode())
+    assert fast is not None
+    same_request(fast, python_decode(body.encode(), schema))
+    assert list(memoryview(fast[0][0].data).cast("f")) == [v for plane in x for row in plane for v in row]
 
 
 def test_plain_requests_in_the_common_key_order_with_values_in_range_are_all_decoded_in_c() -> None:
@@ -153,7 +180,15 @@ def test_plain_requests_in_the_common_key_order_with_values_in_range_are_all_dec
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], "id": "a"}',
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], "parameters": {}}',
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], "outputs": []}',
-    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [[1, 2, 3]]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "data": [[1, 2, 3]], "shape": [1, 3]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [2, 3], "data": [[1, 2, 3], [4, 5]]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [2, 3], "data": [[1, 2, 3], [4, 5, 6, 7]]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [2, 3], "data": [[1, 2, 3]]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [2, 3], "data": [[1, 2, 3], 4, 5, 6]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [[[1, 2, 3]]]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [[1, [2], 3]]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [[]]}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [[1, 2, 3],]}]}',
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3], "parameters": {}}]}',
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2.0, 3]}]}',
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}]} x',
@@ -193,7 +228,8 @@ def test_mutated_bodies_are_answered_in_c_only_as_the_codec_answers_them() -> No
     plan = v2mod._json_plan(schema)
     answered = 0
     for _ in range(1500):
-        body = bytearray(body_text(inputs, rng, order=rng.random() < 0.7, noise=rng.random() < 0.2)[0].encode())
+        body = bytearray(body_text(inputs, rng, order=rng.random() < 0.7, noise=rng.random() < 0.2,
+                                   nested=rng.random() < 0.4)[0].encode())
         for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):  # bytes changed, dropped or repeated
             i = rng.randrange(len(body))
             op = rng.randrange(3)
