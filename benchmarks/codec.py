@@ -9,7 +9,8 @@ Each case is a request of a bundled model's shape and its answer:
   17-digit reprs), one FP32 [1, 16] output;
 - `cnn-json`, `cnn-binary`: one FP32 [1, 3, 64, 64] image, ten FP32 scores;
 - `simple-nested`, `mlp-nested`, `cnn-nested`: the JSON case with each input's data nested
-  one list per dimension, as numpy's `tolist()` writes it.
+  one list per dimension, as numpy's `tolist()` writes it;
+- `simple-id`: the JSON case with the request's `id` (answered with it).
 
 JSON and nested cases send V2 JSON and are answered in V2 JSON; binary cases send the binary tensor
 extension with `binary_data_output` and are answered with binary outputs. Per case and
@@ -44,7 +45,7 @@ import sys
 import timeit
 from typing import Any
 
-CASES = ("simple-json", "simple-binary", "simple-nested", "mlp-json", "mlp-binary", "mlp-nested", "cnn-json",
+CASES = ("simple-json", "simple-binary", "simple-nested", "simple-id", "mlp-json", "mlp-binary", "mlp-nested", "cnn-json",
          "cnn-binary", "cnn-nested")
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -83,7 +84,7 @@ def _case(name: str) -> dict[str, Any]:
     blobs = []
     for name_, datatype, shape, values in inputs:
         real = [1, *shape[1:]]
-        if body_kind == "json":
+        if body_kind in ("json", "id"):
             items.append({"name": name_, "datatype": datatype, "shape": real, "data": values})
         elif body_kind == "nested":
             items.append({"name": name_, "datatype": datatype, "shape": real, "data": _nested(values, real)})
@@ -92,7 +93,7 @@ def _case(name: str) -> dict[str, Any]:
             blobs.append(data)
             items.append({"name": name_, "datatype": datatype, "shape": real,
                           "parameters": {"binary_data_size": len(data)}})
-    head: dict[str, Any] = {"inputs": items}
+    head: dict[str, Any] = {"id": "request-1", "inputs": items} if body_kind == "id" else {"inputs": items}
     if body_kind == "binary":
         head["parameters"] = {"binary_data_output": True}
     header = json.dumps(head).encode()
@@ -151,13 +152,13 @@ def _measure_cases(cases: list[str], number_scale: float, c_paths: bool) -> dict
             raise AssertionError(f"{name}: the request decoded to other values")
         outputs = {n: Tensor(d, s, memoryview(struct.pack(f"<{_count(s)}f", *range(_count(s)))))
                    for n, d, s in case["outputs"]}
-        response = InferResponse(model_name=schema.name, model_version="1", outputs=outputs)
+        response = InferResponse(model_name=schema.name, model_version="1", outputs=outputs, id=request.id)
 
         def encode() -> Any:
             return encode_infer(response, request, accept=None, content_type=ctype)  # noqa: B023
 
         chunks, headers = encode()
-        _check_answer(name, chunks, headers, outputs)
+        _check_answer(name, chunks, headers, outputs, request.id)
 
         size = len(body)
         number = max(20, int(number_scale * 20_000_000 / (size + 2000)))
@@ -168,11 +169,15 @@ def _measure_cases(cases: list[str], number_scale: float, c_paths: bool) -> dict
     return out
 
 
-def _check_answer(name: str, chunks: list[Any], headers: dict[str, str], outputs: dict[str, Any]) -> None:
-    """The answer carries every output, binary after the header or as JSON lists, with its values."""
+def _check_answer(name: str, chunks: list[Any], headers: dict[str, str], outputs: dict[str, Any],
+                  id_: str | None) -> None:
+    """The answer carries the request's id and every output, binary after the header or as JSON
+    lists, with its values."""
     body = b"".join(bytes(c) for c in chunks)
     length = int(headers.get(HEADER_LENGTH, len(body)))
     message = json.loads(body[:length])
+    if message.get("id") != id_:
+        raise AssertionError(f"{name}: the answer's id is {message.get('id')!r}, not the request's {id_!r}")
     data = body[length:]
     for item in message["outputs"]:
         want = bytes(outputs[item["name"]].data)

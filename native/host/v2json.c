@@ -1,7 +1,7 @@
 /* V2 JSON infer messages of numeric tensors, decoded and encoded in C.
  *
  * The common request, {"inputs": [{"name", "shape", "datatype", "data": list}, ...]} with
- * nothing else, its data a flat list or nested one list per dimension (after the shape,
+ * nothing else but its "id", its data a flat list or nested one list per dimension (after the shape,
  * as numpy's tolist() writes it), is decoded by V2Json.decode straight into each input's
  * little-endian bytes, checked against the model's inputs as aserve.protocol.validate
  * checks them. The common answer of integer and boolean outputs, every output's data as a
@@ -578,7 +578,7 @@ static int input_object(v2plan *p, scan_t *s, int *seen, Py_ssize_t *shape_out, 
     return 1;
 }
 
-/* decode(body) -> ([Tensor, ...] in the model's order, samples) | None */
+/* decode(body) -> ([Tensor, ...] in the model's order, samples, id or None) | None */
 static PyObject *plan_decode(PyObject *self, PyObject *body)
 {
     v2plan *p = (v2plan *)self;
@@ -594,12 +594,34 @@ static PyObject *plan_decode(PyObject *self, PyObject *body)
     long samples = 0;
     buf_t data;
     buf_init(&data);
+    PyObject *id = NULL; /* the request's id, once read (NULL: none, or null) */
     const char *key;
     Py_ssize_t klen;
-    if (!eat(&s, '{') || !plain_string(&s, &key, &klen) || klen != 6 || memcmp(key, "inputs", 6) != 0 ||
-        !eat(&s, ':') || !eat(&s, '['))
+    int found = 0, has_inputs = 0, has_id = 0;
+    if (!eat(&s, '{'))
         goto none;
-    int found = 0;
+next_key:
+    if (!plain_string(&s, &key, &klen) || !eat(&s, ':'))
+        goto none;
+    if (klen == 2 && memcmp(key, "id", 2) == 0 && !has_id) {
+        has_id = 1;
+        ws(&s);
+        if (s.end - s.p >= 4 && memcmp(s.p, "null", 4) == 0) {
+            s.p += 4;
+        } else {
+            const char *text;
+            Py_ssize_t tlen;
+            if (!plain_string(&s, &text, &tlen))
+                goto none;
+            id = PyUnicode_DecodeUTF8(text, tlen, NULL);
+            if (id == NULL)
+                goto error;
+        }
+        goto key_done;
+    }
+    if (klen != 6 || memcmp(key, "inputs", 6) != 0 || has_inputs || !eat(&s, '['))
+        goto none;
+    has_inputs = 1;
     do {
         Py_ssize_t shape[V2_MAX_RANK];
         int rank = 0, index = -1;
@@ -649,10 +671,15 @@ static PyObject *plan_decode(PyObject *self, PyObject *body)
         seen[index] = 1;
         found++;
     } while (eat(&s, ','));
-    if (!eat(&s, ']') || !eat(&s, '}'))
+    if (!eat(&s, ']'))
+        goto none;
+key_done:
+    if (eat(&s, ','))
+        goto next_key;
+    if (!eat(&s, '}'))
         goto none;
     ws(&s);
-    if (s.p != s.end || found != p->n)
+    if (s.p != s.end || !has_inputs || found != p->n)
         goto none;
     PyObject *list = PyList_New(p->n);
     if (list == NULL)
@@ -661,7 +688,7 @@ static PyObject *plan_decode(PyObject *self, PyObject *body)
         PyList_SET_ITEM(list, i, tensors[i]);
         tensors[i] = NULL;
     }
-    result = Py_BuildValue("(Nl)", list, p->max_batch_size > 0 ? samples : 1L);
+    result = Py_BuildValue("(NlO)", list, p->max_batch_size > 0 ? samples : 1L, id != NULL ? id : Py_None);
     goto done;
 none:
     result = Py_NewRef(Py_None);
@@ -672,6 +699,7 @@ error:
     PyErr_Clear();
     result = Py_NewRef(Py_None);
 done:
+    Py_XDECREF(id);
     for (int i = 0; i < V2_MAX_INPUTS; i++)
         Py_XDECREF(tensors[i]);
     buf_free(&data);
@@ -681,8 +709,9 @@ done:
 
 static PyMethodDef plan_methods[] = {
     {"decode", plan_decode, METH_O,
-     "decode(body) -> ([Tensor, ...] in the model's input order, samples) | None: a V2 JSON infer request of "
-     "inputs only, each a flat list, valid for the model; None for any other body (the codec decodes it)"},
+     "decode(body) -> ([Tensor, ...] in the model's input order, samples, id or None) | None: a V2 JSON infer "
+     "request of inputs and an id only, each input's data a flat list or nested after its shape, valid for the "
+     "model; None for any other body (the codec decodes it)"},
     {NULL, NULL, 0, NULL},
 };
 

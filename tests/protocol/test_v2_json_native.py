@@ -53,8 +53,8 @@ def python_decode(body: bytes, schema: ModelSchema) -> InferRequest | AserveErro
 
 def same_request(fast: Any, reference: InferRequest | AserveError) -> None:
     assert isinstance(reference, InferRequest), f"the C path accepted what the codec refuses: {reference}"
-    tensors, samples = fast
-    assert samples == reference.samples
+    tensors, samples, id_ = fast
+    assert samples == reference.samples and id_ == reference.id
     assert [(t.datatype, t.shape, bytes(t.data)) for t in tensors] == \
         [(t.datatype, t.shape, bytes(memoryview(t.data).cast("B"))) for t in reference.inputs]
 
@@ -110,7 +110,10 @@ def body_text(inputs: list[tuple[str, str, tuple[int, ...]]], rng: random.Random
         if not order:
             rng.shuffle(fields)
         parts.append("{" + rng.choice([", ", ",", " ,\n "]).join(fields) + "}")
-    return '{"inputs": [' + ", ".join(parts) + "]}", []
+    members = ['"inputs": [' + ", ".join(parts) + "]"]
+    if rng.random() < 0.3:  # an id, as clients that number their requests send it, before or after
+        members.insert(rng.randrange(2), '"id": ' + rng.choice(['"req-7"', '""', "null", '"ünï"']))
+    return "{" + ", ".join(members) + "}", []
 
 
 def schemas(rng: random.Random) -> list[tuple[list[tuple[str, str, tuple[int, ...]]], int]]:
@@ -147,6 +150,20 @@ def test_plain_requests_of_every_numeric_datatype_decode_in_c_as_the_codec_decod
     assert answered > refused > 0  # both exercised
 
 
+def test_a_requests_id_is_read_in_c_wherever_it_comes() -> None:
+    schema = make_schema([("X", "INT32", (-1, 3))], 8)
+    plan = v2mod._json_plan(schema)
+    assert plan is not None
+    data = '{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}'
+    for text, id_ in ((f'{{"id": "42", "inputs": [{data}]}}', "42"), (f'{{"inputs": [{data}], "id": "é"}}', "é"),
+                      (f'{{"id": null, "inputs": [{data}]}}', None)):
+        fast = plan.decode(text.encode())
+        assert fast is not None and fast[2] == id_
+        same_request(fast, python_decode(text.encode(), schema))
+        request = decode_infer(text.encode(), content_type="application/json", header_length=None, schema=schema)
+        assert request.id == id_
+
+
 def test_nested_data_as_numpy_writes_it_is_decoded_in_c() -> None:
     schema = make_schema([("X", "FP32", (-1, 2, 3)), ("M", "INT64", (-1, 2))], 4)
     x = [[[0.5, -1.0, 2.0], [3.0, 4.25, -5.0]], [[6.0, 7.0, 8.0], [9.0, 10.0, 11.5]]]
@@ -177,7 +194,11 @@ def test_plain_requests_in_the_common_key_order_with_values_in_range_are_all_dec
 
 
 @pytest.mark.parametrize("text", [
-    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], "id": "a"}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], "id": "a\\u0041"}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], "id": 7}',
+    '{"id": "a", "id": "b", "inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}]}',
+    '{"id": "a"}',
+    '{"id": "a", "inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}],}',
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], "parameters": {}}',
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], "outputs": []}',
     '{"inputs": [{"name": "X", "datatype": "INT32", "data": [[1, 2, 3]], "shape": [1, 3]}]}',

@@ -130,8 +130,8 @@ def decode_infer(
             plan = schema.json_plan = _json_plan(schema)
         if plan is not None:
             fast = plan.decode(body)
-            if fast is not None:  # inputs only, each a flat list, valid as they are
-                return InferRequest(schema=schema, inputs=fast[0], samples=fast[1])
+            if fast is not None:  # inputs and an id only, valid as they are
+                return InferRequest(schema=schema, inputs=fast[0], samples=fast[1], id=fast[2])
     reusable = header_length is not None and fmt == "json"
     if reusable:
         plans = schema.plans
@@ -157,9 +157,10 @@ def decode_infer(
 
 
 def _json_plan(schema: ModelSchema) -> Any:
-    """The decoder in C of the model's common V2 JSON requests (`_native.V2Json`: inputs only,
-    each a flat list of numbers or booleans), or None where an input's datatype is not one it
-    decodes. It answers None for any other body, which `_decode` then reads and judges."""
+    """The decoder in C of the model's common V2 JSON requests (`_native.V2Json`: inputs and an
+    id only, each input's data a flat or nested list of numbers or booleans), or None where an
+    input's datatype is not one it decodes. It answers None for any other body, which
+    `_decode` then reads and judges."""
     try:
         return _native.V2Json(Tensor, schema.max_batch_size, [(s.name, s.datatype, s.shape) for s in schema.inputs])
     except ValueError:
