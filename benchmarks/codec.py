@@ -10,7 +10,9 @@ Each case is a request of a bundled model's shape and its answer:
 - `cnn-json`, `cnn-binary`: one FP32 [1, 3, 64, 64] image, ten FP32 scores;
 - `simple-nested`, `mlp-nested`, `cnn-nested`: the JSON case with each input's data nested
   one list per dimension, as numpy's `tolist()` writes it;
-- `simple-id`: the JSON case with the request's `id` (answered with it).
+- `simple-id`: the JSON case with the request's `id` (answered with it);
+- `simple-params`: the JSON case with the input parameters MLServer's codecs add
+  (`{"content_type": "np"}`), which change nothing.
 
 JSON and nested cases send V2 JSON and are answered in V2 JSON; binary cases send the binary tensor
 extension with `binary_data_output` and are answered with binary outputs. Per case and
@@ -45,7 +47,7 @@ import sys
 import timeit
 from typing import Any
 
-CASES = ("simple-json", "simple-binary", "simple-nested", "simple-id", "mlp-json", "mlp-binary", "mlp-nested", "cnn-json",
+CASES = ("simple-json", "simple-binary", "simple-nested", "simple-id", "simple-params", "mlp-json", "mlp-binary", "mlp-nested", "cnn-json",
          "cnn-binary", "cnn-nested")
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -86,6 +88,9 @@ def _case(name: str) -> dict[str, Any]:
         real = [1, *shape[1:]]
         if body_kind in ("json", "id"):
             items.append({"name": name_, "datatype": datatype, "shape": real, "data": values})
+        elif body_kind == "params":
+            items.append({"name": name_, "datatype": datatype, "shape": real, "data": values,
+                          "parameters": {"content_type": "np"}})
         elif body_kind == "nested":
             items.append({"name": name_, "datatype": datatype, "shape": real, "data": _nested(values, real)})
         else:

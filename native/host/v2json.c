@@ -1,7 +1,7 @@
 /* V2 JSON infer messages of numeric tensors, decoded and encoded in C.
  *
  * The common request, {"inputs": [{"name", "shape", "datatype", "data": list}, ...]} with
- * nothing else but its "id", its data a flat list or nested one list per dimension (after the shape,
+ * nothing else but its "id" (and input parameters the codec ignores), its data a flat list or nested one list per dimension (after the shape,
  * as numpy's tolist() writes it), is decoded by V2Json.decode straight into each input's
  * little-endian bytes, checked against the model's inputs as aserve.protocol.validate
  * checks them. The common answer of integer and boolean outputs, every output's data as a
@@ -464,6 +464,46 @@ static int element(scan_t *s, int kind, buf_t *b)
     return buf_put(b, (const char *)&v, (size_t)KINDS[kind].size) == 0;
 }
 
+static int literal(scan_t *s, const char *word, size_t n)
+{
+    ws(s);
+    if ((size_t)(s->end - s->p) < n || memcmp(s->p, word, n) != 0)
+        return 0;
+    s->p += n;
+    return 1;
+}
+
+/* An input's parameters that change nothing the codec does (MLServer's codecs send
+ * {"content_type": "np"}): an object of plain keys, none of those the codec reads
+ * (binary_data_size, shared_memory_region), each valued a plain string, a number, true,
+ * false or null. Anything else is the codec's. */
+static int ignored_parameters(scan_t *s)
+{
+    if (!eat(s, '{'))
+        return 0;
+    if (eat(s, '}'))
+        return 1;
+    do {
+        const char *key, *text;
+        Py_ssize_t klen, tlen;
+        double number;
+        if (!plain_string(s, &key, &klen) || !eat(s, ':'))
+            return 0;
+        if ((klen == 16 && memcmp(key, "binary_data_size", 16) == 0) ||
+            (klen == 20 && memcmp(key, "shared_memory_region", 20) == 0))
+            return 0;
+        ws(s);
+        if (s->p < s->end && *s->p == '"') {
+            if (!plain_string(s, &text, &tlen))
+                return 0;
+        } else if (!literal(s, "true", 4) && !literal(s, "false", 5) && !literal(s, "null", 4) &&
+                   !json_double(s, &number)) {
+            return 0;
+        }
+    } while (eat(s, ','));
+    return eat(s, '}');
+}
+
 /* Nested data from `level` down (numpy's tolist() writes a tensor so): a list of shape[level]
  * items, each a list one level down, or at the last level an element. The codec's rule
  * (aserve.protocol.arrays.flatten): exactly one list per dimension, each as long as its
@@ -493,7 +533,7 @@ static int input_object(v2plan *p, scan_t *s, int *seen, Py_ssize_t *shape_out, 
 {
     if (!eat(s, '{'))
         return 0;
-    int has_name = 0, has_datatype = 0, has_shape = 0, has_data = 0, index = -1;
+    int has_name = 0, has_datatype = 0, has_shape = 0, has_data = 0, has_parameters = 0, index = -1;
     int64_t count = 0;
     for (;;) {
         const char *key;
@@ -563,8 +603,12 @@ static int input_object(v2plan *p, scan_t *s, int *seen, Py_ssize_t *shape_out, 
                     return 0;
             }
             has_data = 1;
+        } else if (klen == 10 && memcmp(key, "parameters", 10) == 0 && !has_parameters) {
+            if (!ignored_parameters(s))
+                return 0;
+            has_parameters = 1;
         } else {
-            return 0; /* parameters, or a field given twice: the codec's */
+            return 0; /* another field, or one given twice: the codec's */
         }
         if (eat(s, '}'))
             break;

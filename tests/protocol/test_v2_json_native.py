@@ -107,6 +107,9 @@ def body_text(inputs: list[tuple[str, str, tuple[int, ...]]], rng: random.Random
             data = ",".join(value_text(datatype, rng) for _ in range(count + rng.choice([-1, 0, 1])))
         fields = [f'"name": "{name}"', f'"datatype": "{datatype}"', f'"shape": {json.dumps(real)}',
                   f'"data": [{data}]']
+        if rng.random() < 0.2:  # what MLServer's codecs add, which the codec ignores
+            fields.append('"parameters": ' + rng.choice(['{"content_type": "np"}', "{}",
+                                                         '{"a": 1.5e3, "b": true, "c": null, "d": false}']))
         if not order:
             rng.shuffle(fields)
         parts.append("{" + rng.choice([", ", ",", " ,\n "]).join(fields) + "}")
@@ -164,6 +167,17 @@ def test_a_requests_id_is_read_in_c_wherever_it_comes() -> None:
         assert request.id == id_
 
 
+def test_input_parameters_the_codec_ignores_are_read_in_c() -> None:
+    schema = make_schema([("X", "INT32", (-1, 3))], 8)
+    plan = v2mod._json_plan(schema)
+    assert plan is not None
+    text = ('{"inputs": [{"name": "X", "shape": [1, 3], "datatype": "INT32", '
+            '"parameters": {"content_type": "np", "n": -2, "ok": true}, "data": [[1, 2, 3]]}]}')
+    fast = plan.decode(text.encode())
+    assert fast is not None
+    same_request(fast, python_decode(text.encode(), schema))
+
+
 def test_nested_data_as_numpy_writes_it_is_decoded_in_c() -> None:
     schema = make_schema([("X", "FP32", (-1, 2, 3)), ("M", "INT64", (-1, 2))], 4)
     x = [[[0.5, -1.0, 2.0], [3.0, 4.25, -5.0]], [[6.0, 7.0, 8.0], [9.0, 10.0, 11.5]]]
@@ -210,7 +224,17 @@ def test_plain_requests_in_the_common_key_order_with_values_in_range_are_all_dec
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [[1, [2], 3]]}]}',
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [[]]}]}',
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [[1, 2, 3],]}]}',
-    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3], "parameters": {}}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3], "parameters": {"a": {}}}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3], "parameters": {"a": [1]}}]}',
+    '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3], "parameters": {"a": 01}}]}',
+    ('{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3], '
+     '"parameters": {"binary_data_size": 12}}]}'),
+    ('{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3], '
+     '"parameters": {"shared_memory_region": "r"}}]}'),
+    ('{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3], '
+     '"parameters": {"binary\\u005fdata_size": 12}}]}'),
+    ('{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3], '
+     '"parameters": {}, "parameters": {}}]}'),
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2.0, 3]}]}',
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}]} x',
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2]}]}',
