@@ -556,8 +556,6 @@ static int window_may_end(const hjob *j)
            (j->deadline_ns != 0 && j->deadline_ns <= j->queued_ns + j->window_ns);
 }
 
-/* Host GIL held, p->mu not: queue a job (targeted at a worker, or shared) and wake the
- * worker that will take it. */
 /* Caller holds p->mu: put j on the shared queue; the idle worker to signal for it, or NULL. */
 static worker_t *queue_shared(pool_t *p, hjob *j)
 {
@@ -579,6 +577,8 @@ static void number_job(pool_t *p, hjob *j)
         j->flight_rows = j->job.n_inputs > 0 && j->in[0].ndim >= 1 && j->in[0].shape[0] > 0 ? j->in[0].shape[0] : 1;
 }
 
+/* Host GIL held, p->mu not: queue a job (targeted at a worker, or shared) and wake the
+ * worker that will take it. */
 void as_pool_enqueue(pool_t *p, hjob *j, int target)
 {
     worker_t *w;
