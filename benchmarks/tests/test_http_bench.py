@@ -74,6 +74,18 @@ def test_cnn_is_served_by_aserve_and_skipped_by_the_peers(tmp_path: pathlib.Path
     assert skipped["server"] == "inline" and skipped["skipped"] == "inline serves only simple, mlp"
 
 
+def test_nested_bodies_are_served_by_aserve_and_skipped_by_the_peers(tmp_path: pathlib.Path) -> None:
+    nested, flat = (json.loads(_case(kind).body) for kind in ("nested", "json"))
+    for n, f in zip(nested["inputs"], flat["inputs"], strict=True):
+        assert n["shape"] == f["shape"] == [1, 16] and n["data"] == [f["data"]]  # one list per dimension
+    records = _run(tmp_path, "--duration", "1", "--warmup", "0", "--connections", "2", "--servers", "aserve,inline",
+                   "--models", "simple", "--bodies", "nested", "--no-generator-check")
+    (point,) = [r for r in records if "requests_per_s" in r]
+    assert (point["server"], point["body"], point["errors"]) == ("aserve", "nested", 0)
+    (skipped,) = [r for r in records if "skipped" in r]
+    assert (skipped["server"], skipped["body"]) == ("inline", "nested")
+
+
 def test_the_baseline_without_polling_runs_aserve_with_spin_off(tmp_path: pathlib.Path) -> None:
     records = _run(tmp_path, "--duration", "1", "--warmup", "0", "--connections", "1", "--servers", "aserve-nospin",
                    "--models", "simple", "--bodies", "binary", "--no-generator-check")
