@@ -12,7 +12,9 @@ Each case is a request of a bundled model's shape and its answer:
   one list per dimension, as numpy's `tolist()` writes it;
 - `simple-id`: the JSON case with the request's `id` (answered with it);
 - `simple-params`: the JSON case with the input parameters MLServer's codecs add
-  (`{"content_type": "np"}`), which change nothing.
+  (`{"content_type": "np"}`), which change nothing;
+- `simple-triton`: the JSON case as tritonclient sends JSON inputs with no output named:
+  `parameters: {"binary_data_output": true}`, answered with binary outputs.
 
 JSON and nested cases send V2 JSON and are answered in V2 JSON; binary cases send the binary tensor
 extension with `binary_data_output` and are answered with binary outputs. Per case and
@@ -47,8 +49,8 @@ import sys
 import timeit
 from typing import Any
 
-CASES = ("simple-json", "simple-binary", "simple-nested", "simple-id", "simple-params", "mlp-json", "mlp-binary", "mlp-nested", "cnn-json",
-         "cnn-binary", "cnn-nested")
+CASES = ("simple-json", "simple-binary", "simple-nested", "simple-id", "simple-params", "simple-triton",
+         "mlp-json", "mlp-binary", "mlp-nested", "cnn-json", "cnn-binary", "cnn-nested")
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
@@ -86,7 +88,7 @@ def _case(name: str) -> dict[str, Any]:
     blobs = []
     for name_, datatype, shape, values in inputs:
         real = [1, *shape[1:]]
-        if body_kind in ("json", "id"):
+        if body_kind in ("json", "id", "triton"):
             items.append({"name": name_, "datatype": datatype, "shape": real, "data": values})
         elif body_kind == "params":
             items.append({"name": name_, "datatype": datatype, "shape": real, "data": values,
@@ -99,6 +101,8 @@ def _case(name: str) -> dict[str, Any]:
             items.append({"name": name_, "datatype": datatype, "shape": real,
                           "parameters": {"binary_data_size": len(data)}})
     head: dict[str, Any] = {"id": "request-1", "inputs": items} if body_kind == "id" else {"inputs": items}
+    if body_kind == "triton":
+        head["parameters"] = {"binary_data_output": True}
     if body_kind == "binary":
         head["parameters"] = {"binary_data_output": True}
     header = json.dumps(head).encode()

@@ -1,9 +1,10 @@
 /* V2 JSON infer messages of numeric tensors, decoded and encoded in C.
  *
  * The common request, {"inputs": [{"name", "shape", "datatype", "data": list}, ...]} with
- * nothing else but its "id" (and input parameters the codec ignores), its data a flat list or nested one list per dimension (after the shape,
- * as numpy's tolist() writes it), is decoded by V2Json.decode straight into each input's
- * little-endian bytes, checked against the model's inputs as aserve.protocol.validate
+ * nothing else but its "id" and parameters of "binary_data_output" alone (and input
+ * parameters the codec ignores), its data a flat list or nested one list per dimension
+ * (after the shape, as numpy's tolist() writes it), is decoded by V2Json.decode straight
+ * into each input's little-endian bytes, checked against the model's inputs as aserve.protocol.validate
  * checks them. The common answer of integer and boolean outputs, every output's data as a
  * flat JSON list, is written by v2_json_encode byte for byte as the Python codec writes it.
  * Float outputs are left to the codec: msgspec writes the shortest text of a double
@@ -622,7 +623,7 @@ static int input_object(v2plan *p, scan_t *s, int *seen, Py_ssize_t *shape_out, 
     return 1;
 }
 
-/* decode(body) -> ([Tensor, ...] in the model's order, samples, id or None) | None */
+/* decode(body) -> ([Tensor, ...] in the model's order, samples, id or None, binary_data_output or None) | None */
 static PyObject *plan_decode(PyObject *self, PyObject *body)
 {
     v2plan *p = (v2plan *)self;
@@ -641,7 +642,7 @@ static PyObject *plan_decode(PyObject *self, PyObject *body)
     PyObject *id = NULL; /* the request's id, once read (NULL: none, or null) */
     const char *key;
     Py_ssize_t klen;
-    int found = 0, has_inputs = 0, has_id = 0;
+    int found = 0, has_inputs = 0, has_id = 0, binary_output = -1; /* -1: no parameters */
     if (!eat(&s, '{'))
         goto none;
 next_key:
@@ -661,6 +662,23 @@ next_key:
             if (id == NULL)
                 goto error;
         }
+        goto key_done;
+    }
+    if (klen == 10 && memcmp(key, "parameters", 10) == 0 && binary_output < 0) {
+        /* {"binary_data_output": true | false} alone, as tritonclient sends it with JSON inputs */
+        const char *name;
+        Py_ssize_t nlen;
+        if (!eat(&s, '{') || !plain_string(&s, &name, &nlen) || nlen != 18 ||
+            memcmp(name, "binary_data_output", 18) != 0 || !eat(&s, ':'))
+            goto none;
+        if (literal(&s, "true", 4))
+            binary_output = 1;
+        else if (literal(&s, "false", 5))
+            binary_output = 0;
+        else
+            goto none;
+        if (!eat(&s, '}'))
+            goto none;
         goto key_done;
     }
     if (klen != 6 || memcmp(key, "inputs", 6) != 0 || has_inputs || !eat(&s, '['))
@@ -732,7 +750,8 @@ key_done:
         PyList_SET_ITEM(list, i, tensors[i]);
         tensors[i] = NULL;
     }
-    result = Py_BuildValue("(NlO)", list, p->max_batch_size > 0 ? samples : 1L, id != NULL ? id : Py_None);
+    result = Py_BuildValue("(NlOO)", list, p->max_batch_size > 0 ? samples : 1L, id != NULL ? id : Py_None,
+                           binary_output < 0 ? Py_None : binary_output ? Py_True : Py_False);
     goto done;
 none:
     result = Py_NewRef(Py_None);
@@ -753,9 +772,10 @@ done:
 
 static PyMethodDef plan_methods[] = {
     {"decode", plan_decode, METH_O,
-     "decode(body) -> ([Tensor, ...] in the model's input order, samples, id or None) | None: a V2 JSON infer "
-     "request of inputs and an id only, each input's data a flat list or nested after its shape, valid for the "
-     "model; None for any other body (the codec decodes it)"},
+     "decode(body) -> ([Tensor, ...] in the model's input order, samples, id or None, binary_data_output or "
+     "None) | None: a V2 JSON infer request of inputs, an id and parameters of binary_data_output alone, each "
+     "input's data a flat list or nested after its shape, valid for the model; None for any other body (the "
+     "codec decodes it)"},
     {NULL, NULL, 0, NULL},
 };
 

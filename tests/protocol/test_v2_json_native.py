@@ -53,8 +53,11 @@ def python_decode(body: bytes, schema: ModelSchema) -> InferRequest | AserveErro
 
 def same_request(fast: Any, reference: InferRequest | AserveError) -> None:
     assert isinstance(reference, InferRequest), f"the C path accepted what the codec refuses: {reference}"
-    tensors, samples, id_ = fast
+    tensors, samples, id_, binary = fast
     assert samples == reference.samples and id_ == reference.id
+    assert (binary or False) == reference.binary_outputs and reference.outputs == []
+    assert ({} if binary is None else {"binary_data_output": binary}) == reference.parameters
+    assert reference.timeout_ms is None and reference.latency_budget_ms is None
     assert [(t.datatype, t.shape, bytes(t.data)) for t in tensors] == \
         [(t.datatype, t.shape, bytes(memoryview(t.data).cast("B"))) for t in reference.inputs]
 
@@ -116,6 +119,9 @@ def body_text(inputs: list[tuple[str, str, tuple[int, ...]]], rng: random.Random
     members = ['"inputs": [' + ", ".join(parts) + "]"]
     if rng.random() < 0.3:  # an id, as clients that number their requests send it, before or after
         members.insert(rng.randrange(2), '"id": ' + rng.choice(['"req-7"', '""', "null", '"ünï"']))
+    if rng.random() < 0.2:  # what tritonclient sends with JSON inputs and no outputs named
+        members.insert(rng.randrange(len(members) + 1),
+                       '"parameters": ' + rng.choice(['{"binary_data_output": true}', '{"binary_data_output":false}']))
     return "{" + ", ".join(members) + "}", []
 
 
@@ -167,6 +173,22 @@ def test_a_requests_id_is_read_in_c_wherever_it_comes() -> None:
         assert request.id == id_
 
 
+@pytest.mark.parametrize("binary", [True, False])
+def test_binary_data_output_alone_is_read_in_c_and_answered_so(binary: bool) -> None:
+    schema = make_schema([("X", "INT32", (-1, 3))], 8, output="INT32")
+    text = ('{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], '
+            f'"parameters": {{"binary_data_output": {json.dumps(binary)}}}}}')
+    plan = v2mod._json_plan(schema)
+    assert plan is not None
+    fast = plan.decode(text.encode())
+    assert fast is not None and fast[3] is binary
+    same_request(fast, python_decode(text.encode(), schema))
+    request = decode_infer(text.encode(), content_type="application/json", header_length=None, schema=schema)
+    response = InferResponse(model_name="m", model_version="1", outputs={"Y": output("INT32", [7, 8, 9], (1, 3))})
+    _, headers = encode_infer(response, request, accept=None, content_type="application/json")
+    assert ("Inference-Header-Content-Length" in headers) is binary
+
+
 def test_input_parameters_the_codec_ignores_are_read_in_c() -> None:
     schema = make_schema([("X", "INT32", (-1, 3))], 8)
     plan = v2mod._json_plan(schema)
@@ -214,6 +236,14 @@ def test_plain_requests_in_the_common_key_order_with_values_in_range_are_all_dec
     '{"id": "a"}',
     '{"id": "a", "inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}],}',
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], "parameters": {}}',
+    ('{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], '
+     '"parameters": {"binary_data_output": 1}}'),
+    ('{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], '
+     '"parameters": {"binary_data_output": true, "timeout": 5}}'),
+    ('{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], '
+     '"parameters": {"latency_budget_ms": 5}}'),
+    ('{"parameters": {"binary_data_output": true}, "parameters": {"binary_data_output": true}, '
+     '"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}]}'),
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}], "outputs": []}',
     '{"inputs": [{"name": "X", "datatype": "INT32", "data": [[1, 2, 3]], "shape": [1, 3]}]}',
     '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [2, 3], "data": [[1, 2, 3], [4, 5]]}]}',
