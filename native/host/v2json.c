@@ -4,8 +4,8 @@
  * nothing else but its "id" and parameters of "binary_data_output" alone (and input
  * parameters the codec ignores), its data a flat list or nested one list per dimension
  * (after the shape, as numpy's tolist() writes it), is decoded by V2Json.decode straight
- * into each input's little-endian bytes, checked against the model's inputs as aserve.protocol.validate
- * checks them. The common answer of integer and boolean outputs, every output's data as a
+ * into each input's little-endian bytes, checked against the model's inputs as
+ * aserve.protocol.validate checks them. The common answer of integer and boolean outputs, every output's data as a
  * flat JSON list, is written by v2_json_encode byte for byte as the Python codec writes it.
  * Float outputs are left to the codec: msgspec writes the shortest text of a double
  * several times faster than CPython's repr, the only shortest formatting at hand here.
@@ -623,7 +623,99 @@ static int input_object(v2plan *p, scan_t *s, int *seen, Py_ssize_t *shape_out, 
     return 1;
 }
 
-/* decode(body) -> ([Tensor, ...] in the model's order, samples, id or None, binary_data_output or None) | None */
+/* The request's "id": a plain string (*id, a new reference) or null (*id stays NULL).
+ * 1, 0 (the codec's), or -1 with a Python error. */
+static int read_id(scan_t *s, PyObject **id)
+{
+    if (literal(s, "null", 4))
+        return 1;
+    const char *text;
+    Py_ssize_t tlen;
+    if (!plain_string(s, &text, &tlen))
+        return 0;
+    *id = PyUnicode_DecodeUTF8(text, tlen, NULL);
+    return *id != NULL ? 1 : -1;
+}
+
+/* The request's "parameters" when they are {"binary_data_output": true | false} alone, as
+ * tritonclient sends them with JSON inputs: *binary 1 or 0. 1, or 0 (the codec's). */
+static int read_binary_output(scan_t *s, int *binary)
+{
+    const char *name;
+    Py_ssize_t nlen;
+    if (!eat(s, '{') || !plain_string(s, &name, &nlen) || nlen != 18 || memcmp(name, "binary_data_output", 18) != 0 ||
+        !eat(s, ':'))
+        return 0;
+    if (literal(s, "true", 4))
+        *binary = 1;
+    else if (literal(s, "false", 5))
+        *binary = 0;
+    else
+        return 0;
+    return eat(s, '}');
+}
+
+/* The request's "inputs" array: each input's Tensor in tensors[] at the model's position,
+ * the batch's rows in *samples, the inputs read in *found. 1, 0 (the codec's), or -1 with
+ * a Python error. */
+static int read_inputs(v2plan *p, scan_t *s, PyObject **tensors, int *seen, buf_t *data, long *samples, int *found)
+{
+    if (!eat(s, '['))
+        return 0;
+    do {
+        Py_ssize_t shape[V2_MAX_RANK];
+        int rank = 0, index = -1;
+        int64_t count = 0;
+        data->len = 0;
+        if (!input_object(p, s, seen, shape, &rank, data, &index, &count))
+            return 0;
+        v2_input *in = &p->inputs[index];
+        if (rank != in->rank)
+            return 0;
+        int64_t elements = 1;
+        for (int k = 0; k < rank; k++) {
+            if (in->dims[k] != -1 && in->dims[k] != shape[k])
+                return 0;
+            elements *= shape[k];
+            if (elements > ((int64_t)1 << 40))
+                return 0;
+        }
+        if (elements != count)
+            return 0;
+        if (p->max_batch_size > 0) {
+            if (shape[0] > p->max_batch_size || (*found > 0 && shape[0] != *samples))
+                return 0;
+            *samples = (long)shape[0];
+        }
+        PyObject *dims = PyTuple_New(rank);
+        if (dims == NULL)
+            return -1;
+        for (int k = 0; k < rank; k++) {
+            PyObject *d = PyLong_FromSsize_t(shape[k]);
+            if (d == NULL) {
+                Py_DECREF(dims);
+                return -1;
+            }
+            PyTuple_SET_ITEM(dims, k, d);
+        }
+        PyObject *bytes = PyBytes_FromStringAndSize(data->data, (Py_ssize_t)data->len);
+        if (bytes == NULL) {
+            Py_DECREF(dims);
+            return -1;
+        }
+        tensors[index] = PyObject_CallFunctionObjArgs(p->tensor_type, in->datatype, dims, bytes, NULL);
+        Py_DECREF(dims);
+        Py_DECREF(bytes);
+        if (tensors[index] == NULL)
+            return -1;
+        seen[index] = 1;
+        ++*found;
+    } while (eat(s, ','));
+    return eat(s, ']');
+}
+
+/* decode(body) -> ([Tensor, ...] in the model's order, samples, id or None,
+ * binary_data_output or None) | None */
 static PyObject *plan_decode(PyObject *self, PyObject *body)
 {
     v2plan *p = (v2plan *)self;
@@ -640,104 +732,31 @@ static PyObject *plan_decode(PyObject *self, PyObject *body)
     buf_t data;
     buf_init(&data);
     PyObject *id = NULL; /* the request's id, once read (NULL: none, or null) */
-    const char *key;
-    Py_ssize_t klen;
     int found = 0, has_inputs = 0, has_id = 0, binary_output = -1; /* -1: no parameters */
     if (!eat(&s, '{'))
         goto none;
-next_key:
-    if (!plain_string(&s, &key, &klen) || !eat(&s, ':'))
-        goto none;
-    if (klen == 2 && memcmp(key, "id", 2) == 0 && !has_id) {
-        has_id = 1;
-        ws(&s);
-        if (s.end - s.p >= 4 && memcmp(s.p, "null", 4) == 0) {
-            s.p += 4;
-        } else {
-            const char *text;
-            Py_ssize_t tlen;
-            if (!plain_string(&s, &text, &tlen))
-                goto none;
-            id = PyUnicode_DecodeUTF8(text, tlen, NULL);
-            if (id == NULL)
-                goto error;
-        }
-        goto key_done;
-    }
-    if (klen == 10 && memcmp(key, "parameters", 10) == 0 && binary_output < 0) {
-        /* {"binary_data_output": true | false} alone, as tritonclient sends it with JSON inputs */
-        const char *name;
-        Py_ssize_t nlen;
-        if (!eat(&s, '{') || !plain_string(&s, &name, &nlen) || nlen != 18 ||
-            memcmp(name, "binary_data_output", 18) != 0 || !eat(&s, ':'))
-            goto none;
-        if (literal(&s, "true", 4))
-            binary_output = 1;
-        else if (literal(&s, "false", 5))
-            binary_output = 0;
-        else
-            goto none;
-        if (!eat(&s, '}'))
-            goto none;
-        goto key_done;
-    }
-    if (klen != 6 || memcmp(key, "inputs", 6) != 0 || has_inputs || !eat(&s, '['))
-        goto none;
-    has_inputs = 1;
     do {
-        Py_ssize_t shape[V2_MAX_RANK];
-        int rank = 0, index = -1;
-        int64_t count = 0;
-        data.len = 0;
-        if (!input_object(p, &s, seen, shape, &rank, &data, &index, &count))
+        const char *key;
+        Py_ssize_t klen;
+        int rc;
+        if (!plain_string(&s, &key, &klen) || !eat(&s, ':'))
             goto none;
-        v2_input *in = &p->inputs[index];
-        if (rank != in->rank)
+        if (klen == 2 && memcmp(key, "id", 2) == 0 && !has_id) {
+            has_id = 1;
+            rc = read_id(&s, &id);
+        } else if (klen == 10 && memcmp(key, "parameters", 10) == 0 && binary_output < 0) {
+            rc = read_binary_output(&s, &binary_output);
+        } else if (klen == 6 && memcmp(key, "inputs", 6) == 0 && !has_inputs) {
+            has_inputs = 1;
+            rc = read_inputs(p, &s, tensors, seen, &data, &samples, &found);
+        } else {
+            rc = 0; /* another field, or one given twice: the codec's */
+        }
+        if (rc < 0)
+            goto error;
+        if (rc == 0)
             goto none;
-        int64_t elements = 1;
-        for (int k = 0; k < rank; k++) {
-            if (in->dims[k] != -1 && in->dims[k] != shape[k])
-                goto none;
-            elements *= shape[k];
-            if (elements > ((int64_t)1 << 40))
-                goto none;
-        }
-        if (elements != count)
-            goto none;
-        if (p->max_batch_size > 0) {
-            if (shape[0] > p->max_batch_size || (found > 0 && shape[0] != samples))
-                goto none;
-            samples = (long)shape[0];
-        }
-        PyObject *dims = PyTuple_New(rank);
-        if (dims == NULL)
-            goto error;
-        for (int k = 0; k < rank; k++) {
-            PyObject *d = PyLong_FromSsize_t(shape[k]);
-            if (d == NULL) {
-                Py_DECREF(dims);
-                goto error;
-            }
-            PyTuple_SET_ITEM(dims, k, d);
-        }
-        PyObject *bytes = PyBytes_FromStringAndSize(data.data, (Py_ssize_t)data.len);
-        if (bytes == NULL) {
-            Py_DECREF(dims);
-            goto error;
-        }
-        tensors[index] = PyObject_CallFunctionObjArgs(p->tensor_type, in->datatype, dims, bytes, NULL);
-        Py_DECREF(dims);
-        Py_DECREF(bytes);
-        if (tensors[index] == NULL)
-            goto error;
-        seen[index] = 1;
-        found++;
     } while (eat(&s, ','));
-    if (!eat(&s, ']'))
-        goto none;
-key_done:
-    if (eat(&s, ','))
-        goto next_key;
     if (!eat(&s, '}'))
         goto none;
     ws(&s);
