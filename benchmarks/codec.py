@@ -16,9 +16,9 @@ Each case is a request of a bundled model's shape and its answer:
 - `simple-triton`: the JSON case as tritonclient sends JSON inputs with no output named:
   `parameters: {"binary_data_output": true}`, answered with binary outputs.
 
-JSON and nested cases send V2 JSON and are answered in V2 JSON; binary cases send the binary tensor
-extension with `binary_data_output` and are answered with binary outputs. Per case and
-build, `decode_us` times `decode_infer` on the same body (after the first, so a binary
+All but the binary cases send V2 JSON and are answered in V2 JSON (`simple-triton` asks
+for binary outputs); binary cases send the binary tensor extension with
+`binary_data_output` and are answered with binary outputs. Per case and build, `decode_us` times `decode_infer` on the same body (after the first, so a binary
 header is remembered, as for a client that repeats it) and `encode_us` times
 `encode_infer` on outputs of the declared shapes.
 
@@ -58,16 +58,10 @@ def _float32s(rng: random.Random, n: int) -> list[float]:
     return [struct.unpack("<f", struct.pack("<f", rng.gauss(0, 1)))[0] for _ in range(n)]
 
 
-def _nested(values: list[Any], shape: list[int]) -> list[Any]:
-    """`values` nested one list per dimension, as numpy's tolist() writes a tensor."""
-    if len(shape) == 1:
-        return values
-    step = len(values) // shape[0]
-    return [_nested(values[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
-
-
 def _case(name: str) -> dict[str, Any]:
     """The model's schema fields, the request (body, content type, header length) and the answer's outputs."""
+    from aserve.protocol.arrays import nest
+
     rng = random.Random(7)
     model, body_kind = name.split("-")
     inputs: list[tuple[str, str, tuple[int, ...], list[Any]]]
@@ -94,16 +88,14 @@ def _case(name: str) -> dict[str, Any]:
             items.append({"name": name_, "datatype": datatype, "shape": real, "data": values,
                           "parameters": {"content_type": "np"}})
         elif body_kind == "nested":
-            items.append({"name": name_, "datatype": datatype, "shape": real, "data": _nested(values, real)})
+            items.append({"name": name_, "datatype": datatype, "shape": real, "data": nest(values, real)})
         else:
             data = struct.pack(f"<{len(values)}{'i' if datatype == 'INT32' else 'f'}", *values)
             blobs.append(data)
             items.append({"name": name_, "datatype": datatype, "shape": real,
                           "parameters": {"binary_data_size": len(data)}})
     head: dict[str, Any] = {"id": "request-1", "inputs": items} if body_kind == "id" else {"inputs": items}
-    if body_kind == "triton":
-        head["parameters"] = {"binary_data_output": True}
-    if body_kind == "binary":
+    if body_kind in ("binary", "triton"):
         head["parameters"] = {"binary_data_output": True}
     header = json.dumps(head).encode()
     return {

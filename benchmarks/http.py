@@ -111,6 +111,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from aserve.cli import bundled_examples
+from aserve.protocol.arrays import nest
 
 from . import loadgen, servers
 from .peers import models as peer_models
@@ -193,21 +194,13 @@ def expected_outputs(model: str, inputs: dict[str, v2.Tensor], examples: pathlib
     return {out: v2.Tensor("FP32", tuple(y.shape), array("f", y.flatten().tolist()).tobytes())}
 
 
-def _nested(values: list[Any], shape: tuple[int, ...]) -> list[Any]:
-    """`values` nested one list per dimension, as numpy's tolist() writes a tensor."""
-    if len(shape) <= 1:
-        return values
-    step = len(values) // shape[0]
-    return [_nested(values[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
-
-
 def encode_request(inputs: dict[str, v2.Tensor], kind: str) -> tuple[bytes, dict[str, str]]:
     items: list[dict[str, Any]] = [{"name": n, "datatype": t.datatype, "shape": list(t.shape)}
                                    for n, t in inputs.items()]
     if kind in ("json", "nested"):
         for item, t in zip(items, inputs.values(), strict=True):
             values = t.values().tolist()
-            item["data"] = _nested(values, t.shape) if kind == "nested" else values
+            item["data"] = nest(values, t.shape) if kind == "nested" else values
         return json.dumps({"inputs": items}).encode(), {"Content-Type": "application/json"}
     for item, t in zip(items, inputs.values(), strict=True):
         item["parameters"] = {"binary_data_size": len(t.data)}

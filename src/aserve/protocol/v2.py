@@ -132,10 +132,9 @@ def decode_infer(
             fast = plan.decode(body)
             if fast is not None:  # inputs, an id and binary_data_output only, valid as they are
                 inputs, samples, id_, binary = fast
-                if binary is None:
-                    return InferRequest(schema=schema, inputs=inputs, samples=samples, id=id_)
                 return InferRequest(schema=schema, inputs=inputs, samples=samples, id=id_,
-                                    parameters={"binary_data_output": binary}, binary_outputs=binary)
+                                    parameters={} if binary is None else {"binary_data_output": binary},
+                                    binary_outputs=bool(binary))
     reusable = header_length is not None and fmt == "json"
     if reusable:
         plans = schema.plans
@@ -163,8 +162,8 @@ def decode_infer(
 def _json_plan(schema: ModelSchema) -> Any:
     """The decoder in C of the model's common V2 JSON requests (`_native.V2Json`: inputs, an id
     and parameters of `binary_data_output` alone, each input's data a flat or nested list of
-    numbers or booleans), or None where an input's datatype is not one it decodes. It answers None for any other body, which
-    `_decode` then reads and judges."""
+    numbers or booleans), or None where an input's datatype is not one it decodes. It answers
+    None for any other body, which `_decode` then reads and judges."""
     try:
         return _native.V2Json(Tensor, schema.max_batch_size, [(s.name, s.datatype, s.shape) for s in schema.inputs])
     except ValueError:
