@@ -133,7 +133,7 @@ static int link_infer(as_link *l, pool_t *p, const char *key, uint64_t mask, siz
         j->run_slot = window->run_slot;
     }
     if (l->holding) {
-        j->id = __atomic_add_fetch(&p->next_id, 1, __ATOMIC_RELAXED); /* the caller's handle for cancel */
+        as_pool_number_job(p, j); /* its id: the caller's handle for cancel */
         job_append(&l->held_head, &l->held_tail, j);
     } else {
         as_pool_enqueue(p, j, -1);

@@ -568,7 +568,7 @@ static worker_t *queue_shared(pool_t *p, hjob *j)
     return idle_worker(p, j->mask, window_may_end(j));
 }
 
-static void number_job(pool_t *p, hjob *j)
+void as_pool_number_job(pool_t *p, hjob *j)
 {
     if (j->id == 0) /* fronts number their jobs too, without the host GIL */
         j->id = __atomic_add_fetch(&p->next_id, 1, __ATOMIC_RELAXED);
@@ -581,22 +581,21 @@ static void number_job(pool_t *p, hjob *j)
  * worker that will take it. */
 void as_pool_enqueue(pool_t *p, hjob *j, int target)
 {
-    worker_t *w;
-    number_job(p, j);
-    pthread_mutex_lock(&p->mu);
-    if (target >= 0) {
-        if (j->flight_rows > 0)
-            fly(p, j->flight_rows);
-        w = p->workers[target];
-        job_append(&w->head, &w->tail, j);
-        w->waiting = 0;
-        kick(p, w);
-    } else {
-        w = queue_shared(p, j);
+    if (target < 0) {
+        j->next = NULL;
+        as_pool_enqueue_many(p, j);
+        return;
     }
+    as_pool_number_job(p, j);
+    pthread_mutex_lock(&p->mu);
+    if (j->flight_rows > 0)
+        fly(p, j->flight_rows);
+    worker_t *w = p->workers[target];
+    job_append(&w->head, &w->tail, j);
+    w->waiting = 0;
+    kick(p, w);
     pthread_mutex_unlock(&p->mu);
-    if (w != NULL)
-        pthread_cond_signal(&w->cv);
+    pthread_cond_signal(&w->cv);
 }
 
 void as_pool_enqueue_many(pool_t *p, hjob *jobs)
@@ -604,7 +603,7 @@ void as_pool_enqueue_many(pool_t *p, hjob *jobs)
     worker_t *wake[MAX_WORKERS];
     int n = 0;
     for (hjob *j = jobs; j != NULL; j = j->next)
-        number_job(p, j);
+        as_pool_number_job(p, j);
     pthread_mutex_lock(&p->mu);
     for (hjob *j = jobs, *next; j != NULL; j = next) {
         next = j->next; /* job_append relinks it */

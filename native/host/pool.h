@@ -379,6 +379,9 @@ void as_pool_give_back(pool_t *p, worker_t *w, void *owner);
 void as_pool_model_decref(hmodel *m);
 /* Queue j, targeted at worker `target` or shared (-1), and wake the worker that takes it. */
 void as_pool_enqueue(pool_t *p, hjob *j, int target);
+/* Give j its id (once) and its rows in flight, as queuing it does; a front numbers a job it
+ * holds (link.c) so that it can be cancelled by id once queued. */
+void as_pool_number_job(pool_t *p, hjob *j);
 /* Host GIL not needed, p->mu not held: queue shared jobs (linked by next) under one lock,
  * then wake the workers that will take them: a worker woken finds every one queued. */
 void as_pool_enqueue_many(pool_t *p, hjob *jobs);
