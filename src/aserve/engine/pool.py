@@ -483,18 +483,18 @@ class Pool:
         _LONE_JOBS is polled for all the same, to learn whether that changed), or while
         polling goes on."""
         lone = self._in_flight == 1
-        now = 0.0
         if lone:
             self._lone_count += 1
-            now = time.perf_counter()
-        self._alone_at = now
-        self._lone_polled = False  # a job not alone, or not polled for, says nothing of polling
         placement = self.placement
+        poll = bool(self._poll_s) and (self.probe is None or self.probe.on) and (
+            self._polling or (lone and (self._lone_pays or self._lone_count % _LONE_JOBS == 0)))
+        # a lone job's time is taken only where it is used: by the placement, and to judge
+        # polling (a job not alone, or not polled for, says nothing of polling)
+        self._lone_polled = lone and poll
+        now = self._alone_at = time.perf_counter() if lone and (poll or placement is not None) else 0.0
         if placement is not None:
             placement.queued(lone, self.interpreters_poll)
-        if self._poll_s and (self._polling or (lone and (self._lone_pays or self._lone_count % _LONE_JOBS == 0))) \
-                and (self.probe is None or self.probe.on):
-            self._lone_polled = lone
+        if poll:
             self._poll_until = (now or time.perf_counter()) + self._poll_s
             if not self._polling and self._loop is not None:
                 self._polling = True
