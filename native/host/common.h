@@ -32,6 +32,9 @@ typedef struct {
     PyTypeObject *v2json_type;
     PyTypeObject *v2binary_type;
     PyObject *engine_error; /* aserve._native.EngineError */
+    PyObject *str_datatype; /* a tensor's field names, interned: the encoders read them per output */
+    PyObject *str_shape;
+    PyObject *str_data;
 } module_state;
 
 /* The module's state from one of its own types. Every type here is made with

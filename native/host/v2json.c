@@ -836,62 +836,94 @@ static int put_string(buf_t *b, PyObject *str)
            buf_put(b, "\"", 1) == 0;
 }
 
+/* Decimal digits two at a time, written backwards from end; the first digit's address. */
+static const char DIGIT_PAIRS[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                  "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                  "8081828384858687888990919293949596979899";
+
+static char *digits(char *end, uint64_t m)
+{
+    while (m >= 100) {
+        unsigned r = (unsigned)(m % 100);
+        m /= 100;
+        end -= 2;
+        memcpy(end, DIGIT_PAIRS + 2 * r, 2);
+    }
+    if (m >= 10) {
+        end -= 2;
+        memcpy(end, DIGIT_PAIRS + 2 * m, 2);
+    } else {
+        *--end = (char)('0' + m);
+    }
+    return end;
+}
+
+/* The longest integer text: "-9223372036854775808" or "18446744073709551615". */
+#define INT_TEXT 20
+
+/* Writes v at out (at least INT_TEXT bytes free); the bytes written. */
+static size_t int_text(char *out, int64_t v, int is_signed)
+{
+    char tmp[INT_TEXT + 1];
+    uint64_t m = (uint64_t)v;
+    int negative = is_signed && v < 0;
+    if (negative)
+        m = (uint64_t)0 - m;
+    char *p = digits(tmp + sizeof(tmp), m);
+    if (negative)
+        *--p = '-';
+    size_t n = (size_t)(tmp + sizeof(tmp) - p);
+    memcpy(out, p, n);
+    return n;
+}
+
 static int put_int(buf_t *b, int64_t v)
 {
-    char tmp[24];
-    int i = sizeof(tmp);
-    uint64_t m = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    do {
-        tmp[--i] = (char)('0' + m % 10);
-        m /= 10;
-    } while (m);
-    if (v < 0)
-        tmp[--i] = '-';
-    return buf_put(b, tmp + i, sizeof(tmp) - (size_t)i) == 0;
+    if (buf_reserve(b, INT_TEXT) < 0)
+        return 0;
+    b->len += int_text(b->data + b->len, v, 1);
+    return 1;
 }
 
-static int put_uint(buf_t *b, uint64_t m)
-{
-    char tmp[24];
-    int i = sizeof(tmp);
-    do {
-        tmp[--i] = (char)('0' + m % 10);
-        m /= 10;
-    } while (m);
-    return buf_put(b, tmp + i, sizeof(tmp) - (size_t)i) == 0;
-}
-
+/* A flat JSON list of count values of an integer or boolean kind; 0 when the codec must
+ * write it (a bool byte other than 0 or 1). Room for the longest text is reserved once. */
 static int put_values(buf_t *b, int kind, const char *p, Py_ssize_t count)
 {
     etype t = KINDS[kind].type;
-    if (PUT_LIT(b, "[") < 0)
+    size_t widest = t == E_BOOL ? 5 : INT_TEXT;
+    if ((size_t)count > (SIZE_MAX - 2) / (widest + 1) || buf_reserve(b, (size_t)count * (widest + 1) + 2) < 0)
         return 0;
+    char *out = b->data + b->len, *start = out;
+    *out++ = '[';
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (i > 0 && buf_put(b, ",", 1) < 0)
-            return 0;
-        int ok;
+        if (i > 0)
+            *out++ = ',';
+        int64_t v;
+        int is_signed = 1;
         switch (t) {
         case E_BOOL: {
-            unsigned char v = (unsigned char)p[i];
-            if (v > 1)
+            unsigned char c = (unsigned char)p[i];
+            if (c > 1)
                 return 0; /* not a bool: the codec's */
-            ok = v ? PUT_LIT(b, "true") == 0 : PUT_LIT(b, "false") == 0;
-            break;
+            memcpy(out, c ? "true" : "false", c ? 4 : 5);
+            out += c ? 4 : 5;
+            continue;
         }
-        case E_I8: ok = put_int(b, ((const int8_t *)p)[i]); break;
-        case E_I16: { int16_t v; memcpy(&v, p + 2 * i, 2); ok = put_int(b, v); break; }
-        case E_I32: { int32_t v; memcpy(&v, p + 4 * i, 4); ok = put_int(b, v); break; }
-        case E_I64: { int64_t v; memcpy(&v, p + 8 * i, 8); ok = put_int(b, v); break; }
-        case E_U8: ok = put_uint(b, ((const uint8_t *)p)[i]); break;
-        case E_U16: { uint16_t v; memcpy(&v, p + 2 * i, 2); ok = put_uint(b, v); break; }
-        case E_U32: { uint32_t v; memcpy(&v, p + 4 * i, 4); ok = put_uint(b, v); break; }
-        case E_U64: { uint64_t v; memcpy(&v, p + 8 * i, 8); ok = put_uint(b, v); break; }
-        default: ok = 0;
+        case E_I8: v = ((const int8_t *)p)[i]; break;
+        case E_I16: { int16_t x; memcpy(&x, p + 2 * i, 2); v = x; break; }
+        case E_I32: { int32_t x; memcpy(&x, p + 4 * i, 4); v = x; break; }
+        case E_I64: memcpy(&v, p + 8 * i, 8); break;
+        case E_U8: v = ((const uint8_t *)p)[i]; is_signed = 0; break;
+        case E_U16: { uint16_t x; memcpy(&x, p + 2 * i, 2); v = x; is_signed = 0; break; }
+        case E_U32: { uint32_t x; memcpy(&x, p + 4 * i, 4); v = x; is_signed = 0; break; }
+        case E_U64: memcpy(&v, p + 8 * i, 8); is_signed = 0; break;
+        default: return 0;
         }
-        if (!ok)
-            return 0;
+        out += int_text(out, v, is_signed);
     }
-    return PUT_LIT(b, "]") == 0;
+    *out++ = ']';
+    b->len += (size_t)(out - start);
+    return 1;
 }
 
 /* The item size of a datatype a binary answer carries: 0 for BYTES (its elements are
@@ -936,11 +968,11 @@ static PyObject *flat_chunk(PyObject *data, Py_buffer *view)
 /* One output, {"name", "datatype", "shape", "data"} or, for a binary answer (chunks not
  * NULL), {"name", "datatype", "shape", "parameters": {"binary_data_size"}} with its data
  * appended to chunks; 0 when the codec must write it. */
-static int put_output(buf_t *b, PyObject *name, PyObject *tensor, PyObject *chunks)
+static int put_output(buf_t *b, const module_state *st, PyObject *name, PyObject *tensor, PyObject *chunks)
 {
-    PyObject *datatype = PyObject_GetAttrString(tensor, "datatype");
-    PyObject *shape = datatype != NULL ? PyObject_GetAttrString(tensor, "shape") : NULL;
-    PyObject *data = shape != NULL ? PyObject_GetAttrString(tensor, "data") : NULL;
+    PyObject *datatype = PyObject_GetAttr(tensor, st->str_datatype);
+    PyObject *shape = datatype != NULL ? PyObject_GetAttr(tensor, st->str_shape) : NULL;
+    PyObject *data = shape != NULL ? PyObject_GetAttr(tensor, st->str_data) : NULL;
     int ok = 0, have_view = 0;
     Py_buffer view;
     if (data == NULL) {
@@ -1011,7 +1043,7 @@ done:
 
 /* The answer's JSON: its envelope and each output in `names` order (NULL: the dict's);
  * a binary answer's data goes to chunks. 0 when the codec must write it. */
-static int put_answer(buf_t *b, PyObject *model_name, PyObject *model_version, PyObject *id, PyObject *outputs,
+static int put_answer(buf_t *b, const module_state *st, PyObject *model_name, PyObject *model_version, PyObject *id, PyObject *outputs,
                       PyObject *names, PyObject *chunks)
 {
     int ok = PUT_LIT(b, "{\"model_name\":") == 0 && put_string(b, model_name);
@@ -1026,13 +1058,13 @@ static int put_answer(buf_t *b, PyObject *model_name, PyObject *model_version, P
             for (Py_ssize_t i = 0; ok && i < count; i++) {
                 PyObject *name = PyList_GET_ITEM(names, i);
                 PyObject *tensor = PyDict_GetItemWithError(outputs, name); /* borrowed */
-                ok = tensor != NULL && (i == 0 || buf_put(b, ",", 1) == 0) && put_output(b, name, tensor, chunks);
+                ok = tensor != NULL && (i == 0 || buf_put(b, ",", 1) == 0) && put_output(b, st, name, tensor, chunks);
             }
         } else {
             Py_ssize_t pos = 0, i = 0;
             PyObject *name, *tensor;
             while (ok && PyDict_Next(outputs, &pos, &name, &tensor))
-                ok = (i++ == 0 || buf_put(b, ",", 1) == 0) && put_output(b, name, tensor, chunks);
+                ok = (i++ == 0 || buf_put(b, ",", 1) == 0) && put_output(b, st, name, tensor, chunks);
         }
         ok = ok && PUT_LIT(b, "]") == 0;
     }
@@ -1049,14 +1081,14 @@ static PyObject *given_up(void)
 }
 
 /* v2_json_encode(model_name, model_version, id, outputs) -> bytes | None */
-PyObject *as_v2_json_encode(PyObject *Py_UNUSED(module), PyObject *args)
+PyObject *as_v2_json_encode(PyObject *module, PyObject *args)
 {
     PyObject *model_name, *model_version, *id, *outputs;
     if (!PyArg_ParseTuple(args, "OOOO!:v2_json_encode", &model_name, &model_version, &id, &PyDict_Type, &outputs))
         return NULL;
     buf_t b;
     buf_init(&b);
-    PyObject *result = put_answer(&b, model_name, model_version, id, outputs, NULL, NULL)
+    PyObject *result = put_answer(&b, PyModule_GetState(module), model_name, model_version, id, outputs, NULL, NULL)
                            ? PyBytes_FromStringAndSize(b.data, (Py_ssize_t)b.len)
                            : given_up();
     buf_free(&b);
@@ -1064,7 +1096,7 @@ PyObject *as_v2_json_encode(PyObject *Py_UNUSED(module), PyObject *args)
 }
 
 /* v2_binary_encode(model_name, model_version, id, outputs, names) -> [header, data...] | None */
-PyObject *as_v2_binary_encode(PyObject *Py_UNUSED(module), PyObject *args)
+PyObject *as_v2_binary_encode(PyObject *module, PyObject *args)
 {
     PyObject *model_name, *model_version, *id, *outputs, *names;
     if (!PyArg_ParseTuple(args, "OOOO!O:v2_binary_encode", &model_name, &model_version, &id, &PyDict_Type,
@@ -1084,7 +1116,7 @@ PyObject *as_v2_binary_encode(PyObject *Py_UNUSED(module), PyObject *args)
     buf_t b;
     buf_init(&b);
     PyObject *header = NULL;
-    if (put_answer(&b, model_name, model_version, id, outputs, names == Py_None ? NULL : names, chunks))
+    if (put_answer(&b, PyModule_GetState(module), model_name, model_version, id, outputs, names == Py_None ? NULL : names, chunks))
         header = PyBytes_FromStringAndSize(b.data, (Py_ssize_t)b.len);
     buf_free(&b);
     if (header == NULL) {
