@@ -29,6 +29,7 @@ extensions = [
             "native/host/link_type.c",
             "native/host/counter.c",
             "native/host/buffer.c",
+            "native/host/rows.c",
             "native/host/private.c",
             "native/host/engines.c",
             "native/host/errors.c",

@@ -52,3 +52,24 @@ def test_split_rejects_a_bytes_output_its_shape_does_not_describe() -> None:
         split_outputs({"S": Tensor("BYTES", (2, 2), whole)}, [1, 1], "m")
     with pytest.raises(ModelError, match=r"BYTES output 'S': BYTES element 1: length 9 runs past the end"):
         split_outputs({"S": Tensor("BYTES", (2, 1), whole[:5] + b"\x09\x00\x00\x00x")}, [1, 1], "m")
+
+
+def test_many_requests_of_varied_rows_join_and_split_back_exactly() -> None:
+    """What a batch of many requests holds: every input's rows in request order, from any
+    C-contiguous buffer (bytes, numpy arrays, shaped memoryviews), and back per request."""
+    rng = np.random.default_rng(7)
+    rows = [1, 3, 0, 2, 1, 5, 1]
+    arrays = [rng.integers(-1000, 1000, size=(r, 2, 3)).astype(np.int64) for r in rows]
+    holders = [lambda a: a.tobytes(), lambda a: a, memoryview, lambda a: bytearray(a.tobytes())]
+    requests = [[Tensor("INT64", a.shape, holders[i % len(holders)](a)), Tensor("FP32", (r, 1), np.ones((r, 1), np.float32))]
+                for i, (r, a) in enumerate(zip(rows, arrays))]
+    joined = concat_inputs(requests, sum(rows))
+    assert [t.shape for t in joined] == [(13, 2, 3), (13, 1)]
+    np.testing.assert_array_equal(np.frombuffer(joined[0].data, np.int64).reshape(13, 2, 3), np.concatenate(arrays))
+    parts = split_outputs({"Y": joined[0], "Z": joined[1]}, rows, "m")
+    for part, r, a in zip(parts, rows, arrays):
+        assert part["Y"].shape == (r, 2, 3) and part["Z"].shape == (r, 1)
+        np.testing.assert_array_equal(np.frombuffer(part["Y"].data, np.int64).reshape(r, 2, 3), a)
+        assert part["Y"].data.obj is joined[0].data  # a view of the batch's buffer, not a copy
+    with pytest.raises((BufferError, ValueError)):  # a strided input cannot be copied as bytes in order
+        concat_inputs([[Tensor("INT64", (2,), np.arange(4)[::2])]], 2)

@@ -86,6 +86,10 @@ extern PyType_Spec as_v2binary_spec;
 PyObject *as_v2_json_encode(PyObject *module, PyObject *args);
 PyObject *as_v2_binary_encode(PyObject *module, PyObject *args);
 
+/* rows.c: a batch's inputs from its requests', and its outputs given back per request */
+PyObject *as_concat_rows(PyObject *module, PyObject *buffers);
+PyObject *as_split_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
 /* otlp.c: recorded spans to an OTLP ExportTraceServiceRequest. */
 PyObject *as_otlp_encode(PyObject *module, PyObject *args);
 

@@ -86,6 +86,13 @@ static PyMethodDef native_methods[] = {
      "v2_binary_encode(model_name, model_version, id, outputs, names) -> [header, data...] | None: the V2 answer "
      "with every output (names in order, or the dict's) after the JSON header, as the Python codec writes it; "
      "None for any other (the codec writes it)"},
+    {"concat_rows", as_concat_rows, METH_O,
+     "concat_rows(buffers) -> bytearray: the buffers' bytes (each C-contiguous) one after another: a batch's "
+     "input from its requests'"},
+    {"split_rows", (PyCFunction)(void (*)(void))as_split_rows, METH_FASTCALL,
+     "split_rows(results, name, tensor_type, datatype, rest, view, samples, stride) -> None: results[i][name] = "
+     "tensor_type(datatype, (samples[i], *rest), view[a:b]) for each request i, its rows a zero-copy slice of "
+     "the flat byte memoryview view, stride bytes per sample"},
     {"buffer_from_address", as_buffer_from_address, METH_VARARGS,
      "buffer_from_address(address, nbytes, keep, readonly=False) -> OutputBuffer over memory keep owns"},
     {NULL, NULL, 0, NULL},

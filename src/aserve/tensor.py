@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from ._native import concat_rows, split_rows
 from .errors import ModelError
 from .runtime.datatypes import DATATYPES, bytes_ends, element_count
 
@@ -66,18 +67,8 @@ def concat_inputs(requests: Sequence[Sequence[Tensor]], samples: int) -> list[Te
     """Each input of `requests` concatenated along the batch dimension: one copy into a fresh bytearray.
 
     BYTES inputs concatenate the same way: their length-prefixed layout has no header."""
-    out: list[Tensor] = []
-    for i, first in enumerate(requests[0]):
-        views = [r[i].view() for r in requests]
-        buf = bytearray(sum(v.nbytes for v in views))
-        mv = memoryview(buf)
-        offset = 0
-        for v in views:
-            end = offset + v.nbytes
-            mv[offset:end] = v
-            offset = end
-        out.append(Tensor(first.datatype, (samples, *first.shape[1:]), buf))
-    return out
+    return [Tensor(first.datatype, (samples, *first.shape[1:]), concat_rows([r[i].data for r in requests]))
+            for i, first in enumerate(requests[0])]
 
 
 def wrong_rows(model: str, name: str, shape: tuple[int, ...], total: int) -> ModelError:
@@ -91,33 +82,29 @@ def wrong_rows(model: str, name: str, shape: tuple[int, ...], total: int) -> Mod
 def split_outputs(outputs: Mapping[str, Tensor], samples: Sequence[int], model: str) -> list[dict[str, Tensor]]:
     """Per-request outputs: zero-copy slices of each output along the batch dimension."""
     total = sum(samples)
-    results: list[dict[str, Tensor]] = [{} for _ in samples]
+    rows = list(samples)
+    results: list[dict[str, Tensor]] = [{} for _ in rows]
     for name, t in outputs.items():
         shape = t.shape
         if not shape or shape[0] != total:
             raise wrong_rows(model, name, shape, total)
         view = t.view()
         rest = shape[1:]
-        if t.datatype == "BYTES":
-            per = element_count(rest)
-            try:
-                ends = bytes_ends(view)
-            except ValueError as exc:
-                raise ModelError(f"model {model!r}: BYTES output {name!r}: {exc}") from None
-            if len(ends) != total * per:
-                raise ModelError(f"model {model!r}: BYTES output {name!r} holds {len(ends)} elements, its shape "
-                                 f"{list(shape)} says {total * per}")
-            starts = [0]
-            k = 0
-            for s in samples:
-                k += s * per
-                starts.append(ends[k - 1] if k else 0)
-        else:
-            stride = view.nbytes // total if total else 0
-            starts = [0]
-            for s in samples:
-                starts.append(starts[-1] + s * stride)
-        datatype = t.datatype
-        for i, s in enumerate(samples):
-            results[i][name] = Tensor(datatype, (s, *rest), view[starts[i]:starts[i + 1]])
+        if t.datatype != "BYTES":
+            split_rows(results, name, Tensor, t.datatype, rest, view, rows, view.nbytes // total if total else 0)
+            continue
+        per = element_count(rest)
+        try:
+            ends = bytes_ends(view)
+        except ValueError as exc:
+            raise ModelError(f"model {model!r}: BYTES output {name!r}: {exc}") from None
+        if len(ends) != total * per:
+            raise ModelError(f"model {model!r}: BYTES output {name!r} holds {len(ends)} elements, its shape "
+                             f"{list(shape)} says {total * per}")
+        start = k = 0
+        for i, s in enumerate(rows):
+            k += s * per
+            end = ends[k - 1] if k else 0
+            results[i][name] = Tensor("BYTES", (s, *rest), view[start:end])
+            start = end
     return results
