@@ -78,6 +78,34 @@ PyType_Spec as_buffer_spec = {
     .slots = buffer_slots,
 };
 
+/* One output's shape tuple and buffer (taking one reference on *refs); 0, or -1 with an
+ * exception set and nothing made. */
+static int output_parts(PyTypeObject *tp, const as_tensor *t, as_buffer_free_fn on_free, void *ctx,
+                        Py_ssize_t *refs, PyObject **shape_out, PyObject **buf_out)
+{
+    PyObject *shape = PyTuple_New(t->ndim);
+    if (shape == NULL)
+        return -1;
+    for (int d = 0; d < t->ndim; d++) {
+        PyObject *size = PyLong_FromLongLong(t->shape[d]);
+        if (size == NULL) {
+            Py_DECREF(shape);
+            return -1;
+        }
+        PyTuple_SET_ITEM(shape, d, size);
+    }
+    (*refs)++;
+    PyObject *buf = as_buffer_new(tp, on_free, ctx, NULL, t->data, t->nbytes, t->readonly);
+    if (buf == NULL) {
+        (*refs)--;
+        Py_DECREF(shape);
+        return -1;
+    }
+    *shape_out = shape;
+    *buf_out = buf;
+    return 0;
+}
+
 PyObject *as_output_list(PyTypeObject *tp, const as_job *job, as_buffer_free_fn on_free, void *ctx, Py_ssize_t *refs)
 {
     size_t n = job->n_outputs;
@@ -86,24 +114,9 @@ PyObject *as_output_list(PyTypeObject *tp, const as_job *job, as_buffer_free_fn 
         return NULL;
     for (size_t i = 0; i < n; i++) {
         const as_tensor *t = &job->outputs[i];
-        PyObject *shape = PyTuple_New(t->ndim);
-        if (shape == NULL)
+        PyObject *shape, *buf;
+        if (output_parts(tp, t, on_free, ctx, refs, &shape, &buf) < 0)
             goto error;
-        for (int d = 0; d < t->ndim; d++) {
-            PyObject *size = PyLong_FromLongLong(t->shape[d]);
-            if (size == NULL) {
-                Py_DECREF(shape);
-                goto error;
-            }
-            PyTuple_SET_ITEM(shape, d, size);
-        }
-        (*refs)++;
-        PyObject *buf = as_buffer_new(tp, on_free, ctx, NULL, t->data, t->nbytes, t->readonly);
-        if (buf == NULL) {
-            (*refs)--;
-            Py_DECREF(shape);
-            goto error;
-        }
         PyObject *item = Py_BuildValue("(ssNN)", t->name, t->datatype, shape, buf);
         if (item == NULL)
             goto error;
@@ -112,6 +125,38 @@ PyObject *as_output_list(PyTypeObject *tp, const as_job *job, as_buffer_free_fn 
     return list;
 error:
     Py_DECREF(list); /* the buffers made so far drop their references as they go */
+    return NULL;
+}
+
+PyObject *as_output_dict(PyTypeObject *tp, const as_job *job, as_buffer_free_fn on_free, void *ctx,
+                         Py_ssize_t *refs, PyObject *tensor_type)
+{
+    PyObject *dict = PyDict_New();
+    if (dict == NULL)
+        return NULL;
+    for (size_t i = 0; i < job->n_outputs; i++) {
+        const as_tensor *t = &job->outputs[i];
+        PyObject *shape, *buf, *tensor = NULL;
+        if (output_parts(tp, t, on_free, ctx, refs, &shape, &buf) < 0)
+            goto error;
+        PyObject *name = PyUnicode_FromString(t->name);
+        PyObject *datatype = name != NULL ? PyUnicode_FromString(t->datatype) : NULL;
+        if (datatype != NULL) {
+            PyObject *args[3] = {datatype, shape, buf};
+            tensor = PyObject_Vectorcall(tensor_type, args, 3, NULL);
+        }
+        Py_XDECREF(datatype);
+        Py_DECREF(shape);
+        Py_DECREF(buf);
+        int rc = tensor != NULL ? PyDict_SetItem(dict, name, tensor) : -1;
+        Py_XDECREF(name);
+        Py_XDECREF(tensor);
+        if (rc < 0)
+            goto error;
+    }
+    return dict;
+error:
+    Py_DECREF(dict);
     return NULL;
 }
 

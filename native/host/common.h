@@ -115,5 +115,8 @@ PyObject *as_buffer_from_address(PyObject *module, PyObject *args);
  * takes one reference on *refs and calls on_free(ctx) when gone (the caller holds one of its
  * own while this runs). NULL with an exception set. */
 PyObject *as_output_list(PyTypeObject *tp, const as_job *job, as_buffer_free_fn on_free, void *ctx, Py_ssize_t *refs);
+/* The same as a dict {name: tensor_type(datatype, shape, OutputBuffer)}. */
+PyObject *as_output_dict(PyTypeObject *tp, const as_job *job, as_buffer_free_fn on_free, void *ctx,
+                         Py_ssize_t *refs, PyObject *tensor_type);
 
 #endif

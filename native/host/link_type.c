@@ -15,11 +15,28 @@ typedef struct {
     as_link *link;
     Py_ssize_t jobs;   /* submitted, not yet taken */
     Py_ssize_t inputs; /* inputs still referenced by the host or an interpreter */
+    PyObject *tensor_type; /* what a request's outputs are made of (request), or NULL */
+    PyObject *error;       /* (error type, text) -> the exception a failed request is told, or NULL */
 } linkobj;
+
+/* What Link.request queues for one model, read once (Link.target): a capsule's. */
+typedef struct {
+    pool_t *pool;
+    char *key;
+    uint64_t mask;
+    int64_t max_rows;
+    void *counter;
+    int slots[4]; /* the Counter's slots: queued samples, requests, batches; running batches */
+    Py_ssize_t n;
+    char **names, **datatypes;
+} ltarget;
+
+#define TARGET_NAME "aserve._native.Link.target"
 
 /* The front's hold on one job's input memory. */
 typedef struct {
-    size_t n;
+    size_t n;   /* views taken */
+    size_t cap; /* inputs */
     Py_buffer views[];
 } held_t;
 
@@ -54,10 +71,12 @@ static void result_decref(void *ctx)
 
 static PyObject *link_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"api", NULL};
-    PyObject *address;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:Link", kwlist, &address))
+    static char *kwlist[] = {"api", "tensor", "error", NULL};
+    PyObject *address, *tensor_type = NULL, *error = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:Link", kwlist, &address, &tensor_type, &error))
         return NULL;
+    if ((tensor_type != NULL && !PyCallable_Check(tensor_type)) || (error != NULL && !PyCallable_Check(error)))
+        return PyErr_Format(PyExc_TypeError, "Link: tensor and error must be callables");
     const as_link_api *api = PyLong_AsVoidPtr(address);
     if (api == NULL) {
         if (!PyErr_Occurred())
@@ -74,6 +93,8 @@ static PyObject *link_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
     if (self == NULL)
         return NULL;
     self->api = api;
+    self->tensor_type = Py_XNewRef(tensor_type);
+    self->error = Py_XNewRef(error);
     self->link = api->open();
     if (self->link == NULL) {
         Py_DECREF(self);
@@ -90,6 +111,8 @@ static void link_dealloc(linkobj *self)
     /* a link with jobs out is leaked rather than freed under a worker's feet */
     if (self->link != NULL && self->jobs == 0 && self->inputs == 0)
         self->api->close(self->link);
+    Py_XDECREF(self->tensor_type);
+    Py_XDECREF(self->error);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -99,33 +122,55 @@ static PyObject *link_fileno(linkobj *self, PyObject *Py_UNUSED(ignored))
     return PyLong_FromLong(self->link->efd);
 }
 
+/* Each input's shape and data (in[i].name and .datatype set; held->views taken in order,
+ * held->n counting them); 0, or -1 with an exception set. */
+static int read_inputs(module_state *st, PyObject *const *items, as_tensor *in, held_t *held)
+{
+    for (size_t i = 0; i < held->cap; i++) {
+        as_tensor *t = &in[i];
+        PyObject *shape = PyObject_GetAttr(items[i], st->str_shape);
+        if (shape == NULL || !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > AS_MAX_DIMS) {
+            if (shape != NULL)
+                PyErr_Format(PyExc_ValueError, "Link: input %s: shape must be a tuple of at most %d dimensions",
+                             t->name, AS_MAX_DIMS);
+            Py_XDECREF(shape);
+            return -1;
+        }
+        t->ndim = (int)PyTuple_GET_SIZE(shape);
+        for (int d = 0; d < t->ndim; d++) {
+            t->shape[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+            if (t->shape[d] == -1 && PyErr_Occurred()) {
+                Py_DECREF(shape);
+                return -1;
+            }
+        }
+        Py_DECREF(shape);
+        PyObject *data = PyObject_GetAttr(items[i], st->str_data);
+        if (data == NULL)
+            return -1;
+        int rc = PyObject_GetBuffer(data, &held->views[i], PyBUF_C_CONTIGUOUS);
+        Py_DECREF(data);
+        if (rc < 0)
+            return -1;
+        held->n = i + 1;
+        t->data = held->views[i].buf;
+        t->nbytes = (size_t)held->views[i].len;
+    }
+    return 0;
+}
+
 static PyObject *link_infer(linkobj *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"pool", "model", "mask", "names", "datatypes", "inputs", "token", "trace", "max_rows",
-                             "waiting", "window", NULL};
-    PyObject *pool_address, *names, *datatypes, *inputs, *token, *waiting = Py_None, *window = Py_None;
+                             "waiting", NULL};
+    PyObject *pool_address, *names, *datatypes, *inputs, *token, *waiting = Py_None;
     const char *key;
     unsigned long long mask;
     int trace = 0;
     long long max_rows = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKOOOO|pLOO:infer", kwlist, &pool_address, &key, &mask, &names,
-                                     &datatypes, &inputs, &token, &trace, &max_rows, &waiting, &window))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKOOOO|pLO:infer", kwlist, &pool_address, &key, &mask, &names,
+                                     &datatypes, &inputs, &token, &trace, &max_rows, &waiting))
         return NULL;
-    as_window win = {0, 0, -1};
-    if (window != Py_None) {
-        long long window_ns, deadline_ns;
-        if (!PyArg_ParseTuple(window, "LLi;Link.infer: window must be (window ns, deadline ns or 0, running "
-                              "batches slot or -1)", &window_ns, &deadline_ns, &win.run_slot))
-            return NULL;
-        if (window_ns < 0 || deadline_ns < 0)
-            return PyErr_Format(PyExc_ValueError, "Link.infer: window: the window and the deadline must be >= 0 ns, "
-                                "got %lld and %lld", window_ns, deadline_ns);
-        if (waiting == Py_None || trace)
-            return PyErr_Format(PyExc_ValueError, "Link.infer: a request with a window needs waiting= (its "
-                                "model's Counter) and cannot be traced");
-        win.window_ns = window_ns;
-        win.deadline_ns = deadline_ns;
-    }
     as_wait wait = {0};
     if (waiting != Py_None) {
         unsigned long long counter;
@@ -141,13 +186,13 @@ static PyObject *link_infer(linkobj *self, PyObject *args, PyObject *kw)
             if (wait.slots[i] < 0 || wait.slots[i] >= n)
                 return PyErr_Format(PyExc_ValueError, "Link.infer: waiting: slot %d of %d is out of range",
                                     wait.slots[i], n);
-        if (win.run_slot >= n)
-            return PyErr_Format(PyExc_ValueError, "Link.infer: window: slot %d of %d is out of range",
-                                win.run_slot, n);
         wait.counter = (void *)(uintptr_t)counter;
         wait.samples = samples;
         wait.requests = requests;
     }
+    module_state *st = as_state_of_type(Py_TYPE(self));
+    if (st == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "Link.infer: the module is gone");
     pool_t *p = PyLong_AsVoidPtr(pool_address);
     if (p == NULL)
         return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "Link.infer: no pool at address 0");
@@ -163,44 +208,18 @@ static PyObject *link_infer(linkobj *self, PyObject *args, PyObject *kw)
         PyMem_Free(held);
         return PyErr_NoMemory();
     }
+    held->cap = n;
     for (size_t i = 0; i < n; i++) {
-        as_tensor *t = &in[i];
-        t->name = (char *)PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, (Py_ssize_t)i));
-        t->datatype = (char *)PyUnicode_AsUTF8(PyTuple_GET_ITEM(datatypes, (Py_ssize_t)i));
-        if (t->name == NULL || t->datatype == NULL)
+        in[i].name = (char *)PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, (Py_ssize_t)i));
+        in[i].datatype = (char *)PyUnicode_AsUTF8(PyTuple_GET_ITEM(datatypes, (Py_ssize_t)i));
+        if (in[i].name == NULL || in[i].datatype == NULL)
             goto error;
-        PyObject *item = PyList_GET_ITEM(inputs, (Py_ssize_t)i);
-        PyObject *shape = PyObject_GetAttrString(item, "shape");
-        if (shape == NULL || !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > AS_MAX_DIMS) {
-            if (shape != NULL)
-                PyErr_Format(PyExc_ValueError, "Link.infer: input %s: shape must be a tuple of at most %d "
-                             "dimensions", t->name, AS_MAX_DIMS);
-            Py_XDECREF(shape);
-            goto error;
-        }
-        t->ndim = (int)PyTuple_GET_SIZE(shape);
-        for (int d = 0; d < t->ndim; d++) {
-            t->shape[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
-            if (t->shape[d] == -1 && PyErr_Occurred()) {
-                Py_DECREF(shape);
-                goto error;
-            }
-        }
-        Py_DECREF(shape);
-        PyObject *data = PyObject_GetAttrString(item, "data");
-        if (data == NULL)
-            goto error;
-        int rc = PyObject_GetBuffer(data, &held->views[i], PyBUF_C_CONTIGUOUS);
-        Py_DECREF(data);
-        if (rc < 0)
-            goto error;
-        held->n = i + 1;
-        t->data = held->views[i].buf;
-        t->nbytes = (size_t)held->views[i].len;
     }
+    if (read_inputs(st, PySequence_Fast_ITEMS(inputs), in, held) < 0)
+        goto error;
     uint64_t id;
     if (self->api->infer(self->link, p, key, mask, n, in, token, held, trace, max_rows, &wait,
-                         window != Py_None ? &win : NULL, &id) < 0) {
+                         NULL, &id) < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         goto error;
     }
@@ -215,7 +234,160 @@ error:
     return NULL;
 }
 
-static PyObject *make_outputs(linkobj *self, hjob *j, PyTypeObject *buffer_type)
+static void target_free(PyObject *capsule)
+{
+    ltarget *t = PyCapsule_GetPointer(capsule, TARGET_NAME);
+    if (t == NULL)
+        return;
+    for (Py_ssize_t i = 0; i < t->n; i++) {
+        PyMem_Free(t->names[i]);
+        PyMem_Free(t->datatypes[i]);
+    }
+    PyMem_Free(t->names);
+    PyMem_Free(t->datatypes);
+    PyMem_Free(t->key);
+    PyMem_Free(t);
+}
+
+static char *copy_text(PyObject *str)
+{
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(str, &n);
+    if (s == NULL)
+        return NULL;
+    char *copy = PyMem_Malloc((size_t)n + 1);
+    if (copy == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    memcpy(copy, s, (size_t)n + 1);
+    return copy;
+}
+
+/* target(pool, model, mask, names, datatypes, max_rows, counter, slots) -> what request takes */
+static PyObject *link_target(linkobj *self, PyObject *args)
+{
+    PyObject *pool_address, *model, *names, *datatypes;
+    unsigned long long mask, counter;
+    long long max_rows;
+    int slots[4];
+    if (!PyArg_ParseTuple(args, "OUKO!O!LK(iiii):target", &pool_address, &model, &mask, &PyTuple_Type, &names,
+                          &PyTuple_Type, &datatypes, &max_rows, &counter, &slots[0], &slots[1], &slots[2], &slots[3]))
+        return NULL;
+    pool_t *p = PyLong_AsVoidPtr(pool_address);
+    if (p == NULL)
+        return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "Link.target: no pool at address 0");
+    if (counter == 0 || counter % 64 != 0)
+        return PyErr_Format(PyExc_ValueError, "Link.target: %#llx is not a counter's address", counter);
+    int have = as_counter_slots((void *)(uintptr_t)counter);
+    for (int i = 0; i < 4; i++)
+        if (slots[i] < 0 || slots[i] >= have)
+            return PyErr_Format(PyExc_ValueError, "Link.target: slot %d of %d is out of range", slots[i], have);
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    if (PyTuple_GET_SIZE(datatypes) != n)
+        return PyErr_Format(PyExc_TypeError, "Link.target: one datatype per input name");
+    ltarget *t = PyMem_Calloc(1, sizeof *t);
+    if (t == NULL)
+        return PyErr_NoMemory();
+    PyObject *capsule = PyCapsule_New(t, TARGET_NAME, target_free);
+    if (capsule == NULL) {
+        PyMem_Free(t);
+        return NULL;
+    }
+    t->pool = p;
+    t->mask = mask;
+    t->max_rows = max_rows;
+    t->counter = (void *)(uintptr_t)counter;
+    memcpy(t->slots, slots, sizeof slots);
+    t->names = PyMem_Calloc(n ? (size_t)n : 1, sizeof(char *));
+    t->datatypes = PyMem_Calloc(n ? (size_t)n : 1, sizeof(char *));
+    if (t->names == NULL || t->datatypes == NULL) {
+        Py_DECREF(capsule);
+        return PyErr_NoMemory();
+    }
+    t->n = n;
+    t->key = copy_text(model);
+    for (Py_ssize_t i = 0; t->key != NULL && i < n; i++) {
+        t->names[i] = copy_text(PyTuple_GET_ITEM(names, i));
+        t->datatypes[i] = t->names[i] != NULL ? copy_text(PyTuple_GET_ITEM(datatypes, i)) : NULL;
+        if (t->datatypes[i] == NULL)
+            break;
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(capsule);
+        return NULL;
+    }
+    return capsule;
+}
+
+/* request(target, inputs, samples, window_ns, deadline_ns, done) -> job id: one request the
+ * pool batches by the window rule; drain calls done(outputs, None, led rows, run start ns,
+ * run end ns) or done(None, error, 0, 0, 0). */
+static PyObject *link_request(linkobj *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6)
+        return PyErr_Format(PyExc_TypeError, "Link.request: expected 6 arguments, got %zd", nargs);
+    if (self->tensor_type == NULL || self->error == NULL)
+        return PyErr_Format(PyExc_TypeError, "Link.request: the Link was made without tensor= and error=");
+    module_state *st = as_state_of_type(Py_TYPE(self));
+    if (st == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "Link.request: the module is gone");
+    ltarget *t = PyCapsule_GetPointer(args[0], TARGET_NAME);
+    if (t == NULL)
+        return NULL;
+    PyObject *inputs = args[1], *done = args[5];
+    long long samples = PyLong_AsLongLong(args[2]), window_ns = PyLong_AsLongLong(args[3]),
+              deadline_ns = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (window_ns < 0 || deadline_ns < 0 || samples < 0)
+        return PyErr_Format(PyExc_ValueError, "Link.request: samples, the window and the deadline must be >= 0, "
+                            "got %lld, %lld and %lld", samples, window_ns, deadline_ns);
+    if (!(PyList_Check(inputs) || PyTuple_Check(inputs)) || PySequence_Fast_GET_SIZE(inputs) != t->n)
+        return PyErr_Format(PyExc_TypeError, "Link.request: expected a list of %zd inputs", t->n);
+    size_t n = (size_t)t->n;
+    as_tensor local[4], *in = n <= 4 ? local : PyMem_Calloc(n, sizeof(as_tensor));
+    held_t *held = PyMem_Calloc(1, sizeof(held_t) + n * sizeof(Py_buffer));
+    if (in == NULL || held == NULL) {
+        if (in != local)
+            PyMem_Free(in);
+        PyMem_Free(held);
+        return PyErr_NoMemory();
+    }
+    if (in == local)
+        memset(local, 0, sizeof local);
+    held->cap = n;
+    for (size_t i = 0; i < n; i++) {
+        in[i].name = t->names[i];
+        in[i].datatype = t->datatypes[i];
+    }
+    as_wait wait = {t->counter, {t->slots[0], t->slots[1], t->slots[2]}, samples, 1};
+    as_window win = {window_ns, deadline_ns, t->slots[3]};
+    uint64_t id;
+    PyObject *result = NULL;
+    if (read_inputs(st, PySequence_Fast_ITEMS(inputs), in, held) < 0)
+        goto done;
+    if (self->api->infer(self->link, t->pool, t->key, t->mask, n, in, done, held, 0, t->max_rows, &wait, &win,
+                         &id) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    held = NULL; /* the job's, until its inputs come back */
+    Py_INCREF(done);
+    self->jobs++;
+    self->inputs++;
+    result = PyLong_FromUnsignedLongLong(id);
+done:
+    if (in != local)
+        PyMem_Free(in);
+    if (held != NULL)
+        held_release(held);
+    return result;
+}
+
+/* The job's outputs: a list of (name, datatype, shape, buffer), or with tensor_type a dict
+ * {name: tensor_type(datatype, shape, buffer)}. */
+static PyObject *make_outputs(linkobj *self, hjob *j, PyTypeObject *buffer_type, PyObject *tensor_type)
 {
     fresult_t *r = PyMem_Calloc(1, sizeof *r);
     if (r == NULL)
@@ -227,9 +399,11 @@ static PyObject *make_outputs(linkobj *self, hjob *j, PyTypeObject *buffer_type)
     r->owner = j->job.owner;
     r->refs = 1; /* held while building */
     j->job.owner = NULL;
-    PyObject *list = as_output_list(buffer_type, &j->job, result_decref, r, &r->refs);
+    PyObject *outputs = tensor_type != NULL
+                            ? as_output_dict(buffer_type, &j->job, result_decref, r, &r->refs, tensor_type)
+                            : as_output_list(buffer_type, &j->job, result_decref, r, &r->refs);
     result_decref(r);
-    return list;
+    return outputs;
 }
 
 /* (token, ok, payload) as Pool.drain gives them; NULL with an exception set. */
@@ -239,7 +413,7 @@ static PyObject *completion(linkobj *self, hjob *j, PyTypeObject *buffer_type)
     if (j->job.failed)
         return Py_BuildValue("(OO(ss))", token, Py_False, j->job.error_type ? j->job.error_type : "Error",
                              j->job.error ? j->job.error : "");
-    PyObject *outputs = make_outputs(self, j, buffer_type);
+    PyObject *outputs = make_outputs(self, j, buffer_type, NULL);
     if (outputs == NULL)
         return NULL;
     if (j->job.trace)
@@ -249,6 +423,49 @@ static PyObject *completion(linkobj *self, hjob *j, PyTypeObject *buffer_type)
         return Py_BuildValue("(OO(NLLL))", token, Py_True, outputs, (long long)j->led_rows, (long long)j->ran_from,
                              (long long)j->ran_to);
     return Py_BuildValue("(OON)", token, Py_True, outputs);
+}
+
+/* A request's completion (Link.request): its done called; NULL with the exception it raised. */
+static PyObject *tell_request(linkobj *self, hjob *j, PyTypeObject *buffer_type)
+{
+    PyObject *outputs = NULL, *error = NULL;
+    if (!j->job.failed)
+        outputs = make_outputs(self, j, buffer_type, self->tensor_type);
+    if (outputs == NULL) { /* failed, or its outputs could not be made: that is its error */
+        PyObject *payload;
+        if (j->job.failed) {
+            payload = Py_BuildValue("(ss)", j->job.error_type ? j->job.error_type : "Error",
+                                    j->job.error ? j->job.error : "");
+        } else {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
+            PyErr_Clear();
+            payload = Py_BuildValue("(sO)", "EngineError", text != NULL ? text : Py_None);
+            Py_XDECREF(text);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+        }
+        error = payload != NULL ? PyObject_CallOneArg(self->error, payload) : NULL;
+        Py_XDECREF(payload);
+        if (error == NULL)
+            return NULL;
+    }
+    PyObject *led = PyLong_FromLongLong(outputs != NULL ? (long long)j->led_rows : 0);
+    PyObject *from = PyLong_FromLongLong(outputs != NULL ? (long long)j->ran_from : 0);
+    PyObject *to = PyLong_FromLongLong(outputs != NULL ? (long long)j->ran_to : 0);
+    PyObject *result = NULL;
+    if (led != NULL && from != NULL && to != NULL) {
+        PyObject *args[5] = {outputs != NULL ? outputs : Py_None, error != NULL ? error : Py_None, led, from, to};
+        result = PyObject_Vectorcall((PyObject *)j->ftoken, args, 5, NULL);
+    }
+    Py_XDECREF(led);
+    Py_XDECREF(from);
+    Py_XDECREF(to);
+    Py_XDECREF(outputs);
+    Py_XDECREF(error);
+    return result;
 }
 
 static void release_inputs(linkobj *self, hinputs *in)
@@ -273,7 +490,28 @@ static PyObject *link_drain(linkobj *self, PyObject *Py_UNUSED(ignored))
     PyObject *out = PyList_New(0);
     for (; j != NULL;) {
         hjob *next = j->next;
-        PyObject *item = out != NULL ? completion(self, j, st->buffer_type) : NULL;
+        PyObject *item;
+        if (j->native) { /* a request: its done is told here */
+            PyObject *told = tell_request(self, j, st->buffer_type);
+            item = NULL;
+            if (told == NULL) { /* listed for the caller to report */
+                PyObject *type, *value, *tb;
+                PyErr_Fetch(&type, &value, &tb);
+                PyErr_NormalizeException(&type, &value, &tb);
+                if (value != NULL && tb != NULL)
+                    PyException_SetTraceback(value, tb);
+                item = Py_BuildValue("(OOO)", Py_None, Py_False, value != NULL ? value : Py_None);
+                Py_XDECREF(type);
+                Py_XDECREF(value);
+                Py_XDECREF(tb);
+                if (out != NULL && item != NULL && PyList_Append(out, item) < 0)
+                    Py_CLEAR(out);
+                Py_XDECREF(item);
+            }
+            Py_XDECREF(told);
+            goto free_job;
+        }
+        item = out != NULL ? completion(self, j, st->buffer_type) : NULL;
         if (item == NULL) { /* the job fails with the reason, and no other */
             PyObject *type, *value, *tb;
             PyErr_Fetch(&type, &value, &tb);
@@ -289,6 +527,7 @@ static PyObject *link_drain(linkobj *self, PyObject *Py_UNUSED(ignored))
         if (out != NULL && item != NULL && PyList_Append(out, item) < 0)
             Py_CLEAR(out);
         Py_XDECREF(item);
+    free_job:
         Py_DECREF((PyObject *)j->ftoken); /* the job's reference */
         self->jobs--;
         hinputs *last = self->api->job_free(j);
@@ -347,15 +586,22 @@ static PyMethodDef link_methods[] = {
      "release() -> None: queue every held job, each pool's together, then wake the interpreters that take them"},
     {"infer", (PyCFunction)(void (*)(void))link_infer, METH_VARARGS | METH_KEYWORDS,
      "infer(pool, model, mask, names, datatypes, inputs, token, trace=False, max_rows=0, waiting=None, "
-     "window=None) -> job id: "
+     ") -> job id: "
      "queue a batch of `model` (inputs: tensors with .shape and .data) on the pool at address `pool`; max_rows > 0: "
      "it may run in one batch with other fronts' batches of the model, of at most that many rows; waiting: "
      "(Counter.address, (slot, slot, slot), samples, requests): while it waits for an interpreter its samples, "
-     "requests and itself count in those slots; window: (window ns, deadline ns or 0, running slot or -1): "
-     "one request the pool batches with the model's other queued requests by the window rule (its completion's "
-     "payload is then (outputs, rows of the batch it led or 0, run start ns, run end ns))"},
+     "requests and itself count in those slots"},
+    {"target", (PyCFunction)link_target, METH_VARARGS,
+     "target(pool, model, mask, names, datatypes, max_rows, counter, (samples, requests, batches, running slots)) "
+     "-> what request takes for `model` on the pool at address `pool`, read once"},
+    {"request", (PyCFunction)(void (*)(void))link_request, METH_FASTCALL,
+     "request(target, inputs, samples, window_ns, deadline_ns, done) -> job id: one request the pool batches "
+     "with the model's other queued requests by the window rule; it counts in the target's Counter slots while "
+     "queued. drain calls done(outputs, None, rows of the batch it led or 0, run start ns, run end ns), outputs "
+     "{name: tensor(datatype, shape, buffer)}, or done(None, error((type, text)), 0, 0, 0)"},
     {"drain", (PyCFunction)link_drain, METH_NOARGS,
-     "drain() -> [(token, ok, payload)]: the jobs finished since the last drain, as Pool.drain gives them"},
+     "drain() -> [(token, ok, payload)]: the jobs finished since the last drain, as Pool.drain gives them; a "
+     "request's done is called here instead, and one that raised is listed as (None, False, exception)"},
     {"cancel", (PyCFunction)link_cancel, METH_VARARGS,
      "cancel(pool, job) -> 'queued' | 'running' | None: a queued job completes now, failed with Cancelled; "
      "Cancelled is raised in a running one; None: it finished, or runs in one batch with other jobs"},

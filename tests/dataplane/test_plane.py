@@ -229,3 +229,68 @@ async def test_a_fronts_requests_of_one_iteration_run_as_one_batch(tmp_path: pat
     finally:
         link.close()
         await p.close(timeout=5)
+
+
+async def test_a_fronts_request_is_told_by_the_links_drain_and_one_that_raises_is_reported(
+        tmp_path: pathlib.Path) -> None:
+    """The Link calls a request's `done` itself as it drains (outputs as Tensors, the batch's
+    rows and run times; or the error the host's pool would raise); a `done` that raises is
+    reported to the loop's exception handler and the others of the same drain are still told."""
+    import numpy as np
+
+    from aserve import _native
+    from aserve.errors import ModelError
+    from aserve.server.front import LinkEngine, front_handle
+    from aserve.server.loops import front_model
+    from aserve.tensor import Tensor
+
+    repo = write_repository(tmp_path / "repo", {"add": MODELS["add"]})
+    p = DataPlane(repo, ServerSettings(engine="private", interpreters=1))
+    p.registry.queue_fronts = 1
+    await p.start()
+    loop = asyncio.get_running_loop()
+    reported: list[BaseException] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context["exception"]))
+    link = LinkEngine(_native.link_api(), loop, lambda pool, job: None)
+    try:
+        m = front_model(p.model("add"), 1)
+        link.add(m, front_handle(m, p, link, {}, 0, p.settings), 0)
+        told: list[tuple[object, ...]] = []
+        everyone = loop.create_future()
+
+        def done(i: int, outputs: dict[str, Tensor] | None, error: BaseException | None, led: int, start: int,
+                 end: int) -> None:
+            told.append((i, outputs, error, led, start, end))
+            if len(told) == 3:
+                everyone.set_result(None)
+            if i == 0:
+                raise RuntimeError("a completion that fails")
+
+        def inputs(k: int) -> list[Tensor]:
+            a = np.full((1, 4), k, np.int32)
+            return [Tensor("INT32", (1, 4), a.tobytes()), Tensor("INT32", (1, 4), (a * 2).tobytes())]
+
+        link.hold()
+        for i in range(3):
+            link.request(m["key"], inputs(i), 1, lambda *args, i=i: done(i, *args), window_ns=50_000_000, deadline_ns=0)
+        link.release()
+        await everyone
+        await until(lambda: reported)
+        assert [type(e) for e in reported] == [RuntimeError]
+        for i, outputs, error, led, start, end in sorted(told, key=lambda t: t[0]):  # type: ignore[arg-type,return-value]
+            assert error is None and outputs is not None
+            assert {name: (t.datatype, t.shape) for name, t in outputs.items()} == \
+                {"SUM": ("INT32", (1, 4)), "DIFF": ("INT32", (1, 4))}
+            assert np.frombuffer(outputs["SUM"].data, np.int32).tolist() == [3 * i] * 4
+            assert np.frombuffer(outputs["DIFF"].data, np.int32).tolist() == [-i] * 4
+            assert 0 < start <= end
+        assert sorted(t[3] for t in told) == [0, 0, 3]  # one batch of three, led by one of them
+        # a request its model fails on is told the error the host's pool raises for it
+        failed = loop.create_future()
+        link.request(m["key"], inputs(-999), 1, lambda *args: failed.set_result(args), window_ns=0, deadline_ns=0)
+        outputs, error, led, start, end = await failed
+        assert outputs is None and isinstance(error, ModelError) and "A starts with -999" in str(error)
+        assert (led, start, end) == (0, 0, 0)
+    finally:
+        link.close()
+        await p.close(timeout=5)

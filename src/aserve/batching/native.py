@@ -1,7 +1,7 @@
 """A front's model whose requests are batched in the pool, by the window rule in C.
 
 Every front loop queues each request of such a model on the pool's shared queue as it
-comes (`Link.infer` with `window=`), so the requests of every loop wait in one queue per
+comes (`Link.request`), so the requests of every loop wait in one queue per
 model and join the same batches: a worker takes one when the window rule says its batch
 may start (full, nothing of the model running, its window closed, or its deadline near:
 `WindowPolicy`'s rule, `_native.window_rule`), gathers the queued requests that fit,
@@ -24,6 +24,7 @@ import asyncio
 import heapq
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 from time import monotonic
 from typing import Any, Protocol
 
@@ -198,7 +199,7 @@ class NativeBatcher:
                     self._pending.discard(req)
                     continue
                 try:
-                    req.job = queue.request(self.key, inputs, req.samples, lambda *done, req=req: self._done(req, *done),
+                    req.job = queue.request(self.key, inputs, req.samples, partial(self._done, req),
                                             window_ns=self._window_ns, deadline_ns=deadline_ns)
                 except Exception as exc:  # noqa: BLE001 - the request's own failure (its model went away)
                     self._pending.discard(req)

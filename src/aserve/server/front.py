@@ -39,6 +39,7 @@ from ..inference import ModelSchema
 from ..logs import AccessLogger
 from ..repository.config import ModelConfig
 from ..repository.scan import VersionSource
+from ..tensor import Tensor
 from . import infer as infer_routes
 from .app import App
 from .channel import Channel
@@ -121,16 +122,23 @@ class LinkEngine:
     """What a front's batchers run batches on: the host's pools, through a native Link."""
 
     def __init__(self, api: int, loop: asyncio.AbstractEventLoop, cancelled: Callable[[int, int], None]) -> None:
-        self.link = _native.Link(api)
+        self.link = _native.Link(api, tensor=Tensor, error=_error)
         self.loop = loop
         self.cancelled = cancelled  # (pool, job): a running batch was cancelled; the host watches it
         # a model's key -> (its pool's address, the interpreters that run it, its inputs' names and datatypes,
         # the most rows a batch coalesced with other fronts' may hold: 0 never, and the model's queue
         # Counter with the slots this front's batches count in while they wait in the pool's queue, or None)
         self.models: dict[str, tuple[int, int, tuple[str, ...], tuple[str, ...], int, Waiting | None]] = {}
+        # a model batched in the pool (`request`): its pool's address and what the Link read of it once
+        self.targets: dict[str, tuple[int, Any]] = {}
         self.pools: set[int] = set()  # the addresses of every pool a model it was given runs on
-        self.in_flight = 0
         loop.add_reader(self.link.fileno(), self._drain)
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs queued or running, their completion not yet taken."""
+        jobs: int = self.link.pending[0]
+        return jobs
 
     def add(self, m: dict[str, Any], handle: ModelHandle, index: int) -> None:
         """Run the batches of a model version the host lists (`loops.front_model`) for front
@@ -138,8 +146,17 @@ class LinkEngine:
         assert handle.info is not None
         rows = _rows(handle.config, handle.info)
         counter = None if m["queued"] is None else (m["queued"][0], wait_slots(m["queued"][1], index))
-        self.models[m["key"]] = (m["pool"], m["mask"], tuple(m["names"]), tuple(m["datatypes"]), rows, counter)
+        names, datatypes = tuple(m["names"]), tuple(m["datatypes"])
+        self.models[m["key"]] = (m["pool"], m["mask"], names, datatypes, rows, counter)
+        if counter is not None:
+            self.targets[m["key"]] = (m["pool"], self.link.target(m["pool"], m["key"], m["mask"], names, datatypes, rows,
+                                                                  counter[0], counter[1][:4]))
         self.pools.add(m["pool"])
+
+    def remove(self, key: str) -> None:
+        """The model version `key` is no longer run here."""
+        self.models.pop(key, None)
+        self.targets.pop(key, None)
 
     def run(self, model: str, inputs: Sequence[Any], done: Done, /, *, trace: bool = False,
             waiting: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -153,23 +170,18 @@ class LinkEngine:
         counted = None if counter is None or waiting is None else (counter[0], counter[1][:3], *waiting)
         job: int = self.link.infer(pool, model, mask, names, datatypes, list(inputs),
                                    functools.partial(self._done, done, trace), trace, max_rows, counted)
-        self.in_flight += 1
         return pool, job
 
     def request(self, model: str, inputs: Sequence[Any], samples: int, done: NativeDone, /, *,
                 window_ns: int, deadline_ns: int) -> tuple[int, int]:
         """Queue one request of `model` in the pool, which batches it with every loop's queued
-        requests of the model (batching/native.py); returns what `cancel` takes."""
-        found = self.models.get(model)
+        requests of the model (batching/native.py); returns what `cancel` takes. The Link's
+        drain calls `done` itself."""
+        found = self.targets.get(model)
         if found is None:
             raise ModelNotFound(f"model {model!r} is not loaded")
-        pool, mask, names, datatypes, max_rows, counter = found
-        assert counter is not None  # a model batched in the pool has its queue Counter
-        address, slots = counter
-        job: int = self.link.infer(pool, model, mask, names, datatypes, list(inputs),
-                                   functools.partial(self._request_done, done), False, max_rows,
-                                   (address, slots[:3], samples, 1), (window_ns, deadline_ns, slots[3]))
-        self.in_flight += 1
+        pool, target = found
+        job: int = self.link.request(target, inputs, samples, window_ns, deadline_ns, done)
         return pool, job
 
     def hold(self) -> None:
@@ -180,14 +192,6 @@ class LinkEngine:
         """Queue the requests held since `hold` together, then wake the interpreters that
         take them: one taking the first finds the others queued and batches them."""
         self.link.release()
-
-    def _request_done(self, done: NativeDone, ok: bool, payload: Any) -> None:
-        self.in_flight -= 1
-        if not ok:
-            done(None, _error(payload), 0, 0, 0)
-        else:
-            outputs, led, start_ns, end_ns = payload
-            done(tensors(outputs), None, led, start_ns, end_ns)
 
     def cancel(self, job: tuple[int, int], /) -> bool:
         """`Pool.cancel` for a front: a batch nobody waits for any more never runs, or gets
@@ -211,12 +215,13 @@ class LinkEngine:
     def _drain(self) -> None:
         for token, ok, payload in self.link.drain():
             try:
+                if token is None:  # a request's done, called by the drain, raised `payload`
+                    raise payload
                 token(ok, payload)
             except Exception as exc:  # noqa: BLE001 - every other completion is still answered
                 self.loop.call_exception_handler({"message": "aserve: a batch's completion raised", "exception": exc})
 
     def _done(self, done: Any, traced: bool, ok: bool, payload: Any) -> None:
-        self.in_flight -= 1
         if not ok:
             done(None, _error(payload))
         elif traced:
@@ -511,7 +516,7 @@ class Front:
                 self.totals.setdefault((handle.name, handle.version), BatchTotals()).add(handle.batcher)
         finally:
             if self.engine is not None:
-                self.engine.models.pop(key, None)
+                self.engine.remove(key)
             if self.channel is not None:
                 self.channel.send({"op": "retired", "id": ask})
 
