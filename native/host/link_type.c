@@ -406,6 +406,38 @@ static PyObject *make_outputs(linkobj *self, hjob *j, PyTypeObject *buffer_type,
     return outputs;
 }
 
+/* ("EngineError", the text of the exception set now, or None), the exception cleared: the
+ * failure of a job whose completion could not be made. */
+static PyObject *engine_error_payload(void)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
+    PyErr_Clear();
+    PyObject *payload = Py_BuildValue("(sO)", "EngineError", text != NULL ? text : Py_None);
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return payload;
+}
+
+/* (None, False, the exception set now), the exception cleared: a request's done that raised,
+ * listed by drain for its caller to report. */
+static PyObject *raised_item(void)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value != NULL && tb != NULL)
+        PyException_SetTraceback(value, tb);
+    PyObject *item = Py_BuildValue("(OOO)", Py_None, Py_False, value != NULL ? value : Py_None);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return item;
+}
+
 /* (token, ok, payload) as Pool.drain gives them; NULL with an exception set. */
 static PyObject *completion(linkobj *self, hjob *j, PyTypeObject *buffer_type)
 {
@@ -419,9 +451,6 @@ static PyObject *completion(linkobj *self, hjob *j, PyTypeObject *buffer_type)
     if (j->job.trace)
         return Py_BuildValue("(OO(NiLLz))", token, Py_True, outputs, j->worker, (long long)j->ran_from,
                              (long long)j->ran_to, j->job.result);
-    if (j->native)
-        return Py_BuildValue("(OO(NLLL))", token, Py_True, outputs, (long long)j->led_rows, (long long)j->ran_from,
-                             (long long)j->ran_to);
     return Py_BuildValue("(OON)", token, Py_True, outputs);
 }
 
@@ -437,15 +466,7 @@ static PyObject *tell_request(linkobj *self, hjob *j, PyTypeObject *buffer_type)
             payload = Py_BuildValue("(ss)", j->job.error_type ? j->job.error_type : "Error",
                                     j->job.error ? j->job.error : "");
         } else {
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-            PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
-            PyErr_Clear();
-            payload = Py_BuildValue("(sO)", "EngineError", text != NULL ? text : Py_None);
-            Py_XDECREF(text);
-            Py_XDECREF(type);
-            Py_XDECREF(value);
-            Py_XDECREF(tb);
+            payload = engine_error_payload();
         }
         error = payload != NULL ? PyObject_CallOneArg(self->error, payload) : NULL;
         Py_XDECREF(payload);
@@ -491,43 +512,20 @@ static PyObject *link_drain(linkobj *self, PyObject *Py_UNUSED(ignored))
     for (; j != NULL;) {
         hjob *next = j->next;
         PyObject *item;
-        if (j->native) { /* a request: its done is told here */
+        if (j->native) { /* a request: its done is told here; one that raised is listed */
             PyObject *told = tell_request(self, j, st->buffer_type);
-            item = NULL;
-            if (told == NULL) { /* listed for the caller to report */
-                PyObject *type, *value, *tb;
-                PyErr_Fetch(&type, &value, &tb);
-                PyErr_NormalizeException(&type, &value, &tb);
-                if (value != NULL && tb != NULL)
-                    PyException_SetTraceback(value, tb);
-                item = Py_BuildValue("(OOO)", Py_None, Py_False, value != NULL ? value : Py_None);
-                Py_XDECREF(type);
-                Py_XDECREF(value);
-                Py_XDECREF(tb);
-                if (out != NULL && item != NULL && PyList_Append(out, item) < 0)
-                    Py_CLEAR(out);
-                Py_XDECREF(item);
-            }
+            item = told == NULL ? raised_item() : NULL;
             Py_XDECREF(told);
-            goto free_job;
-        }
-        item = out != NULL ? completion(self, j, st->buffer_type) : NULL;
-        if (item == NULL) { /* the job fails with the reason, and no other */
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-            PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
-            PyErr_Clear();
-            item = Py_BuildValue("(OO(sO))", (PyObject *)j->ftoken, Py_False, "EngineError",
-                                 text != NULL ? text : Py_None);
-            Py_XDECREF(text);
-            Py_XDECREF(type);
-            Py_XDECREF(value);
-            Py_XDECREF(tb);
+        } else {
+            item = out != NULL ? completion(self, j, st->buffer_type) : NULL;
+            if (item == NULL) { /* the job fails with the reason, and no other */
+                PyObject *payload = engine_error_payload();
+                item = payload != NULL ? Py_BuildValue("(OON)", (PyObject *)j->ftoken, Py_False, payload) : NULL;
+            }
         }
         if (out != NULL && item != NULL && PyList_Append(out, item) < 0)
             Py_CLEAR(out);
         Py_XDECREF(item);
-    free_job:
         Py_DECREF((PyObject *)j->ftoken); /* the job's reference */
         self->jobs--;
         hinputs *last = self->api->job_free(j);
