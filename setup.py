@@ -27,6 +27,7 @@ extensions = [
             "native/host/pool_type.c",
             "native/host/link.c",
             "native/host/link_type.c",
+            "native/host/front_queue.c",
             "native/host/counter.c",
             "native/host/buffer.c",
             "native/host/rows.c",

@@ -31,6 +31,8 @@ typedef struct {
     PyTypeObject *counter_type;
     PyTypeObject *v2json_type;
     PyTypeObject *v2binary_type;
+    PyTypeObject *front_queue_type;
+    PyTypeObject *front_request_type;
     PyObject *engine_error; /* aserve._native.EngineError */
     PyObject *str_datatype; /* a tensor's field names, interned: the encoders read them per output */
     PyObject *str_shape;
@@ -76,6 +78,14 @@ extern PyType_Spec as_pool_spec;
 extern PyType_Spec as_link_spec;
 PyObject *as_link_api_address(PyObject *module, PyObject *ignored);
 PyObject *as_window_rule_py(PyObject *module, PyObject *args);
+int as_link_request(PyObject *link, PyObject *target, PyObject *inputs, long long samples, long long window_ns,
+                    long long deadline_ns, PyObject *done, unsigned long long *id);
+void as_link_hold(PyObject *link);
+void as_link_release(PyObject *link);
+
+/* front_queue.c: the Python type FrontQueue, a front loop's side of a model batched in the pool */
+extern PyType_Spec as_front_queue_spec;
+extern PyType_Spec as_front_request_spec;
 
 /* counter.c: the Python type Counter, a number every event loop adds to */
 extern PyType_Spec as_counter_spec;

@@ -320,31 +320,35 @@ static PyObject *link_target(linkobj *self, PyObject *args)
     return capsule;
 }
 
-/* request(target, inputs, samples, window_ns, deadline_ns, done) -> job id: one request the
- * pool batches by the window rule; drain calls done(outputs, None, led rows, run start ns,
- * run end ns) or done(None, error, 0, 0, 0). */
-static PyObject *link_request(linkobj *self, PyObject *const *args, Py_ssize_t nargs)
+/* One request of the target's model queued on the Link `link` (Link.request, FrontQueue's
+ * flush): the pool batches it by the window rule; drain calls done(outputs, None, led rows,
+ * run start ns, run end ns) or done(None, error, 0, 0, 0). 0 and *id, or -1 with an
+ * exception set. */
+int as_link_request(PyObject *link, PyObject *target, PyObject *inputs, long long samples, long long window_ns,
+                    long long deadline_ns, PyObject *done, unsigned long long *id_out)
 {
-    if (nargs != 6)
-        return PyErr_Format(PyExc_TypeError, "Link.request: expected 6 arguments, got %zd", nargs);
-    if (self->tensor_type == NULL || self->error == NULL)
-        return PyErr_Format(PyExc_TypeError, "Link.request: the Link was made without tensor= and error=");
+    linkobj *self = (linkobj *)link;
+    if (self->tensor_type == NULL || self->error == NULL) {
+        PyErr_Format(PyExc_TypeError, "Link.request: the Link was made without tensor= and error=");
+        return -1;
+    }
     module_state *st = as_state_of_type(Py_TYPE(self));
-    if (st == NULL)
-        return PyErr_Format(PyExc_RuntimeError, "Link.request: the module is gone");
-    ltarget *t = PyCapsule_GetPointer(args[0], TARGET_NAME);
+    if (st == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "Link.request: the module is gone");
+        return -1;
+    }
+    ltarget *t = PyCapsule_GetPointer(target, TARGET_NAME);
     if (t == NULL)
-        return NULL;
-    PyObject *inputs = args[1], *done = args[5];
-    long long samples = PyLong_AsLongLong(args[2]), window_ns = PyLong_AsLongLong(args[3]),
-              deadline_ns = PyLong_AsLongLong(args[4]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (window_ns < 0 || deadline_ns < 0 || samples < 0)
-        return PyErr_Format(PyExc_ValueError, "Link.request: samples, the window and the deadline must be >= 0, "
-                            "got %lld, %lld and %lld", samples, window_ns, deadline_ns);
-    if (!(PyList_Check(inputs) || PyTuple_Check(inputs)) || PySequence_Fast_GET_SIZE(inputs) != t->n)
-        return PyErr_Format(PyExc_TypeError, "Link.request: expected a list of %zd inputs", t->n);
+        return -1;
+    if (window_ns < 0 || deadline_ns < 0 || samples < 0) {
+        PyErr_Format(PyExc_ValueError, "Link.request: samples, the window and the deadline must be >= 0, "
+                     "got %lld, %lld and %lld", samples, window_ns, deadline_ns);
+        return -1;
+    }
+    if (!(PyList_Check(inputs) || PyTuple_Check(inputs)) || PySequence_Fast_GET_SIZE(inputs) != t->n) {
+        PyErr_Format(PyExc_TypeError, "Link.request: expected a list of %zd inputs", t->n);
+        return -1;
+    }
     size_t n = (size_t)t->n;
     as_tensor local[4], *in = n <= 4 ? local : PyMem_Calloc(n, sizeof(as_tensor));
     held_t *held = PyMem_Calloc(1, sizeof(held_t) + n * sizeof(Py_buffer));
@@ -352,7 +356,8 @@ static PyObject *link_request(linkobj *self, PyObject *const *args, Py_ssize_t n
         if (in != local)
             PyMem_Free(in);
         PyMem_Free(held);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        return -1;
     }
     if (in == local)
         memset(local, 0, sizeof local);
@@ -364,7 +369,7 @@ static PyObject *link_request(linkobj *self, PyObject *const *args, Py_ssize_t n
     as_wait wait = {t->counter, {t->slots[0], t->slots[1], t->slots[2]}, samples, 1};
     as_window win = {window_ns, deadline_ns, t->slots[3]};
     uint64_t id;
-    PyObject *result = NULL;
+    int rc = -1;
     if (read_inputs(st, PySequence_Fast_ITEMS(inputs), in, held) < 0)
         goto done;
     if (self->api->infer(self->link, t->pool, t->key, t->mask, n, in, done, held, 0, t->max_rows, &wait, &win,
@@ -376,13 +381,41 @@ static PyObject *link_request(linkobj *self, PyObject *const *args, Py_ssize_t n
     Py_INCREF(done);
     self->jobs++;
     self->inputs++;
-    result = PyLong_FromUnsignedLongLong(id);
+    *id_out = id;
+    rc = 0;
 done:
     if (in != local)
         PyMem_Free(in);
     if (held != NULL)
         held_release(held);
-    return result;
+    return rc;
+}
+
+void as_link_hold(PyObject *link)
+{
+    linkobj *self = (linkobj *)link;
+    self->api->hold(self->link);
+}
+
+void as_link_release(PyObject *link)
+{
+    linkobj *self = (linkobj *)link;
+    self->api->release(self->link);
+}
+
+/* request(target, inputs, samples, window_ns, deadline_ns, done) -> job id (as_link_request) */
+static PyObject *link_request(linkobj *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6)
+        return PyErr_Format(PyExc_TypeError, "Link.request: expected 6 arguments, got %zd", nargs);
+    long long samples = PyLong_AsLongLong(args[2]), window_ns = PyLong_AsLongLong(args[3]),
+              deadline_ns = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    unsigned long long id;
+    if (as_link_request((PyObject *)self, args[0], args[1], samples, window_ns, deadline_ns, args[5], &id) < 0)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(id);
 }
 
 /* The job's outputs: a list of (name, datatype, shape, buffer), or with tensor_type a dict
@@ -561,13 +594,13 @@ static PyObject *link_abandon(linkobj *self, PyObject *pool_address)
 
 static PyObject *link_hold(linkobj *self, PyObject *Py_UNUSED(ignored))
 {
-    self->api->hold(self->link);
+    as_link_hold((PyObject *)self);
     Py_RETURN_NONE;
 }
 
 static PyObject *link_release(linkobj *self, PyObject *Py_UNUSED(ignored))
 {
-    self->api->release(self->link);
+    as_link_release((PyObject *)self);
     Py_RETURN_NONE;
 }
 
@@ -648,7 +681,7 @@ PyObject *as_window_rule_py(PyObject *Py_UNUSED(module), PyObject *args)
     Py_ssize_t n = PyList_GET_SIZE(queue);
     if (n == 0)
         return Py_BuildValue("(iO)", 0, Py_None);
-    long long head[3], item[3];
+    long long head[3] = {0, 0, 0}, item[3];
     Py_ssize_t take = 0;
     int64_t rows = 0;
     int more = 0;

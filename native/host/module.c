@@ -138,6 +138,12 @@ static int native_exec(PyObject *m)
     st->v2binary_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_v2binary_spec, NULL);
     if (st->v2binary_type == NULL || PyModule_AddType(m, st->v2binary_type) < 0)
         return -1;
+    st->front_queue_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_front_queue_spec, NULL);
+    if (st->front_queue_type == NULL || PyModule_AddType(m, st->front_queue_type) < 0)
+        return -1;
+    st->front_request_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_front_request_spec, NULL);
+    if (st->front_request_type == NULL || PyModule_AddType(m, st->front_request_type) < 0)
+        return -1;
     if (PyModule_AddIntConstant(m, "JOB_LOAD", AS_JOB_LOAD) < 0 ||
         PyModule_AddIntConstant(m, "JOB_UNLOAD", AS_JOB_UNLOAD) < 0 ||
         PyModule_AddIntConstant(m, "JOB_INFER", AS_JOB_INFER) < 0 ||
@@ -163,6 +169,8 @@ static int native_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->counter_type);
     Py_VISIT(st->v2json_type);
     Py_VISIT(st->v2binary_type);
+    Py_VISIT(st->front_queue_type);
+    Py_VISIT(st->front_request_type);
     Py_VISIT(st->str_datatype);
     Py_VISIT(st->str_shape);
     Py_VISIT(st->str_data);
@@ -181,6 +189,8 @@ static int native_clear(PyObject *m)
     Py_CLEAR(st->counter_type);
     Py_CLEAR(st->v2json_type);
     Py_CLEAR(st->v2binary_type);
+    Py_CLEAR(st->front_queue_type);
+    Py_CLEAR(st->front_request_type);
     Py_CLEAR(st->str_datatype);
     Py_CLEAR(st->str_shape);
     Py_CLEAR(st->str_data);

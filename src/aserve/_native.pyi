@@ -1,5 +1,6 @@
 """Type stubs for the C extension aserve._native (native/host/)."""
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias
 
@@ -90,6 +91,49 @@ class Link:
     def abandon(self, pool: int, /) -> int: ...
     @property
     def pending(self) -> tuple[int, int]: ...
+
+class FrontRequest:
+    """One request a FrontQueue took in; the pool's answer is told by calling it."""
+
+    arrival: float
+    samples: int
+    deadline: float | None
+    future: asyncio.Future[dict[str, Any]]
+    job: Any
+    def __call__(self, outputs: Any, error: BaseException | None, led: int, start_ns: int, end_ns: int, /) -> None: ...
+    def __lt__(self, other: FrontRequest) -> bool: ...
+
+class FrontQueue:
+    """A front loop's side of one model batched in the pool's shared queue (native/host/front_queue.c)."""
+
+    model: str
+    key: str
+    max_batch_size: int
+    max_queue_size: int
+    window_ns: int
+    loop: asyncio.AbstractEventLoop | None
+    pending: set[FrontRequest]
+    deadlines: list[tuple[float, FrontRequest]]
+    deferred: list[FrontRequest]
+    drained: asyncio.Future[None] | None
+    batch_sizes: dict[int, list[float]]
+    last_dispatch: float | None
+    expiry_at: float
+    closed: bool
+    batches: int
+    requests: int
+    refused: int
+    timed_out: int
+    cancelled: int
+    queue_seconds: float
+    compute_seconds: float
+    def __init__(self, *, model: str, key: str, queue: Any, shared: Any, max_batch_size: int, max_queue_size: int,
+                 window_ns: int, errors: tuple[Any, ...], link: Link | None = None,
+                 targets: dict[str, tuple[int, Any]] | None = None) -> None: ...
+    def submit(self, inputs: Sequence[Any], samples: int, /, *, deadline: float | None = None,
+               budget: float | None = None, trace: RequestTrace | None = None, waited: float = 0.0,
+               context: str | None = None, held: bool = False) -> asyncio.Future[dict[str, Any]]: ...
+    def flush(self) -> None: ...
 
 class Counter:
     """A number every event loop of the process adds to, one slot each (native/host/counter.c)."""

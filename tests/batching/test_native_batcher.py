@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from aserve.batching.native import NativeBatcher, NativeDone
-from aserve.errors import Overloaded, RequestTimeout
+from aserve.errors import EngineError, ModelError, Overloaded, RequestTimeout
 from aserve.tensor import Tensor
 
 from ..conftest import until
@@ -183,3 +183,57 @@ async def test_withdrawn_requests_leave_the_queue_and_close_waits_for_the_rest()
     await asyncio.wait_for(closing, 5)
     assert queue.shared == 0
     assert kept.result() is not None
+
+
+async def test_answers_with_the_wrong_rows_or_no_error_fail_their_own_request_only() -> None:
+    queue = Queue()
+    b = batcher(queue, max_queue_size=8)
+    wrong, failed, fine = (b.submit(X, 1) for _ in range(3))
+    await until(lambda: len(queue.jobs) == 3, what="the loop to hand its requests on")
+    now = time.monotonic_ns()
+    queue.shared -= 3
+    queue.jobs.pop(1)(Outputs(y=Tensor("FP32", (2, 1), bytearray(8))), None, 1, now, now + 1000)
+    queue.jobs.pop(2)(None, None, 0, 0, 0)  # a failure the pool could not name
+    queue.jobs.pop(3)(Outputs(y=Tensor("FP32", (1, 1), bytearray(4))), None, 0, now, now + 1000)
+    with pytest.raises(ModelError, match=r"'m'.*'y'"):
+        wrong.result()
+    with pytest.raises(ModelError, match="model 'm' failed"):
+        failed.result()
+    assert fine.result()["y"].shape == (1, 1)
+    stats = b.stats()
+    assert (stats["batches"], stats["requests"]) == (1, 1)  # the batch its wrong answer led still ran
+    assert b.batch_sizes == {1: [1, pytest.approx(1e-6)]}
+
+
+async def test_submit_takes_batchers_keywords_and_refuses_what_a_front_does_not_serve() -> None:
+    queue = Queue()
+    b = batcher(queue)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'dealine'"):
+        b.submit(X, 1, dealine=1.0)
+    with pytest.raises(EngineError, match="answered by the host's loop"):
+        b.submit(X, 1, context="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    with pytest.raises(RequestTimeout, match="deadline passed before it was queued"):
+        b.submit(X, 1, deadline=time.monotonic() - 1)
+    # budget, waited and held judge nothing here: the queue's bound is the only admission
+    future = b.submit(X, 1, budget=0.0, waited=5.0, held=True)
+    await until(lambda: len(queue.jobs) == 1, what="the loop to hand its request on")
+    queue.answer(1)
+    assert future.result() is not None
+    b.closed = True
+    with pytest.raises(EngineError, match="shutting down"):
+        b.submit(X, 1)
+
+
+async def test_a_closed_batcher_and_its_answered_requests_are_collected() -> None:
+    queue = Queue()
+    b = batcher(queue)
+    futures = [b.submit(X, 1, deadline=time.monotonic() + 30) for _ in range(2)]
+    await until(lambda: len(queue.jobs) == 2, what="the loop to hand its requests on")
+    for job in sorted(queue.jobs):
+        queue.answer(job)
+    await asyncio.wait_for(b.close(), 5)
+    assert all(f.done() for f in futures) and not b.pending
+    ref = weakref.ref(b)
+    del b, futures
+    gc.collect()
+    assert ref() is None
