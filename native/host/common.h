@@ -22,6 +22,10 @@ typedef struct as_engine {
     void *handle;              /* dlmopen handle of a private namespace */
 } as_engine;
 
+#define AS_NAMES(X)                                                                                              \
+    X(datatype) X(shape) X(data) X(done) X(set_result) X(set_exception) X(cancel) X(_arm) X(deadline) X(budget)  \
+    X(trace) X(waited) X(context) X(held)
+
 typedef struct {
     PyTypeObject *pool_type;
     PyTypeObject *buffer_type;
@@ -34,9 +38,11 @@ typedef struct {
     PyTypeObject *front_queue_type;
     PyTypeObject *front_request_type;
     PyObject *engine_error; /* aserve._native.EngineError */
-    PyObject *str_datatype; /* a tensor's field names, interned: the encoders read them per output */
-    PyObject *str_shape;
-    PyObject *str_data;
+    /* names read or called per request, interned (AS_NAMES): a tensor's fields, which the
+     * encoders read per output; a future's methods and Batcher.submit's keywords (front_queue.c) */
+#define AS_NAME_FIELD(name) PyObject *str_##name;
+    AS_NAMES(AS_NAME_FIELD)
+#undef AS_NAME_FIELD
 } module_state;
 
 /* The module's state from one of its own types. Every type here is made with
@@ -89,6 +95,8 @@ extern PyType_Spec as_front_request_spec;
 
 /* counter.c: the Python type Counter, a number every event loop adds to */
 extern PyType_Spec as_counter_spec;
+void as_counter_loop_add(PyObject *counter, long long n); /* a Counter's add(n) and total(), from C */
+long long as_counter_loop_total(PyObject *counter);
 
 /* v2json.c: V2 JSON infer messages of numeric tensors, decoded and encoded in C */
 extern PyType_Spec as_v2json_spec;

@@ -157,23 +157,35 @@ static PyObject *counter_at(PyTypeObject *tp, PyObject *args)
     return (PyObject *)c;
 }
 
+void as_counter_loop_add(PyObject *counter, long long d)
+{
+    counter_t *c = (counter_t *)counter;
+    /* one writer per slot: a load and a store are enough, and cheaper than a locked add */
+    _Atomic int64_t *v = &c->slots[c->slot].value;
+    atomic_store_explicit(v, atomic_load_explicit(v, memory_order_relaxed) + d, memory_order_relaxed);
+}
+
+long long as_counter_loop_total(PyObject *counter)
+{
+    counter_t *c = (counter_t *)counter;
+    int64_t sum = 0;
+    for (int i = 0; i < c->summed; i++)
+        sum += atomic_load_explicit(&c->slots[i].value, memory_order_relaxed);
+    return sum;
+}
+
 static PyObject *counter_add(counter_t *c, PyObject *arg)
 {
     long long d = PyLong_AsLongLong(arg);
     if (d == -1 && PyErr_Occurred())
         return NULL;
-    /* one writer per slot: a load and a store are enough, and cheaper than a locked add */
-    _Atomic int64_t *v = &c->slots[c->slot].value;
-    atomic_store_explicit(v, atomic_load_explicit(v, memory_order_relaxed) + d, memory_order_relaxed);
+    as_counter_loop_add((PyObject *)c, d);
     Py_RETURN_NONE;
 }
 
 static PyObject *counter_total(counter_t *c, PyObject *Py_UNUSED(ignored))
 {
-    int64_t sum = 0;
-    for (int i = 0; i < c->summed; i++)
-        sum += atomic_load_explicit(&c->slots[i].value, memory_order_relaxed);
-    return PyLong_FromLongLong(sum);
+    return PyLong_FromLongLong(as_counter_loop_total((PyObject *)c));
 }
 
 /* The slot `arg` names, or NULL with ValueError naming `method` when it is out of range. */

@@ -25,7 +25,8 @@ typedef struct {
     PyObject *queue;   /* request(key, inputs, samples, done, window_ns=, deadline_ns=), hold(), release() */
     PyObject *link;    /* the queue's Link, or NULL: then the queue's own methods are called */
     PyObject *targets; /* with a Link: the queue's {key: (pool address, Link.target)} */
-    PyObject *shared_add, *shared_total;
+    PyObject *shared, *shared_add, *shared_total;
+    int counter; /* shared is a _native.Counter: added to and read in C */
     PyObject *engine_error, *request_timeout, *model_error, *queue_full, *wrong_rows;
     long long max_batch_size, max_queue_size, window_ns;
     PyObject *get_running_loop, *heappush, *heappop, *request_name, *request_kwnames;
@@ -92,19 +93,20 @@ static int raise_text(PyObject *type, const char *fmt, ...)
 }
 
 /* future.done(): 1, 0, or -1 with an exception set */
-static int future_done(PyObject *future)
+static int future_done(module_state *st, PyObject *future)
 {
-    PyObject *done = PyObject_CallMethod(future, "done", NULL);
+    PyObject *done = PyObject_CallMethodNoArgs(future, st->str_done);
     if (done == NULL)
         return -1;
-    int r = PyObject_IsTrue(done);
+    int r = done == Py_True ? 1 : done == Py_False ? 0 : PyObject_IsTrue(done);
     Py_DECREF(done);
     return r;
 }
 
-static int future_tell(PyObject *future, const char *method, PyObject *value)
+/* future.set_result(value) or future.set_exception(value) (`method`, interned) */
+static int future_tell(PyObject *future, PyObject *method, PyObject *value)
 {
-    PyObject *r = PyObject_CallMethod(future, method, "O", value);
+    PyObject *r = PyObject_CallMethodOneArg(future, method, value);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
 }
@@ -113,20 +115,36 @@ static void check_drained(fqueue *q)
 {
     if (q->drained == Py_None || PySet_GET_SIZE(q->pending) > 0)
         return;
-    int done = future_done(q->drained);
+    int done = future_done(q->st, q->drained);
     if (done == 0)
-        done = future_tell(q->drained, "set_result", Py_None);
+        done = future_tell(q->drained, q->st->str_set_result, Py_None);
     if (done < 0)
         PyErr_WriteUnraisable(q->drained);
 }
 
+/* The model's shared count: add(n) */
 static int add_shared(fqueue *q, long long n)
 {
+    if (q->counter) {
+        as_counter_loop_add(q->shared, n);
+        return 0;
+    }
     PyObject *v = PyLong_FromLongLong(n);
     PyObject *r = v != NULL ? PyObject_CallOneArg(q->shared_add, v) : NULL;
     Py_XDECREF(v);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
+}
+
+/* The model's shared count: total(), or -1 with an exception set */
+static long long shared_total(fqueue *q)
+{
+    if (q->counter)
+        return as_counter_loop_total(q->shared);
+    PyObject *queued = PyObject_CallNoArgs(q->shared_total);
+    long long total = queued != NULL ? PyLong_AsLongLong(queued) : -1;
+    Py_XDECREF(queued);
+    return total;
 }
 
 /* ---- FrontRequest ---- */
@@ -235,7 +253,7 @@ static int rows_wrong(fqueue *q, freq *r, PyObject *outputs)
         if (!ok) {
             PyObject *exc = PyObject_CallFunction(q->wrong_rows, "OOOL", q->model, name, shape, r->samples);
             Py_DECREF(shape);
-            if (exc == NULL || future_tell(r->future, "set_exception", exc) < 0) {
+            if (exc == NULL || future_tell(r->future, q->st->str_set_exception, exc) < 0) {
                 Py_XDECREF(exc);
                 return -1;
             }
@@ -292,7 +310,7 @@ static PyObject *freq_vectorcall(PyObject *self, PyObject *const *args, size_t n
         Py_SETREF(q->last_dispatch, at);
         q->batches++;
     }
-    int told = future_done(r->future);
+    int told = future_done(q->st, r->future);
     if (told < 0)
         goto done;
     if (outputs != Py_None) {
@@ -304,7 +322,7 @@ static PyObject *freq_vectorcall(PyObject *self, PyObject *const *args, size_t n
             if (wrong < 0)
                 goto done;
             if (!wrong) {
-                if (future_tell(r->future, "set_result", outputs) < 0)
+                if (future_tell(r->future, q->st->str_set_result, outputs) < 0)
                     goto done;
                 q->requests++;
             }
@@ -318,7 +336,7 @@ static PyObject *freq_vectorcall(PyObject *self, PyObject *const *args, size_t n
         } else {
             Py_INCREF(exc);
         }
-        int rc = exc != NULL ? future_tell(r->future, "set_exception", exc) : -1;
+        int rc = exc != NULL ? future_tell(r->future, q->st->str_set_exception, exc) : -1;
         Py_XDECREF(exc);
         if (rc < 0)
             goto done;
@@ -363,7 +381,7 @@ PyType_Spec as_front_request_spec = {
 /* ---- FrontQueue ---- */
 
 #define FQ_OBJECTS(X)                                                                                            \
-    X(model) X(key) X(queue) X(link) X(targets) X(shared_add) X(shared_total) X(engine_error) X(request_timeout) \
+    X(model) X(key) X(queue) X(link) X(targets) X(shared) X(shared_add) X(shared_total) X(engine_error) X(request_timeout) \
     X(model_error) X(queue_full) X(wrong_rows) X(get_running_loop) X(heappush) X(heappop) X(request_name)        \
     X(request_kwnames)                                                                                           \
     X(loop) X(create_future) X(call_soon) X(flush) X(pending) X(deadlines) X(deferred) X(drained)                \
@@ -468,6 +486,8 @@ static int fq_init(fqueue *q, PyObject *args, PyObject *kw)
     Py_XSETREF(q->get_running_loop, get_loop);
     Py_XSETREF(q->heappush, push);
     Py_XSETREF(q->heappop, pop);
+    Py_XSETREF(q->shared, Py_NewRef(shared));
+    q->counter = Py_IS_TYPE(shared, q->st->counter_type);
     Py_XSETREF(q->shared_add, add);
     Py_XSETREF(q->shared_total, total);
     Py_XSETREF(q->request_kwnames, kwnames);
@@ -519,17 +539,19 @@ static PyObject *fq_submit(fqueue *q, PyObject *const *args, Py_ssize_t nargs, P
         return PyErr_Format(PyExc_TypeError, "submit: expected (inputs, samples), got %zd arguments", nargs);
     PyObject *deadline = Py_None, *trace = Py_None, *context = Py_None;
     Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    module_state *st = q->st;
     for (Py_ssize_t i = 0; i < nkw; i++) {
+        /* a call site's keywords are interned: the same objects as the module's names */
         PyObject *name = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
-        if (PyUnicode_CompareWithASCIIString(name, "deadline") == 0)
+        if (name == st->str_deadline || PyUnicode_Compare(name, st->str_deadline) == 0)
             deadline = value;
-        else if (PyUnicode_CompareWithASCIIString(name, "trace") == 0)
+        else if (name == st->str_trace || PyUnicode_Compare(name, st->str_trace) == 0)
             trace = value;
-        else if (PyUnicode_CompareWithASCIIString(name, "context") == 0)
+        else if (name == st->str_context || PyUnicode_Compare(name, st->str_context) == 0)
             context = value;
-        else if (PyUnicode_CompareWithASCIIString(name, "budget") != 0 &&
-                 PyUnicode_CompareWithASCIIString(name, "waited") != 0 &&
-                 PyUnicode_CompareWithASCIIString(name, "held") != 0)
+        else if (name != st->str_budget && name != st->str_waited && name != st->str_held &&
+                 PyUnicode_Compare(name, st->str_budget) != 0 && PyUnicode_Compare(name, st->str_waited) != 0 &&
+                 PyUnicode_Compare(name, st->str_held) != 0)
             return PyErr_Format(PyExc_TypeError, "submit: unexpected keyword argument %R", name);
     }
     if (q->model == NULL)
@@ -543,9 +565,7 @@ static PyObject *fq_submit(fqueue *q, PyObject *const *args, Py_ssize_t nargs, P
     if (samples == -1 && PyErr_Occurred())
         return NULL;
     double now = monotonic();
-    PyObject *queued = PyObject_CallNoArgs(q->shared_total);
-    long long total = queued != NULL ? PyLong_AsLongLong(queued) : -1;
-    Py_XDECREF(queued);
+    long long total = shared_total(q);
     if (total == -1 && PyErr_Occurred())
         return NULL;
     if (total > 0 && total + samples > q->max_queue_size) {
@@ -608,13 +628,14 @@ static PyObject *fq_submit(fqueue *q, PyObject *const *args, Py_ssize_t nargs, P
     }
     if (deadline != Py_None) {
         entry = PyTuple_Pack(2, deadline, (PyObject *)r);
-        PyObject *pushed = entry != NULL ? PyObject_CallFunctionObjArgs(q->heappush, q->deadlines, entry, NULL) : NULL;
+        PyObject *push[2] = {q->deadlines, entry};
+        PyObject *pushed = entry != NULL ? PyObject_Vectorcall(q->heappush, push, 2, NULL) : NULL;
         Py_XDECREF(entry);
         if (pushed == NULL)
             goto failed;
         Py_DECREF(pushed);
         if (at < q->expiry_at) {
-            PyObject *armed = PyObject_CallMethod((PyObject *)q, "_arm", "O", deadline);
+            PyObject *armed = PyObject_CallMethodOneArg((PyObject *)q, st->str__arm, deadline);
             if (armed == NULL)
                 goto failed;
             Py_DECREF(armed);
@@ -627,7 +648,7 @@ failed: {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PySet_Discard(q->pending, (PyObject *)r);
-    PyObject *cancelled = PyObject_CallMethod(future, "cancel", NULL);
+    PyObject *cancelled = PyObject_CallMethodNoArgs(future, st->str_cancel);
     Py_XDECREF(cancelled);
     PyErr_Restore(type, value, tb);
 }
@@ -694,7 +715,7 @@ static PyObject *fq_flush(fqueue *q, PyObject *Py_UNUSED(ignored))
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         freq *r = (freq *)PyList_GET_ITEM(deferred, i);
-        int done = future_done(r->future);
+        int done = future_done(q->st, r->future);
         if (done != 0) { /* withdrawn or timed out before it was handed on */
             if (done < 0)
                 PyErr_WriteUnraisable(r->future);
@@ -710,7 +731,8 @@ static PyObject *fq_flush(fqueue *q, PyObject *Py_UNUSED(ignored))
             PyErr_NormalizeException(&type, &value, &tb);
             if (tb != NULL)
                 PyException_SetTraceback(value, tb);
-            if (PySet_Discard(q->pending, (PyObject *)r) < 0 || future_tell(r->future, "set_exception", value) < 0)
+            if (PySet_Discard(q->pending, (PyObject *)r) < 0 ||
+                future_tell(r->future, q->st->str_set_exception, value) < 0)
                 PyErr_WriteUnraisable((PyObject *)q);
             Py_XDECREF(type);
             Py_XDECREF(value);

@@ -109,11 +109,11 @@ static int native_exec(PyObject *m)
     Py_DECREF(errors);
     if (st->engine_error == NULL || PyModule_AddObjectRef(m, "EngineError", st->engine_error) < 0)
         return -1;
-    st->str_datatype = PyUnicode_InternFromString("datatype");
-    st->str_shape = PyUnicode_InternFromString("shape");
-    st->str_data = PyUnicode_InternFromString("data");
-    if (st->str_datatype == NULL || st->str_shape == NULL || st->str_data == NULL)
+#define INTERN(name)                                                                                             \
+    if ((st->str_##name = PyUnicode_InternFromString(#name)) == NULL)                                            \
         return -1;
+    AS_NAMES(INTERN)
+#undef INTERN
     st->pool_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_pool_spec, NULL);
     if (st->pool_type == NULL || PyModule_AddType(m, st->pool_type) < 0)
         return -1;
@@ -171,9 +171,9 @@ static int native_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->v2binary_type);
     Py_VISIT(st->front_queue_type);
     Py_VISIT(st->front_request_type);
-    Py_VISIT(st->str_datatype);
-    Py_VISIT(st->str_shape);
-    Py_VISIT(st->str_data);
+#define VISIT(name) Py_VISIT(st->str_##name);
+    AS_NAMES(VISIT)
+#undef VISIT
     return 0;
 }
 
@@ -191,9 +191,9 @@ static int native_clear(PyObject *m)
     Py_CLEAR(st->v2binary_type);
     Py_CLEAR(st->front_queue_type);
     Py_CLEAR(st->front_request_type);
-    Py_CLEAR(st->str_datatype);
-    Py_CLEAR(st->str_shape);
-    Py_CLEAR(st->str_data);
+#define CLEAR(name) Py_CLEAR(st->str_##name);
+    AS_NAMES(CLEAR)
+#undef CLEAR
     return 0;
 }
 
