@@ -55,6 +55,10 @@ from .router import Dispatcher, too_large
 log = logging.getLogger("aserve.server")
 
 MAX_FIELDS = 128  # header fields in one request (more: 431)
+# an answer of at most this many bytes in several buffers (a binary tensor's, after its head and
+# JSON header) is joined and written as one: uvloop writes one buffer at once, and queues
+# several as a write request with a completion to run; a larger one goes as it is, uncopied
+JOINED_ANSWER_BYTES = 16384
 KNOWN_HEAD_BYTES = 2048  # longest head kept byte for byte (`HttpServer.raw_heads`)
 PIPELINE_LIMIT = 1 << 20  # body bytes waiting behind the request in progress before reading stops
 MAX_WAITING = 32  # requests waiting behind the one in progress before reading stops
@@ -657,8 +661,8 @@ class Connection(asyncio.Protocol):
             data = encode(response, close=close, head_only=request.method == "HEAD")
             if len(data) == 1:
                 transport.write(data[0])
-            elif len(data) == 2 and len(data[1]) < 4096:
-                transport.write(data[0] + data[1])
+            elif sum(map(len, data)) <= JOINED_ANSWER_BYTES:
+                transport.write(b"".join(data))
             else:
                 transport.writelines(data)
             if logged and server.access_log is not None:
