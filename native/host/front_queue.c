@@ -774,6 +774,8 @@ static PyMemberDef fq_members[] = {
     {"max_queue_size", T_LONGLONG, offsetof(fqueue, max_queue_size), READONLY, NULL},
     {"window_ns", T_LONGLONG, offsetof(fqueue, window_ns), READONLY, "the window rule's max_queue_delay"},
     {"loop", T_OBJECT, offsetof(fqueue, loop), READONLY, "the loop that took its first request, or None"},
+    {"link", T_OBJECT, offsetof(fqueue, link), READONLY,
+     "the Link its flush queues requests on directly, or None (the queue's request() is called)"},
     {"pending", T_OBJECT, offsetof(fqueue, pending), READONLY,
      "set of FrontRequest: queued or running, their completion not yet come"},
     {"deadlines", T_OBJECT, offsetof(fqueue, deadlines), READONLY,

@@ -112,6 +112,7 @@ class FrontQueue:
     max_queue_size: int
     window_ns: int
     loop: asyncio.AbstractEventLoop | None
+    link: Link | None
     pending: set[FrontRequest]
     deadlines: list[tuple[float, FrontRequest]]
     deferred: list[FrontRequest]

@@ -294,3 +294,83 @@ async def test_a_fronts_request_is_told_by_the_links_drain_and_one_that_raises_i
     finally:
         link.close()
         await p.close(timeout=5)
+
+
+NAP_MODEL = '''
+import time
+from aserve.runtime import Model, TensorSpec
+
+class Nap(Model):
+    inputs = [TensorSpec("MS", "FP32", (-1, 1))]
+    outputs = [TensorSpec("MS", "FP32", (-1, 1))]
+
+    def __call__(self, inputs):
+        ms = inputs["MS"].cast("B").cast("f")
+        time.sleep(max(ms) / 1000.0)
+        return {"MS": [[m] for m in ms]}
+'''
+
+NAP_CONFIG = '''
+max_batch_size = 4
+interpreters = 1
+[[inputs]]
+name = "MS"
+datatype = "FP32"
+shape = [-1, 1]
+[[outputs]]
+name = "MS"
+datatype = "FP32"
+shape = [-1, 1]
+[batching]
+max_queue_delay_ms = 1.0
+'''
+
+
+async def test_a_fronts_queue_over_the_link_times_out_withdraws_and_drains(tmp_path: pathlib.Path) -> None:
+    """A front's NativeBatcher over a real Link (FrontQueue's path in C to the pool's queue):
+    a request whose deadline passes while it waits leaves the pool's queue and fails with
+    RequestTimeout; a withdrawn one leaves it too; the one running is answered; closing
+    waits for it; every count is the pool's and the loop's, once."""
+    import time
+
+    from aserve import _native
+    from aserve.server.front import LinkEngine, front_handle
+    from aserve.server.loops import front_model
+    from aserve.tensor import Tensor
+
+    repo = write_repository(tmp_path / "repo", {"nap": (NAP_MODEL, NAP_CONFIG)})
+    p = DataPlane(repo, ServerSettings(engine="private", interpreters=1))
+    p.registry.queue_fronts = 1
+    await p.start()
+    loop = asyncio.get_running_loop()
+    link = LinkEngine(_native.link_api(), loop, lambda pool, job: None)
+    try:
+        m = front_model(p.model("nap"), 1)
+        handle = front_handle(m, p, link, {}, 0, p.settings)
+        link.add(m, handle, 0)
+        batcher = handle.batcher
+        assert isinstance(batcher, NativeBatcher) and batcher.link is not None
+
+        def nap(ms: float) -> list[Tensor]:
+            return [Tensor("FP32", (1, 1), struct.pack("<f", ms))]
+
+        running = batcher.submit(nap(300.0), 1, deadline=time.monotonic() + 30)
+        await until(lambda: batcher.running == 1, what="the long request to run")
+        late = batcher.submit(nap(1.0), 1, deadline=time.monotonic() + 0.05)
+        gone = batcher.submit(nap(1.0), 1, deadline=time.monotonic() + 30)
+        await until(lambda: batcher.queued == 2, what="the two to wait in the pool's queue")
+        gone.cancel()
+        batcher.withdraw(gone)
+        with pytest.raises(RequestTimeout, match="timed out after"):
+            await late
+        await until(lambda: batcher.queued == 0, what="both to leave the pool's queue")
+        closing = asyncio.ensure_future(batcher.close(timeout=10))
+        outputs = await running
+        assert struct.unpack("<f", bytes(outputs["MS"].data)) == (300.0,) and outputs["MS"].shape == (1, 1)
+        await asyncio.wait_for(closing, 10)
+        stats = batcher.stats()
+        assert (stats["requests"], stats["timed_out"], stats["cancelled"], stats["batches"]) == (1, 1, 0, 1)
+        assert not batcher.pending and link.in_flight == 0
+    finally:
+        link.close()
+        await p.close(timeout=5)
