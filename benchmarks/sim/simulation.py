@@ -401,8 +401,9 @@ class _WithoutAdmission:
         self._policy = policy
 
     def decide(self, now: float, queue: Sequence[Pending], *, idle: int, running: int,
-               max_batch_size: int) -> Decision:
-        return self._policy.decide(now, queue, idle=idle, running=running, max_batch_size=max_batch_size)
+               max_batch_size: int, queued: int | None = None) -> Decision:
+        return self._policy.decide(now, queue, idle=idle, running=running, max_batch_size=max_batch_size,
+                                   queued=queued)
 
     def observe(self, samples: int, seconds: float) -> None:
         self._policy.observe(samples, seconds)

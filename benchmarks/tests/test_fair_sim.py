@@ -24,7 +24,7 @@ class Holding:
         self.asked = 0
 
     def decide(self, now: float, queue: Sequence[Pending], *, idle: int, running: int,
-               max_batch_size: int) -> Decision:
+               max_batch_size: int, queued: int | None = None) -> Decision:
         self.asked += 1
         if idle <= 0:
             return Decision(0, None)

@@ -83,7 +83,7 @@ class Scripted:
         self.calls = 0
 
     def decide(self, now: float, queue: Sequence[Pending], *, idle: int, running: int,
-               max_batch_size: int) -> Decision:
+               max_batch_size: int, queued: int | None = None) -> Decision:
         self.calls += 1
         return self.script.get(self.calls, Decision(0, None))
 

@@ -27,7 +27,7 @@ class Scripted:
         self.observed: list[tuple[int, float]] = []
 
     def decide(self, now: float, queue: Sequence[Pending], *, idle: int, running: int,
-               max_batch_size: int) -> Decision:
+               max_batch_size: int, queued: int | None = None) -> Decision:
         self.calls.append((now, len(queue), idle, running))
         return self.script.get(len(self.calls), self.default)
 
@@ -102,8 +102,8 @@ def test_admission_refusals_and_summaries() -> None:
             return 2.5 if queued_samples + samples > 2 else None
 
         def decide(self, now: float, queue: Sequence[Pending], *, idle: int, running: int,
-                   max_batch_size: int) -> Decision:
-            super().decide(now, queue, idle=idle, running=running, max_batch_size=max_batch_size)
+                   max_batch_size: int, queued: int | None = None) -> Decision:
+            super().decide(now, queue, idle=idle, running=running, max_batch_size=max_batch_size, queued=queued)
             return Decision(len(queue), None) if running == 0 else WAIT
 
     policy = Refusing()
@@ -128,7 +128,7 @@ def test_requests_carry_their_own_budget() -> None:
 
     class Recording(Scripted):
         def decide(self, now: float, queue: Sequence[Pending], *, idle: int, running: int,
-                   max_batch_size: int) -> Decision:
+                   max_batch_size: int, queued: int | None = None) -> Decision:
             seen.append(tuple(p.budget for p in queue))
             return Decision(len(queue), None)
 

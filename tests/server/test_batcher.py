@@ -44,6 +44,22 @@ def test_window_full_batch_and_no_slot() -> None:
     assert w.decide(5.0, q, idle=1, running=1, max_batch_size=0) == Decision(1, None)
 
 
+def test_window_decides_the_same_told_the_queues_samples_as_walking_it() -> None:
+    """The batcher tells the policy its queue's samples (it counts them as they come and go):
+    the decision is the one a walk of the queue makes, for queues that fit one batch and
+    queues that do not."""
+    rng = np.random.default_rng(7)
+    w = WindowPolicy(max_queue_delay=0.010)
+    for _ in range(500):
+        q = [P(5.0 + 0.001 * i, int(rng.integers(1, 9))) for i in range(int(rng.integers(1, 12)))]
+        now, running, idle = 5.0 + float(rng.random()) * 0.02, int(rng.integers(0, 2)), int(rng.integers(0, 2))
+        for limit in (0, 8, 32):
+            walked = w.decide(now, q, idle=idle, running=running, max_batch_size=limit)
+            told = w.decide(now, q, idle=idle, running=running, max_batch_size=limit,
+                            queued=sum(p.samples for p in q))
+            assert told == walked, (q, limit)
+
+
 def test_window_deadline_inside_window_dispatches() -> None:
     w = WindowPolicy(max_queue_delay=0.010)
     assert w.decide(5.0, [P(5.0, 1, 5.005)], idle=1, running=1, max_batch_size=8) == Decision(1, None)

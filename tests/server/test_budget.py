@@ -100,9 +100,9 @@ class _Seeing(WindowPolicy):
         self.seen: list[tuple[float | None, float, float]] = []
 
     def decide(self, now: float, queue: Sequence[Pending], *, idle: int, running: int,
-               max_batch_size: int) -> Decision:
+               max_batch_size: int, queued: int | None = None) -> Decision:
         self.seen.extend((p.budget, p.arrival, p.waited) for p in queue)
-        return super().decide(now, queue, idle=idle, running=running, max_batch_size=max_batch_size)
+        return super().decide(now, queue, idle=idle, running=running, max_batch_size=max_batch_size, queued=queued)
 
 
 @pytest.mark.host_loop  # shown what the host's batcher sees

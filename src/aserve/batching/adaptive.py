@@ -260,7 +260,8 @@ class AdaptivePolicy:
     # ---- the policy ----
 
     def decide(
-        self, now: float, queue: Sequence[Pending], *, idle: int, running: int, max_batch_size: int
+        self, now: float, queue: Sequence[Pending], *, idle: int, running: int, max_batch_size: int,
+        queued: int | None = None,
     ) -> Decision:
         """The rules, in order ("budget" is the head request's):
           1. no free interpreter: wait for a completion; a model that does not batch:

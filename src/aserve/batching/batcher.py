@@ -480,7 +480,8 @@ class Batcher:
             loop = self._loop
             assert loop is not None
             decision = self.policy.decide(
-                self._clock(), queue, idle=idle, running=self._running, max_batch_size=self.max_batch_size
+                self._clock(), queue, idle=idle, running=self._running, max_batch_size=self.max_batch_size,
+                queued=self._queued_samples,
             )
             if decision.take <= 0:
                 wake_at = decision.wake_at

@@ -48,19 +48,24 @@ class Decision(NamedTuple):
 
 class BatchPolicy(Protocol):
     def decide(
-        self, now: float, queue: Sequence[Pending], *, idle: int, running: int, max_batch_size: int
-    ) -> Decision: ...
+        self, now: float, queue: Sequence[Pending], *, idle: int, running: int, max_batch_size: int,
+        queued: int | None = None,
+    ) -> Decision: ...  # queued: the queue's samples summed, where the caller counts them
 
     def observe(self, samples: int, seconds: float) -> None: ...  # a batch of `samples` took `seconds`
 
 
-def fitting(queue: Sequence[Pending], max_batch_size: int) -> tuple[int, int]:
+def fitting(queue: Sequence[Pending], max_batch_size: int, queued: int | None = None) -> tuple[int, int]:
     """How many requests from the head fit in one batch of at most max_batch_size samples (at
-    least 1), and their samples.
+    least 1), and their samples. `queued`, where known, is the queue's samples summed: when
+    they fit in one batch, all of it does, told without a walk of the queue (asked at each
+    arrival, a walk would cost a batch of n requests n²/2 steps).
 
     With max_batch_size 0 (the model does not batch) every request goes alone."""
     if max_batch_size <= 0:
         return 1, queue[0].samples
+    if queued is not None and queued <= max_batch_size:
+        return len(queue), queued
     total = 0
     n = 0
     for p in queue:
@@ -100,13 +105,14 @@ class WindowPolicy:
         self.max_queue_delay = max_queue_delay
 
     def decide(
-        self, now: float, queue: Sequence[Pending], *, idle: int, running: int, max_batch_size: int
+        self, now: float, queue: Sequence[Pending], *, idle: int, running: int, max_batch_size: int,
+        queued: int | None = None,
     ) -> Decision:
         if idle <= 0 or not queue:
             return WAIT
         if max_batch_size <= 0:
             return Decision(1, None)
-        n, samples = fitting(queue, max_batch_size)
+        n, samples = fitting(queue, max_batch_size, queued)
         if n < len(queue) or running == 0 or samples >= max_batch_size:
             # more than one batch's worth is queued, or exactly one (rule 3), or nothing is
             # running (rule 4)
