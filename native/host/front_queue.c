@@ -615,16 +615,25 @@ static PyObject *fq_submit(fqueue *q, PyObject *const *args, Py_ssize_t nargs, P
     }
     PyObject_GC_Track(r);
     PyObject *entry = NULL;
-    if (PyList_Append(q->deferred, (PyObject *)r) < 0 || PySet_Add(q->pending, (PyObject *)r) < 0)
+    if (PySet_Add(q->pending, (PyObject *)r) < 0)
         goto failed;
-    if (add_shared(q, samples) < 0) /* queued on this loop until the flush hands it on */
-        goto failed;
-    if (!q->flushing) {
+    if (!q->flushing) { /* before it is deferred: a deferred request always has its flush to come */
         PyObject *handle = PyObject_CallOneArg(q->call_soon, q->flush);
         if (handle == NULL)
             goto failed;
         Py_DECREF(handle);
         q->flushing = 1;
+    }
+    /* counted as queued on this loop until the flush hands it on (and takes its samples off) */
+    if (add_shared(q, samples) < 0)
+        goto failed;
+    if (PyList_Append(q->deferred, (PyObject *)r) < 0) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (add_shared(q, -samples) < 0)
+            PyErr_WriteUnraisable((PyObject *)q);
+        PyErr_Restore(type, value, tb);
+        goto failed;
     }
     if (deadline != Py_None) {
         entry = PyTuple_Pack(2, deadline, (PyObject *)r);
@@ -644,7 +653,7 @@ static PyObject *fq_submit(fqueue *q, PyObject *const *args, Py_ssize_t nargs, P
     Py_DECREF(r);
     return future;
 failed: {
-    /* taken in as far as it went: the flush drops it, its future never told */
+    /* not taken in, or taken in as far as it went: its future is cancelled, so a flush drops it */
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PySet_Discard(q->pending, (PyObject *)r);
