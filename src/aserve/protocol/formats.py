@@ -24,7 +24,7 @@ MSGPACK_TYPES = frozenset({MSGPACK, "application/x-msgpack", "application/vnd.ms
 CONTENT_TYPES: dict[str, str] = {"json": JSON, "msgpack": MSGPACK}
 
 # What decoding a malformed body raises: msgspec's errors, and UnicodeDecodeError and
-# RecursionError which msgspec lets through for bad UTF-8 and deep nesting.
+# RecursionError which msgspec lets through for deep nesting, and before 0.23 for bad UTF-8.
 DECODE_ERRORS = (msgspec.MsgspecError, UnicodeDecodeError, RecursionError)
 
 _json_encoder = msgspec.json.Encoder()
