@@ -40,7 +40,8 @@ typedef struct {
     PyObject *batch_sizes;   /* {samples: [batches led, their seconds summed]} */
     PyObject *last_dispatch; /* clock time the last batch it led started, or None */
     double expiry_at;        /* when the deadline timer fires (inf: it is not armed) */
-    int closed, flushing;
+    char closed; /* a T_BOOL member: a char */
+    int flushing;
     long long batches, requests, refused, timed_out, cancelled;
     double queue_seconds, compute_seconds;
     module_state *st;
