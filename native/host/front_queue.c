@@ -697,6 +697,16 @@ static PyObject *hand_on(fqueue *q, freq *r)
     return job;
 }
 
+/* The queue object's hold() or release(), where there is no Link; what it raises is reported,
+ * not raised: every request taken in is still handed on or told its failure. */
+static void call_queue(fqueue *q, const char *method)
+{
+    PyObject *r = PyObject_CallMethod(q->queue, method, NULL);
+    if (r == NULL)
+        PyErr_WriteUnraisable(q->queue);
+    Py_XDECREF(r);
+}
+
 /* flush(): hand the requests taken in since the last flush to the pool, together: once per
  * loop iteration, after every connection's bytes were read, so a worker that frees finds
  * them all queued and batches them, rather than the first alone. One that cannot be handed
@@ -715,13 +725,11 @@ static PyObject *fq_flush(fqueue *q, PyObject *Py_UNUSED(ignored))
         samples += ((freq *)PyList_GET_ITEM(deferred, i))->samples;
     if (n > 0 && add_shared(q, -samples) < 0)
         PyErr_WriteUnraisable((PyObject *)q);
-    PyObject *r0 = NULL;
     if (n > 0) { /* queued together: an interpreter woken by the first finds the rest queued */
         if (q->link != NULL)
             as_link_hold(q->link);
-        else if ((r0 = PyObject_CallMethod(q->queue, "hold", NULL)) == NULL)
-            goto fail;
-        Py_XDECREF(r0);
+        else
+            call_queue(q, "hold"); /* if it fails, the requests are still handed on, one by one */
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         freq *r = (freq *)PyList_GET_ITEM(deferred, i);
@@ -755,16 +763,12 @@ static PyObject *fq_flush(fqueue *q, PyObject *Py_UNUSED(ignored))
     if (n > 0) {
         if (q->link != NULL)
             as_link_release(q->link);
-        else if ((r0 = PyObject_CallMethod(q->queue, "release", NULL)) == NULL)
-            goto fail;
-        Py_XDECREF(r0);
+        else
+            call_queue(q, "release");
     }
     Py_DECREF(deferred);
     check_drained(q);
     Py_RETURN_NONE;
-fail:
-    Py_DECREF(deferred);
-    return NULL;
 }
 
 static PyMethodDef fq_methods[] = {

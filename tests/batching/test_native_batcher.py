@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import time
 import weakref
 from collections.abc import Sequence
@@ -237,3 +238,24 @@ async def test_a_closed_batcher_and_its_answered_requests_are_collected() -> Non
     del b, futures
     gc.collect()
     assert ref() is None
+
+
+async def test_a_queue_that_cannot_hold_still_gets_every_request_and_the_failure_is_reported(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    queue = Queue()
+    b = batcher(queue, max_queue_size=8)
+    reported: list[BaseException | None] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_value))
+
+    def cannot() -> None:
+        raise RuntimeError("no hold today")
+
+    released: list[int] = []
+    queue.hold = cannot  # type: ignore[method-assign]
+    queue.release = lambda: released.append(len(queue.jobs))  # type: ignore[method-assign]
+    futures = [b.submit(X, 1) for _ in range(2)]
+    await until(lambda: len(queue.jobs) == 2, what="the loop to hand its requests on")
+    assert [str(e) for e in reported] == ["no hold today"] and released == [2]
+    for job in sorted(queue.jobs):
+        queue.answer(job)
+    assert all(f.result() is not None for f in futures)
