@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             told.append(timeit.timeit(functools.partial(policy.decide, 5.0001, queue, idle=1, running=1,
                                                         max_batch_size=64, queued=n),
                                       number=args.number) / args.number * 1e6)
-        w, t = statistics.median(walk), statistics.median(told)
-        records.append({"bench": "decide", "length": n, "walk_us": round(w, 3), "told_us": round(t, 3),
+        w, t = round(statistics.median(walk), 3), round(statistics.median(told), 3)
+        records.append({"bench": "decide", "length": n, "walk_us": w, "told_us": t,
                         "told_over_walk": round(t / w, 3), "rounds": args.rounds, "python": sys.version.split()[0]})
         print(json.dumps(records[-1]), flush=True)
     if args.json:
