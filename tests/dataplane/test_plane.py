@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import json
 import pathlib
 import struct
 import sys
+from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 import pytest
@@ -197,24 +200,37 @@ async def test_each_model_reports_the_memory_its_load_added(tmp_path: pathlib.Pa
         await p.close(timeout=5)
 
 
+@contextlib.asynccontextmanager
+async def front_of(tmp_path: pathlib.Path, name: str, model: tuple[str, str],
+                   **settings: Any) -> AsyncIterator[tuple[DataPlane, Any, dict[str, Any], Any]]:
+    """A plane serving `model` as `name` on one private interpreter, and a front loop's side of
+    it on this loop (`--loops 1`): (the plane, the front's LinkEngine, the model as the host
+    lists it to fronts, the front's handle of it)."""
+    from aserve import _native
+    from aserve.server.front import LinkEngine, front_handle
+    from aserve.server.loops import front_model
+
+    repo = write_repository(tmp_path / "repo", {name: model})
+    p = DataPlane(repo, ServerSettings(**{"engine": "private", "interpreters": 1, **settings}))
+    p.registry.queue_fronts = 1  # each model's queue Counter, laid out for one front loop
+    await p.start()
+    link = LinkEngine(_native.link_api(), asyncio.get_running_loop(), lambda pool, job: None)
+    try:
+        m = front_model(p.model(name), 1)
+        handle = front_handle(m, p, link, {}, 0, p.settings)
+        link.add(m, handle, 0)
+        yield p, link, m, handle
+    finally:
+        link.close()
+        await p.close(timeout=5)
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 async def test_a_fronts_requests_of_one_iteration_run_as_one_batch(tmp_path: pathlib.Path, engine: str) -> None:
     """A front loop (`--loops`) hands the pool the requests it took in during one loop
     iteration together: an interpreter polling for work when the first arrives finds the
     others queued too, and runs them as one batch, as the host's window policy would."""
-    from aserve import _native
-    from aserve.server.front import LinkEngine, front_handle
-    from aserve.server.loops import front_model
-
-    repo = write_repository(tmp_path / "repo", {"add": MODELS["add"]})
-    p = DataPlane(repo, ServerSettings(engine=engine, interpreters=1, spin_always=True))
-    p.registry.queue_fronts = 1  # each model's queue Counter, laid out for one front loop
-    await p.start()
-    link = LinkEngine(_native.link_api(), asyncio.get_running_loop(), lambda pool, job: None)
-    try:
-        m = front_model(p.model("add"), 1)
-        handle = front_handle(m, p, link, {}, 0, p.settings)
-        link.add(m, handle, 0)
+    async with front_of(tmp_path, "add", MODELS["add"], engine=engine, spin_always=True) as (p, _, _, handle):
         batcher = handle.batcher
         assert isinstance(batcher, NativeBatcher)  # batched in the pool, by the window rule in C
         # one request first: the interpreter then polls for the next (spin_always)
@@ -226,9 +242,6 @@ async def test_a_fronts_requests_of_one_iteration_run_as_one_batch(tmp_path: pat
             assert [a["SUM"] for a in answers] == [[i + 1, i + 2, i + 3, i + 4] for i in range(8)]
             assert [a["DIFF"] for a in answers] == [[i - 1, i - 2, i - 3, i - 4] for i in range(8)]
         assert {rows: counts[0] for rows, counts in batcher.batch_sizes.items()} == {1: 1, 8: 20}
-    finally:
-        link.close()
-        await p.close(timeout=5)
 
 
 async def test_a_fronts_request_is_told_by_the_links_drain_and_one_that_raises_is_reported(
@@ -238,23 +251,13 @@ async def test_a_fronts_request_is_told_by_the_links_drain_and_one_that_raises_i
     reported to the loop's exception handler and the others of the same drain are still told."""
     import numpy as np
 
-    from aserve import _native
     from aserve.errors import ModelError
-    from aserve.server.front import LinkEngine, front_handle
-    from aserve.server.loops import front_model
     from aserve.tensor import Tensor
 
-    repo = write_repository(tmp_path / "repo", {"add": MODELS["add"]})
-    p = DataPlane(repo, ServerSettings(engine="private", interpreters=1))
-    p.registry.queue_fronts = 1
-    await p.start()
     loop = asyncio.get_running_loop()
     reported: list[BaseException] = []
     loop.set_exception_handler(lambda _, context: reported.append(context["exception"]))
-    link = LinkEngine(_native.link_api(), loop, lambda pool, job: None)
-    try:
-        m = front_model(p.model("add"), 1)
-        link.add(m, front_handle(m, p, link, {}, 0, p.settings), 0)
+    async with front_of(tmp_path, "add", MODELS["add"]) as (_, link, m, _):
         told: list[tuple[object, ...]] = []
         everyone = loop.create_future()
 
@@ -291,9 +294,6 @@ async def test_a_fronts_request_is_told_by_the_links_drain_and_one_that_raises_i
         outputs, error, led, start, end = await failed
         assert outputs is None and isinstance(error, ModelError) and "A starts with -999" in str(error)
         assert (led, start, end) == (0, 0, 0)
-    finally:
-        link.close()
-        await p.close(timeout=5)
 
 
 NAP_MODEL = '''
@@ -333,21 +333,9 @@ async def test_a_fronts_queue_over_the_link_times_out_withdraws_and_drains(tmp_p
     waits for it; every count is the pool's and the loop's, once."""
     import time
 
-    from aserve import _native
-    from aserve.server.front import LinkEngine, front_handle
-    from aserve.server.loops import front_model
     from aserve.tensor import Tensor
 
-    repo = write_repository(tmp_path / "repo", {"nap": (NAP_MODEL, NAP_CONFIG)})
-    p = DataPlane(repo, ServerSettings(engine="private", interpreters=1))
-    p.registry.queue_fronts = 1
-    await p.start()
-    loop = asyncio.get_running_loop()
-    link = LinkEngine(_native.link_api(), loop, lambda pool, job: None)
-    try:
-        m = front_model(p.model("nap"), 1)
-        handle = front_handle(m, p, link, {}, 0, p.settings)
-        link.add(m, handle, 0)
+    async with front_of(tmp_path, "nap", (NAP_MODEL, NAP_CONFIG)) as (_, link, _, handle):
         batcher = handle.batcher
         assert isinstance(batcher, NativeBatcher) and batcher.link is not None
 
@@ -371,6 +359,3 @@ async def test_a_fronts_queue_over_the_link_times_out_withdraws_and_drains(tmp_p
         stats = batcher.stats()
         assert (stats["requests"], stats["timed_out"], stats["cancelled"], stats["batches"]) == (1, 1, 0, 1)
         assert not batcher.pending and link.in_flight == 0
-    finally:
-        link.close()
-        await p.close(timeout=5)
