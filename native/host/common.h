@@ -24,7 +24,7 @@ typedef struct as_engine {
 
 #define AS_NAMES(X)                                                                                              \
     X(datatype) X(shape) X(data) X(done) X(set_result) X(set_exception) X(cancel) X(_arm) X(deadline) X(budget)  \
-    X(trace) X(waited) X(context) X(held)
+    X(trace) X(waited) X(context) X(held) X(request)
 
 typedef struct {
     PyTypeObject *pool_type;

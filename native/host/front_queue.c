@@ -27,9 +27,10 @@ typedef struct {
     PyObject *targets; /* with a Link: the queue's {key: (pool address, Link.target)} */
     PyObject *shared, *shared_add, *shared_total;
     int counter; /* shared is a _native.Counter: added to and read in C */
-    PyObject *engine_error, *request_timeout, *model_error, *queue_full, *wrong_rows;
+    PyObject *engine_error, *request_timeout, *model_error;
+    PyObject *queue_full, *wrong_rows, *count_batch; /* batching's rules, called off the hot path */
     long long max_batch_size, max_queue_size, window_ns;
-    PyObject *get_running_loop, *heappush, *heappop, *request_name, *request_kwnames;
+    PyObject *get_running_loop, *heappush, *heappop, *request_kwnames;
     /* the loop, once a request came */
     PyObject *loop, *create_future, *call_soon, *flush;
     /* state */
@@ -78,19 +79,6 @@ static module_state *state_of(PyTypeObject *tp)
         PyErr_Clear();
     }
     return NULL;
-}
-
-static int raise_text(PyObject *type, const char *fmt, ...)
-{
-    va_list va;
-    va_start(va, fmt);
-    PyObject *text = PyUnicode_FromFormatV(fmt, va);
-    va_end(va);
-    if (text != NULL) {
-        PyErr_SetObject(type, text);
-        Py_DECREF(text);
-    }
-    return -1;
 }
 
 /* future.done(): 1, 0, or -1 with an exception set */
@@ -197,39 +185,6 @@ static Py_hash_t freq_hash(PyObject *a)
     return x == -1 ? -2 : x;
 }
 
-/* {samples: [batches, seconds]}: one more batch of `samples` that ran `seconds` */
-static int count_batch(PyObject *sizes, long long samples, double seconds)
-{
-    PyObject *k = PyLong_FromLongLong(samples);
-    if (k == NULL)
-        return -1;
-    PyObject *counted = PyDict_GetItemWithError(sizes, k); /* borrowed */
-    int rc = -1;
-    if (counted == NULL) {
-        if (!PyErr_Occurred()) {
-            PyObject *entry = Py_BuildValue("[id]", 1, seconds);
-            rc = entry != NULL ? PyDict_SetItem(sizes, k, entry) : -1;
-            Py_XDECREF(entry);
-        }
-    } else if (PyList_Check(counted) && PyList_GET_SIZE(counted) == 2) {
-        long long n = PyLong_AsLongLong(PyList_GET_ITEM(counted, 0));
-        double s = PyFloat_AsDouble(PyList_GET_ITEM(counted, 1));
-        PyObject *nn = PyErr_Occurred() ? NULL : PyLong_FromLongLong(n + 1), *ss = PyFloat_FromDouble(s + seconds);
-        if (nn != NULL && ss != NULL) {
-            PyList_SetItem(counted, 0, nn); /* steals */
-            PyList_SetItem(counted, 1, ss);
-            rc = 0;
-        } else {
-            Py_XDECREF(nn);
-            Py_XDECREF(ss);
-        }
-    } else {
-        PyErr_SetString(PyExc_TypeError, "FrontQueue.batch_sizes: expected [batches, seconds] lists");
-    }
-    Py_DECREF(k);
-    return rc;
-}
-
 /* The outputs' first dimension is each the request's rows: 0, or 1 after the future was
  * told wrong_rows(model, name, shape, samples); -1 with an exception set. */
 static int rows_wrong(fqueue *q, freq *r, PyObject *outputs)
@@ -288,9 +243,8 @@ static PyObject *freq_vectorcall(PyObject *self, PyObject *const *args, size_t n
     if (PySet_Discard(q->pending, self) < 0)
         goto done;
     while (PyList_GET_SIZE(q->deadlines) > 0) { /* the answered ones on top hold nothing more */
-        PyObject *top = PyList_GET_ITEM(q->deadlines, 0);
-        int held = PyTuple_Check(top) && PyTuple_GET_SIZE(top) == 2 ? PySet_Contains(q->pending, PyTuple_GET_ITEM(top, 1))
-                                                                    : 1;
+        PyObject *top = PyList_GET_ITEM(q->deadlines, 0); /* (deadline, request): submit's */
+        int held = PySet_Contains(q->pending, PyTuple_GET_ITEM(top, 1));
         if (held != 0) {
             if (held < 0)
                 goto done;
@@ -302,12 +256,15 @@ static PyObject *freq_vectorcall(PyObject *self, PyObject *const *args, size_t n
         Py_DECREF(gone);
     }
     double seconds = (double)(end_ns - start_ns) / 1e9;
-    if (led > 0) {
+    if (led > 0) { /* once per batch: batching.batcher.count_batch, as the host's batcher counts */
         PyObject *at = PyFloat_FromDouble((double)start_ns / 1e9);
-        if (at == NULL || count_batch(q->batch_sizes, led, seconds) < 0) {
+        PyObject *counted = at != NULL ? PyObject_CallFunction(q->count_batch, "OLd", q->batch_sizes, led, seconds)
+                                       : NULL;
+        if (counted == NULL) {
             Py_XDECREF(at);
             goto done;
         }
+        Py_DECREF(counted);
         Py_SETREF(q->last_dispatch, at);
         q->batches++;
     }
@@ -381,12 +338,11 @@ PyType_Spec as_front_request_spec = {
 
 /* ---- FrontQueue ---- */
 
-#define FQ_OBJECTS(X)                                                                                            \
-    X(model) X(key) X(queue) X(link) X(targets) X(shared) X(shared_add) X(shared_total) X(engine_error) X(request_timeout) \
-    X(model_error) X(queue_full) X(wrong_rows) X(get_running_loop) X(heappush) X(heappop) X(request_name)        \
-    X(request_kwnames)                                                                                           \
-    X(loop) X(create_future) X(call_soon) X(flush) X(pending) X(deadlines) X(deferred) X(drained)                \
-    X(batch_sizes) X(last_dispatch)
+#define FQ_OBJECTS(X)                                                                                    \
+    X(model) X(key) X(queue) X(link) X(targets) X(shared) X(shared_add) X(shared_total) X(engine_error)  \
+    X(request_timeout) X(model_error) X(queue_full) X(wrong_rows) X(count_batch) X(get_running_loop)     \
+    X(heappush) X(heappop) X(request_kwnames) X(loop) X(create_future) X(call_soon) X(flush) X(pending)  \
+    X(deadlines) X(deferred) X(drained) X(batch_sizes) X(last_dispatch)
 
 static int fq_traverse(fqueue *q, visitproc visit, void *arg)
 {
@@ -440,17 +396,17 @@ static PyObject *fq_new(PyTypeObject *tp, PyObject *Py_UNUSED(args), PyObject *P
 static int fq_init(fqueue *q, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"model", "key", "queue", "shared", "max_batch_size", "max_queue_size", "window_ns",
-                             "errors", "link", "targets", NULL};
-    PyObject *model = NULL, *key = NULL, *queue = NULL, *shared = NULL, *errors = NULL, *link = Py_None,
-             *targets = Py_None;
+                             "errors", "rules", "link", "targets", NULL};
+    PyObject *model = NULL, *key = NULL, *queue = NULL, *shared = NULL, *errors = NULL, *rules = NULL,
+             *link = Py_None, *targets = Py_None;
     long long max_batch_size = -1, max_queue_size = -1, window_ns = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$UUOOLLLO!OO:FrontQueue", kwlist, &model, &key, &queue, &shared,
-                                     &max_batch_size, &max_queue_size, &window_ns, &PyTuple_Type, &errors, &link,
-                                     &targets))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$UUOOLLLO!O!OO:FrontQueue", kwlist, &model, &key, &queue, &shared,
+                                     &max_batch_size, &max_queue_size, &window_ns, &PyTuple_Type, &errors,
+                                     &PyTuple_Type, &rules, &link, &targets))
         return -1;
-    if (model == NULL || key == NULL || queue == NULL || shared == NULL || errors == NULL || max_batch_size < 0 ||
-        max_queue_size < 0 || window_ns < 0) {
-        PyErr_SetString(PyExc_TypeError, "FrontQueue: model, key, queue, shared, errors, and max_batch_size, "
+    if (model == NULL || key == NULL || queue == NULL || shared == NULL || errors == NULL || rules == NULL ||
+        max_batch_size < 0 || max_queue_size < 0 || window_ns < 0) {
+        PyErr_SetString(PyExc_TypeError, "FrontQueue: model, key, queue, shared, errors, rules, and max_batch_size, "
                         "max_queue_size and window_ns (>= 0) are required");
         return -1;
     }
@@ -458,10 +414,11 @@ static int fq_init(fqueue *q, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_TypeError, "FrontQueue: link must be an aserve._native.Link, with targets a dict");
         return -1;
     }
-    PyObject *engine_error, *request_timeout, *model_error, *queue_full, *wrong_rows;
-    if (!PyArg_ParseTuple(errors, "OOOOO;FrontQueue: errors is (EngineError, RequestTimeout, ModelError, "
-                          "queue_full, wrong_rows)", &engine_error, &request_timeout, &model_error, &queue_full,
-                          &wrong_rows))
+    PyObject *engine_error, *request_timeout, *model_error, *queue_full, *wrong_rows, *count_batch;
+    if (!PyArg_ParseTuple(errors, "OOO;FrontQueue: errors is (EngineError, RequestTimeout, ModelError)",
+                          &engine_error, &request_timeout, &model_error) ||
+        !PyArg_ParseTuple(rules, "OOO;FrontQueue: rules is (queue_full, wrong_rows, count_batch)", &queue_full,
+                          &wrong_rows, &count_batch))
         return -1;
     PyObject *asyncio = PyImport_ImportModule("asyncio"), *heapq = PyImport_ImportModule("heapq");
     PyObject *get_loop = asyncio != NULL ? PyObject_GetAttrString(asyncio, "get_running_loop") : NULL;
@@ -470,12 +427,9 @@ static int fq_init(fqueue *q, PyObject *args, PyObject *kw)
     PyObject *add = PyObject_GetAttrString(shared, "add");
     PyObject *total = add != NULL ? PyObject_GetAttrString(shared, "total") : NULL;
     PyObject *kwnames = Py_BuildValue("(ss)", "window_ns", "deadline_ns");
-    PyObject *request_name = PyUnicode_InternFromString("request");
     Py_XDECREF(asyncio);
     Py_XDECREF(heapq);
-    if (get_loop == NULL || push == NULL || pop == NULL || add == NULL || total == NULL || kwnames == NULL ||
-        request_name == NULL) {
-        Py_XDECREF(request_name);
+    if (get_loop == NULL || push == NULL || pop == NULL || add == NULL || total == NULL || kwnames == NULL) {
         Py_XDECREF(get_loop);
         Py_XDECREF(push);
         Py_XDECREF(pop);
@@ -492,7 +446,6 @@ static int fq_init(fqueue *q, PyObject *args, PyObject *kw)
     Py_XSETREF(q->shared_add, add);
     Py_XSETREF(q->shared_total, total);
     Py_XSETREF(q->request_kwnames, kwnames);
-    Py_XSETREF(q->request_name, request_name);
     Py_XSETREF(q->model, Py_NewRef(model));
     Py_XSETREF(q->key, Py_NewRef(key));
     Py_XSETREF(q->queue, Py_NewRef(queue));
@@ -503,6 +456,7 @@ static int fq_init(fqueue *q, PyObject *args, PyObject *kw)
     Py_XSETREF(q->model_error, Py_NewRef(model_error));
     Py_XSETREF(q->queue_full, Py_NewRef(queue_full));
     Py_XSETREF(q->wrong_rows, Py_NewRef(wrong_rows));
+    Py_XSETREF(q->count_batch, Py_NewRef(count_batch));
     q->max_batch_size = max_batch_size;
     q->max_queue_size = max_queue_size;
     q->window_ns = window_ns;
@@ -558,10 +512,9 @@ static PyObject *fq_submit(fqueue *q, PyObject *const *args, Py_ssize_t nargs, P
     if (q->model == NULL)
         return PyErr_Format(PyExc_TypeError, "FrontQueue: __init__ was not called");
     if (q->closed)
-        return raise_text(q->engine_error, "model %R is shutting down", q->model), NULL;
+        return PyErr_Format(q->engine_error, "model %R is shutting down", q->model);
     if (trace != Py_None || context != Py_None)
-        return raise_text(q->engine_error, "model %R: a traced request is answered by the host's loop", q->model),
-               NULL;
+        return PyErr_Format(q->engine_error, "model %R: a traced request is answered by the host's loop", q->model);
     long long samples = PyLong_AsLongLong(args[1]);
     if (samples == -1 && PyErr_Occurred())
         return NULL;
@@ -587,9 +540,8 @@ static PyObject *fq_submit(fqueue *q, PyObject *const *args, Py_ssize_t nargs, P
         if (at == -1.0 && PyErr_Occurred())
             return NULL;
         if (at <= now)
-            return raise_text(q->request_timeout, "model %R: the request's deadline passed before it was queued",
-                              q->model),
-                   NULL;
+            return PyErr_Format(q->request_timeout, "model %R: the request's deadline passed before it was queued",
+                                q->model);
     }
     if (q->loop == NULL && bind_loop(q) < 0)
         return NULL;
@@ -615,7 +567,6 @@ static PyObject *fq_submit(fqueue *q, PyObject *const *args, Py_ssize_t nargs, P
         r->deadline_ns = ns > 1 ? ns : 1;
     }
     PyObject_GC_Track(r);
-    PyObject *entry = NULL;
     if (PySet_Add(q->pending, (PyObject *)r) < 0)
         goto failed;
     if (!q->flushing) { /* before it is deferred: a deferred request always has its flush to come */
@@ -637,7 +588,7 @@ static PyObject *fq_submit(fqueue *q, PyObject *const *args, Py_ssize_t nargs, P
         goto failed;
     }
     if (deadline != Py_None) {
-        entry = PyTuple_Pack(2, deadline, (PyObject *)r);
+        PyObject *entry = PyTuple_Pack(2, deadline, (PyObject *)r);
         PyObject *push[2] = {q->deadlines, entry};
         PyObject *pushed = entry != NULL ? PyObject_Vectorcall(q->heappush, push, 2, NULL) : NULL;
         Py_XDECREF(entry);
@@ -689,7 +640,7 @@ static PyObject *hand_on(fqueue *q, freq *r)
     PyObject *job = NULL;
     if (samples != NULL && window != NULL && deadline_ns != NULL) {
         PyObject *call[7] = {q->queue, q->key, r->inputs, samples, (PyObject *)r, window, deadline_ns};
-        job = PyObject_VectorcallMethod(q->request_name, call, 5, q->request_kwnames);
+        job = PyObject_VectorcallMethod(q->st->str_request, call, 5, q->request_kwnames);
     }
     Py_XDECREF(samples);
     Py_XDECREF(window);
@@ -825,8 +776,9 @@ static PyType_Slot fq_slots[] = {
     {Py_tp_methods, fq_methods},
     {Py_tp_members, fq_members},
     {Py_tp_doc, "FrontQueue(*, model, key, queue, shared, max_batch_size, max_queue_size, window_ns, errors, "
-                "link=None, targets=None): a front loop's side of one model batched in the pool's shared queue "
-                "(batching/native.py). errors: (EngineError, RequestTimeout, ModelError, queue_full, wrong_rows)."},
+                "rules, link=None, targets=None): a front loop's side of one model batched in the pool's shared "
+                "queue (batching/native.py). errors: (EngineError, RequestTimeout, ModelError); rules: "
+                "(queue_full, wrong_rows, count_batch)."},
     {0, NULL},
 };
 

@@ -129,7 +129,7 @@ class FrontQueue:
     queue_seconds: float
     compute_seconds: float
     def __init__(self, *, model: str, key: str, queue: Any, shared: Any, max_batch_size: int, max_queue_size: int,
-                 window_ns: int, errors: tuple[Any, ...], link: Link | None = None,
+                 window_ns: int, errors: tuple[Any, ...], rules: tuple[Any, ...], link: Link | None = None,
                  targets: dict[str, tuple[int, Any]] | None = None) -> None: ...
     def submit(self, inputs: Sequence[Any], samples: int, /, *, deadline: float | None = None,
                budget: float | None = None, trace: RequestTrace | None = None, waited: float = 0.0,

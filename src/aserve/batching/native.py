@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from .._native import FrontQueue
 from ..errors import EngineError, ModelError, Overloaded, RequestTimeout
 from ..tensor import Tensor, wrong_rows
-from .batcher import queue_full
+from .batcher import count_batch, queue_full
 from .policy import WindowPolicy
 
 # (outputs or None, error or None, rows of the batch it led (0: none), run start and end, ns)
@@ -77,7 +77,7 @@ class NativeBatcher(FrontQueue):
                  max_queue_delay: float, shared: SharedQueued, slots: tuple[int, int, int]) -> None:
         super().__init__(model=model, key=key, queue=queue, shared=shared, max_batch_size=max_batch_size,
                          max_queue_size=max_queue_size, window_ns=round(max_queue_delay * 1e9),
-                         errors=(EngineError, RequestTimeout, ModelError, queue_full, wrong_rows),
+                         errors=(EngineError, RequestTimeout, ModelError), rules=(queue_full, wrong_rows, count_batch),
                          link=getattr(queue, "link", None), targets=getattr(queue, "targets", None))
         self.policy = WindowPolicy(max_queue_delay=max_queue_delay)  # the rule the pool applies, in C
         self._queue = queue
