@@ -160,16 +160,17 @@ def model_dir(tmp_path: pathlib.Path):
 @pytest.fixture
 async def start_server() -> AsyncIterator[Callable[..., Any]]:
     """start(repository, **settings) -> (Server, base URL): a real server on 127.0.0.1
-    (ephemeral port, engine main and 2 interpreters unless told otherwise; gRPC off unless
-    `grpc=True`, then on an ephemeral port too), its models loaded; every server is closed
-    at teardown."""
+    (ephemeral port, engine main and 2 interpreters unless told otherwise; the host's loop
+    alone unless `loops` says otherwise (tests/server runs each test on 0, 1 and 2 front
+    loops); gRPC off unless `grpc=True`, then on an ephemeral port too), its models loaded;
+    every server is closed at teardown."""
     from aserve.config import ServerSettings
     from aserve.server import Server
 
     servers: list[Server] = []
 
     async def start(repository: pathlib.Path, **settings: object) -> tuple[Server, str]:
-        values: dict[str, object] = {"host": "127.0.0.1", "port": 0, "engine": "main", "interpreters": 2,
+        values: dict[str, object] = {"host": "127.0.0.1", "port": 0, "engine": "main", "interpreters": 2, "loops": 0,
                                      "log_level": "warning", "grpc": False, "grpc_port": 0}
         values.update(settings)
         server = Server(ServerSettings(**values), repository=repository)  # type: ignore[arg-type]
