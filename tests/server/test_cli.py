@@ -120,8 +120,12 @@ async def test_sigterm_answers_in_flight_requests(repository: pathlib.Path) -> N
     port = free_port()
     env = dict(os.environ, ASERVE_LOG_LEVEL="warning")
     proc = await asyncio.create_subprocess_exec(
+        # the host's loop alone: the state waited for below (one running, two queued) is its batcher's;
+        # with front loops a batch handed to an idle interpreter counts in the model's queue until the
+        # interpreter takes it, and three requests at once against max_queue_size 2 may see one refused
+        # (drain across loops: test_loops.py, test_drain.py)
         sys.executable, "-m", "aserve.cli", "serve", str(repository), "--engine", "main", "--interpreters", "2",
-        "--port", str(port), env=env, stderr=asyncio.subprocess.PIPE,
+        "--loops", "0", "--port", str(port), env=env, stderr=asyncio.subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -469,6 +469,23 @@ async def test_shutdown_answers_what_every_loop_accepted(start_server, tmp_path:
             await s.close()
 
 
+async def test_a_shutdown_while_the_fronts_start_does_not_wait_for_them(tmp_path: pathlib.Path) -> None:
+    """SIGTERM can come before every front serves (a fast load, a pod stopped at once): the
+    close ends the fronts and returns, rather than waiting for fronts that will never serve."""
+    from aserve.config import ServerSettings
+    from aserve.server import Server
+
+    repo = write_repository(tmp_path / "repo", {"add": (ADD_MODEL, ADD_CONFIG)})
+    server = Server(ServerSettings(host="127.0.0.1", port=0, engine="main", interpreters=1, loops=2, grpc=False,
+                                   log_level="warning", shutdown_timeout_s=5.0), repository=repo)
+    await server.start()
+    assert server.loops is not None and server.loops.serving < 2  # the fronts are still starting
+    began = time.monotonic()
+    await asyncio.wait_for(server.close(), 30)  # LOOPS_START_S (60 s) before the mend
+    assert time.monotonic() - began < 15
+    assert server.loops.serving == 0
+
+
 async def test_access_log_has_each_request_once(start_server, tmp_path: pathlib.Path, caplog) -> None:  # type: ignore[no-untyped-def]
     _, url = await start_server(write_repository(tmp_path / "repo"), loops=2, access_log=True,
                                      log_level="info")

@@ -75,6 +75,7 @@ class Loops:
         self._publishing = False
         self._tasks: set[asyncio.Future[Any]] = set()
         self._serving = asyncio.Event()  # every front serves (set and cleared as they come and go)
+        self._closed = asyncio.Event()  # close() began
 
     async def start(self) -> None:
         """Start every front's interpreter and loop (they report ready on their own)."""
@@ -180,12 +181,16 @@ class Loops:
                 self.server.adopt(socket.socket(fileno=fd))
 
     async def serving_all(self, timeout: float) -> bool:
-        """Wait until every front serves (at most `timeout` s); whether they do."""
+        """Wait until every front serves (at most `timeout` s, and no longer than until the
+        loops close: a shutdown that comes while a front starts must not wait for it); whether
+        they do."""
+        waits = [asyncio.ensure_future(self._serving.wait()), asyncio.ensure_future(self._closed.wait())]
         try:
-            await asyncio.wait_for(self._serving.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return self._serving.is_set() and not self.closing
 
     def fail(self, index: int) -> None:
         """Make front `index`'s loop raise, as a fault in it would: its connections close and it
@@ -318,6 +323,7 @@ class Loops:
     async def close(self, timeout: float) -> None:
         """Every front answers what it accepted (within `timeout`) and stops."""
         self.closing = True
+        self._closed.set()
         jobs = []
         for front in self.fronts:
             if front.channel is not None:

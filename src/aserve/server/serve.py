@@ -135,6 +135,8 @@ class Server:
             self.loops.publish()  # whether the host traces
         await self.plane.start()
         if self.loops is not None and not await self.loops.serving_all(LOOPS_START_S):
+            if self.loops.closing:  # shut down while a front was starting
+                return
             log.error("%d of %d event loops serve %.0f s after the start", self.loops.serving, self.loops.count,
                       LOOPS_START_S)
         if self.settings.repository_poll_s > 0:
