@@ -351,6 +351,7 @@ static void *worker_main(void *arg)
         if (w->releases != NULL) {
             release_t *r = w->releases;
             w->releases = NULL;
+            w->releasing = 1;
             pthread_mutex_unlock(&p->mu);
             while (r != NULL) {
                 release_t *next = r->next;
@@ -359,6 +360,7 @@ static void *worker_main(void *arg)
                 r = next;
             }
             pthread_mutex_lock(&p->mu);
+            w->releasing = 0;
             continue;
         }
         hjob *j = job_pop(&w->head, &w->tail);
@@ -556,7 +558,23 @@ static int window_may_end(const hjob *j)
            (j->deadline_ns != 0 && j->deadline_ns <= j->queued_ns + j->window_ns);
 }
 
-/* Caller holds p->mu: put j on the shared queue; the idle worker to signal for it, or NULL. */
+/* Caller holds p->mu: whether a worker that may run `mask`'s jobs is freeing outputs given
+ * back, after which it looks at the shared queue without being woken. */
+static int releasing_worker(const pool_t *p, uint64_t mask)
+{
+    for (int i = 0; i < p->n_workers; i++) {
+        const worker_t *w = p->workers[i];
+        if (w->releasing && w->active && w->ready && !w->lost && (mask >> i & 1))
+            return 1;
+    }
+    return 0;
+}
+
+/* Caller holds p->mu: put j on the shared queue; the idle worker to signal for it, or NULL.
+ * A job at the head of the queue that an idle worker is woken (or a polling one kicked) for,
+ * or that one freeing outputs finds next, is taken as soon as that worker runs: it stops
+ * counting as waiting in its model's Counter now, so that another loop's admission does not
+ * count it as queued meanwhile. */
 static worker_t *queue_shared(pool_t *p, hjob *j)
 {
     if (j->flight_rows > 0)
@@ -565,7 +583,11 @@ static worker_t *queue_shared(pool_t *p, hjob *j)
     job_append(&p->head, &p->tail, j);
     p->queued++;
     count_queued_rows(j, 1);
-    return idle_worker(p, j->mask, window_may_end(j));
+    uint64_t polled = p->polled;
+    worker_t *w = idle_worker(p, j->mask, window_may_end(j));
+    if (p->head == j && (w != NULL || p->polled != polled || releasing_worker(p, j->mask)))
+        unwait(j);
+    return w;
 }
 
 void as_pool_number_job(pool_t *p, hjob *j)
@@ -837,6 +859,7 @@ void as_pool_stats(pool_t *p, pool_stats_t *out)
         out->busy += w->busy && !w->lost;
         out->active += w->active && w->ready && !w->lost;
         out->lost += w->lost;
+        out->waiting += w->waiting && !w->gathering && w->active && w->ready && !w->lost;
         out->spin_ns += w->spin_total;
     }
     out->queued = p->queued;

@@ -136,6 +136,7 @@ typedef struct worker {
     int gathering;       /* waiting on cv until a native request's batching window closes */
     int64_t owners_out;  /* output owners it handed the host, not yet given back (p->mu) */
     int lingering;       /* waiting on cv, at most RELEASE_LINGER_NS, for owners out to come back */
+    int releasing;       /* freeing outputs given back, p->mu not held: it looks at the queue next */
     int64_t late_ns;     /* how late its naps end past the time asked (moving average) */
     int kick;            /* atomic: set to end a spin (a job for it, stop) */
     int64_t spin_from;   /* CLOCK_MONOTONIC ns: when the current spin began */
@@ -434,6 +435,7 @@ int as_window_rule(int64_t now, int64_t queued, int64_t deadline, int64_t rows, 
 
 typedef struct {
     int ready, busy, active, lost, spinning;
+    int waiting; /* workers blocked or napping until a job comes: one queued now is theirs at once */
     size_t queued;
     int64_t spin_ns; /* time spent polling for jobs, all workers together */
     uint64_t polled; /* shared jobs that found a worker polling for them */

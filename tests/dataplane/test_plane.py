@@ -359,3 +359,32 @@ async def test_a_fronts_queue_over_the_link_times_out_withdraws_and_drains(tmp_p
         stats = batcher.stats()
         assert (stats["requests"], stats["timed_out"], stats["cancelled"], stats["batches"]) == (1, 1, 0, 1)
         assert not batcher.pending and link.in_flight == 0
+
+
+async def test_a_fronts_batch_counts_as_queued_only_while_it_waits_for_an_interpreter(tmp_path: pathlib.Path) -> None:
+    """A batch a front hands the pool counts in its model's queue (what every loop's admission
+    reads) while it waits for an interpreter, and not when an idle one is woken for it: then
+    another loop's request, arriving before that interpreter's thread runs, must not be refused
+    for a queue that only the batch on its way in fills."""
+    from aserve.dataplane.models import wait_slots
+
+    async with front_of(tmp_path, "slow", MODELS["slow"]) as (p, _, _, handle):
+        samples, requests, batches, _ = wait_slots(1, 0)
+        counts = handle.queued  # the model's Counter, as this front sees it
+
+        def waiting() -> tuple[int, int, int]:
+            return counts.get(samples), counts.get(requests), counts.get(batches)
+
+        assert not isinstance(handle.batcher, NativeBatcher)  # max_batch_size 0: a batcher of its own
+        pool = p.model("slow").pool
+        assert pool is not None  # a reused pool's interpreter may still be freeing the last test's outputs
+        await until(lambda: pool.stats()["waiting"] + pool.stats()["spinning"] == 1, what="the interpreter to wait")
+        alone = p.submit(slow_call(50), handle=handle)  # the interpreter is idle: woken for it
+        assert waiting() == (0, 0, 0) and counts.total() == 0
+        assert outputs(await alone.answer)["MS"] == [50.0]
+        host = p.submit(slow_call(300))  # the host's batcher takes the interpreter
+        await until(lambda: p.model("slow").batcher.running == 1, what="the host's batch to run")  # type: ignore[union-attr]
+        queued = p.submit(slow_call(1), handle=handle)  # the front's batch waits for it
+        assert waiting() == (1, 1, 1) and counts.total() == 1
+        assert [outputs(a)["MS"] for a in await asyncio.gather(host.answer, queued.answer)] == [[300.0], [1.0]]
+        assert waiting() == (0, 0, 0) and counts.total() == 0

@@ -121,9 +121,9 @@ async def test_sigterm_answers_in_flight_requests(repository: pathlib.Path) -> N
     env = dict(os.environ, ASERVE_LOG_LEVEL="warning")
     proc = await asyncio.create_subprocess_exec(
         # the host's loop alone: the state waited for below (one running, two queued) is its batcher's;
-        # with front loops a batch handed to an idle interpreter counts in the model's queue until the
-        # interpreter takes it, and three requests at once against max_queue_size 2 may see one refused
-        # (drain across loops: test_loops.py, test_drain.py)
+        # with front loops a batch handed to an interpreter still finishing its last one counts in the
+        # model's queue until the interpreter takes it, so three requests at once against max_queue_size
+        # 2 may see one refused (drain across loops: test_loops.py, test_drain.py)
         sys.executable, "-m", "aserve.cli", "serve", str(repository), "--engine", "main", "--interpreters", "2",
         "--loops", "0", "--port", str(port), env=env, stderr=asyncio.subprocess.PIPE,
     )

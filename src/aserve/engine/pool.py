@@ -975,8 +975,8 @@ class Pool:
         return {name: entry.info for name, entry in self._models.items()}
 
     def stats(self) -> dict[str, Any]:
-        """interpreters, ready, active, busy (running a job), queued (waiting) and spinning
-        (polling for a job) counts; spin_s: seconds the interpreters' threads spent polling;
+        """interpreters, ready, active, busy (running a job), queued (waiting), spinning
+        (polling for a job) and waiting (blocked until a job comes) counts; spin_s: seconds the interpreters' threads spent polling;
         polled: batches that found an interpreter polling for them (no wake-up);
         woke_napping, woke_blocked: batches that woke one asleep until its polling window
         (early), or blocked (late, or not polling); coalesced: front loops' batches that ran
@@ -984,7 +984,7 @@ class Pool:
         and the last measurement found that it pays); colocated: 1 while its threads and the
         loop's are held to the loop's CPU, holds: how many times they were (`colocate`)."""
         if self._native is None:
-            return {"interpreters": 0, "ready": 0, "active": 0, "busy": 0, "queued": 0, "spinning": 0,
+            return {"interpreters": 0, "ready": 0, "active": 0, "busy": 0, "queued": 0, "spinning": 0, "waiting": 0,
                     "spin_s": 0.0, "polled": 0, "woke_napping": 0, "woke_blocked": 0, "coalesced": 0, "polling": 0,
                     "colocated": 0, "holds": 0}
         stats: dict[str, Any] = self._native.stats()

@@ -193,6 +193,7 @@ _POOL_HELP = {
     "queued": "Jobs waiting for an interpreter.",
     "lost": "Interpreters given up on: stuck in a cancelled batch (native code), they get no jobs until it returns.",
     "spinning": "Interpreters polling for their next batch now (spin_us).",
+    "waiting": "Interpreters blocked until their next batch comes: one queued now wakes one of them.",
     "polling": "1 while interpreters may poll for their next batch: spin_us, and the last measurement found it pays.",
     "colocated": "1 while the interpreters' threads and the loop's are held to one CPU: one client, lone batches (--colocate).",
 }
