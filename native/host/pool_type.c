@@ -548,7 +548,8 @@ static PyObject *pool_stats(pool_t *p, PyObject *Py_UNUSED(ignored))
     as_pool_stats(p, &st);
     return Py_BuildValue("{sisisisisnsisisisdsKsKsKsKsKsd}", "interpreters", p->n_workers, "ready", st.ready, "active",
                          st.active, "busy", st.busy, "queued", (Py_ssize_t)st.queued, "lost", st.lost, "spinning",
-                         st.spinning, "waiting", st.waiting, "spin_s", (double)st.spin_ns / 1e9, "polled", (unsigned long long)st.polled,
+                         st.spinning, "waiting", st.waiting, "spin_s", (double)st.spin_ns / 1e9, "polled",
+                         (unsigned long long)st.polled,
                          "woke_napping", (unsigned long long)st.woke_napping, "woke_blocked",
                          (unsigned long long)st.woke_blocked, "coalesced", (unsigned long long)st.coalesced, "answered",
                          (unsigned long long)st.answered, "flight_s", st.flight_s);

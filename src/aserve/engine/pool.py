@@ -976,9 +976,9 @@ class Pool:
 
     def stats(self) -> dict[str, Any]:
         """interpreters, ready, active, busy (running a job), queued (waiting), spinning
-        (polling for a job) and waiting (blocked until a job comes) counts; spin_s: seconds the interpreters' threads spent polling;
-        polled: batches that found an interpreter polling for them (no wake-up);
-        woke_napping, woke_blocked: batches that woke one asleep until its polling window
+        (polling for a job) and waiting (blocked until a job comes) counts; spin_s: seconds
+        the interpreters' threads spent polling; polled: batches that found an interpreter
+        polling for them (no wake-up); woke_napping, woke_blocked: batches that woke one asleep until its polling window
         (early), or blocked (late, or not polling); coalesced: front loops' batches that ran
         as one batch with another front's (--loops); polling: 1 while polling is on (spin_us,
         and the last measurement found that it pays); colocated: 1 while its threads and the
