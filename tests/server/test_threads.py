@@ -91,8 +91,12 @@ def _sleeps(name: str) -> int:
 @pytest.mark.serial  # a request that comes later than the interpreter's linger costs it one more sleep
 async def test_an_interpreter_sleeps_once_per_request_at_one_connection(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
     """One request after another: the interpreter wakes for each batch, and not once more for
-    the outputs the loop gives back after answering (it frees them when it next wakes)."""
-    server, url = await start_server(write_repository(tmp_path / "repo"), engine="private", interpreters=1)
+    the outputs the loop gives back after answering (it frees them when it next wakes). Without
+    polling (`spin_us=0`): a polling interpreter also naps toward the next request's expected
+    time and may wait for the pool's lock as it stops polling, sleeps of its own that would
+    blur the count (about two per request on a fast VM)."""
+    server, url = await start_server(write_repository(tmp_path / "repo"), engine="private", interpreters=1,
+                                     spin_us=0)
     assert server.plane.model("add").pool.engine == "private"
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
         for k in range(5):
