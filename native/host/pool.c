@@ -351,7 +351,7 @@ static void *worker_main(void *arg)
         if (w->releases != NULL) {
             release_t *r = w->releases;
             w->releases = NULL;
-            w->releasing = 1;
+            w->between = 1;
             pthread_mutex_unlock(&p->mu);
             while (r != NULL) {
                 release_t *next = r->next;
@@ -360,7 +360,7 @@ static void *worker_main(void *arg)
                 r = next;
             }
             pthread_mutex_lock(&p->mu);
-            w->releasing = 0;
+            w->between = 0;
             continue;
         }
         hjob *j = job_pop(&w->head, &w->tail);
@@ -413,9 +413,11 @@ static void *worker_main(void *arg)
             }
             wake |= post_done(p, j);
             if (wake) {
+                w->between = 1;
                 pthread_mutex_unlock(&p->mu);
                 wake_loop(p);
                 pthread_mutex_lock(&p->mu);
+                w->between = 0;
             }
             continue;
         }
@@ -558,13 +560,14 @@ static int window_may_end(const hjob *j)
            (j->deadline_ns != 0 && j->deadline_ns <= j->queued_ns + j->window_ns);
 }
 
-/* Caller holds p->mu: whether a worker that may run `mask`'s jobs is freeing outputs given
- * back, after which it looks at the shared queue without being woken. */
-static int releasing_worker(const pool_t *p, uint64_t mask)
+/* Caller holds p->mu: whether a worker that may run `mask`'s jobs is between jobs with the
+ * lock released (freeing outputs given back, waking the loop), after which it looks at the
+ * shared queue without being woken. */
+static int worker_between_jobs(const pool_t *p, uint64_t mask)
 {
     for (int i = 0; i < p->n_workers; i++) {
         const worker_t *w = p->workers[i];
-        if (w->releasing && w->active && w->ready && !w->lost && (mask >> i & 1))
+        if (w->between && w->active && w->ready && !w->lost && (mask >> i & 1))
             return 1;
     }
     return 0;
@@ -572,7 +575,7 @@ static int releasing_worker(const pool_t *p, uint64_t mask)
 
 /* Caller holds p->mu: put j on the shared queue; the idle worker to signal for it, or NULL.
  * A job at the head of the queue that an idle worker is woken (or a polling one kicked) for,
- * or that one freeing outputs finds next, is taken as soon as that worker runs: it stops
+ * or that one between jobs finds next, is taken as soon as that worker runs: it stops
  * counting as waiting in its model's Counter now, so that another loop's admission does not
  * count it as queued meanwhile. */
 static worker_t *queue_shared(pool_t *p, hjob *j)
@@ -585,7 +588,7 @@ static worker_t *queue_shared(pool_t *p, hjob *j)
     count_queued_rows(j, 1);
     uint64_t polled = p->polled;
     worker_t *w = idle_worker(p, j->mask, window_may_end(j));
-    if (p->head == j && (w != NULL || p->polled != polled || releasing_worker(p, j->mask)))
+    if (p->head == j && (w != NULL || p->polled != polled || worker_between_jobs(p, j->mask)))
         unwait(j);
     return w;
 }

@@ -136,7 +136,7 @@ typedef struct worker {
     int gathering;       /* waiting on cv until a native request's batching window closes */
     int64_t owners_out;  /* output owners it handed the host, not yet given back (p->mu) */
     int lingering;       /* waiting on cv, at most RELEASE_LINGER_NS, for owners out to come back */
-    int releasing;       /* freeing outputs given back, p->mu not held: it looks at the queue next */
+    int between;         /* between jobs, p->mu released (freeing outputs, waking the loop): looks at the queue next */
     int64_t late_ns;     /* how late its naps end past the time asked (moving average) */
     int kick;            /* atomic: set to end a spin (a job for it, stop) */
     int64_t spin_from;   /* CLOCK_MONOTONIC ns: when the current spin began */
