@@ -577,7 +577,7 @@ static int worker_between_jobs(const pool_t *p, uint64_t mask)
  * A job at the head of the queue that an idle worker is woken (or a polling one kicked) for,
  * or that one between jobs finds next, is taken as soon as that worker runs: it stops
  * counting as waiting in its model's Counter now, so that another loop's admission does not
- * count it as queued meanwhile. */
+ * count it as queued meanwhile (only a front's jobs count so: the host's batcher counts its own). */
 static worker_t *queue_shared(pool_t *p, hjob *j)
 {
     if (j->flight_rows > 0)
@@ -588,7 +588,8 @@ static worker_t *queue_shared(pool_t *p, hjob *j)
     count_queued_rows(j, 1);
     uint64_t polled = p->polled;
     worker_t *w = idle_worker(p, j->mask, window_may_end(j));
-    if (p->head == j && (w != NULL || p->polled != polled || worker_between_jobs(p, j->mask)))
+    if (j->waiting != NULL && p->head == j &&
+        (w != NULL || p->polled != polled || worker_between_jobs(p, j->mask)))
         unwait(j);
     return w;
 }

@@ -978,11 +978,12 @@ class Pool:
         """interpreters, ready, active, busy (running a job), queued (waiting), spinning
         (polling for a job) and waiting (blocked until a job comes) counts; spin_s: seconds
         the interpreters' threads spent polling; polled: batches that found an interpreter
-        polling for them (no wake-up); woke_napping, woke_blocked: batches that woke one asleep until its polling window
-        (early), or blocked (late, or not polling); coalesced: front loops' batches that ran
-        as one batch with another front's (--loops); polling: 1 while polling is on (spin_us,
-        and the last measurement found that it pays); colocated: 1 while its threads and the
-        loop's are held to the loop's CPU, holds: how many times they were (`colocate`)."""
+        polling for them (no wake-up); woke_napping, woke_blocked: batches that woke one
+        asleep until its polling window (early), or blocked (late, or not polling);
+        coalesced: front loops' batches that ran as one batch with another front's
+        (--loops); polling: 1 while polling is on (spin_us, and the last measurement found
+        that it pays); colocated: 1 while its threads and the loop's are held to the loop's
+        CPU, holds: how many times they were (`colocate`)."""
         if self._native is None:
             return {"interpreters": 0, "ready": 0, "active": 0, "busy": 0, "queued": 0, "spinning": 0, "waiting": 0,
                     "spin_s": 0.0, "polled": 0, "woke_napping": 0, "woke_blocked": 0, "coalesced": 0, "polling": 0,
