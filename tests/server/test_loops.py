@@ -652,33 +652,77 @@ async def test_a_request_the_host_refuses_from_its_head_is_answered_before_its_b
     assert sum(await front_requests(server)) == sum(before) + 2  # a front answered both
 
 
-async def test_a_handed_over_requests_duration_counts_the_hop_to_the_host(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
-    """A front hands every request of an adaptive model to the host's loop; while that loop is
-    busy the request waits in the channel, and its duration (as the metrics and the statistics
-    extension count it) includes that wait."""
+def _raw(model: str, rows: list[list[int]], other: list[list[int]]) -> bytes:
+    data = json.dumps(add_body(rows, other)).encode()
+    return (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+
+
+async def read_sums(reader: asyncio.StreamReader) -> list[int]:
+    status, _, body = await read_response(reader)
+    assert status == 200, body
+    return {o["name"]: o["data"] for o in json.loads(body)["outputs"]}["SUM"]  # type: ignore[no-any-return]
+
+
+async def test_a_connection_whose_request_names_a_model_only_the_host_serves_goes_to_the_host(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
+    """A front that reads a request for a model only the host's loop serves (adaptive) hands the
+    connection itself to the host, with the bytes it read: that request and every later one
+    on the connection, whichever model it names, are the host's, with no hop through the
+    front; each is answered in order and counted once. Connections of the other models stay
+    on the fronts."""
     from .test_metrics import adaptive_repository
 
     server, url = await start_server(adaptive_repository(tmp_path / "repo"), loops=2)
     rows, other = [[1, 2, 3, 4]], [[4, 3, 2, 1]]
-    data = json.dumps(add_body(rows, other)).encode()
-    raw = (f"POST /v2/models/fast/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-           f"Content-Length: {len(data)}\r\n\r\n").encode() + data
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
-        writer.write(raw)
-        status, _, body = await read_response(reader)
-        assert status == 200, body
+        writer.write(_raw("add", rows, other))
+        assert await read_sums(reader) == [5, 5, 5, 5]
+        assert (server.loops.connections, server.app.stats.connections) == (1, 0)  # a front's
+        # the adaptive model's request and one for `add` behind it, in one read: both the host's
+        writer.write(_raw("fast", rows, other) + _raw("add", [[10, 20, 30, 40]], other))
+        assert await read_sums(reader) == [5, 5, 5, 5]
+        assert await read_sums(reader) == [14, 23, 32, 41]
+        assert (server.loops.connections, server.app.stats.connections) == (0, 1)
+        for k in range(3):
+            writer.write(_raw("fast" if k % 2 else "add", [[k, k, k, k]], other))
+            assert await read_sums(reader) == [k + 4, k + 3, k + 2, k + 1]
+    finally:
+        writer.close()
+    assert sum(await front_requests(server)) == 1  # the first `add` alone
+    async with aiohttp.ClientSession() as http:
+        text = await scrape(http, url)
+    assert value(text, "aserve_inference_request_success_total", model="fast", version="1") == 2
+    assert value(text, "aserve_inference_request_success_total", model="add", version="1") == 4
+    await until(lambda: server.app.stats.connections == 0, what="the handed connection's close")
+
+
+async def test_a_forwarded_requests_duration_counts_the_hop_to_the_host(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
+    """A request of an adaptive model that a front cannot hand over with its connection (here:
+    pipelined behind one the front answers) goes to the host's loop over the channel; while
+    that loop is busy the request waits there, and its duration (as the metrics and the
+    statistics extension count it) includes that wait."""
+    from .test_metrics import adaptive_repository
+
+    server, url = await start_server(adaptive_repository(tmp_path / "repo"), loops=2)
+    rows, other = [[1, 2, 3, 4]], [[4, 3, 2, 1]]
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(_raw("add", rows, other))
+        assert await read_sums(reader) == [5, 5, 5, 5]
         assert sum(await front_requests(server)) == 1  # the connection is a front's
-        os.write(writer.transport.get_extra_info("socket").fileno(), raw)  # sent now, not when this loop runs again
+        # sent now, not when this loop runs again
+        os.write(writer.transport.get_extra_info("socket").fileno(), _raw("add", rows, other) + _raw("fast", rows, other))
         time.sleep(0.2)  # noqa: ASYNC251 - the host's loop (this one) is busy: the front's hand-over waits
-        status, _, body = await read_response(reader)
-        assert status == 200, body
+        assert await read_sums(reader) == [5, 5, 5, 5]
+        assert await read_sums(reader) == [5, 5, 5, 5]
+        assert sum(await front_requests(server)) == 3  # both answered through the front
     finally:
         writer.close()
     async with aiohttp.ClientSession() as http:
         text = await scrape(http, url)
     labels = {"model": "fast", "version": "1"}
-    assert value(text, "aserve_inference_request_success_total", **labels) == 2
+    assert value(text, "aserve_inference_request_success_total", **labels) == 1
     assert value(text, "aserve_inference_request_duration_us_sum", **labels) >= 150_000
 
 

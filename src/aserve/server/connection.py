@@ -30,6 +30,7 @@ import asyncio
 import collections
 import fcntl
 import logging
+import os
 import random
 import socket
 import struct
@@ -119,6 +120,9 @@ class HttpServer:
         # a read that holds it and a body of that length is one request, read without llhttp
         self.raw_heads: Bounded[bytes, tuple[Any, ...]] = Bounded(256)
         self.held = 0  # connections held after a refusal for overload (`Connection._hold`)
+        # where a connection goes that another loop serves from its next request on
+        # (`Connection.hand_over`): (a duplicate of its descriptor, the read that holds the request)
+        self.give: Callable[[int, bytes], None] | None = None
         self.closing = False
         self._reads_began = 0.0  # time.monotonic() of the loop's first read of this iteration (0: none yet)
 
@@ -144,6 +148,15 @@ class HttpServer:
 
     def __call__(self) -> Connection:
         return Connection(self)
+
+    def resumed(self, data: bytes) -> Callable[[], Connection]:
+        """The protocol factory of a connection another loop began (`Connection.hand_over`):
+        `data`, the read that loop took last, is parsed first, before anything the socket holds."""
+        def made() -> Connection:
+            conn = Connection(self)
+            conn.pending = data
+            return conn
+        return made
 
     def close_idle(self) -> None:
         """Shutting down: close every connection that has no request in progress."""
@@ -207,6 +220,10 @@ class Connection(asyncio.Protocol):
         self._heads_read = 0  # request heads begun (on_url): whether a read held exactly one request
         self._again: Request | None = None  # the last request, refused for overload, whose bytes came in one read
         self._known: tuple[Any, ...] | None = None  # the last head read: its `HttpServer.heads` entry, if plain
+        self._whole: bytes | None = None  # the read being parsed, when it began with a request and nothing was owed
+        self._heads_before = 0  # `_heads_read` before the read being parsed
+        self._giving = False  # the connection goes to another loop once the read is parsed (`hand_over`)
+        self.pending = b""  # read by the loop that had the connection before (`HttpServer.resumed`)
 
     # ---- asyncio.Protocol ----
 
@@ -227,6 +244,9 @@ class Connection(asyncio.Protocol):
                 pass
         self._free_since = self.loop.time()
         self._arm()
+        if self.pending:
+            data, self.pending = self.pending, b""
+            self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
         if self.closing or self._discard:
@@ -238,6 +258,8 @@ class Connection(asyncio.Protocol):
             if data == again.raw and self._refuse_again(again):
                 return
         whole = not self.queue and not self.busy and self._current is None and not self._head
+        self._whole = data if whole else None
+        heads = self._heads_before = self._heads_read
         if whole and self.counted:
             end = data.find(b"\r\n\r\n", 0, KNOWN_HEAD_BYTES)
             if end > 0:
@@ -245,14 +267,18 @@ class Connection(asyncio.Protocol):
                 if known is not None and len(data) - end - 4 == known[3]:
                     self._read_known(known, data, end + 4)
                     return
-        heads = self._heads_read
         self._known = None
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._upgraded()
+            if not self._giving:
+                self._upgraded()
         except httptools.HttpParserError as exc:
-            self._malformed(exc)
+            if not self._giving:
+                self._malformed(exc)
+        if self._giving:
+            self._give()
+            return
         if self._head and not self.closing:
             self._head_bytes += len(data)
             if self._head_bytes > self.limits.head_bytes:
@@ -302,6 +328,9 @@ class Connection(asyncio.Protocol):
         request.route, request.params = route, params
         self.queue.append(request)
         answer = request.answer = self.dispatcher.again(request)
+        if self._giving:
+            self._give()
+            return
         if answer is not None:
             request.drop = self._drops(request, answer)
         else:
@@ -311,6 +340,39 @@ class Connection(asyncio.Protocol):
         request.complete = True
         request.raw = data
         self._advance()
+
+    def hand_over(self, request: Request) -> bool:
+        """Whether the connection can go to another loop from `request` on (a route's head check
+        asks, for a request only that loop answers): `request` is the first read since the last
+        answer was sent, in full, so the bytes of the read that holds its head are where that
+        loop begins. Once this read is parsed the connection leaves this loop (`_give`), nothing
+        of it answered here; False leaves the request to this loop."""
+        transport = self.transport
+        if (self.server.give is None or self._whole is None or self._heads_read != self._heads_before + 1
+                or self.busy or len(self.queue) != 1 or self.queue[0] is not request or self._giving
+                or self.closing or self._discard or transport is None or transport.get_write_buffer_size()):
+            return False
+        self._giving = True
+        return True
+
+    def _give(self) -> None:
+        """Hand the connection to the loop `hand_over` agreed to: a duplicate of its descriptor
+        and the read that holds its next request go there; this loop's transport closes without
+        a byte written, leaving the socket open through the duplicate."""
+        transport, data, give = self.transport, self._whole, self.server.give
+        assert transport is not None and data is not None and give is not None
+        fd = os.dup(transport.get_extra_info("socket").fileno())
+        self.closing = True
+        self._cancel_timer()
+        self.queue.clear()
+        self._current = None
+        if self.counted:
+            self.server.stats.connections -= 1
+            self.counted = False
+        self.server.connections.discard(self)
+        transport.pause_reading()
+        transport.abort()
+        give(fd, data)
 
     def eof_received(self) -> bool | None:
         self._eof = True  # the client sends no more: what it sent is still answered

@@ -5,9 +5,12 @@ A front runs the same connection protocol, router and data plane as the host's l
 answers the infer routes of the models the host lists as its own (their batches go to
 the host's pools through a native `Link`, with no Python of the host's on the way), and
 hands every other request to the host's loop over its channel (`server/channel.py`):
-admin, metadata, metrics, health, the repository, trace settings, a model loading or not
-ready, a model whose policy needs the host (adaptive), and every infer request while the
-host traces. The client cannot tell which loop answered.
+admin, metadata, metrics, health, the repository, trace settings, a model loading, not
+ready or unknown. A connection whose request names a model only the host serves (its
+policy needs the host: adaptive), or any infer request while the host traces, goes to the
+host's loop itself, from that request on, wherever the request is the first thing read
+since the last answer (else that request alone is handed over). The client cannot tell
+which loop answered.
 
 It runs in a private interpreter (its own libpython, its own GIL), started by the host as
 a job that returns when the front stops; its log records go to the host's handlers.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -332,7 +336,9 @@ class Front:
         limits = msgspec.structs.replace(Limits.of(settings), max_connections=0)
         self.http = HttpServer(Dispatcher(self.app, Router(self._routes())), limits, access_log=access_log)
         self.http.connections = _Connections(self._gone)
+        self.http.give = self._give
         self.forward_infer = False  # the host traces: it answers every infer request
+        self.hosts: frozenset[str] = frozenset()  # ready models only the host's loop serves (adaptive)
         self.handles: dict[str, ModelHandle] = {}  # by key: those the host lists now
         self.retired: dict[str, ModelHandle] = {}  # no longer listed, not yet closed
         self.schedulers: dict[str, FairScheduler] = {}
@@ -355,8 +361,10 @@ class Front:
     # ---- requests ----
 
     def _prepare(self, app: App, request: Request) -> None:
-        """The infer routes' head check; or, for a request the host answers whose body did not
-        come with its head, the head sent to the host: the host's head checks (a refusal for
+        """The infer routes' head check. A request for a model only the host serves, or any
+        while the host traces, takes its connection to the host's loop where it can
+        (`Connection.hand_over`). Else, for a request the host answers whose body did not
+        come with its head, the head goes to the host: the host's head checks (a refusal for
         overload, 404, a model not ready) answer while the body arrives, and a refused
         request's body is never read."""
         if not self.forward_infer:
@@ -364,15 +372,20 @@ class Front:
                 infer_routes.prepare(app, request)
                 return
             except ModelNotFound:  # not one of the front's: the host knows (and answers 404 if none)
-                pass
+                # a model only the host serves: the connection goes to the host's loop from this
+                # request on, so this and the client's next requests take no hop through this loop
+                if request.params["model"] in self.hosts and request.connection.hand_over(request):
+                    return
+        elif request.connection.hand_over(request):  # the host traces: every infer request is its own
+            return
         request.state = _HOSTS
         # after this read is parsed: a body that came with the head is whole by then, and the
         # host's checks run once, on the whole request (forward)
         asyncio.get_running_loop().call_soon(self._ask_head, request)
 
     def _ask_head(self, request: Request) -> None:
-        if request.state is not _HOSTS or request.complete:
-            return  # its handler took it, or will, with its body
+        if request.state is not _HOSTS or request.complete or request.connection.closing:
+            return  # its handler took it, or will, with its body; or its connection went to the host
         headers = request.headers
         length = None if "transfer-encoding" in headers else int(headers.get("content-length", "0"))
         head = request.state = self._ask({"op": "head", "method": request.method, "target": request.target,
@@ -416,6 +429,14 @@ class Front:
             "headers": request.headers, "body": body if isinstance(body, bytes) else bytes(body),
             "remote": request.remote, "received": request.received, "whole": time.perf_counter()}))
 
+    def _give(self, fd: int, data: bytes) -> None:
+        """A connection goes to the host's loop (`Connection.hand_over`): its descriptor and the
+        read that holds its next request."""
+        if self.channel is None:
+            os.close(fd)
+            return
+        self.channel.send({"op": "take", "fd": fd, "data": data})
+
     # ---- the host's messages ----
 
     async def serve(self) -> None:
@@ -447,6 +468,7 @@ class Front:
                 elif op == "models":
                     self._models(message["models"], message["labels"])
                     self.forward_infer = message["tracing"]
+                    self.hosts = frozenset(message["hosts"])
                     self.app.policy.use_roots(message["roots"])
                 elif op == "retire":
                     loop.create_task(self._retire(message["key"], message["id"]))

@@ -159,6 +159,8 @@ class Loops:
                     for pool in self.server.plane.registry.pools.values():
                         if pool.address == message["pool"]:
                             pool.watch(message["job"])
+                elif op == "take":  # a connection whose requests go to a model only the host serves
+                    self.server.serve_here(socket.socket(fileno=message["fd"]), message["data"])
                 elif op == "took":
                     front.handed.discard(message["fd"])
                 elif op in ("stats", "retired"):
@@ -277,15 +279,19 @@ class Loops:
         registry = self.server.plane.registry
         models: list[dict[str, Any]] = []
         labels: dict[str, dict[str, int]] = {}
+        hosts: list[str] = []  # ready, and only the host serves them: their connections come to it
         for name, routes in list(registry.routes.items()):
             handles = list(routes.versions.values())
             if not handles or not all(_servable(h) for h in handles):
+                if handles and all(h.ready and not h.retired for h in handles):
+                    hosts.append(name)
                 continue
             models.extend(front_model(handle, self.count) for handle in handles)
             labels[name] = {label: int(v) for label, v in routes.labels.items()}
         tracing = self.server.plane.tracer is not None
         roots = self.server.app.policy.redactor().roots  # model errors name paths as the host's do
-        return {"op": "models", "models": models, "labels": labels, "tracing": tracing, "roots": roots}
+        return {"op": "models", "models": models, "labels": labels, "hosts": hosts, "tracing": tracing,
+                "roots": roots}
 
     async def retire(self, key: str) -> None:
         """Before `key` is unloaded: every front answers what it queued of it."""
