@@ -229,15 +229,15 @@ PRIVATE_NAMESPACES = 15
 
 
 def default_loops(available: int) -> int:
-    """Front loops by default: none (the host's loop serves alone) below 4 CPUs, then one per
-    4 CPUs, at least 2 and at most 4. One front alone serves less than the host's loop alone
-    (it is one loop too, and every connection is handed to it), so where fronts pay there are
-    two. On 2 CPUs two fronts serve a window-policy model faster at every concurrency, but a
-    model only the host serves (adaptive policy) pays a hop per request and loses the CPU the
-    fronts take: under overload its admitted p99 leaves the budget (docs/multiloop.md). Each
-    front takes a link-map namespace the private interpreters also need, and 4 loops carry
-    several times what one does while leaving 11 for interpreters."""
-    return 0 if available < 4 else max(2, min(4, available // 4))
+    """Front loops by default: none on one CPU (a front would take the CPU the interpreters
+    run on), then one per 4 CPUs, at least 2 and at most 4. One front alone serves less than
+    the host's loop alone (it is one loop too, and every connection is handed to it), so where
+    fronts pay there are two; on 2 CPUs two fronts serve a window-policy model more than the
+    host's loop alone at every concurrency, and a connection to a model only the host serves
+    goes to the host's loop (docs/multiloop.md). Each takes a link-map namespace the private
+    interpreters also need, and 4 loops carry several times what one does while leaving 11
+    for interpreters."""
+    return 0 if available < 2 else max(2, min(4, available // 4))
 
 
 FIELDS: tuple[str, ...] = ServerSettings.__struct_fields__

@@ -80,7 +80,7 @@ def test_polling_needs_a_cpu_besides_the_loop(monkeypatch: pytest.MonkeyPatch, a
 
 
 @pytest.mark.parametrize(("available", "loops", "private", "subinterp"),
-                         [(1, 0, 1, 1), (2, 0, 2, 2), (3, 0, 3, 3), (4, 2, 4, 4), (8, 2, 8, 8), (12, 3, 12, 12),
+                         [(1, 0, 1, 1), (2, 2, 2, 2), (3, 2, 3, 3), (4, 2, 4, 4), (8, 2, 8, 8), (12, 3, 12, 12),
                           (16, 4, 11, 16), (64, 4, 11, 64)])
 def test_default_interpreters_and_loops_fit_glibcs_namespaces(monkeypatch: pytest.MonkeyPatch, available: int,
                                                              loops: int, private: int, subinterp: int) -> None:

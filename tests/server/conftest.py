@@ -1,7 +1,7 @@
 """A real server on 127.0.0.1 (ephemeral port) serving small pure-Python models.
 
 Every test here that starts a server runs three times: on the host's loop alone
-(`loops0`, the default below 4 CPUs), and with one and with two front loops
+(`loops0`, the default on one CPU), and with one and with two front loops
 (`--loops 1`, `--loops 2`), where connections are served by the fronts. A client must
 not be able to tell them apart, so the tests observe what a client or an operator can
 (answers, `/metrics`, `/v2/models/stats`, the log), not one loop's objects. A test that
