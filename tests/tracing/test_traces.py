@@ -208,9 +208,10 @@ async def test_a_traced_request_completes_whichever_loop_took_it(
     start_server, tmp_path: pathlib.Path, receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With two front loops, clients on eight connections (four on each front) each send a
-    request in a trace of their own: every one is answered with its sum, and every one's
-    span tree reaches the collector whole, continuing its caller's trace and linked from
-    the batch that served it."""
+    request in a trace of their own: every one is answered with its sum (by the host's loop,
+    which takes a connection's infer requests while it traces), and every one's span tree
+    reaches the collector whole, continuing its caller's trace and linked from the batch
+    that served it."""
     collector, endpoint = receiver
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
@@ -232,6 +233,8 @@ async def test_a_traced_request_completes_whichever_loop_took_it(
                 assert (await r.json())["outputs"][0]["data"] == [i + 1, 2 * i + 1, 1, 1]
 
         await asyncio.gather(*(call(i) for i in callers))
+        # the host traces: each connection went to its loop with its first infer request
+        assert (server.loops.connections, server.app.stats.connections) == (0, 8)
     finally:
         for s in sessions:
             await s.close()

@@ -22,6 +22,11 @@ its head is also bounded by the keep-alive timeout when that limit is off),
 `--keepalive-timeout` between requests, `--max-connections` (503). A malformed request
 gets 400 and the connection closes; so does an upgrade request, once answered (the
 server speaks no other protocol on the connection).
+
+Between answers, a connection can go to another event loop of the process (`hand_over`,
+a front loop handing the host's loop a connection to a model only the host serves): the
+descriptor's duplicate and the read that holds the next request go there, and that loop
+parses the read first (`HttpServer.resumed`).
 """
 
 from __future__ import annotations
@@ -451,6 +456,8 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._head = False
+        if self._giving:
+            return  # a request behind the one the connection goes with: the other loop reads it again
         parser = self.parser
         method = parser.get_method()
         version = parser.get_http_version()
