@@ -697,6 +697,35 @@ async def test_a_connection_whose_request_names_a_model_only_the_host_serves_goe
     await until(lambda: server.app.stats.connections == 0, what="the handed connection's close")
 
 
+async def test_a_connection_goes_to_the_host_with_a_head_whose_body_is_still_on_the_way(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
+    """A request for a model only the host serves whose head came alone (a client that waits
+    for `100 Continue`, or a body still on the way): the connection goes to the host with the
+    head, and the host's loop answers the Expect, reads the body from the socket and answers."""
+    from .test_metrics import adaptive_repository
+
+    server, _ = await start_server(adaptive_repository(tmp_path / "repo"), loops=2)
+    await until(lambda: server.loops.serving == 2, what="both fronts serve")
+    rows, other = [[1, 2, 3, 4]], [[4, 3, 2, 1]]
+    data = json.dumps(add_body(rows, other)).encode()
+    head = (f"POST /v2/models/fast/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n").encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(head + b"Expect: 100-continue\r\n\r\n")
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        assert (server.loops.connections, server.app.stats.connections) == (0, 1)  # the host's, before its body
+        writer.write(data)
+        assert await read_sums(reader) == [5, 5, 5, 5]
+        # the next one's body in two writes, the second once the first part is in the host's parser
+        writer.write(head + b"\r\n" + data[:10])
+        await until(lambda: any(c._current is not None for c in server.http.connections), what="the body begun")
+        writer.write(data[10:])
+        assert await read_sums(reader) == [5, 5, 5, 5]
+    finally:
+        writer.close()
+    assert sum(await front_requests(server)) == 0
+
+
 async def test_a_forwarded_requests_duration_counts_the_hop_to_the_host(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
     """A request of an adaptive model that a front cannot hand over with its connection (here:
     pipelined behind one the front answers) goes to the host's loop over the channel; while
