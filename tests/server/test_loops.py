@@ -730,7 +730,8 @@ async def test_a_forwarded_requests_duration_counts_the_hop_to_the_host(start_se
     """A request of an adaptive model that a front cannot hand over with its connection (here:
     pipelined behind one the front answers) goes to the host's loop over the channel; while
     that loop is busy the request waits there, and its duration (as the metrics and the
-    statistics extension count it) includes that wait."""
+    statistics extension count it) includes that wait. Once it is answered, the connection
+    itself goes to the host's loop."""
     from .test_metrics import adaptive_repository
 
     server, url = await start_server(adaptive_repository(tmp_path / "repo"), loops=2)
@@ -746,12 +747,18 @@ async def test_a_forwarded_requests_duration_counts_the_hop_to_the_host(start_se
         assert await read_sums(reader) == [5, 5, 5, 5]
         assert await read_sums(reader) == [5, 5, 5, 5]
         assert sum(await front_requests(server)) == 3  # both answered through the front
+        # answered, with nothing read behind it: the connection goes to the host's loop now
+        await until(lambda: (server.loops.connections, server.app.stats.connections) == (0, 1),
+                    what="the connection on the host's loop")
+        writer.write(_raw("fast", [[7, 7, 7, 7]], other))
+        assert await read_sums(reader) == [11, 10, 9, 8]
     finally:
         writer.close()
+    assert sum(await front_requests(server)) == 3
     async with aiohttp.ClientSession() as http:
         text = await scrape(http, url)
     labels = {"model": "fast", "version": "1"}
-    assert value(text, "aserve_inference_request_success_total", **labels) == 1
+    assert value(text, "aserve_inference_request_success_total", **labels) == 2
     assert value(text, "aserve_inference_request_duration_us_sum", **labels) >= 150_000
 
 

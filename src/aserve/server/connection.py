@@ -228,6 +228,7 @@ class Connection(asyncio.Protocol):
         self._whole: bytes | None = None  # the read being parsed, when it began with a request and nothing was owed
         self._heads_before = 0  # `_heads_read` before the read being parsed
         self._giving = False  # the connection goes to another loop once the read is parsed (`hand_over`)
+        self._give_idle = False  # ... or once nothing read is left to answer (`hand_over`, later)
         self.pending = b""  # read by the loop that had the connection before (`HttpServer.resumed`)
 
     # ---- asyncio.Protocol ----
@@ -347,17 +348,31 @@ class Connection(asyncio.Protocol):
         self._advance()
 
     def hand_over(self, request: Request) -> bool:
-        """Whether the connection can go to another loop from `request` on (a route's head check
-        asks, for a request only that loop answers): `request` is the first read since the last
-        answer was sent, in full, so the bytes of the read that holds its head are where that
-        loop begins. Once this read is parsed the connection leaves this loop (`_give`), nothing
-        of it answered here; False leaves the request to this loop."""
+        """Whether the connection goes to another loop from `request` on (a route's head check
+        asks, for a request only that loop answers): when `request` is the first read since the
+        last answer was sent, in full, the bytes of the read that holds its head are where that
+        loop begins, and once this read is parsed the connection leaves this loop (`_give`),
+        nothing of it answered here. Else (False: this loop has `request` answered) it goes
+        as soon as every request read is answered and nothing is read of the next."""
+        if self.server.give is None:
+            return False
         transport = self.transport
-        if (self.server.give is None or self._whole is None or self._heads_read != self._heads_before + 1
+        if (self._whole is None or self._heads_read != self._heads_before + 1
                 or self.busy or len(self.queue) != 1 or self.queue[0] is not request or self._giving
                 or self.closing or self._discard or transport is None or transport.get_write_buffer_size()):
+            self._give_idle = True
             return False
         self._giving = True
+        return True
+
+    def _gives_now(self) -> bool:
+        """`hand_over`'s later case: every request read is answered, so the connection goes
+        now, with nothing read of it, if its answers are all written; True if it went."""
+        transport = self.transport
+        if transport is None or transport.get_write_buffer_size():
+            return False
+        self._whole = b""
+        self._give()
         return True
 
     def _give(self) -> None:
@@ -619,6 +634,9 @@ class Connection(asyncio.Protocol):
                 request.body = parts[0] if len(parts) == 1 else b"".join(parts)
             self._serve(request)
         if self.closing:
+            return
+        if self._give_idle and not queue and not self.busy and self._current is None and not self._head \
+                and not self._held and not self._eof and self._gives_now():
             return
         if queue:
             if self._eof and not self.busy and not (queue[0].complete or queue[0].answer is not None):

@@ -8,8 +8,8 @@ hands every other request to the host's loop over its channel (`server/channel.p
 admin, metadata, metrics, health, the repository, trace settings, a model loading, not
 ready or unknown. A connection whose request names a model only the host serves (its
 policy needs the host: adaptive), or any infer request while the host traces, goes to the
-host's loop itself, from that request on, wherever the request is the first thing read
-since the last answer (else that request alone is handed over). The client cannot tell
+host's loop itself: from that request on where it is the first thing read since the last
+answer, else once that request, handed over alone, is answered. The client cannot tell
 which loop answered.
 
 It runs in a private interpreter (its own libpython, its own GIL), started by the host as
