@@ -664,20 +664,28 @@ async def read_sums(reader: asyncio.StreamReader) -> list[int]:
     return {o["name"]: o["data"] for o in json.loads(body)["outputs"]}["SUM"]  # type: ignore[no-any-return]
 
 
+async def on_a_front(start_server, root: pathlib.Path):  # type: ignore[no-untyped-def]
+    """Two fronts over the conftest models and `fast` (adaptive: only the host serves it), and a
+    connection whose first request, an `add`, a front answered: (server, url, reader, writer)."""
+    from .test_metrics import adaptive_repository
+
+    server, url = await start_server(adaptive_repository(root), loops=2)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(_raw("add", [[1, 2, 3, 4]], [[4, 3, 2, 1]]))
+    assert await read_sums(reader) == [5, 5, 5, 5]
+    assert sum(await front_requests(server)) == 1  # the connection is a front's
+    return server, url, reader, writer
+
+
 async def test_a_connection_whose_request_names_a_model_only_the_host_serves_goes_to_the_host(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
     """A front that reads a request for a model only the host's loop serves (adaptive) hands the
     connection itself to the host, with the bytes it read: that request and every later one
     on the connection, whichever model it names, are the host's, with no hop through the
     front; each is answered in order and counted once. Connections of the other models stay
     on the fronts."""
-    from .test_metrics import adaptive_repository
-
-    server, url = await start_server(adaptive_repository(tmp_path / "repo"), loops=2)
+    server, url, reader, writer = await on_a_front(start_server, tmp_path / "repo")
     rows, other = [[1, 2, 3, 4]], [[4, 3, 2, 1]]
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
-        writer.write(_raw("add", rows, other))
-        assert await read_sums(reader) == [5, 5, 5, 5]
         assert (server.loops.connections, server.app.stats.connections) == (1, 0)  # a front's
         # the adaptive model's request and one for `add` behind it, in one read: both the host's
         writer.write(_raw("fast", rows, other) + _raw("add", [[10, 20, 30, 40]], other))
@@ -732,15 +740,9 @@ async def test_a_forwarded_requests_duration_counts_the_hop_to_the_host(start_se
     that loop is busy the request waits there, and its duration (as the metrics and the
     statistics extension count it) includes that wait. Once it is answered, the connection
     itself goes to the host's loop."""
-    from .test_metrics import adaptive_repository
-
-    server, url = await start_server(adaptive_repository(tmp_path / "repo"), loops=2)
+    server, url, reader, writer = await on_a_front(start_server, tmp_path / "repo")
     rows, other = [[1, 2, 3, 4]], [[4, 3, 2, 1]]
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
-        writer.write(_raw("add", rows, other))
-        assert await read_sums(reader) == [5, 5, 5, 5]
-        assert sum(await front_requests(server)) == 1  # the connection is a front's
         # sent now, not when this loop runs again
         os.write(writer.transport.get_extra_info("socket").fileno(), _raw("add", rows, other) + _raw("fast", rows, other))
         time.sleep(0.2)  # noqa: ASYNC251 - the host's loop (this one) is busy: the front's hand-over waits

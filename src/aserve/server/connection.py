@@ -356,10 +356,10 @@ class Connection(asyncio.Protocol):
         as soon as every request read is answered and nothing is read of the next."""
         if self.server.give is None:
             return False
+        # a read that began with nothing owed, whose first head this is: the queue holds `request` alone
         transport = self.transport
-        if (self._whole is None or self._heads_read != self._heads_before + 1
-                or self.busy or len(self.queue) != 1 or self.queue[0] is not request or self._giving
-                or self.closing or self._discard or transport is None or transport.get_write_buffer_size()):
+        if (self._whole is None or self._heads_read != self._heads_before + 1 or transport is None
+                or transport.get_write_buffer_size()):
             self._give_idle = True
             return False
         self._giving = True
@@ -384,8 +384,6 @@ class Connection(asyncio.Protocol):
         fd = os.dup(transport.get_extra_info("socket").fileno())
         self.closing = True
         self._cancel_timer()
-        self.queue.clear()
-        self._current = None
         if self.counted:
             self.server.stats.connections -= 1
             self.counted = False
