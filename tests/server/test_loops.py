@@ -24,6 +24,7 @@ from . import test_head_refusals as refusals
 from .conftest import ADD_CONFIG, ADD_MODEL, MODELS, write_repository
 from .test_http_front import read_response
 from .test_metrics import Scrape, scrape, value
+from .wire import send_read
 
 
 def add_body(rows: list[list[int]], other: list[list[int]]) -> dict[str, object]:
@@ -732,6 +733,30 @@ async def test_a_connection_goes_to_the_host_with_a_head_whose_body_is_still_on_
     finally:
         writer.close()
     assert sum(await front_requests(server)) == 0
+
+
+@pytest.mark.parametrize("cut", ["method", "request line", "header", "head"])
+async def test_a_connection_goes_to_the_host_with_every_read_of_its_request(start_server, tmp_path: pathlib.Path,  # type: ignore[no-untyped-def]
+                                                                           cut: str) -> None:
+    """A request for a model only the host's loop serves, whose head a front read in several
+    reads (the first ending inside the method, the request line, a field, or the head's end):
+    the connection goes to the host with all of them, and the request is served."""
+    from .test_metrics import adaptive_repository
+
+    server, _ = await start_server(adaptive_repository(tmp_path / "repo"), loops=2)
+    await until(lambda: server.loops.serving == 2, what="both fronts serve")
+    data = _raw("fast", [[1, 2, 3, 4]], [[4, 3, 2, 1]])
+    at = {"method": 3, "request line": 20, "header": data.index(b"Content-Type") + 5,
+          "head": data.index(b"\r\n\r\n") + 2}[cut]
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        await send_read(writer, [data[:at], data[at:]], server.port)
+        assert await read_sums(reader) == [5, 5, 5, 5]
+        assert (server.loops.connections, server.app.stats.connections) == (0, 1)  # the host's now
+        writer.write(_raw("add", [[1, 1, 1, 1]], [[1, 1, 1, 1]]))
+        assert await read_sums(reader) == [2, 2, 2, 2]
+    finally:
+        writer.close()
 
 
 async def test_a_forwarded_requests_duration_counts_the_hop_to_the_host(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]

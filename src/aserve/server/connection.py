@@ -17,11 +17,14 @@ A request that passes has its body gathered (decoded from gzip or deflate, withi
 Requests pipelined on a connection are answered in order, one at a time. The
 connection stops reading when its answers are not read (the transport's write buffer
 is full) or when too many requests wait behind the one in progress. Limits:
-`--max-header-bytes` (431), `--request-timeout` from a request's first byte (408;
-its head is also bounded by the keep-alive timeout when that limit is off),
-`--keepalive-timeout` between requests, `--max-connections` (503). A malformed request
-gets 400 and the connection closes; so does an upgrade request, once answered (the
-server speaks no other protocol on the connection).
+`--max-header-bytes` and MAX_FIELDS (431, as the fields arrive; a chunked body's trailer
+fields and framing are held to the same limits), `--request-timeout` from a request's
+first byte (408; its head is also bounded by the keep-alive timeout when that limit is
+off), `--keepalive-timeout` between requests, `--max-connections` (503). A malformed request
+gets 400 and the connection closes (505 for an HTTP version other than 1.1 and 1.0, 501
+for a transfer coding other than chunked); so does an upgrade request, once answered (the
+server speaks no other protocol on the connection). At the client's EOF, a request it cut
+short is not waited for: the connection closes.
 
 Between answers, a connection can go to another event loop of the process (`hand_over`,
 a front loop handing the host's loop a connection to a model only the host serves): the
@@ -37,6 +40,7 @@ import fcntl
 import logging
 import os
 import random
+import re
 import socket
 import struct
 import termios
@@ -105,6 +109,41 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
 
 def _none() -> int:
     return 0
+
+
+_VERSIONS = "HTTP version not supported: this server speaks HTTP/1.1 and HTTP/1.0"
+_ABSOLUTE = re.compile(r"https?://[^/?#]*", re.IGNORECASE)
+
+
+def origin_form(target: str) -> str:
+    """A request target in absolute form (`http://host:port/path?query`, which a server must
+    take: RFC 9112 3.2.2) as the origin form the routes match: its path and query. Any other
+    target comes back as it is (no route matches it)."""
+    scheme = _ABSOLUTE.match(target)
+    if scheme is None:
+        return target
+    rest = target[scheme.end():]
+    return rest if rest[:1] == "/" else "/" + rest
+
+
+def _framing(version: str, headers: dict[str, str]) -> tuple[int, str] | None:
+    """What a new head's version and framing fields refuse: 505 for an HTTP version other
+    than 1.1 and 1.0, 501 for a transfer coding other than chunked alone (RFC 9112 6.1),
+    400 for an HTTP/1.1 request without Host."""
+    if version != "1.1" and version != "1.0":
+        return 505, f"{_VERSIONS}; the request line says HTTP/{version}"
+    coding = headers.get("transfer-encoding")
+    if coding is not None and [c.strip().lower() for c in coding.split(",")] != ["chunked"]:
+        return 501, (f"Transfer-Encoding: this server decodes the chunked transfer coding alone, got {coding!r} "
+                     f"(send a compressed body with Content-Encoding)")
+    if version == "1.1" and "host" not in headers:
+        return 400, "malformed HTTP request: an HTTP/1.1 request needs a Host header"
+    return None
+
+
+class _Overrun(Exception):
+    """Raised in llhttp's callback that found a limit passed (`Connection._overrun` says which):
+    llhttp stops there, before it gathers more of what is too long already."""
 
 
 class HttpServer:
@@ -222,11 +261,20 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._done: asyncio.Future[None] | None = None  # a shutdown waits for the request in progress
-        self._heads_read = 0  # request heads begun (on_url): whether a read held exactly one request
+        self._heads_read = 0  # requests begun (on_message_begin): whether a read held exactly one request
         self._again: Request | None = None  # the last request, refused for overload, whose bytes came in one read
         self._known: tuple[Any, ...] | None = None  # the last head read: its `HttpServer.heads` entry, if plain
         self._whole: bytes | None = None  # the read being parsed, when it began with a request and nothing was owed
         self._heads_before = 0  # `_heads_read` before the read being parsed
+        # the reads since the connection was last between requests with nothing owed, while the
+        # request begun there is still in its head (a method or head split over reads): where
+        # another loop begins if that request takes the connection there (`hand_over`)
+        self._opening: list[bytes] | None = None
+        self._heads_opening = 0  # `_heads_read` when `_opening` began
+        self._progress = False  # llhttp reached a request's start, head, body or end in the read being parsed
+        self._stalled = 0  # bytes read in a body's framing (chunk sizes, trailer fields) since the last progress
+        self._trailers = 0  # trailer fields of the request being read
+        self._overrun: tuple[int, str] | None = None  # a limit a callback found passed: parsing stops
         self._giving = False  # the connection goes to another loop once the read is parsed (`hand_over`)
         self._give_idle = False  # ... or once nothing read is left to answer (`hand_over`, later)
         self.pending = b""  # read by the loop that had the connection before (`HttpServer.resumed`)
@@ -263,9 +311,16 @@ class Connection(asyncio.Protocol):
             self._again = None
             if data == again.raw and self._refuse_again(again):
                 return
-        whole = not self.queue and not self.busy and self._current is None and not self._head
+        idle = not self.queue and not self.busy and self._current is None
+        whole = idle and not self._head  # llhttp is between requests, none begun
         self._whole = data if whole else None
         heads = self._heads_before = self._heads_read
+        if whole:
+            self._opening, self._heads_opening = [data], heads
+        elif idle and self._opening is not None:
+            self._opening.append(data)  # the head begun in earlier reads goes on
+        else:
+            self._opening = None
         if whole and self.counted:
             end = data.find(b"\r\n\r\n", 0, KNOWN_HEAD_BYTES)
             if end > 0:
@@ -274,6 +329,7 @@ class Connection(asyncio.Protocol):
                     self._read_known(known, data, end + 4)
                     return
         self._known = None
+        self._progress = False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -281,14 +337,32 @@ class Connection(asyncio.Protocol):
                 self._upgraded()
         except httptools.HttpParserError as exc:
             if not self._giving:
-                self._malformed(exc)
+                overrun, self._overrun = self._overrun, None
+                if overrun is not None:
+                    self._refuse_head(*overrun)
+                else:
+                    self._malformed(exc)
         if self._giving:
             self._give()
             return
-        if self._head and not self.closing:
-            self._head_bytes += len(data)
-            if self._head_bytes > self.limits.head_bytes:
-                self._refuse_head(431, self._header_message())
+        if self._head:
+            if not self.closing:
+                self._head_bytes += len(data)
+                if self._head_bytes > self.limits.head_bytes:
+                    self._refuse_head(431, self._header_message())
+            if not idle:
+                self._opening = None
+        else:
+            self._opening = None
+            if self._current is not None and not self.closing:
+                # a chunked body's framing and trailer fields: llhttp hands over no body byte for
+                # them, and httptools gathers a trailer field whole before it calls on_header
+                if self._progress:
+                    self._stalled = 0
+                else:
+                    self._stalled += len(data)
+                    if self._stalled > self.limits.head_bytes:
+                        self._refuse_head(431, self._trailer_message())
         current = self._current  # a request whose body is still on the way after this read
         if current is not None and current.ahead is not None and current.answer is None and not self.closing:
             answer = self.dispatcher.ahead(current)
@@ -356,9 +430,9 @@ class Connection(asyncio.Protocol):
         as soon as every request read is answered and nothing is read of the next."""
         if self.server.give is None:
             return False
-        # a read that began with nothing owed, whose first head this is: the queue holds `request` alone
+        # reads that began with nothing owed, whose first request this is: the queue holds `request` alone
         transport = self.transport
-        if (self._whole is None or self._heads_read != self._heads_before + 1 or transport is None
+        if (self._opening is None or self._heads_read != self._heads_opening + 1 or transport is None
                 or transport.get_write_buffer_size()):
             self._give_idle = True
             return False
@@ -371,16 +445,17 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.get_write_buffer_size():
             return False
-        self._whole = b""
+        self._opening = []
         self._give()
         return True
 
     def _give(self) -> None:
         """Hand the connection to the loop `hand_over` agreed to: a duplicate of its descriptor
-        and the read that holds its next request go there; this loop's transport closes without
+        and the reads that hold its next request go there; this loop's transport closes without
         a byte written, leaving the socket open through the duplicate."""
-        transport, data, give = self.transport, self._whole, self.server.give
-        assert transport is not None and data is not None and give is not None
+        transport, reads, give = self.transport, self._opening, self.server.give
+        assert transport is not None and reads is not None and give is not None
+        data = reads[0] if len(reads) == 1 else b"".join(reads)
         fd = os.dup(transport.get_extra_info("socket").fileno())
         self.closing = True
         self._cancel_timer()
@@ -393,8 +468,12 @@ class Connection(asyncio.Protocol):
         give(fd, data)
 
     def eof_received(self) -> bool | None:
-        self._eof = True  # the client sends no more: what it sent is still answered
-        if not self.busy and not self.queue:
+        """The client sends no more: what it sent whole is still answered; a request it cut
+        short (its head or body unfinished, or a body being dropped) never will be, and the
+        connection closes now rather than wait for its timeout."""
+        self._eof = True
+        queue = self.queue
+        if not self.busy and not (queue and (queue[0].complete or queue[0].answer is not None)):
             self.close()
         return True
 
@@ -422,26 +501,42 @@ class Connection(asyncio.Protocol):
 
     # ---- llhttp's callbacks ----
 
+    def on_message_begin(self) -> None:
+        """A request begins (llhttp has its method's first byte): its head is read from here,
+        so a read that ends inside the method is not mistaken for a gap between requests."""
+        self._progress = True
+        self._url = b""
+        self._heads_read += 1
+        self._fields = []
+        self._trailers = 0
+        self._refusal = None
+        self._head = True
+        self._head_bytes = 0
+        self._head_began = self._now
+        self._received, self._held_over = self._sent()
+        self._sent_by = 0.0
+
     def on_url(self, url: bytes) -> None:
-        """The request target, or a piece of it: its first piece begins a request (llhttp reads
-        the method before, and calls no other callback of the request before this one)."""
-        if self._head:
-            self._url += url
-        else:
-            self._url = url
-            self._heads_read += 1
-            self._fields = []
-            self._refusal = None
-            self._head = True
-            self._head_bytes = 0
-            self._head_began = self._now
-            self._received, self._held_over = self._sent()
-            self._sent_by = 0.0
-        if len(self._url) > self._max_field and self._refusal is None:
-            self._refusal = (431, self._header_message())
+        """The request target, or a piece of it."""
+        self._url += url
+        if len(self._url) > self._max_field:
+            self._overrun = (431, self._header_message())
+            raise _Overrun
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._fields.append((name, value))  # read in on_headers_complete (their total size is bounded there)
+        """A header field (read in on_headers_complete), or after a chunked body a trailer
+        field: counted against the head's limits, and not kept."""
+        if self._head:
+            fields = self._fields
+            if len(fields) >= MAX_FIELDS:
+                self._overrun = (431, self._header_message())
+                raise _Overrun
+            fields.append((name, value))
+            return
+        self._trailers += 1
+        if self._trailers > MAX_FIELDS or len(name) + len(value) > self._max_field:
+            self._overrun = (431, self._trailer_message())
+            raise _Overrun
 
     def _headers(self) -> dict[str, str]:
         """The head's fields by lower-case name (a repeated field's values joined with ", ");
@@ -449,8 +544,6 @@ class Connection(asyncio.Protocol):
         request's refusal."""
         headers: dict[str, str] = {}
         fields = self._fields
-        if len(fields) > MAX_FIELDS:
-            self._refusal = self._refusal or (431, self._header_message())
         limit = self._max_field
         for name, value in fields:
             key = _NAMES.get(name)
@@ -469,6 +562,7 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._head = False
+        self._progress = True
         if self._giving:
             return  # a request behind the one the connection goes with: the other loop reads it again
         parser = self.parser
@@ -483,8 +577,12 @@ class Connection(asyncio.Protocol):
         else:
             headers = self._headers()
             method_name, target = _METHODS.get(method) or method.decode("ascii"), self._url.decode("latin-1")
-        request = Request(method_name, target, version, headers, keep_alive=parser.should_keep_alive(),
-                          received=self._received, remote=self.remote)
+            if target[:1] != "/":
+                target = origin_form(target)
+        # an HTTP/1.0 message with Transfer-Encoding has faulty framing: answered, then closed (RFC 9112 6.1)
+        keep_alive = parser.should_keep_alive() and not (version == "1.0" and "transfer-encoding" in headers)
+        request = Request(method_name, target, version, headers, keep_alive=keep_alive, received=self._received,
+                          remote=self.remote)
         request.connection = self
         if self._held_over:
             request.held, self._held_over = True, False
@@ -507,8 +605,8 @@ class Connection(asyncio.Protocol):
             elif encoding == "identity" and not expect and "transfer-encoding" not in headers:
                 self._known = known
         else:
-            if self._refusal is None and "host" not in headers and version == "1.1":
-                self._refusal = (400, "malformed HTTP request: an HTTP/1.1 request needs a Host header")
+            if self._refusal is None:
+                self._refusal = _framing(version, headers)
             if self._refusal is not None:
                 status, text = self._refusal
                 self._count("header_size" if status == 431 else "malformed")
@@ -553,6 +651,7 @@ class Connection(asyncio.Protocol):
         return int(headers.get("content-length", "0")) <= self.limits.max_body_bytes
 
     def on_body(self, body: bytes) -> None:
+        self._progress = True
         request = self._current
         if request is None or request.answer is not None:
             return  # answered from its head: the body is not kept
@@ -575,6 +674,7 @@ class Connection(asyncio.Protocol):
         request.kept += len(body)
 
     def on_message_complete(self) -> None:
+        self._progress = True
         request = self._current
         self._current = None
         if request is None:
@@ -847,6 +947,12 @@ class Connection(asyncio.Protocol):
     def _count(self, reason: str) -> None:
         self.server.stats.refused[reason] += 1
 
+    def _trailer_message(self) -> str:
+        return (f"request trailer section too large: after a chunked body's last byte, its framing and trailer "
+                f"fields must fit in {self.limits.head_bytes} bytes, each trailer field in the server's limit of "
+                f"{self.limits.max_header_bytes} bytes (--max-header-bytes), and there may be at most {MAX_FIELDS} "
+                f"trailer fields")
+
     def _header_message(self) -> str:
         return (f"request header too large: the request line and every header field must fit in the server's "
                 f"limit of {self.limits.max_header_bytes} bytes (--max-header-bytes), and at most {MAX_FIELDS} "
@@ -870,7 +976,10 @@ class Connection(asyncio.Protocol):
     def _malformed(self, exc: Exception) -> None:
         text = str(exc).strip() or type(exc).__name__
         log.info("malformed request from %s: %s", self.remote, text)
-        self._refuse_head(400, f"malformed HTTP request: {text}")
+        if text == "Invalid HTTP version":  # llhttp knows 0.9, 1.0, 1.1 and 2.0 alone
+            self._refuse_head(505, _VERSIONS)
+        else:
+            self._refuse_head(400, f"malformed HTTP request: {text}")
 
     def _upgraded(self) -> None:
         """An Upgrade request: the server speaks only HTTP/1.1 here; what was parsed is answered,

@@ -1,0 +1,197 @@
+"""The HTTP front under hostile and clumsy clients, through real sockets.
+
+Trailer fields are held to the head's limits while they arrive; header fields too many are
+refused before the head ends; a client that leaves mid-request is closed at its EOF; one
+byte stream gets one set of answers however its reads fall (a method split over reads, a
+head read before byte for byte behind a partial one; a front loop handing the connection
+to the host's loop with every read of its request is `test_loops.py`'s); HTTP/1.0 framing, transfer codings, versions and absolute-form targets are read as
+RFC 9112 says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+
+import pytest
+
+from ..conftest import until
+from .conftest import open_connections
+from .test_http_front import add_request, expected_sum, read_response
+from .wire import answers, send_read, statuses
+
+LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+CHUNKED_LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+async def connect(server: object) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", server.port)  # type: ignore[attr-defined]
+
+
+# ---- B, G: trailers and header fields held to the head's limits as they arrive ----
+
+
+async def test_trailer_fields_are_held_to_the_heads_limits_while_they_arrive(start_server,
+                                                                            repository: pathlib.Path) -> None:
+    """On an open route (no token needed), a chunked body's trailer section that passes the
+    head's limits (field count, field size, bytes) is refused with 431 before it ends, and the
+    connection closes; trailers within them are read and the connection goes on."""
+    server, _ = await start_server(repository, api_token="secret", max_header_bytes=1024)
+    endless = (
+        b"a:\r\n" * 200,  # more fields than a head may hold
+        b"X: " + b"b" * 2000 + b"\r\nY: z\r\n",  # one field over --max-header-bytes
+        b"X: " + b"b" * (200 << 10),  # one value without end, past the head's bytes
+    )
+    for trailers in endless:
+        reader, writer = await connect(server)
+        try:
+            writer.write(CHUNKED_LIVE + b"0\r\n" + trailers)  # the trailer section never ends
+            status, headers, body = await read_response(reader)
+            assert status == 431 and headers["connection"] == "close", body
+            assert "trailer" in json.loads(body)["error"]
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+        finally:
+            writer.close()
+    reader, writer = await connect(server)
+    try:
+        writer.write(CHUNKED_LIVE + b"0\r\nA: 1\r\nB: 2\r\n\r\n" + LIVE)
+        for _ in range(2):
+            status, headers, body = await read_response(reader)
+            assert status == 200 and json.loads(body) == {"live": True} and "connection" not in headers
+    finally:
+        writer.close()
+    await until(lambda: open_connections(server) == 0, what="every connection closed")
+
+
+async def test_header_fields_past_the_count_are_refused_before_the_head_ends(start_server,
+                                                                            repository: pathlib.Path) -> None:
+    server, _ = await start_server(repository)
+    reader, writer = await connect(server)
+    try:
+        writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n" + b"a:\r\n" * 15000)  # no end to the head
+        status, headers, body = await read_response(reader)
+        assert status == 431 and headers["connection"] == "close"
+        assert "at most 128 header fields" in json.loads(body)["error"]
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+    finally:
+        writer.close()
+
+
+# ---- C: a client that leaves mid-request ----
+
+
+async def test_a_client_that_leaves_mid_request_is_closed_at_its_eof(start_server, repository: pathlib.Path) -> None:
+    """A request the client cuts short (part of its head, part of its body, or part of a body
+    the server drops after answering from the head) and then half-closes can never be whole:
+    the server closes the connection at once, not at --request-timeout, and no longer counts
+    it. A whole request sent before the half-close is still answered."""
+    server, _ = await start_server(repository, request_timeout_s=120.0)
+    whole = add_request(5)
+    for sent, expected in (
+        (whole[:30], []),  # part of a head
+        (whole[:-10], []),  # the head and part of its body
+        (b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10, [404]),  # dropped body
+        (whole + whole[:-10], [200]),  # a whole request, then part of one
+    ):
+        reader, writer = await connect(server)
+        try:
+            writer.write(sent)
+            await writer.drain()
+            writer.transport.write_eof()
+            assert statuses(await answers(reader)) == expected, sent[:40]
+        finally:
+            writer.close()
+    await until(lambda: open_connections(server) == 0, timeout=10.0, what="the connections uncounted")
+
+
+# ---- one byte stream, one set of answers, however its reads fall ----
+
+
+async def test_a_head_read_before_behind_a_partial_method_is_not_taken_for_a_request(start_server,
+                                                                                    repository: pathlib.Path) -> None:
+    """`G`, then a head the server read before byte for byte (so it knows it), then the rest
+    of a request line: as one read it is one request whose method is `GGET` (400); cut into
+    three reads it must be the same, not the known head's answer and another request."""
+    server, _ = await start_server(repository)
+    head = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+    rest = b"ET /v2/models/nosuch/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+    got = []
+    for pieces in ([b"G" + head + rest], [b"G", head, rest]):
+        reader, writer = await connect(server)
+        try:
+            for _ in range(3):  # the head, each in a read of its own: known byte for byte from then on
+                await send_read(writer, [head], server.port)
+                status, _, _ = await read_response(reader)
+                assert status == 200
+            await send_read(writer, pieces, server.port)
+            got.append(statuses(await answers(reader)))
+        finally:
+            writer.close()
+    assert got == [[400], [400]]
+
+
+# ---- RFC 9112: HTTP/1.0 framing, transfer codings, versions, absolute-form targets ----
+
+
+async def test_an_http10_request_with_transfer_encoding_is_answered_then_closed(start_server,
+                                                                              repository: pathlib.Path) -> None:
+    """RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing; the server
+    answers it and closes, even when it asked for keep-alive."""
+    server, _ = await start_server(repository)
+    reader, writer = await connect(server)
+    try:
+        writer.write(b"GET /v2/health/live HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"0\r\n\r\n" + LIVE)
+        data = await answers(reader)
+        assert statuses(data) == [200] and b"Connection: close\r\n" in data
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("coding", ["gzip, chunked", "deflate,chunked", "x-custom , Chunked"])
+async def test_a_transfer_coding_other_than_chunked_gets_501(start_server, repository: pathlib.Path,
+                                                             coding: str) -> None:
+    server, _ = await start_server(repository)
+    reader, writer = await connect(server)
+    try:
+        writer.write(f"POST /v2/models/add/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Transfer-Encoding: {coding}\r\n\r\n5\r\nhello\r\n0\r\n\r\n".encode())
+        status, headers, body = await read_response(reader)
+        assert status == 501 and headers["connection"] == "close"
+        assert repr(coding) in json.loads(body)["error"]
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("version", ["2.0", "0.9", "1.2", "3.0"])
+async def test_an_http_version_other_than_1x_gets_505(start_server, repository: pathlib.Path, version: str) -> None:
+    server, _ = await start_server(repository)
+    reader, writer = await connect(server)
+    try:
+        writer.write(f"GET /v2/health/live HTTP/{version}\r\nHost: x\r\n\r\n".encode())
+        status, headers, body = await read_response(reader)
+        assert status == 505 and headers["connection"] == "close"
+        assert "HTTP/1.1 and HTTP/1.0" in json.loads(body)["error"]
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+    finally:
+        writer.close()
+
+
+async def test_an_absolute_form_target_is_served(start_server, repository: pathlib.Path) -> None:
+    """RFC 9112 3.2.2: a server takes a request target in absolute form, as a proxy sends it."""
+    server, _ = await start_server(repository)
+    reader, writer = await connect(server)
+    try:
+        writer.write(add_request(3, path=f"http://127.0.0.1:{server.port}/v2/models/add/infer")
+                     + b"GET HTTPS://example.com/v2/health/live?probe=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+                     + b"GET http://example.com HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, _, body = await read_response(reader)
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == expected_sum(3)
+        status, _, body = await read_response(reader)
+        assert status == 200 and json.loads(body) == {"live": True}
+        status, _, body = await read_response(reader)
+        assert status == 404 and json.loads(body)["error"] == "Not Found: GET /"
+    finally:
+        writer.close()
