@@ -104,7 +104,9 @@ def _repository(settings: ServerSettings) -> pathlib.Path:
 def _serve(args: argparse.Namespace) -> int:
     # Private interpreters need glibc tunables at process start: re-execute now, before anything else.
     from .engine import ensure_glibc_tunables
+    from .fds import raise_limit
 
+    raise_limit()  # before the re-exec, which keeps it: --max-connections's default follows from it
     ensure_glibc_tunables()
     try:
         settings = settings_from_args(args)

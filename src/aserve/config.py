@@ -21,7 +21,7 @@ from typing import Annotated, Any, NamedTuple
 import msgspec
 import msgspec.inspect as mi
 
-from . import cpus
+from . import cpus, fds
 from .tracing.config import TracingSettings
 
 ENGINE_CHOICES = ("auto", "private", "subinterp", "main")
@@ -133,9 +133,13 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                                                "gets 431", extra={"group": ACCESS})
     ] = 8190
     max_connections: Annotated[
-        int, msgspec.Meta(ge=0, description="open connections served at once; beyond, a connection's request gets "
-                                             "503 and it is closed (0 = no limit)", extra={"group": ACCESS})
-    ] = 0
+        int, msgspec.Meta(ge=0, description="open HTTP connections served at once; beyond, a connection's request "
+                                             "gets 503 and it is closed, and one that sends none within a second "
+                                             "is closed (0 = no limit); None = what the descriptor limit leaves: "
+                                             "the soft RLIMIT_NOFILE, raised to the hard limit at start, less an "
+                                             "eighth of it (at least 128) kept for the process's other "
+                                             "descriptors", extra={"group": ACCESS})
+    ] | None = None
     keepalive_timeout_s: Annotated[
         float, msgspec.Meta(gt=0, description="an idle connection (between requests, or before its first) is "
                                                "closed after this many seconds",
@@ -191,6 +195,12 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         if self.expose_model_errors is not None:
             return self.expose_model_errors
         return is_loopback(self.host)
+
+    @property
+    def connection_limit(self) -> int:
+        """Open HTTP connections served at once (`max_connections`, or what the descriptor
+        limit leaves: `fds.connections`); 0: no limit."""
+        return self.max_connections if self.max_connections is not None else fds.connections()
 
     @property
     def loop_count(self) -> int:

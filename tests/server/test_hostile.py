@@ -5,19 +5,25 @@ refused before the head ends; a client that leaves mid-request is closed at its 
 byte stream gets one set of answers however its reads fall (a method split over reads, a
 head read before byte for byte behind a partial one; a front loop handing the connection
 to the host's loop with every read of its request is `test_loops.py`'s); HTTP/1.0 framing, transfer codings, versions and absolute-form targets are read as
-RFC 9112 says.
+RFC 9112 says; and by default the server holds no more connections than its descriptor
+limit leaves room for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import pathlib
+import resource
+import socket
+import sys
 
+import aiohttp
 import pytest
 
-from ..conftest import until
-from .conftest import open_connections
+from ..conftest import free_port, spawns, until, wait_ready
+from .conftest import open_connections, write_repository
 from .test_http_front import add_request, expected_sum, read_response
 from .wire import answers, send_read, statuses
 
@@ -195,3 +201,56 @@ async def test_an_absolute_form_target_is_served(start_server, repository: pathl
         assert status == 404 and json.loads(body)["error"] == "Not Found: GET /"
     finally:
         writer.close()
+
+
+# ---- G: the default connection cap, from the descriptor limit ----
+
+
+def _descriptors(limit: int) -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+
+@spawns
+async def test_by_default_the_server_holds_no_more_connections_than_its_descriptors_allow(
+        tmp_path: pathlib.Path) -> None:
+    """A server whose descriptor limit is 300 serves 300 - 128 = 172 connections at once (the
+    rest of its descriptors are its own); the next gets 503, and one that sends nothing is
+    closed within a second rather than hold a descriptor for the keep-alive timeout. Once
+    connections close, new ones are served again."""
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aserve.cli", "serve", str(write_repository(tmp_path / "repo")), "--port", str(port),
+        "--no-grpc", "--interpreters", "1", env=dict(os.environ, ASERVE_LOG_LEVEL="warning"),
+        preexec_fn=lambda: _descriptors(300), stderr=asyncio.subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    held: list[socket.socket] = []
+    try:
+        async with aiohttp.ClientSession() as http:
+            await wait_ready(http, url, proc)
+        for _ in range(172):
+            held.append(socket.create_connection(("127.0.0.1", port)))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(LIVE)
+            status, headers, body = await read_response(reader)
+            assert status == 503 and headers["retry-after"] == "1" and headers["connection"] == "close"
+            assert "limit of 172 open connections" in json.loads(body)["error"]
+            assert await asyncio.wait_for(idle_reader.read(), 10) == b""  # closed without a request
+        finally:
+            writer.close()
+            idle_writer.close()
+        for sock in held[:10]:
+            sock.close()
+        async with aiohttp.ClientSession() as http:
+            await until(lambda: _live(http, url), timeout=10.0, what="a connection served again")
+    finally:
+        for sock in held:
+            sock.close()
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 60)
+
+
+async def _live(http: aiohttp.ClientSession, url: str) -> bool:
+    async with http.get(f"{url}/v2/health/live") as r:
+        return r.status == 200

@@ -72,6 +72,7 @@ JOINED_ANSWER_BYTES = 16384
 KNOWN_HEAD_BYTES = 2048  # longest head kept byte for byte (`HttpServer.raw_heads`)
 PIPELINE_LIMIT = 1 << 20  # body bytes waiting behind the request in progress before reading stops
 MAX_WAITING = 32  # requests waiting behind the one in progress before reading stops
+OVER_LIMIT_WAIT_S = 1.0  # longest a connection over --max-connections waits for the request its 503 answers
 CLOSE_GRACE_S = 1.0  # after a closing answer, how long the client may go on sending before the close
 READS_BEGAN_STALE_S = 1.0  # no iteration of a serving loop reads for that long
 HOLD_MAX_S = 1.0  # longest a connection refused for overload reads nothing (Retry-After says at least 1 s)
@@ -99,7 +100,9 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def of(cls, settings: ServerSettings) -> Limits:
-        return cls(**{name: getattr(settings, name) for name in cls.__struct_fields__})
+        limits = {name: getattr(settings, name) for name in cls.__struct_fields__}
+        limits["max_connections"] = settings.connection_limit
+        return cls(**limits)
 
     @property
     def head_bytes(self) -> int:
@@ -1015,10 +1018,12 @@ class Connection(asyncio.Protocol):
         if self._current is not None and limits.request_timeout_s > 0:
             # nothing in line, yet a body arrives: a request answered from its head, its body dropped
             return (self._current.began or self._now) + limits.request_timeout_s, "dropped"
+        wait = limits.keepalive_timeout_s if self.counted else min(limits.keepalive_timeout_s, OVER_LIMIT_WAIT_S)
         if self._head:
-            wait = limits.request_timeout_s if limits.request_timeout_s > 0 else limits.keepalive_timeout_s
+            if limits.request_timeout_s > 0 and self.counted:
+                wait = limits.request_timeout_s
             return max(self._head_began, self._free_since) + wait, "head"
-        return self._free_since + limits.keepalive_timeout_s, "idle"
+        return self._free_since + wait, "idle"
 
     def _arm(self) -> None:
         due, _ = self._deadline()
