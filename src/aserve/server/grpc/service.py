@@ -1,13 +1,19 @@
 """`inference.GRPCInferenceService`: the Open Inference Protocol's gRPC methods, over the
 same data plane, access rules, error policy and counters as the HTTP routes.
 
-Every method runs through `Methods._call`: the `authorization` metadata is checked as
-HTTP checks the header (`Access`), what it raises becomes a status (`status.status_of`),
-and the call is counted (`GrpcStats`, `aserve_grpc_requests_total`) and, with
-`--access-log`, logged. `ModelInfer` is an `InferCall` with the gRPC codec handed to
-`DataPlane.infer`, its deadline the client's (`grpc-timeout`); `ModelStreamInfer` queues
-each request of the stream with `DataPlane.submit` as it arrives and writes each answer,
-or its error alone, as it is ready.
+grpc.aio asks `Service.service` for each call's handler as the call arrives, before it
+reads the request message: the `authorization` metadata is checked there as HTTP checks
+the header (`Access`), and a call without the method's token is refused by a handler that
+never reads its message, so a refused client cannot make the server take in a large one.
+A call that passes runs through `Methods.unary`: the message is parsed there (not by
+grpc), so a malformed one is INVALID_ARGUMENT like any bad input; what the method raises
+becomes a status (`status.status_of`), and the call is counted (`GrpcStats`,
+`aserve_grpc_requests_total`) and, with `--access-log`, logged.
+
+`ModelInfer` is an `InferCall` with the gRPC codec handed to `DataPlane.infer`, its
+deadline the client's (`grpc-timeout`). `ModelStreamInfer` queues each request of the
+stream with `DataPlane.submit` as it arrives and writes each answer, or its error alone
+(a malformed message's too), as it is ready.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from typing import Any
 import grpc
 import msgspec
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 
 from ... import __version__
 from ...dataplane.stats import statistics
-from ...errors import InvalidInput
+from ...errors import AserveError, InvalidInput
 from ...inference import InferCall
 from ...logs import AccessLogger
 from ..access import ADMIN, API, OPEN, Level
@@ -43,6 +50,7 @@ INFER = f"/{SERVICE}/ModelInfer"
 STREAM = f"/{SERVICE}/ModelStreamInfer"
 
 Handler = Callable[[Any, grpc.aio.ServicerContext, dict[str, str]], Awaitable[Any]]
+Unary = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
 class GrpcStats:
@@ -64,6 +72,24 @@ def metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
     return {k.lower(): v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
 
 
+def authorization(invocation_metadata: Any) -> str | None:
+    """The `authorization` value of a call's metadata (the last, as `metadata` keeps it)."""
+    found = None
+    for key, value in invocation_metadata or ():
+        if isinstance(value, str) and key.lower() == "authorization":
+            found = value
+    return found
+
+
+def parse(kind: Any, raw: bytes) -> Any:
+    """The `kind` message in `raw`; InvalidInput (INVALID_ARGUMENT) when it is not one."""
+    try:
+        return kind.FromString(raw)
+    except DecodeError as e:
+        name = kind.DESCRIPTOR.full_name
+        raise InvalidInput(f"the request is not a valid {name} message (protobuf: {e})") from None
+
+
 class Methods:
     """The service's methods, bound to a server's App."""
 
@@ -82,18 +108,20 @@ class Methods:
 
     # ---- the one wrapper every unary method runs in ----
 
-    def unary(self, name: str, level: Level, handler: Handler) -> Callable[[Any, grpc.aio.ServicerContext],
-                                                                           Awaitable[Any]]:
+    def unary(self, name: str, kind: Any, handler: Handler) -> Unary:
+        """The method `name` as grpc serves it: the message (`kind`) parsed from its bytes, the
+        handler's answer, or what it raised as a status. The token was checked before
+        (`Service.service`)."""
         method = f"/{SERVICE}/{name}"
 
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def call(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             size = 0
             try:
-                # the metadata are read only when a token or a trace may be in them
-                md = metadata(context) if self.app.access.guards_anything or self.plane.tracer is not None else {}
-                self.app.access.check_credential(md.get("authorization"), level)
+                request = parse(kind, raw)
+                # the metadata are read only when a trace may be in them
+                md = metadata(context) if self.plane.tracer is not None else {}
                 response = await handler(request, context, md)
                 if self.access_log is not None:
                     size = response.ByteSize()
@@ -111,6 +139,18 @@ class Methods:
                 self._done(name, code, size, start, context)
 
         return call
+
+    def refusal(self, name: str, exc: AserveError) -> grpc.RpcMethodHandler:
+        """The handler of a call to `name` refused before its message is read (`exc`: why). It
+        is request-streaming whatever the method, because grpc reads a unary call's message
+        before it calls the handler; this one answers without reading."""
+        status = status_of(exc, self.app.policy, f"/{SERVICE}/{name}")
+
+        async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
+            self._done(name, status.code, 0, time.perf_counter(), context)  # counted before the client hears it
+            await context.abort(status.code, status.message)
+
+        return grpc.stream_unary_rpc_method_handler(refuse)
 
     def _done(self, name: str, code: grpc.StatusCode, size: int, start: float,
               context: grpc.aio.ServicerContext) -> None:
@@ -261,16 +301,11 @@ class Methods:
 
     async def model_stream_infer(self, requests: Any, context: grpc.aio.ServicerContext) -> None:
         """Each request of the stream is queued as it arrives and answered as soon as its batch
-        ran, with its id; a request that fails is answered with its error and the stream goes on."""
+        ran, with its id; a request that fails (a malformed message too) is answered with its
+        error and the stream goes on. The token was checked before (`Service.service`)."""
         start = time.perf_counter()
         code = grpc.StatusCode.OK
         md = metadata(context)
-        try:
-            self.app.access.check_credential(md.get("authorization"), API)
-        except Exception as exc:  # noqa: BLE001 - the stream is refused whole
-            status = status_of(exc, self.app.policy, STREAM)
-            self._done("ModelStreamInfer", status.code, 0, start, context)
-            await context.abort(status.code, status.message)
         answers: asyncio.Queue[Any] = asyncio.Queue()
         waiting = 0
         reading = True
@@ -289,15 +324,17 @@ class Methods:
         async def read() -> None:
             nonlocal reading, waiting
             try:
-                async for request in requests:
+                async for raw in requests:
                     waiting += 1
+                    request = None
                     try:
+                        request = parse(protos.ModelInferRequest, raw)
                         pending = self.plane.submit(self._call(request, context, md, STREAM))
                     except Exception as exc:  # noqa: BLE001 - this request fails alone
                         answers.put_nowait(self._stream_error(request, exc))
-                        continue
-                    pendings.add(pending)
-                    pending.then(answered(request, pending))
+                    else:
+                        pendings.add(pending)
+                        pending.then(answered(request, pending))
             finally:
                 reading = False
                 answers.put_nowait(None)  # wakes the writer to see the stream's end
@@ -328,17 +365,19 @@ class Methods:
                                     time.perf_counter() - start)
 
     def _stream_error(self, request: Any, exc: BaseException) -> tuple[grpc.StatusCode, Any]:
-        """A stream's answer to one request that failed: its status's message, and its id."""
+        """A stream's answer to one request that failed: its status's message, and its id (none
+        for a message that could not be parsed)."""
         status = status_of(exc, self.app.policy, STREAM)
+        named = {} if request is None else {"model_name": request.model_name, "model_version": request.model_version,
+                                            "id": request.id}
         return status.code, protos.ModelStreamInferResponse(
-            error_message=status.message,
-            infer_response=protos.ModelInferResponse(model_name=request.model_name,
-                                                     model_version=request.model_version, id=request.id),
-        )
+            error_message=status.message, infer_response=protos.ModelInferResponse(**named))
 
     # ---- the handler grpc.aio serves ----
 
     def handler(self) -> grpc.GenericRpcHandler:
+        """Every method, each with the access level its token is checked against. Handlers take
+        the request's bytes (no request_deserializer): the methods parse them."""
         unary = [
             ("ServerLive", OPEN, self.server_live, protos.ServerLiveRequest),
             ("ServerReady", OPEN, self.server_ready, protos.ServerReadyRequest),
@@ -353,16 +392,42 @@ class Methods:
             ("RepositoryModelUnload", ADMIN, self.repository_unload, protos.RepositoryModelUnloadRequest),
             ("TraceSetting", ADMIN, self.trace_setting, protos.TraceSettingRequest),
         ]
-        handlers: dict[str, grpc.RpcMethodHandler] = {
-            name: grpc.unary_unary_rpc_method_handler(
-                self.unary(name, level, fn), request_deserializer=kind.FromString,
-                response_serializer=_serialize)
+        methods = {
+            f"/{SERVICE}/{name}": (name, level, grpc.unary_unary_rpc_method_handler(
+                self.unary(name, kind, fn), response_serializer=_serialize))
             for name, level, fn, kind in unary
         }
-        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-            self.model_stream_infer, request_deserializer=protos.ModelInferRequest.FromString,
-            response_serializer=_serialize)
-        return grpc.method_handlers_generic_handler(SERVICE, handlers)
+        methods[STREAM] = ("ModelStreamInfer", API, grpc.stream_stream_rpc_method_handler(
+            self.model_stream_infer, response_serializer=_serialize))
+        return Service(self, methods)
+
+
+class Service(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no type information
+    """`inference.GRPCInferenceService` as grpc.aio finds its methods: `service` is asked for
+    each call's handler when the call arrives, with its metadata and before its message is
+    read, so the token is checked there; a call without the method's token gets a handler
+    that refuses it without reading the message (`Methods.refusal`)."""
+
+    def __init__(self, methods: Methods, table: dict[str, tuple[str, Level, grpc.RpcMethodHandler]]) -> None:
+        self.methods = methods
+        self.access = methods.app.access
+        self.table = table  # /Service/Method -> (its name, its access level, its handler)
+
+    def service_name(self) -> str:
+        return SERVICE
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        found = self.table.get(handler_call_details.method)
+        if found is None:
+            return None  # another service's method: grpc asks the next handler
+        name, level, handler = found
+        if level == OPEN or not self.access.guards_anything:
+            return handler
+        try:
+            self.access.check_credential(authorization(handler_call_details.invocation_metadata), level)
+        except AserveError as exc:  # Unauthorized, Forbidden
+            return self.methods.refusal(name, exc)
+        return handler
 
 
 def _serialize(message: Any) -> bytes:

@@ -1,0 +1,116 @@
+"""The gRPC front's bounds, through real channels against a real server: a call without its
+token refused before its message is read, and a malformed message answered INVALID_ARGUMENT.
+
+gRPC is served on the host's loop whatever the front loops, so the tests that move many
+bytes or calls run on it alone (`loops` 0)."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+
+import grpc
+import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from ..conftest import until
+from .test_grpc import code_of, target
+
+SERVICE = "/inference.GRPCInferenceService"
+INFER = f"{SERVICE}/ModelInfer"
+STREAM = f"{SERVICE}/ModelStreamInfer"
+MALFORMED = b"\x0a\xff\xff\xff"  # field 1, length-delimited, its length a varint that never ends
+API = [("authorization", "Bearer api-secret")]
+ADMIN = [("authorization", "Bearer admin-secret")]
+UNARY = {  # method: the token it takes (None: open)
+    "ServerLive": None, "ServerReady": None, "ModelReady": None, "ServerMetadata": API, "ModelMetadata": API,
+    "ModelInfer": API, "ModelConfig": API, "ModelStatistics": API, "RepositoryIndex": ADMIN,
+    "RepositoryModelLoad": ADMIN, "RepositoryModelUnload": ADMIN, "TraceSetting": ADMIN,
+}
+on_the_host_loop = pytest.mark.parametrize("loops", [0])
+
+
+def raw_message(size: int) -> bytes:
+    """A ModelInferRequest holding one `size`-byte raw_input_contents entry (field 7)."""
+    length = bytearray()
+    n = size
+    while True:
+        length.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            break
+    return b"\x3a" + bytes(length) + bytes(size)
+
+
+def add_request(request_id: str) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name="add", id=request_id)
+    for name in "AB":
+        request.inputs.add(name=name, datatype="INT32", shape=[1, 4]).contents.int_contents.extend([1, 2, 3, 4])
+    return request
+
+
+def errors_logged(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+
+
+@on_the_host_loop
+async def test_a_call_without_its_token_is_refused_before_its_message_is_read(start_server,
+                                                                                repository: pathlib.Path) -> None:
+    server, _ = await start_server(repository, grpc=True, api_token="api-secret")
+    calls = server.app.grpc_stats.calls
+    async with grpc.aio.insecure_channel(target(server)) as channel:
+        # ModelInfer's path called as a client stream that sends no message and keeps its side
+        # open: the server can answer it from its metadata alone, and does
+        for path, name in ((INFER, "ModelInfer"), (STREAM, "ModelStreamInfer")):
+            call = channel.stream_unary(path)()
+            await until(call.done, what=f"the refusal of a {name} call that sent no message", timeout=20)
+            assert await call.code() == grpc.StatusCode.UNAUTHENTICATED, await call.details()
+            assert calls[(name, "UNAUTHENTICATED")] == 1
+        # a large message without the token is refused the same, and the connection serves on
+        infer = channel.unary_unary(INFER)
+        error = await code_of(infer(raw_message(16 << 20)))
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED and "--api-token" in error.details()
+        assert calls[("ModelInfer", "UNAUTHENTICATED")] == 2
+        error = await code_of(infer(raw_message(16 << 20), metadata=[("authorization", "Bearer wrong")]))
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        assert (await stub.ModelInfer(add_request("ok"), metadata=API)).id == "ok"
+
+
+async def test_a_malformed_message_is_invalid_argument_after_the_token(start_server, repository: pathlib.Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Every unary method: a message protobuf cannot parse is INVALID_ARGUMENT naming the message
+    type, with no traceback in the log; without its token the call is UNAUTHENTICATED first."""
+    server, _ = await start_server(repository, grpc=True, api_token="api-secret", admin_token="admin-secret")
+    caplog.set_level(logging.INFO)
+    async with grpc.aio.insecure_channel(target(server)) as channel:
+        for name, token in UNARY.items():
+            call = channel.unary_unary(f"{SERVICE}/{name}")
+            error = await code_of(call(MALFORMED, metadata=token))
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, error)
+            assert f"the request is not a valid inference.{name}Request message (protobuf: " in error.details(), (
+                name, error.details())
+            if token is not None:
+                error = await code_of(call(MALFORMED))
+                assert error.code() == grpc.StatusCode.UNAUTHENTICATED, (name, error)
+    assert server.app.grpc_stats.calls[("ModelInfer", "INVALID_ARGUMENT")] == 1
+    assert errors_logged(caplog) == []
+
+
+async def test_a_malformed_message_in_a_stream_fails_alone(start_server, repository: pathlib.Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    server, _ = await start_server(repository, grpc=True)
+    caplog.set_level(logging.INFO)
+    async with grpc.aio.insecure_channel(target(server)) as channel:
+        stream = channel.stream_stream(STREAM, response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
+        messages = [add_request("first").SerializeToString(), MALFORMED, add_request("last").SerializeToString()]
+        call = stream(iter(messages))
+        answers = [answer async for answer in call]
+        assert await call.code() == grpc.StatusCode.OK
+    by_id = {a.infer_response.id: a for a in answers}
+    assert sorted(by_id) == ["", "first", "last"]
+    assert by_id["first"].error_message == "" and by_id["last"].error_message == ""
+    assert by_id[""].error_message.startswith(
+        "the request is not a valid inference.ModelInferRequest message (protobuf: ")
+    assert server.app.grpc_stats.calls[("ModelStreamInfer", "INVALID_ARGUMENT")] == 1
+    assert errors_logged(caplog) == []
