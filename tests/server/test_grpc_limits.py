@@ -1,17 +1,26 @@
 """The gRPC front's bounds, through real channels against a real server: a call without its
-token refused before its message is read, and a malformed message answered INVALID_ARGUMENT.
+token refused before its message is read, a malformed message answered INVALID_ARGUMENT, a
+stream whose client reads no answers reading no more requests, and abandoned streams
+leaving nothing behind.
 
 gRPC is served on the host's loop whatever the front loops, so the tests that move many
 bytes or calls run on it alone (`loops` 0)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import pathlib
+import re
+import threading
 
+import aiohttp
 import grpc
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from aserve.server.connection import MAX_WAITING
 
 from ..conftest import until
 from .test_grpc import code_of, target
@@ -114,3 +123,83 @@ async def test_a_malformed_message_in_a_stream_fails_alone(start_server, reposit
         "the request is not a valid inference.ModelInferRequest message (protobuf: ")
     assert server.app.grpc_stats.calls[("ModelStreamInfer", "INVALID_ARGUMENT")] == 1
     assert errors_logged(caplog) == []
+
+
+def upper_request(n: int, size: int) -> service_pb2.ModelInferRequest:
+    """A request to `upper` of about `size` bytes, whose answer is as large."""
+    request = service_pb2.ModelInferRequest(model_name="upper", id=f"r{n}")
+    request.inputs.add(name="TEXT", datatype="BYTES", shape=[1, 2])
+    request.raw_input_contents.append(size.to_bytes(4, "little") + b"a" * size + (1).to_bytes(4, "little") + b"b")
+    return request
+
+
+async def streams_held(http: aiohttp.ClientSession, url: str) -> int:
+    async with http.get(f"{url}/metrics") as r:
+        found = re.search(r"^aserve_grpc_streams_held (\d+)", await r.text(), re.MULTILINE)
+    return int(found.group(1)) if found else 0
+
+
+@on_the_host_loop
+async def test_a_stream_reads_no_more_while_its_answers_wait(start_server, repository: pathlib.Path,
+                                                             http: aiohttp.ClientSession) -> None:
+    """A client that writes requests and reads no answers: once MAX_WAITING of its requests wait
+    for their answers to be written, the server reads no more (the client's writes are held);
+    when the client reads, every request is answered."""
+    server, url = await start_server(repository, grpc=True)
+    total = 300
+    # the client's window stays at HTTP/2's 64 KiB: answers of 64 KiB back up at once
+    options = [("grpc.http2.bdp_probe", 0)]
+    async with grpc.aio.insecure_channel(target(server), options=options) as channel:
+        call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+        written = 0
+
+        async def write() -> None:
+            nonlocal written
+            for n in range(total):
+                await call.write(upper_request(n, 64 * 1024))
+                written += 1
+            await call.done_writing()
+
+        writer = asyncio.ensure_future(write())
+        await until(lambda: writer.done() or streams_held(http, url), what="the stream to hold", every=0.01)
+        assert not writer.done(), "the server read every request while none of their answers could be written"
+        read = server.plane.model("upper").batcher.stats()["requests"]
+        answered = server.app.grpc_stats.calls.get(("ModelStreamInfer", "OK"), 0)
+        assert read - answered <= MAX_WAITING and written < total
+        ids = [answer.infer_response.id async for answer in call if not answer.error_message]
+        await writer
+        assert await call.code() == grpc.StatusCode.OK
+    assert sorted(ids) == sorted(f"r{n}" for n in range(total))
+    assert await streams_held(http, url) == 0
+
+
+def fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def tasks() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@on_the_host_loop
+async def test_abandoned_streams_leave_fds_and_threads_as_they_were(start_server, repository: pathlib.Path) -> None:
+    """Streams opened, one request written, then cancelled by their client: the server's fds and
+    threads (this process's: the server runs in it) come back to what they were."""
+    server, _ = await start_server(repository, grpc=True)
+
+    async def abandon(count: int) -> None:
+        async with grpc.aio.insecure_channel(target(server)) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            for n in range(count):
+                call = stub.ModelStreamInfer()
+                await call.write(add_request(f"r{n}"))
+                call.cancel()
+            live = await stub.ServerLive(service_pb2.ServerLiveRequest())  # the server went on serving
+            assert live.live
+
+    await abandon(10)  # grpc's threads and fds of a first connection
+    before = (fds(), tasks(), threading.active_count())
+    await abandon(200)
+    await until(lambda: (fds(), tasks(), threading.active_count()) <= before and not server.grpc.methods.readers,
+                what=f"fds, threads and stream readers back to {before}", timeout=30)
+    assert server.plane.model("add").batcher.stats()["queued_requests"] == 0

@@ -309,11 +309,12 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
            schedulers: Mapping[str, Any] | None = None, http: HttpStats | None = None,
            tracing: Mapping[str, int] | None = None, *, openmetrics: bool = False,
            fronts: list[dict[str, Any]] | None = None, loops: Any = None,
-           grpc: Mapping[tuple[str, str], int] | None = None,
+           grpc: Mapping[tuple[str, str], int] | None = None, grpc_streams_held: int | None = None,
            threads: Mapping[tuple[str, ...], float] | None = None) -> str:
     """The exposition text (OpenMetrics with exemplars when asked): every model (requests,
     batcher, policy), then every pool (with its fair scheduler's slots), then the HTTP
-    front (`app.HttpStats`) and the gRPC front's calls by method and code (`grpc`), then the
+    front (`app.HttpStats`) and the gRPC front's calls by method and code (`grpc`) and its
+    streams that read no requests while their answers wait (`grpc_streams_held`), then the
     tracer's records (`Tracer.stats()`, when tracing is on).
     `fronts`: what the front loops counted (`server/loops.py` `Loops.stats`), added to the
     host's; `loops`: the `Loops` themselves (how many serve, how many were started again);
@@ -389,6 +390,10 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
             out.add("aserve_grpc_requests_total", "counter",
                     "gRPC calls answered, by method and status code (a stream's requests one by one).", count,
                     {"method": method, "code": code})
+    if grpc_streams_held is not None:
+        out.add("aserve_grpc_streams_held", "gauge",
+                "ModelStreamInfer streams reading no requests now: as many answers as a stream may hold wait "
+                "to be written (their clients read no answers).", grpc_streams_held)
     if tracing is not None:
         for key, help in _TRACE_COUNTERS.items():
             out.add(f"aserve_trace_{key}_total", "counter", help, tracing[key])
@@ -446,5 +451,6 @@ async def metrics(app: App, request: Request) -> Response:
     text = render(registry.handles(), registry.pools, plane.metrics, registry.schedulers, http=app.stats,
                   tracing=plane.tracer.stats() if plane.tracer else None, openmetrics=openmetrics,
                   fronts=fronts, loops=app.loops, grpc=app.grpc_stats.calls if app.grpc_stats is not None else None,
+                  grpc_streams_held=app.grpc_stats.held if app.grpc_stats is not None else None,
                   threads=app.threads.sample())
     return Response(200, text.encode(), content_type=OPENMETRICS_CONTENT_TYPE if openmetrics else CONTENT_TYPE)

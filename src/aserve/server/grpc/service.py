@@ -13,7 +13,9 @@ becomes a status (`status.status_of`), and the call is counted (`GrpcStats`,
 `ModelInfer` is an `InferCall` with the gRPC codec handed to `DataPlane.infer`, its
 deadline the client's (`grpc-timeout`). `ModelStreamInfer` queues each request of the
 stream with `DataPlane.submit` as it arrives and writes each answer, or its error alone
-(a malformed message's too), as it is ready.
+(a malformed message's too), as it is ready; while `MAX_WAITING` requests wait for their
+answers to be written (a client that does not read them), it reads no more, as an HTTP
+connection stops reading, so such a client holds at most that many.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ...logs import AccessLogger
 from ..access import ADMIN, API, OPEN, Level
 from ..admin import apply_trace_setting, current_trace_setting
 from ..app import App
+from ..connection import MAX_WAITING
 from ..v2 import EXTENSIONS
 from . import protos
 from .codec import GRPC
@@ -57,10 +60,11 @@ class GrpcStats:
     """Calls answered by the gRPC front, by method and status code (`aserve_grpc_requests_total`);
     a stream's requests are counted one by one under ModelStreamInfer."""
 
-    __slots__ = ("calls",)
+    __slots__ = ("calls", "held")
 
     def __init__(self) -> None:
         self.calls: dict[tuple[str, str], int] = {}
+        self.held = 0  # streams reading no requests now: MAX_WAITING of theirs wait to be answered
 
     def count(self, method: str, code: grpc.StatusCode) -> None:
         key = (method, code.name)
@@ -302,12 +306,16 @@ class Methods:
     async def model_stream_infer(self, requests: Any, context: grpc.aio.ServicerContext) -> None:
         """Each request of the stream is queued as it arrives and answered as soon as its batch
         ran, with its id; a request that fails (a malformed message too) is answered with its
-        error and the stream goes on. The token was checked before (`Service.service`)."""
+        error and the stream goes on. While MAX_WAITING requests wait for their answers to be
+        written, the stream reads no more: a client that does not read its answers holds at
+        most that many (grpc's flow control then holds the client's writes). The token was
+        checked before (`Service.service`)."""
         start = time.perf_counter()
         code = grpc.StatusCode.OK
         md = metadata(context)
         answers: asyncio.Queue[Any] = asyncio.Queue()
-        waiting = 0
+        waiting = 0  # requests read whose answers are not written yet
+        room = asyncio.Event()  # set when fewer than MAX_WAITING wait: reading goes on
         reading = True
         pendings: set[Any] = set()
 
@@ -335,6 +343,14 @@ class Methods:
                     else:
                         pendings.add(pending)
                         pending.then(answered(request, pending))
+                    if waiting >= MAX_WAITING:
+                        self.stats.held += 1
+                        try:
+                            while waiting >= MAX_WAITING:
+                                room.clear()
+                                await room.wait()
+                        finally:
+                            self.stats.held -= 1
             finally:
                 reading = False
                 answers.put_nowait(None)  # wakes the writer to see the stream's end
@@ -346,9 +362,11 @@ class Methods:
                 item = await answers.get()
                 if item is None:
                     continue
-                waiting -= 1
                 self.stats.count("ModelStreamInfer", item[0])
                 await context.write(item[1])
+                waiting -= 1
+                if waiting < MAX_WAITING:
+                    room.set()
             error = None if reader.cancelled() else reader.exception()
             if error is not None:
                 raise error  # reading the stream failed
