@@ -30,6 +30,7 @@ LOG_FORMATS = ("text", "json")
 FRONT_BATCHING = ("pool", "loop")
 ENV_PREFIX = "ASERVE_"
 ACCESS = "errors, limits and access"  # a section of `aserve serve --help`
+GRPC_CONNECTIONS = "gRPC connections"  # another
 
 
 class SettingsError(ValueError):
@@ -53,6 +54,51 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                                                       "Triton's gRPC service; 0 = any free port)")
     ] = 8001
     grpc: Annotated[bool, _doc("serve gRPC on --grpc-port beside HTTP (--no-grpc: HTTP only)")] = True
+    # ---- the gRPC front's connections (grpc's channel arguments; keepalive as gRPC's and Triton's defaults) ----
+    grpc_max_concurrent_streams: Annotated[
+        int, msgspec.Meta(ge=1, description="calls open at once on one gRPC connection; a client's next call waits "
+                                            "for one to end", extra={"group": GRPC_CONNECTIONS})
+    ] = 100
+    grpc_max_connection_idle_s: Annotated[
+        float, msgspec.Meta(ge=0, description="a gRPC connection with no call open for this many seconds is sent "
+                                              "GOAWAY (its client reconnects on its next call; 0 = never)",
+                            extra={"flag": "--grpc-max-connection-idle", "group": GRPC_CONNECTIONS})
+    ] = 300.0
+    grpc_max_connection_age_s: Annotated[
+        float, msgspec.Meta(ge=0, description="a gRPC connection this many seconds old is sent GOAWAY: its client "
+                                              "reconnects, e.g. to another replica behind an L4 balancer (0 = never)",
+                            extra={"flag": "--grpc-max-connection-age", "group": GRPC_CONNECTIONS})
+    ] = 0.0
+    grpc_max_connection_age_grace_s: Annotated[
+        float, msgspec.Meta(ge=0, description="after that GOAWAY, seconds the calls still open get before the "
+                                              "connection is closed",
+                            extra={"flag": "--grpc-max-connection-age-grace", "group": GRPC_CONNECTIONS})
+    ] = 60.0
+    grpc_keepalive_time_s: Annotated[
+        float, msgspec.Meta(gt=0, description="seconds between the server's pings on a gRPC connection with a call "
+                                              "open (on any, with --grpc-keepalive-permit-without-calls): they find "
+                                              "a client that went away without closing it",
+                            extra={"flag": "--grpc-keepalive-time", "group": GRPC_CONNECTIONS})
+    ] = 7200.0
+    grpc_keepalive_timeout_s: Annotated[
+        float, msgspec.Meta(gt=0, description="a gRPC connection whose client does not answer a ping within this "
+                                              "many seconds is closed",
+                            extra={"flag": "--grpc-keepalive-timeout", "group": GRPC_CONNECTIONS})
+    ] = 20.0
+    grpc_min_ping_interval_s: Annotated[
+        float, msgspec.Meta(ge=0, description="a client's ping sooner than this many seconds after its last, while "
+                                              "the server sends no data, is a strike",
+                            extra={"flag": "--grpc-min-ping-interval", "group": GRPC_CONNECTIONS})
+    ] = 300.0
+    grpc_max_ping_strikes: Annotated[
+        int, msgspec.Meta(ge=0, description="strikes a gRPC connection is allowed; the next is answered GOAWAY "
+                                            "(too_many_pings) and the connection closed (0 = no limit)",
+                          extra={"group": GRPC_CONNECTIONS})
+    ] = 2
+    grpc_keepalive_permit_without_calls: Annotated[
+        bool, _doc("on gRPC connections with no call open, accept the client's pings and send the server's "
+                   "(otherwise such a client's ping within two hours of its last is a strike)", group=GRPC_CONNECTIONS)
+    ] = False
     engine: Annotated[
         str, _doc("default interpreter engine for models whose config names none", choices=ENGINE_CHOICES)
     ] = "auto"

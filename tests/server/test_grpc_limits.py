@@ -1,7 +1,8 @@
 """The gRPC front's bounds, through real channels against a real server: a call without its
 token refused before its message is read, a malformed message answered INVALID_ARGUMENT, a
-stream whose client reads no answers reading no more requests, and abandoned streams
-leaving nothing behind.
+stream whose client reads no answers reading no more requests, the connection settings
+(calls at once, idle time, age, the ping policy), and abandoned streams leaving nothing
+behind.
 
 gRPC is served on the host's loop whatever the front loops, so the tests that move many
 bytes or calls run on it alone (`loops` 0)."""
@@ -18,6 +19,7 @@ import threading
 import aiohttp
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from aserve.server.connection import MAX_WAITING
@@ -203,3 +205,130 @@ async def test_abandoned_streams_leave_fds_and_threads_as_they_were(start_server
     await until(lambda: (fds(), tasks(), threading.active_count()) <= before and not server.grpc.methods.readers,
                 what=f"fds, threads and stream readers back to {before}", timeout=30)
     assert server.plane.model("add").batcher.stats()["queued_requests"] == 0
+
+
+@on_the_host_loop
+async def test_calls_at_once_per_connection_are_bounded(start_server, repository: pathlib.Path) -> None:
+    """With two streams at once per connection, a third call on the connection waits until one ends."""
+    server, _ = await start_server(repository, grpc=True, grpc_max_concurrent_streams=2)
+    async with grpc.aio.insecure_channel(target(server)) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        stream = stub.ModelStreamInfer()
+        await stream.write(add_request("one"))
+        assert (await stream.read()).infer_response.id == "one"
+        third = asyncio.ensure_future(stub.ServerLive(service_pb2.ServerLiveRequest()))
+        # a round trip on the stream after the third call began: the third has not gone through
+        await stream.write(add_request("two"))
+        assert (await stream.read()).infer_response.id == "two"
+        assert not third.done() and ("ServerLive", "OK") not in server.app.grpc_stats.calls
+        await stream.done_writing()
+        assert await stream.read() == grpc.aio.EOF
+        assert (await third).live
+        watch.cancel()
+
+
+@on_the_host_loop
+async def test_an_idle_connection_is_sent_goaway(start_server, repository: pathlib.Path) -> None:
+    server, _ = await start_server(repository, grpc=True, grpc_max_connection_idle_s=0.2)
+    async with grpc.aio.insecure_channel(target(server)) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        assert (await stub.ServerLive(service_pb2.ServerLiveRequest())).live
+        assert channel.get_state() == grpc.ChannelConnectivity.READY
+        # no call open: the server says GOAWAY, and the channel goes idle until its next call
+        await asyncio.wait_for(channel.wait_for_state_change(grpc.ChannelConnectivity.READY), 30)
+        assert channel.get_state() == grpc.ChannelConnectivity.IDLE
+        assert (await stub.ServerLive(service_pb2.ServerLiveRequest())).live
+
+
+@on_the_host_loop
+async def test_a_connection_past_its_age_is_closed_after_its_grace(start_server, repository: pathlib.Path) -> None:
+    """A stream open when its connection reaches its age gets the grace, then the connection
+    closes under it; the client's next call connects again."""
+    server, _ = await start_server(repository, grpc=True, grpc_max_connection_age_s=0.2,
+                                   grpc_max_connection_age_grace_s=0.2)
+    async with grpc.aio.insecure_channel(target(server)) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+        error = await code_of(asyncio.wait_for(watch.read(), 30))
+        assert error.code() == grpc.StatusCode.UNAVAILABLE and error.details() == "max connection age"
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        assert (await stub.ServerLive(service_pb2.ServerLiveRequest())).live
+
+
+@on_the_host_loop
+async def test_a_client_pinging_more_often_than_allowed_is_told_to_go_away(start_server,
+                                                                          repository: pathlib.Path) -> None:
+    """A client that pings as often as grpc lets it (once a second) while its call is open, to a
+    server that allows a ping every 5 minutes (the default) and here one strike: GOAWAY
+    too_many_pings at its third ping, and the call ends UNAVAILABLE."""
+    server, _ = await start_server(repository, grpc=True, grpc_max_ping_strikes=1)
+    pinging = [("grpc.keepalive_time_ms", 50), ("grpc.http2.max_pings_without_data", 0)]
+    async with grpc.aio.insecure_channel(target(server), options=pinging) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+        error = await code_of(asyncio.wait_for(watch.read(), 30))
+        assert error.code() == grpc.StatusCode.UNAVAILABLE and error.details() == "Too many pings", error
+
+
+def frame(kind: int, flags: int = 0, payload: bytes = b"", stream: int = 0) -> bytes:
+    """An HTTP/2 frame."""
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+SETTINGS, PING, GOAWAY, ACK = 0x4, 0x6, 0x7, 0x1
+
+
+@on_the_host_loop
+async def test_a_client_that_answers_no_ping_is_dropped(start_server, repository: pathlib.Path) -> None:
+    """A connection whose client stops answering (here: HTTP/2 by hand that never acknowledges a
+    PING) is closed once the server's keepalive ping goes unanswered for the keepalive timeout."""
+    server, _ = await start_server(repository, grpc=True, grpc_keepalive_time_s=0.1, grpc_keepalive_timeout_s=0.1,
+                                   grpc_keepalive_permit_without_calls=True)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.grpc_port)
+    writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(SETTINGS))
+    seen: list[int] = []
+
+    async def frames() -> None:
+        while True:
+            try:
+                head = await reader.readexactly(9)
+            except asyncio.IncompleteReadError:
+                return  # the server closed the connection
+            kind, flags = head[3], head[4]
+            await reader.readexactly(int.from_bytes(head[:3], "big"))
+            seen.append(kind)
+            if kind == SETTINGS and not flags & ACK:
+                writer.write(frame(SETTINGS, ACK))  # the settings are acknowledged; pings never are
+
+    try:
+        await asyncio.wait_for(frames(), 30)
+    finally:
+        writer.close()
+    assert PING in seen and seen[-1] == GOAWAY, seen
+
+
+def test_each_setting_is_a_channel_argument() -> None:
+    from aserve.config import ServerSettings
+    from aserve.server.grpc.front import options
+
+    settings = ServerSettings(grpc_max_concurrent_streams=7, grpc_max_connection_idle_s=1.5,
+                              grpc_max_connection_age_s=2.5, grpc_max_connection_age_grace_s=0.0,
+                              grpc_keepalive_time_s=3.0, grpc_keepalive_timeout_s=4.0, grpc_min_ping_interval_s=0.0,
+                              grpc_max_ping_strikes=0, grpc_keepalive_permit_without_calls=True)
+    args = dict(options(settings))
+    assert {key: args[key] for key in (
+        "grpc.max_concurrent_streams", "grpc.max_connection_idle_ms", "grpc.max_connection_age_ms",
+        "grpc.max_connection_age_grace_ms", "grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms",
+        "grpc.http2.ping_timeout_ms", "grpc.http2.min_ping_interval_without_data_ms", "grpc.http2.max_ping_strikes",
+        "grpc.keepalive_permit_without_calls")} == {
+        "grpc.max_concurrent_streams": 7, "grpc.max_connection_idle_ms": 1500, "grpc.max_connection_age_ms": 2500,
+        "grpc.max_connection_age_grace_ms": 0, "grpc.keepalive_time_ms": 3000, "grpc.keepalive_timeout_ms": 4000,
+        "grpc.http2.ping_timeout_ms": 4000, "grpc.http2.min_ping_interval_without_data_ms": 0,
+        "grpc.http2.max_ping_strikes": 0, "grpc.keepalive_permit_without_calls": 1}
+    # 0 = never: no idle or age limit is given to grpc (its default: none); durations past a C int are capped
+    defaults = dict(options(ServerSettings(grpc_keepalive_time_s=1e9)))
+    assert "grpc.max_connection_idle_ms" in defaults and "grpc.max_connection_age_ms" not in defaults
+    assert "grpc.max_connection_idle_ms" not in dict(options(ServerSettings(grpc_max_connection_idle_s=0)))
+    assert defaults["grpc.keepalive_time_ms"] == 2**31 - 1

@@ -4,7 +4,10 @@ It serves `inference.GRPCInferenceService` (`service.Methods`), gRPC's standard 
 service (`grpc.health.v1.Health`, for Kubernetes `grpc:` probes) and server reflection
 (so that grpcurl needs no proto files). Its limits are HTTP's: a message larger than
 `--max-body-bytes` is refused with RESOURCE_EXHAUSTED, and so is metadata larger in all
-than `--max-header-bytes`. `stop` stops taking calls and answers those accepted.
+than `--max-header-bytes`. Its connections are bounded by the `grpc_*` settings, passed to
+grpc as channel arguments (`options`): calls open at once per connection, idle time and
+age (GOAWAY), and the keepalive policy (the server's pings, and the clients' it accepts).
+`stop` stops taking calls and answers those accepted.
 
 Health answers from the server's state when asked: the service "" and
 `inference.GRPCInferenceService` are SERVING when every model is ready and the server is
@@ -21,6 +24,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
+from ...config import ServerSettings
 from ...logs import AccessLogger
 from ..app import App
 from . import protos
@@ -30,6 +34,7 @@ HEALTH = "grpc.health.v1.Health"
 LIVENESS = "liveness"
 SERVING: int = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
+INT_MAX = 2**31 - 1  # grpc's channel arguments are C ints
 WATCH_EVERY_S = 0.5  # a Watch stream looks at readiness this often (the server has no event for it)
 
 
@@ -100,6 +105,38 @@ class Unbound(OSError):
         self.address = address
 
 
+def options(settings: ServerSettings) -> list[tuple[str, int]]:
+    """The grpc server's channel arguments for `settings`."""
+    def ms(seconds: float, least: int = 1) -> int:  # grpc takes a C int of milliseconds
+        return min(max(least, round(seconds * 1000)), INT_MAX)
+
+    args = [
+        ("grpc.max_receive_message_length", settings.max_body_bytes),
+        ("grpc.max_send_message_length", -1),
+        # metadata: grpc refuses some calls above the soft limit and all above the hard one
+        ("grpc.max_metadata_size", settings.max_header_bytes),
+        ("grpc.absolute_max_metadata_size", settings.max_header_bytes),
+        # a port another process holds is an error, as for the HTTP listener
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_concurrent_streams", min(settings.grpc_max_concurrent_streams, INT_MAX)),
+        ("grpc.keepalive_time_ms", ms(settings.grpc_keepalive_time_s)),
+        ("grpc.keepalive_timeout_ms", ms(settings.grpc_keepalive_timeout_s)),
+        # grpc closes a connection whose ping goes unanswered after the ping timeout (60 s by
+        # default), whatever the keepalive timeout: the keepalive timeout is both
+        ("grpc.http2.ping_timeout_ms", ms(settings.grpc_keepalive_timeout_s)),
+        ("grpc.http2.min_ping_interval_without_data_ms", ms(settings.grpc_min_ping_interval_s, 0)),
+        ("grpc.http2.max_ping_strikes", min(settings.grpc_max_ping_strikes, INT_MAX)),
+        ("grpc.keepalive_permit_without_calls", int(settings.grpc_keepalive_permit_without_calls)),
+    ]
+    # 0 = never: grpc's own default (no limit) stays
+    if settings.grpc_max_connection_idle_s:
+        args.append(("grpc.max_connection_idle_ms", ms(settings.grpc_max_connection_idle_s)))
+    if settings.grpc_max_connection_age_s:
+        args.append(("grpc.max_connection_age_ms", ms(settings.grpc_max_connection_age_s)))
+        args.append(("grpc.max_connection_age_grace_ms", ms(settings.grpc_max_connection_age_grace_s, 0)))
+    return args
+
+
 def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
@@ -119,17 +156,7 @@ class GrpcFront:
 
     async def start(self, host: str, port: int) -> None:
         """Listen on host:port; OSError when the address cannot be bound."""
-        settings = self.app.settings
-        options = [
-            ("grpc.max_receive_message_length", settings.max_body_bytes),
-            ("grpc.max_send_message_length", -1),
-            # metadata: grpc refuses some calls above the soft limit and all above the hard one
-            ("grpc.max_metadata_size", settings.max_header_bytes),
-            ("grpc.absolute_max_metadata_size", settings.max_header_bytes),
-            # a port another process holds is an error, as for the HTTP listener
-            ("grpc.so_reuseport", 0),
-        ]
-        server = grpc.aio.server(options=options)
+        server = grpc.aio.server(options=options(self.app.settings))
         server.add_generic_rpc_handlers((self.methods.handler(), self.health.handler()))
         for file in (health_pb2.DESCRIPTOR, reflection_pb2.DESCRIPTOR):
             try:
