@@ -99,6 +99,7 @@ async def test_a_client_that_leaves_mid_request_is_closed_at_its_eof(start_serve
         (whole[:-10], []),  # the head and part of its body
         (b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10, [404]),  # dropped body
         (whole + whole[:-10], [200]),  # a whole request, then part of one
+        (whole * 3, [200, 200, 200]),  # whole requests: all answered, then the connection closes
     ):
         reader, writer = await connect(server)
         try:

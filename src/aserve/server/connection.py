@@ -415,7 +415,7 @@ class Connection(asyncio.Protocol):
             self._give()
             return
         if answer is not None:
-            request.drop = self._drops(request, answer)
+            self._decided(request, answer)
         else:
             body = data[start:]
             request.size = request.kept = len(body)
@@ -471,14 +471,19 @@ class Connection(asyncio.Protocol):
         give(fd, data)
 
     def eof_received(self) -> bool | None:
-        """The client sends no more: what it sent whole is still answered; a request it cut
-        short (its head or body unfinished, or a body being dropped) never will be, and the
-        connection closes now rather than wait for its timeout."""
+        """The client sends no more: what it sent whole is still answered (the connection
+        closes after the last of it); a request it cut short (its head or body unfinished, or
+        a body being dropped) never will be, and the connection closes now rather than wait for
+        its timeout."""
         self._eof = True
-        queue = self.queue
-        if not self.busy and not (queue and (queue[0].complete or queue[0].answer is not None)):
+        if not self.busy and not self._answerable():
             self.close()
         return True
+
+    def _answerable(self) -> bool:
+        """Whether the next request in line can be answered: it is whole, or its head decided."""
+        queue = self.queue
+        return bool(queue) and (queue[0].complete or queue[0].answer is not None)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closing = True
@@ -604,7 +609,7 @@ class Connection(asyncio.Protocol):
             request.route, request.params = route, params
             answer = request.answer = self.dispatcher.again(request)
             if answer is not None:
-                request.drop = self._drops(request, answer)
+                self._decided(request, answer)
             elif encoding == "identity" and not expect and "transfer-encoding" not in headers:
                 self._known = known
         else:
@@ -620,7 +625,7 @@ class Connection(asyncio.Protocol):
             if answer is not None:
                 if answer.status == 413:
                     self._count("body_size")
-                request.drop = self._drops(request, answer)
+                self._decided(request, answer)
                 return
             encoding = headers.get("content-encoding", "identity").strip().lower()
             expect = "expect" in headers
@@ -639,19 +644,23 @@ class Connection(asyncio.Protocol):
         if request.answer is not None or request.complete or self.closing:
             return False
         request.answer = answer
-        request.drop = self._drops(request, answer)
+        self._decided(request, answer)
         self._advance()
         return True
 
-    def _drops(self, request: Request, answer: Response) -> bool:
-        """Whether the connection stays open after an answer its head decided, the body read
-        and dropped as it comes: the body's length is known and within the limit, the client
-        does not wait on an `Expect` (it might never send the body), and the answer neither
-        closes nor refuses access."""
+    def _decided(self, request: Request, answer: Response) -> None:
+        """An answer its head decided: whether the connection stays open after it, the body
+        read and dropped as it comes (`request.drop`: the body's length is known and within the
+        limit, and the client does not wait on an `Expect`, so it might never send the body).
+        An answer that refuses access (401, 403) or the body's size (413) closes the connection,
+        whether or not the body came with the head: the same bytes get the same answers."""
+        if answer.status in _CLOSING:
+            answer.close = True
         headers = request.headers
-        if answer.close or answer.status in _CLOSING or "transfer-encoding" in headers or "expect" in headers:
-            return False
-        return int(headers.get("content-length", "0")) <= self.limits.max_body_bytes
+        if answer.close or "transfer-encoding" in headers or "expect" in headers:
+            request.drop = False
+        else:
+            request.drop = int(headers.get("content-length", "0")) <= self.limits.max_body_bytes
 
     def on_body(self, body: bytes) -> None:
         self._progress = True
@@ -842,8 +851,8 @@ class Connection(asyncio.Protocol):
     def _send(self, request: Request, response: Response | Answer, began: float, *, logged: bool = True) -> None:
         server = self.server
         server.stats.requests += 1
-        close = (response.close or not request.keep_alive or server.closing or self._eof
-                 or self.dispatcher.app.draining)
+        close = (response.close or not request.keep_alive or server.closing or self.dispatcher.app.draining
+                 or (self._eof and not self._answerable()))
         transport = self.transport
         if transport is not None and not transport.is_closing():
             data = encode(response, close=close, head_only=request.method == "HEAD")
@@ -963,15 +972,22 @@ class Connection(asyncio.Protocol):
 
     def _refuse_head(self, status: int, text: str) -> None:
         """A request that cannot be read to its end: answered (after those before it), then the
-        connection closes; nothing more is read."""
+        connection closes; nothing more is read. One broken inside its body (chunked framing,
+        trailers) keeps the answer its head decided, if it had one: that answer may have gone
+        out before the broken bytes came, and the same bytes get the same answer."""
         self._head = False
         self._discard = True
-        self._count("header_size" if status == 431 else "malformed")
         current = self._current
-        if current is not None and not current.complete:  # broken inside its body (chunked framing)
-            current.answer = error_response(current, status, text, close=True)
+        if current is not None and not current.complete:
             current.parts = None
+            current.drop = False
+            if current.answer is not None:
+                current.answer.close = True
+                return
+            self._count("header_size" if status == 431 else "malformed")
+            current.answer = error_response(current, status, text, close=True)
             return
+        self._count("header_size" if status == 431 else "malformed")
         request = Request("GET", "/", "1.1", {}, received=self._received, remote=self.remote)
         request.answer = error_response(request, status, text, close=True)
         self.queue.append(request)
