@@ -201,6 +201,32 @@ def http_front() -> dict[str, bytes]:
             "http10": request(["GET /v2/health/ready HTTP/1.0"]), "pipelined_close": live + close + live}
 
 
+def http_segments() -> dict[str, bytes]:
+    """Streams whose meaning must not change with how they are cut into reads: a request for a
+    host-only model (the connection is handed to the host's loop) alone, behind another and
+    with a body behind an Expect; a head sent again and again, then behind a partial method;
+    refusals from the head with a body to drop; a chunked body with trailers; HTTP/1.0."""
+    def post(path: str, body: bytes, *extra: str) -> bytes:
+        lines = [f"POST {path} HTTP/1.1", "Host: a", *extra, f"Content-Length: {len(body)}"]
+        return "\r\n".join(lines).encode() + b"\r\n\r\n" + body
+
+    body = b'{"inputs": []}'
+    ready = b"GET /v2/health/ready HTTP/1.1\r\nHost: a\r\n\r\n"
+    host = post("/v2/models/host/infer", body)
+    return {
+        **http_front(),
+        "host": host,
+        "host_behind": post("/v2/models/simple/infer", body) + host + post("/v2/models/simple/infer", b"{}"),
+        "host_expect": post("/v2/models/host/infer", body, "Expect: 100-continue") + ready,
+        "known_head": ready * 3 + b"G" + ready + b"ET /v2/models/nosuch/ready HTTP/1.1\r\nHost: a\r\n\r\n",
+        "refusals": post("/v2/models/refuse/infer", b"x" * 40) + post("/deny", b"y") + ready,
+        "trailers": b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    b"4\r\nab\r\n\r\n0\r\nA: 1\r\nB: 2\r\n\r\n" + ready,
+        "absolute": b"GET http://a:8000/v2/health/live HTTP/1.1\r\nHost: a\r\n\r\n" + ready,
+        "short": b"GET / HTTP/1.1\r\nHost: a\r\n\r\n",
+    }
+
+
 def grpc() -> dict[str, bytes]:
     """Serialized ModelInferRequests as tritonclient.grpc builds them (raw contents), and with
     typed contents as other KServe clients send them."""
@@ -255,7 +281,8 @@ def grpc() -> dict[str, bytes]:
 def main() -> None:
     random.seed(12)
     for target, make in (("v2_json", v2_json), ("v2_binary", v2_binary), ("msgpack", msgpack),
-                         ("tfserving", tfserving), ("grpc", grpc), ("http_front", http_front)):
+                         ("tfserving", tfserving), ("grpc", grpc), ("http_front", http_front),
+                         ("http_segments", http_segments)):
         folder = CORPUS / target
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)

@@ -291,6 +291,7 @@ def _grpc(data: bytes, rng: random.Random) -> bytes | None:
 
 STRUCTURED: dict[str, Callable[[bytes, random.Random], bytes | None]] = {
     "v2_json": _json, "tfserving": _json, "msgpack": _msgpack, "v2_binary": _binary, "http_front": _http_stream,
+    "http_segments": _http_stream,
     "grpc": _grpc,
 }
 

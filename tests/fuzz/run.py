@@ -31,7 +31,7 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CORPUS = pathlib.Path(__file__).resolve().parent / "corpus"
-TARGETS = ("v2_json", "v2_binary", "msgpack", "tfserving", "grpc", "http_front")
+TARGETS = ("v2_json", "v2_binary", "msgpack", "tfserving", "grpc", "http_front", "http_segments")
 MAX_RESTARTS = 20  # crashes recorded per target before it is given up
 
 _STAT = re.compile(r"^stat::(\w+):\s+(\d+)", re.MULTILINE)

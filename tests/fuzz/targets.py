@@ -29,6 +29,10 @@ request it hands a handler is the request h11 (an independent HTTP/1.1 parser) r
 the same place in the stream, with the same method, target and body. A stream the two
 parsers split differently is the request-smuggling setup.
 
+`http_segments` (`segments.py`) is the same connection fed one stream cut into reads in
+many ways, on a front loop that hands connections to a host loop: every cut is answered
+as the whole stream in one read is.
+
 `grpc` is the gRPC front's codec (`aserve.server.grpc.codec`): a serialized
 `ModelInferRequest` as grpc hands it over, its inputs in typed `contents` or in
 `raw_input_contents` (whose sizes need not agree with the shapes); the same property, the
@@ -36,8 +40,9 @@ values read from the message's fields.
 
 Input formats: `v2_json`, `msgpack` and `tfserving` take a request body as it is;
 `v2_binary` takes `<Inference-Header-Content-Length value>\\n<body>` (a first line that
-is not an integer means the header is absent); `http_front` takes the bytes a client sends
-on one connection (its first byte also chooses how they are cut into reads).
+is not an integer means the header is absent); `http_front` and `http_segments` take the
+bytes a client sends on one connection (`http_front`'s first byte also chooses how they are
+cut into reads).
 """
 
 from __future__ import annotations
@@ -62,11 +67,13 @@ from aserve.protocol import arrays, decode_infer, decode_predict
 from aserve.runtime.datatypes import decode_bytes, element_count
 from aserve.runtime.model import TensorSpec
 from aserve.server.app import HttpStats
-from aserve.server.connection import Connection, HttpServer, Limits
+from aserve.server.connection import Connection, HttpServer, Limits, origin_form
 from aserve.server.errors import ErrorPolicy
 from aserve.server.grpc import codec as grpc_codec
 from aserve.server.grpc import protos
 from aserve.server.http import Response
+
+from .segments import http_segments
 
 INT64_MAX = 2**63 - 1
 MAX_DIMS = 16  # native/abi.h AS_MAX_DIMS: dimensions a tensor may have on its way to a model
@@ -513,7 +520,7 @@ def _h11_requests(data: bytes) -> list[tuple[str, str, bytes]]:
                 continue
             return out
         if isinstance(event, h11.Request):
-            current = [event.method.decode("latin-1"), event.target.decode("latin-1"), b""]
+            current = [event.method.decode("latin-1"), origin_form(event.target.decode("latin-1")), b""]
         elif isinstance(event, h11.Data):
             current[2] += event.data
         elif isinstance(event, h11.EndOfMessage):
@@ -603,6 +610,7 @@ def http_front(data: bytes) -> None:
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "http_front": http_front,
+    "http_segments": http_segments,
     "v2_json": v2_json,
     "v2_binary": v2_binary,
     "msgpack": msgpack,
