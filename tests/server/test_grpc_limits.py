@@ -175,6 +175,32 @@ async def test_a_stream_reads_no_more_while_its_answers_wait(start_server, repos
     assert await streams_held(http, url) == 0
 
 
+@on_the_host_loop
+async def test_a_client_that_cancels_a_held_stream_ends_it_without_an_error(start_server, repository: pathlib.Path,
+                                                                           http: aiohttp.ClientSession,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """A client that stops reading, then cancels its stream while answers wait to be written:
+    the stream ends as cancelled, its requests are dropped, and nothing is logged as an error
+    (a client's leaving is no server failure)."""
+    server, url = await start_server(repository, grpc=True)
+    caplog.set_level(logging.INFO)
+    async with grpc.aio.insecure_channel(target(server), options=[("grpc.http2.bdp_probe", 0)]) as channel:
+        call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+
+        async def write() -> None:
+            for n in range(300):
+                await call.write(upper_request(n, 64 * 1024))
+
+        writer = asyncio.ensure_future(write())
+        await until(lambda: streams_held(http, url), what="the stream to hold", every=0.01)
+        call.cancel()
+        writer.cancel()  # its write held, or refused now that the call is over
+        await asyncio.gather(writer, return_exceptions=True)
+    await until(lambda: server.grpc.methods.readers == set(), what="the stream's end on the server")
+    assert await streams_held(http, url) == 0
+    assert errors_logged(caplog) == []
+
+
 def fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 

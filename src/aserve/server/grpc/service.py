@@ -31,6 +31,7 @@ import grpc
 import msgspec
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
+from grpc._cython import cygrpc
 
 from ... import __version__
 from ...dataplane.stats import statistics
@@ -51,6 +52,9 @@ log = logging.getLogger("aserve.server")
 SERVICE = protos.SERVICE
 INFER = f"/{SERVICE}/ModelInfer"
 STREAM = f"/{SERVICE}/ModelStreamInfer"
+
+# what grpc raises on an operation of a call that already ended (a write to a client that left)
+CALL_ENDED: type[Exception] = cygrpc.ExecuteBatchError
 
 Handler = Callable[[Any, grpc.aio.ServicerContext, dict[str, str]], Awaitable[Any]]
 Unary = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]
@@ -363,7 +367,10 @@ class Methods:
                 if item is None:
                     continue
                 self.stats.count("ModelStreamInfer", item[0])
-                await context.write(item[1])
+                try:
+                    await context.write(item[1])
+                except CALL_ENDED:  # the client cancelled or went away: nothing failed, nothing more is written
+                    raise asyncio.CancelledError from None  # grpc ends a cancelled handler without a status
                 waiting -= 1
                 if waiting < MAX_WAITING:
                     room.set()
