@@ -18,9 +18,13 @@ process of their own (multiprocessing, its own uvloop), each kind a loop at its 
   its `--request-timeout`, 60 s by default) and closes it, another opens;
 - abandoned gRPC streams: a ModelStreamInfer with the token, one request written, then
   cancelled without reading, `--abandon-rate` per second;
-- a stream that never reads: one ModelStreamInfer writing requests as fast as gRPC lets it
-  and reading no answer, cancelled after `--never-read-seconds`, then the next; the server
-  reads no more while 32 answers wait, so the writes must be held (flow control);
+- a stream that never reads: one ModelStreamInfer writing `--never-read-rate` requests a
+  second (0: as fast as gRPC lets it) and reading no answer, its window HTTP/2's first
+  64 KiB (the client takes in no more answers than that), cancelled after
+  `--never-read-seconds`, then the next; the server reads no more while 32 answers wait, so
+  the writes must be held (flow control). Not reading is what is hostile here: a client that
+  writes as fast as the server answers is load as any other, and on 2 CPUs takes the
+  well-behaved clients' share whether it reads or not;
 - bombs, rotating at `--bomb-rate` per second: a gzip bomb (an infer POST with the token
   whose gzip body inflates to `--gzip-bomb-mib` 512 MiB of zeros: 413), a trailer bomb (a
   chunked GET /v2/health/live whose trailer is 1 MiB of empty `a:` fields: 431), a head of
@@ -131,8 +135,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--slowloris-interval", type=float, default=5.0,
                     help="seconds between a slowloris connection's header bytes (each +-50%%)")
     ap.add_argument("--abandon-rate", type=float, default=20.0, help="abandoned gRPC streams per second (0: none)")
-    ap.add_argument("--never-read-seconds", type=float, default=30.0,
+    ap.add_argument("--never-read-seconds", type=float, default=60.0,
                     help="how long each never-reading stream writes before it is cancelled (0: none)")
+    ap.add_argument("--never-read-rate", type=float, default=1000.0,
+                    help="requests per second a never-reading stream writes (0: as fast as gRPC lets it)")
     ap.add_argument("--bomb-rate", type=float, default=2.0, help="bombs per second, the kinds in rotation (0: none)")
     ap.add_argument("--grpc-bomb-seconds", type=float, default=10.0, help="at most one gRPC bomb this often")
     ap.add_argument("--gzip-bomb-mib", type=int, default=512, help="what the gzip bomb inflates to")
@@ -522,10 +528,11 @@ async def abandoned_stream(channel: grpc.aio.Channel, request: bytes, timeout: f
     return str(cast(grpc.StatusCode, await call.code()).name)
 
 
-async def never_reading(channel: grpc.aio.Channel, request: bytes, seconds: float, stopping: asyncio.Event,
-                        kind: Kind) -> None:
-    """Streams in turn, each writing as fast as gRPC lets it and reading nothing for
-    `seconds`, then cancelled. Its writes must be held: none completes in its last second."""
+async def never_reading(channel: grpc.aio.Channel, request: bytes, seconds: float, rate: float,
+                        stopping: asyncio.Event, kind: Kind) -> None:
+    """Streams in turn, each writing `rate` requests a second (0: as fast as gRPC lets it) and
+    reading nothing for `seconds`, then cancelled. Its writes must be held: none completes in
+    its last second."""
     loop = asyncio.get_running_loop()
     while seconds > 0 and not stopping.is_set():
         call = channel.stream_stream(STREAM)(metadata=(("authorization", f"Bearer {TOKEN}"),))
@@ -535,7 +542,11 @@ async def never_reading(channel: grpc.aio.Channel, request: bytes, seconds: floa
 
         async def write(call: grpc.aio.StreamStreamCall) -> None:
             nonlocal written, last
+            due = loop.time()
             while True:
+                if rate > 0:
+                    due += 1 / rate
+                    await asyncio.sleep(max(0.0, due - loop.time()))
                 await call.write(request)
                 written += 1
                 last = loop.time()
@@ -607,7 +618,10 @@ async def _hostile(config: dict[str, Any], pipe: Pipe, go: Event, stop: Event) -
     timeout = config["answer_timeout"]
     slow_waits: list[float] = []
     began = time.monotonic()
-    channels = [grpc.aio.insecure_channel(grpc_target) for _ in range(3)]  # abandoned, never-reading, bombs
+    # the never-reading stream's channel keeps HTTP/2's first window (no BDP probe): it takes in no
+    # more than 64 KiB of answers, so what the server answers past that waits on the server's side
+    channels = [grpc.aio.insecure_channel(grpc_target, options=options)
+                for options in ([], [("grpc.http2.bdp_probe", 0)], [])]  # abandoned, never-reading, bombs
     abandon_channel, never_channel, bomb_channel = channels
     bomb_call = bomb_channel.unary_unary(INFER)
 
@@ -655,7 +669,8 @@ async def _hostile(config: dict[str, Any], pipe: Pipe, go: Event, stop: Event) -
     interval = config["slowloris_interval"]
     tasks = [asyncio.ensure_future(slowloris(port, kinds["slowloris"], interval, stopping, interval * i / n_slow,
                                              slow_waits)) for i in range(n_slow)]
-    tasks.append(asyncio.ensure_future(never_reading(never_channel, request, config["never_read_seconds"], stopping,
+    tasks.append(asyncio.ensure_future(never_reading(never_channel, request, config["never_read_seconds"],
+                                                     config["never_read_rate"], stopping,
                                                      kinds["never_reading_stream"])))
     rated = {"abandoned_stream": asyncio.ensure_future(at_rate(config["abandon_rate"], stopping, abandon)),
              "bombs": asyncio.ensure_future(at_rate(config["bomb_rate"], stopping, bomb, cap=50)),
@@ -846,7 +861,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "generator": generator, "repository": args.repository or "examples (bundled)", "settings": settings,
         "cpus": len(os.sched_getaffinity(0)), "loadavg_1m_start": os.getloadavg()[0]}
     config = {"port": port, "grpc_port": grpc_port, **{k: getattr(args, k) for k in (
-        "slowloris", "slowloris_interval", "abandon_rate", "never_read_seconds", "bomb_rate", "grpc_bomb_seconds",
+        "slowloris", "slowloris_interval", "abandon_rate", "never_read_seconds", "never_read_rate", "bomb_rate", "grpc_bomb_seconds",
         "gzip_bomb_mib", "grpc_bomb_mib", "leaver_rate", "leaver_pause", "answer_timeout")}}
     hostile = Hostile(config)  # it prepares its bombs while the server loads
     server = Server(args, port, grpc_port)
