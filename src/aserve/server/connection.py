@@ -28,7 +28,7 @@ short is not waited for: the connection closes.
 
 Between answers, a connection can go to another event loop of the process (`hand_over`,
 a front loop handing the host's loop a connection to a model only the host serves): the
-descriptor's duplicate and the read that holds the next request go there, and that loop
+descriptor's duplicate and the reads that hold the next request go there, and that loop
 parses the read first (`HttpServer.resumed`).
 """
 
@@ -168,7 +168,7 @@ class HttpServer:
         self.raw_heads: Bounded[bytes, tuple[Any, ...]] = Bounded(256)
         self.held = 0  # connections held after a refusal for overload (`Connection._hold`)
         # where a connection goes that another loop serves from its next request on
-        # (`Connection.hand_over`): (a duplicate of its descriptor, the read that holds the request)
+        # (`Connection.hand_over`): (a duplicate of its descriptor, the reads that hold the request)
         self.give: Callable[[int, bytes], None] | None = None
         self.closing = False
         self._reads_began = 0.0  # time.monotonic() of the loop's first read of this iteration (0: none yet)
@@ -427,8 +427,9 @@ class Connection(asyncio.Protocol):
     def hand_over(self, request: Request) -> bool:
         """Whether the connection goes to another loop from `request` on (a route's head check
         asks, for a request only that loop answers): when `request` is the first read since the
-        last answer was sent, in full, the bytes of the read that holds its head are where that
-        loop begins, and once this read is parsed the connection leaves this loop (`_give`),
+        last answer was sent, in full, the bytes of the reads that hold its head (a head, or even
+        its method, may come in several) are where that loop begins, and once this read is
+        parsed the connection leaves this loop (`_give`),
         nothing of it answered here. Else (False: this loop has `request` answered) it goes
         as soon as every request read is answered and nothing is read of the next."""
         if self.server.give is None:

@@ -431,7 +431,7 @@ class Front:
 
     def _give(self, fd: int, data: bytes) -> None:
         """A connection goes to the host's loop (`Connection.hand_over`): its descriptor and the
-        read that holds its next request."""
+        reads that hold its next request."""
         if self.channel is None:
             os.close(fd)
             return
