@@ -122,6 +122,13 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     max_body_bytes: Annotated[
         int, msgspec.Meta(ge=1, description="largest request body accepted; larger ones get 413")
     ] = 64 * 1024 * 1024
+    max_inflate_ratio: Annotated[
+        int, msgspec.Meta(ge=0, description="a gzip or deflate request body that inflates to more than this many "
+                                             "times its compressed size (past its first MiB) gets 413 as soon as it "
+                                             "does, as Apache's DeflateInflateRatioLimit: a bomb is refused with "
+                                             "little inflated (0 = no limit; --max-body-bytes still applies)",
+                          extra={"group": ACCESS})
+    ] = 200
     shutdown_timeout_s: Annotated[
         float, msgspec.Meta(ge=0, description="on SIGTERM, longest wait for accepted requests to finish (seconds)",
                             extra={"flag": "--shutdown-timeout"})

@@ -12,6 +12,7 @@ limit leaves room for.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import pathlib
@@ -80,6 +81,48 @@ async def test_header_fields_past_the_count_are_refused_before_the_head_ends(sta
         assert status == 431 and headers["connection"] == "close"
         assert "at most 128 header fields" in json.loads(body)["error"]
         assert await asyncio.wait_for(reader.read(), 10) == b""
+    finally:
+        writer.close()
+
+
+# ---- bombs: a compressed body is refused with little inflated ----
+
+
+def _gzipped_post(body: bytes) -> bytes:
+    return (b"POST /v2/models/add/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+
+
+async def test_a_gzip_bomb_is_refused_by_its_inflation_ratio(start_server, repository: pathlib.Path) -> None:
+    """512 MiB of zeros gzipped (about 520 KB) inflates more than 200 times its size: 413 naming
+    --max-inflate-ratio, decided from the first MiBs. A body as regular but small (within the
+    first MiB) is served; with the ratio off, the same bomb is refused by --max-body-bytes."""
+    bomb = gzip.compress(bytes(512 << 20), 1)
+    server, _ = await start_server(repository)
+    reader, writer = await connect(server)
+    try:
+        writer.write(_gzipped_post(bomb))
+        status, headers, body = await read_response(reader)
+        assert status == 413 and headers["connection"] == "close"
+        assert "--max-inflate-ratio" in json.loads(body)["error"]
+    finally:
+        writer.close()
+    regular = json.dumps({"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 4], "data": [0, 0, 0, 0]}
+                                     for n in ("A", "B")], "id": " " * 200_000}).encode()
+    assert len(regular) / len(gzip.compress(regular)) > 200
+    reader, writer = await connect(server)
+    try:
+        writer.write(_gzipped_post(gzip.compress(regular)))
+        status, _, body = await read_response(reader)
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == [0, 0, 0, 0], body
+    finally:
+        writer.close()
+    off, _ = await start_server(repository, max_inflate_ratio=0, max_body_bytes=8 << 20)
+    reader, writer = await connect(off)
+    try:
+        writer.write(_gzipped_post(bomb))
+        status, _, body = await read_response(reader)
+        assert status == 413 and "--max-body-bytes" in json.loads(body)["error"]
     finally:
         writer.close()
 

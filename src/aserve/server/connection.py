@@ -72,6 +72,8 @@ JOINED_ANSWER_BYTES = 16384
 KNOWN_HEAD_BYTES = 2048  # longest head kept byte for byte (`HttpServer.raw_heads`)
 PIPELINE_LIMIT = 1 << 20  # body bytes waiting behind the request in progress before reading stops
 MAX_WAITING = 32  # requests waiting behind the one in progress before reading stops
+INFLATE_STEP = 1 << 18  # bytes a gzip or deflate body is inflated by at a time, its ratio checked after each
+INFLATE_FREE = 1 << 20  # inflated bytes that --max-inflate-ratio does not count (small, very regular bodies)
 OVER_LIMIT_WAIT_S = 1.0  # longest a connection over --max-connections waits for the request its 503 answers
 CLOSE_GRACE_S = 1.0  # after a closing answer, how long the client may go on sending before the close
 READS_BEGAN_STALE_S = 1.0  # no iteration of a serving loop reads for that long
@@ -97,6 +99,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     keepalive_timeout_s: float
     max_header_bytes: int
     max_body_bytes: int
+    max_inflate_ratio: int = 0  # 0: no limit
 
     @classmethod
     def of(cls, settings: ServerSettings) -> Limits:
@@ -671,11 +674,12 @@ class Connection(asyncio.Protocol):
         request.size += len(body)
         limit = self.limits.max_body_bytes
         try:
+            if request.size > limit:
+                raise too_large(limit)
             if request.decoder is not None:
-                body = request.decoder.decompress(body, limit + 1 - request.kept)
-                if request.decoder.unconsumed_tail:
-                    raise too_large(limit)
-            if request.size > limit or request.kept + len(body) > limit:
+                self._inflate(request, body)
+                return
+            if request.kept + len(body) > limit:
                 raise too_large(limit)
         except (zlib.error, PayloadTooLarge) as exc:
             self._refuse_body(request, exc)
@@ -685,6 +689,34 @@ class Connection(asyncio.Protocol):
         else:
             request.parts.append(body)
         request.kept += len(body)
+
+    def _inflate(self, request: Request, data: bytes) -> None:
+        """Decode a piece of a gzip or deflate body, INFLATE_STEP bytes out at a time: past
+        --max-body-bytes, or past INFLATE_FREE and more than --max-inflate-ratio times the
+        compressed bytes it came from, it is refused (PayloadTooLarge) as soon as it is, with
+        no more inflated than that step (a bomb's gigabytes are never made)."""
+        decoder, limit, ratio = request.decoder, self.limits.max_body_bytes, self.limits.max_inflate_ratio
+        while data:
+            out = decoder.decompress(data, INFLATE_STEP)
+            tail = decoder.unconsumed_tail
+            request.consumed += len(data) - len(tail)
+            kept = request.kept + len(out)
+            if kept > limit:
+                raise too_large(limit)
+            if ratio and kept > INFLATE_FREE and kept > ratio * request.consumed:
+                raise PayloadTooLarge(
+                    f"Content-Encoding: the body inflates to more than {ratio} times its compressed size, the "
+                    f"server's limit (--max-inflate-ratio; its first {INFLATE_FREE} bytes inflated are not "
+                    f"counted); send it less compressed, or uncompressed")
+            if out:
+                if request.parts is None:
+                    request.parts = [out]
+                else:
+                    request.parts.append(out)
+                request.kept = kept
+            elif len(tail) == len(data):
+                break  # no progress: what is left is past the compressed stream's end
+            data = tail
 
     def on_message_complete(self) -> None:
         self._progress = True

@@ -37,6 +37,7 @@ class Request:
     parts: Any = None  # the body's pieces, decoded, as they arrive (a list once one has)
     size = 0  # body bytes as they arrived (encoded)
     kept = 0  # body bytes kept (decoded)
+    consumed = 0  # compressed body bytes decoded so far
     decoder: Any = None  # a zlib decompressor for a gzip or deflate body
     complete = False  # the whole request has arrived
     expect = False  # the client waits for 100 Continue before it sends the body
