@@ -62,13 +62,14 @@ class _Socket:
         return self.fd
 
 
-class _Wire(asyncio.Transport):
-    """One loop's end of the client's connection: what it writes goes to the client, in order."""
+class Wire(asyncio.Transport):
+    """A connection's transport: what it writes goes to `writes` (the client's view, in order:
+    one list for every loop that serves the connection); closing it ends the connection."""
 
-    def __init__(self, protocol: Any, client: list[bytes], sock: _Socket) -> None:
+    def __init__(self, protocol: Any, writes: list[bytes], sock: _Socket | None = None) -> None:
         super().__init__()
         self.protocol = protocol
-        self.client = client
+        self.writes = writes
         self.sock = sock
         self.closed = False
         self.eof = False
@@ -76,7 +77,7 @@ class _Wire(asyncio.Transport):
     def write(self, data: Any) -> None:
         if self.closed or self.eof:
             raise Failure("the connection wrote after closing")
-        self.client.append(bytes(data))
+        self.writes.append(bytes(data))
 
     def writelines(self, chunks: Any) -> None:
         self.write(b"".join(chunks))
@@ -189,13 +190,13 @@ async def _serve(data: bytes, cuts: list[int], *, fronted: bool, traces: bool = 
         os.close(fd)
         conn = loops.host.resumed(reads)()
         current[0] = conn
-        conn.connection_made(_Wire(conn, client, loops.sock))  # parses `reads` first
+        conn.connection_made(Wire(conn, client, loops.sock))  # parses `reads` first
 
     loops.front.give = give
     loops.front.dispatcher.traces = traces  # type: ignore[attr-defined]
     first = (loops.front if fronted else loops.alone)()
     current.append(first)
-    first.connection_made(_Wire(first, client, loops.sock))
+    first.connection_made(Wire(first, client, loops.sock))
     start = 0
     for end in [*cuts, len(data)]:
         conn = current[0]

@@ -73,7 +73,7 @@ from aserve.server.grpc import codec as grpc_codec
 from aserve.server.grpc import protos
 from aserve.server.http import Response
 
-from .segments import http_segments
+from .segments import Wire, http_segments
 
 INT64_MAX = 2**63 - 1
 MAX_DIMS = 16  # native/abi.h AS_MAX_DIMS: dimensions a tensor may have on its way to a model
@@ -426,48 +426,6 @@ def v2_binary(data: bytes) -> None:
             raise Failure(f"model {schema.name!r}: decodings differ (first, cached, uncached): {outcomes}")
 
 
-class _Transport(asyncio.Transport):
-    """What a connection writes, kept; closing it ends the connection."""
-
-    def __init__(self, protocol: Any) -> None:
-        super().__init__()
-        self.protocol = protocol
-        self.writes: list[bytes] = []  # one per write call: an answer, or 100 Continue
-        self.closed = False
-        self.eof = False
-
-    def write(self, data: Any) -> None:
-        if self.closed or self.eof:
-            raise Failure("the connection wrote after closing")
-        self.writes.append(bytes(data))
-
-    def writelines(self, chunks: Any) -> None:
-        self.write(b"".join(chunks))
-
-    def write_eof(self) -> None:
-        self.eof = True
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def is_closing(self) -> bool:
-        return self.closed or self.eof
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.protocol.connection_lost(None)
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 1) if name == "peername" else default
-
-
 class _Dispatcher:
     """Every request's head passes; its handler answers 200 and the request is kept."""
 
@@ -527,12 +485,12 @@ def _h11_requests(data: bytes) -> list[tuple[str, str, bytes]]:
             out.append((current[0], current[1], current[2]))
 
 
-async def _feed(data: bytes) -> tuple[_Dispatcher, _Transport, Any]:
+async def _feed(data: bytes) -> tuple[_Dispatcher, Wire, Any]:
     dispatcher = _Dispatcher()
     server = HttpServer(dispatcher, Limits(max_connections=0, max_header_bytes=512,  # type: ignore[arg-type]
                                            max_body_bytes=1 << 14, request_timeout_s=5.0, keepalive_timeout_s=5.0))
     conn = Connection(server)
-    transport = _Transport(conn)
+    transport = Wire(conn, [])
     conn.connection_made(transport)
     step = 1 + (data[0] % 64 if data else 0) * 7  # how the stream is cut into reads
     for i in range(0, len(data), step):
