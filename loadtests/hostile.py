@@ -95,6 +95,7 @@ import aiohttp
 import grpc
 import psutil
 import uvloop
+from overload import Connection as KeepAlive  # one keep-alive connection's requests and answers, parsed
 from served import free_port, wait_ready
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -259,59 +260,6 @@ def pct(values: list[float], q: float) -> float | None:
     return round(1e3 * values[max(0, math.ceil(q / 100 * len(values)) - 1)], 3) if values else None
 
 
-class KeepAlive(asyncio.Protocol):
-    """One keep-alive connection: writes a request, reads the answer's status line, headers
-    and Content-Length body (the server always sends one), hands the status to the waiter."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.waiter: asyncio.Future[int] | None = None
-        self.buf = b""
-        self.head: tuple[int, int] | None = None  # status, body length
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's does not subclass it
-
-    def send(self, data: bytes) -> asyncio.Future[int]:
-        assert self.transport is not None and self.waiter is None
-        self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(data)
-        return self.waiter
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while True:
-            if self.head is None:
-                end = self.buf.find(b"\r\n\r\n")
-                if end < 0:
-                    return
-                lines = self.buf[:end].decode("latin-1").split("\r\n")
-                length = 0
-                for line in lines[1:]:
-                    name, _, value = line.partition(":")
-                    if name.strip().lower() == "content-length":
-                        length = int(value)
-                self.head = (int(lines[0].split(" ", 2)[1]), length)
-                self.buf = self.buf[end + 4:]
-            status, length = self.head
-            if len(self.buf) < length:
-                return
-            self.buf, self.head = self.buf[length:], None
-            waiter, self.waiter = self.waiter, None
-            if waiter is not None and not waiter.done():
-                waiter.set_result(status)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self.transport = None
-        waiter, self.waiter = self.waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(ConnectionResetError(f"the server closed the connection: {exc}"))
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-
 class PacedClient:
     """The fallback generator: `connections` keep-alive connections, each sending its next
     request `pause` seconds after its answer, as wrk's delay() paces them."""
@@ -323,7 +271,8 @@ class PacedClient:
         self.request = infer_head(port, len(body)) + body
 
     async def _connect(self) -> KeepAlive:
-        _, conn = await asyncio.get_running_loop().create_connection(KeepAlive, "127.0.0.1", self.port)
+        _, conn = await asyncio.get_running_loop().create_connection(lambda: KeepAlive(_kept), "127.0.0.1",
+                                                                     self.port)
         return conn
 
     async def window(self, seconds: float) -> dict[str, Any]:
@@ -341,14 +290,13 @@ class PacedClient:
                         conn = await asyncio.wait_for(self._connect(), self.timeout)
                         self.conns[i] = conn
                     t0 = time.perf_counter()  # not loop.time(): uvloop's counts whole milliseconds
-                    status = await asyncio.wait_for(conn.send(self.request), self.timeout)
+                    status = (await asyncio.wait_for(conn.send(self.request), self.timeout)).status
                     latencies.append(time.perf_counter() - t0)
                     if not 200 <= status < 300:
                         counts["non_2xx"] += 1
                 except (OSError, TimeoutError):
                     counts["socket_errors"] += 1
-                    if self.conns[i] is not None:
-                        cast(KeepAlive, self.conns[i]).close()
+                    _close(self.conns[i])
                     self.conns[i] = None  # a fresh connection for the next request
                 await asyncio.sleep(min(self.pause, max(0.0, end - loop.time())))
 
@@ -361,8 +309,16 @@ class PacedClient:
 
     def close(self) -> None:
         for conn in self.conns:
-            if conn is not None:
-                conn.close()
+            _close(conn)
+
+
+def _kept(conn: KeepAlive) -> None:
+    """A connection's end: the client opens a fresh one for its next request."""
+
+
+def _close(conn: KeepAlive | None) -> None:
+    if conn is not None and conn.transport is not None:
+        conn.transport.close()
 
 
 async def wrk_window(url: str, args: argparse.Namespace, seconds: float) -> dict[str, Any]:
