@@ -136,9 +136,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--slowloris-interval", type=float, default=5.0,
                     help="seconds between a slowloris connection's header bytes (each +-50%%)")
     ap.add_argument("--abandon-rate", type=float, default=20.0, help="abandoned gRPC streams per second (0: none)")
-    ap.add_argument("--never-read-seconds", type=float, default=60.0,
+    ap.add_argument("--never-read-seconds", type=float, default=150.0,
                     help="how long each never-reading stream writes before it is cancelled (0: none)")
-    ap.add_argument("--never-read-rate", type=float, default=1000.0,
+    ap.add_argument("--never-read-rate", type=float, default=200.0,
                     help="requests per second a never-reading stream writes (0: as fast as gRPC lets it)")
     ap.add_argument("--bomb-rate", type=float, default=2.0, help="bombs per second, the kinds in rotation (0: none)")
     ap.add_argument("--grpc-bomb-seconds", type=float, default=10.0, help="at most one gRPC bomb this often")
