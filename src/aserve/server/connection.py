@@ -275,7 +275,7 @@ class Connection(asyncio.Protocol):
         # the reads since the connection was last between requests with nothing owed, while the
         # request begun there is still in its head (a method or head split over reads): where
         # another loop begins if that request takes the connection there (`hand_over`)
-        self._opening: list[bytes] | None = None
+        self._opening: bytes | list[bytes] | None = None
         self._heads_opening = 0  # `_heads_read` when `_opening` began
         self._progress = False  # llhttp reached a request's start, head, body or end in the read being parsed
         self._stalled = 0  # bytes read in a body's framing (chunk sizes, trailer fields) since the last progress
@@ -317,16 +317,20 @@ class Connection(asyncio.Protocol):
             self._again = None
             if data == again.raw and self._refuse_again(again):
                 return
-        idle = not self.queue and not self.busy and self._current is None
-        whole = idle and not self._head  # llhttp is between requests, none begun
-        self._whole = data if whole else None
         heads = self._heads_before = self._heads_read
-        if whole:
-            self._opening, self._heads_opening = [data], heads
-        elif idle and self._opening is not None:
-            self._opening.append(data)  # the head begun in earlier reads goes on
+        idle = not self.queue and not self.busy and self._current is None
+        if idle and not self._head:  # llhttp is between requests, none begun
+            whole = True
+            self._whole = self._opening = data
+            self._heads_opening = heads
         else:
-            self._opening = None
+            whole = False
+            self._whole = None
+            opening = self._opening
+            if not idle or opening is None:
+                self._opening = None
+            else:  # the head begun in earlier reads goes on
+                self._opening = [opening, data] if type(opening) is bytes else [*opening, data]
         if whole and self.counted:
             end = data.find(b"\r\n\r\n", 0, KNOWN_HEAD_BYTES)
             if end > 0:
@@ -452,7 +456,7 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.get_write_buffer_size():
             return False
-        self._opening = []
+        self._opening = b""
         self._give()
         return True
 
@@ -462,7 +466,7 @@ class Connection(asyncio.Protocol):
         a byte written, leaving the socket open through the duplicate."""
         transport, reads, give = self.transport, self._opening, self.server.give
         assert transport is not None and reads is not None and give is not None
-        data = reads[0] if len(reads) == 1 else b"".join(reads)
+        data = reads if isinstance(reads, bytes) else b"".join(reads)
         fd = os.dup(transport.get_extra_info("socket").fileno())
         self.closing = True
         self._cancel_timer()
@@ -1067,12 +1071,14 @@ class Connection(asyncio.Protocol):
         if self._current is not None and limits.request_timeout_s > 0:
             # nothing in line, yet a body arrives: a request answered from its head, its body dropped
             return (self._current.began or self._now) + limits.request_timeout_s, "dropped"
-        wait = limits.keepalive_timeout_s if self.counted else min(limits.keepalive_timeout_s, OVER_LIMIT_WAIT_S)
+        if not self.counted:  # over --max-connections: its 503 is owed within a second, or it closes
+            wait = min(limits.keepalive_timeout_s, OVER_LIMIT_WAIT_S)
+            return (max(self._head_began, self._free_since) if self._head else self._free_since) + wait, \
+                "head" if self._head else "idle"
         if self._head:
-            if limits.request_timeout_s > 0 and self.counted:
-                wait = limits.request_timeout_s
+            wait = limits.request_timeout_s if limits.request_timeout_s > 0 else limits.keepalive_timeout_s
             return max(self._head_began, self._free_since) + wait, "head"
-        return self._free_since + wait, "idle"
+        return self._free_since + limits.keepalive_timeout_s, "idle"
 
     def _arm(self) -> None:
         due, _ = self._deadline()
