@@ -220,6 +220,7 @@ def http_segments() -> dict[str, bytes]:
         "host_expect": post("/v2/models/host/infer", body, "Expect: 100-continue") + ready,
         "known_head": ready * 3 + b"G" + ready + b"ET /v2/models/nosuch/ready HTTP/1.1\r\nHost: a\r\n\r\n",
         "refusals": post("/v2/models/refuse/infer", b"x" * 40) + post("/deny", b"y") + ready,
+        "expect_refused": post("/v2/models/refuse/infer", b"xxxxx", "Expect: 100-continue") + ready,
         "trailers": b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
                     b"4\r\nab\r\n\r\n0\r\nA: 1\r\nB: 2\r\n\r\n" + ready,
         "absolute": b"GET http://a:8000/v2/health/live HTTP/1.1\r\nHost: a\r\n\r\n" + ready,

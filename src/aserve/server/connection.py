@@ -657,18 +657,17 @@ class Connection(asyncio.Protocol):
         return True
 
     def _decided(self, request: Request, answer: Response) -> None:
-        """An answer its head decided: whether the connection stays open after it, the body
-        read and dropped as it comes (`request.drop`: the body's length is known and within the
-        limit, and the client does not wait on an `Expect`, so it might never send the body).
-        An answer that refuses access (401, 403) or the body's size (413) closes the connection,
-        whether or not the body came with the head: the same bytes get the same answers."""
-        if answer.status in _CLOSING:
-            answer.close = True
+        """An answer its head decided: the connection stays open after it, the body read and
+        dropped as it comes (`request.drop`), when the body's length is known and within the
+        limit, the client does not wait on an `Expect` (it might never send the body), and
+        the answer neither closes nor refuses access (401, 403, 413); else it closes after
+        the answer. Whether the body came with the head changes neither: the same bytes get
+        the same answers, however they are read."""
         headers = request.headers
-        if answer.close or "transfer-encoding" in headers or "expect" in headers:
-            request.drop = False
-        else:
-            request.drop = int(headers.get("content-length", "0")) <= self.limits.max_body_bytes
+        if (answer.status in _CLOSING or "transfer-encoding" in headers or "expect" in headers
+                or int(headers.get("content-length", "0")) > self.limits.max_body_bytes):
+            answer.close = True
+        request.drop = not answer.close
 
     def on_body(self, body: bytes) -> None:
         self._progress = True
