@@ -16,7 +16,6 @@ import gzip
 import json
 import os
 import pathlib
-import resource
 import socket
 import sys
 
@@ -250,8 +249,12 @@ async def test_an_absolute_form_target_is_served(start_server, repository: pathl
 # ---- G: the default connection cap, from the descriptor limit ----
 
 
-def _descriptors(limit: int) -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+# `aserve serve` under a descriptor limit of its own, set by the child itself before it becomes the
+# server (no preexec_fn: Python code run in a forked child crashes a process that holds PEP 684
+# subinterpreters, as this test process may on 3.12+)
+UNDER_LIMIT = ("import os, resource, sys; limit = int(sys.argv[1]); "
+               "resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)); "
+               "os.execv(sys.executable, [sys.executable, '-m', 'aserve.cli', *sys.argv[2:]])")
 
 
 @spawns
@@ -263,9 +266,9 @@ async def test_by_default_the_server_holds_no_more_connections_than_its_descript
     connections close, new ones are served again."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aserve.cli", "serve", str(write_repository(tmp_path / "repo")), "--port", str(port),
-        "--no-grpc", "--interpreters", "1", env=dict(os.environ, ASERVE_LOG_LEVEL="warning"),
-        preexec_fn=lambda: _descriptors(300), stderr=asyncio.subprocess.PIPE)
+        sys.executable, "-c", UNDER_LIMIT, "300", "serve", str(write_repository(tmp_path / "repo")), "--port",
+        str(port), "--no-grpc", "--interpreters", "1", env=dict(os.environ, ASERVE_LOG_LEVEL="warning"),
+        stderr=asyncio.subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     held: list[socket.socket] = []
     try:
