@@ -360,19 +360,15 @@ class Connection(asyncio.Protocol):
                 self._head_bytes += len(data)
                 if self._head_bytes > self.limits.head_bytes:
                     self._refuse_head(431, self._header_message())
-            if not idle:
-                self._opening = None
-        else:
-            self._opening = None
-            if self._current is not None and not self.closing:
-                # a chunked body's framing and trailer fields: llhttp hands over no body byte for
-                # them, and httptools gathers a trailer field whole before it calls on_header
-                if self._progress:
-                    self._stalled = 0
-                else:
-                    self._stalled += len(data)
-                    if self._stalled > self.limits.head_bytes:
-                        self._refuse_head(431, self._trailer_message())
+        elif self._current is not None and not self.closing:
+            # a chunked body's framing and trailer fields: llhttp hands over no body byte for
+            # them, and httptools gathers a trailer field whole before it calls on_header
+            if self._progress:
+                self._stalled = 0
+            else:
+                self._stalled += len(data)
+                if self._stalled > self.limits.head_bytes:
+                    self._refuse_head(431, self._trailer_message())
         current = self._current  # a request whose body is still on the way after this read
         if current is not None and current.ahead is not None and current.answer is None and not self.closing:
             answer = self.dispatcher.ahead(current)
@@ -1072,12 +1068,13 @@ class Connection(asyncio.Protocol):
             return (self._current.began or self._now) + limits.request_timeout_s, "dropped"
         if not self.counted:  # over --max-connections: its 503 is owed within a second, or it closes
             wait = min(limits.keepalive_timeout_s, OVER_LIMIT_WAIT_S)
-            return (max(self._head_began, self._free_since) if self._head else self._free_since) + wait, \
-                "head" if self._head else "idle"
-        if self._head:
+        elif self._head:
             wait = limits.request_timeout_s if limits.request_timeout_s > 0 else limits.keepalive_timeout_s
+        else:
+            wait = limits.keepalive_timeout_s
+        if self._head:
             return max(self._head_began, self._free_since) + wait, "head"
-        return self._free_since + limits.keepalive_timeout_s, "idle"
+        return self._free_since + wait, "idle"
 
     def _arm(self) -> None:
         due, _ = self._deadline()
