@@ -1,7 +1,7 @@
 """gRPC against HTTP on the same model in the same run, with MLServer's gRPC as the peer.
 
     python -m benchmarks.grpc [--json FILE] [--concurrency 1,16] [--duration S] [--rounds N]
-                              [--servers aserve-grpc,aserve-http,mlserver-grpc]
+                              [--servers aserve-grpc,aserve-http,mlserver-grpc] [--generator python|c]
 
 One aserve process serves examples/simple over both fronts (`--interpreters 2`): the
 same models, batchers and interpreters answer `aserve-grpc` (ModelInfer with raw
@@ -15,16 +15,22 @@ interpreters, called over its gRPC with the same message.
 
 Before measuring, each configuration's answer is checked against values computed here
 (a wrong answer is an error record, never a number). Then, for each round, each
-concurrency and each configuration, in an order that rotates every round, the client (this
-process: grpc.aio or aiohttp on uvloop, one request in flight per worker, `concurrency`
-workers) warms up for `--warmup` seconds and measures for `--duration` seconds. Records:
+concurrency and each configuration, in an order that rotates every round, the client warms
+up for `--warmup` seconds and measures for `--duration` seconds. The client is
+`--generator python` (this process: grpc.aio or aiohttp on uvloop, one request in flight per
+worker, `concurrency` workers) or `--generator c`: h2load for gRPC (`concurrency` streams
+over at most 8 connections, the message in gRPC's length-prefixed frame; h2load reports a
+mean, not percentiles, and sees HTTP/2 statuses, not gRPC's: the answers were checked
+first) and wrk for HTTP (`concurrency` connections). On 2 cores a Python client is the
+bottleneck and hides the server's cost; the C generators do not. Records:
 
 | key | meaning |
 | --- | --- |
 | `server`, `concurrency`, `round` | what ran |
 | `requests_per_s`, `p50_ms`, `p99_ms`, `requests`, `errors` | completed requests over the measured interval; any failed call is an error |
 | `server_cpu_us_per_request` | CPU of the server's whole process tree (psutil, utime + stime) over the requests: the cost on the server's side, not the client's |
-| `client_cpu_us_per_request` | this process's CPU over the requests (the two clients differ: grpc's C core, aiohttp) |
+| `client_cpu_us_per_request` | the client's CPU over the requests (this process's, or the C generator's) |
+| `generator` | `python`, `h2load` or `wrk` |
 
 The last line is the summary: per configuration and concurrency the median over rounds,
 and the ratios of aserve's gRPC to aserve's HTTP and to MLServer's gRPC. The machine is
@@ -39,6 +45,7 @@ import asyncio
 import json
 import os
 import pathlib
+import re
 import resource
 import shutil
 import statistics
@@ -276,6 +283,59 @@ def own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+H2LOAD_CONNECTIONS = 8  # at most this many connections; the rest of the concurrency is streams on them
+
+
+def run_h2load(target: str, message: bytes, concurrency: int, seconds: float) -> tuple[int, int, float | None]:
+    """h2load posting `message` as one gRPC call per request: (answered, errors, mean latency in ms)."""
+    connections = min(concurrency, H2LOAD_CONNECTIONS)
+    streams = -(-concurrency // connections)
+    with tempfile.TemporaryDirectory(prefix="benchmarks-h2load-") as tmp:
+        body = pathlib.Path(tmp) / "message"
+        body.write_bytes(b"\0" + len(message).to_bytes(4, "big") + message)  # gRPC's frame: uncompressed, length
+        argv = ["h2load", "-c", str(connections), "-m", str(streams), "-D", str(max(1, round(seconds))),
+                "-d", str(body), "-H", "content-type: application/grpc", "-H", "te: trailers",
+                f"http://{target}{INFER}"]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise ServerFailed(f"h2load exited with {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}")
+    done = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed, (\d+) errored, "
+                     r"(\d+) timeout", proc.stdout)
+    mean = re.search(r"time for request:\s+\S+\s+\S+\s+(\S+)", proc.stdout)
+    if done is None:
+        raise ServerFailed(f"h2load printed no request counts: {proc.stdout[-500:]}")
+    succeeded, *failures = map(int, done.groups())
+    return succeeded, sum(failures), _ms(mean.group(1)) if mean else None
+
+
+def _ms(text: str) -> float:
+    """h2load's time (`712us`, `1.2ms`, `3s`) in ms."""
+    for unit, scale in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
+        if text.endswith(unit):
+            return round(float(text[:-len(unit)]) * scale, 3)
+    return float(text)
+
+
+async def drive_c(name: str, clients: Clients, concurrency: int, seconds: float) -> dict[str, Any]:
+    """One point with a C generator (h2load for gRPC, wrk for HTTP), run off the event loop."""
+    if name.endswith("-grpc"):
+        answered, errors, mean = await asyncio.to_thread(run_h2load, clients.targets[name], clients.message,
+                                                         concurrency, seconds)
+        return {"requests": answered, "errors": errors, "p50_ms": None, "p99_ms": None, "mean_ms": mean,
+                "generator": "h2load"}
+    from .loadgen import run_wrk
+
+    load = await asyncio.to_thread(run_wrk, clients.targets[name], body=clients.body, headers=clients.headers,
+                                   connections=concurrency, seconds=max(1, round(seconds)))
+    return {"requests": load.requests, "errors": load.errors, "p50_ms": load.p50_ms, "p99_ms": load.p99_ms,
+            "generator": "wrk"}
+
+
 async def measure(args: argparse.Namespace, clients: Clients, processes: dict[str, Process],
                   expected: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
@@ -289,21 +349,31 @@ async def measure(args: argparse.Namespace, clients: Clients, processes: dict[st
         order = names[round_ % len(names):] + names[:round_ % len(names)]
         for concurrency in args.concurrency:
             for name in order:
-                send = clients.sender(name)
-                await drive(send, concurrency, args.warmup)
                 server = processes[name]
-                cpu0, own0, t0 = server.cpu_s(), own_cpu_s(), time.perf_counter()
-                answered, errors, latencies = await drive(send, concurrency, args.duration)
-                wall = time.perf_counter() - t0
-                cpu1, own1 = server.cpu_s(), own_cpu_s()
-                latencies.sort()
+                if args.generator == "c":
+                    await drive_c(name, clients, concurrency, args.warmup)
+                    cpu0, own0, t0 = server.cpu_s(), children_cpu_s(), time.perf_counter()
+                    point = await drive_c(name, clients, concurrency, args.duration)
+                    wall = time.perf_counter() - t0
+                    cpu1, own1 = server.cpu_s(), children_cpu_s()
+                    answered = point["requests"]
+                else:
+                    send = clients.sender(name)
+                    await drive(send, concurrency, args.warmup)
+                    cpu0, own0, t0 = server.cpu_s(), own_cpu_s(), time.perf_counter()
+                    answered, errors, latencies = await drive(send, concurrency, args.duration)
+                    wall = time.perf_counter() - t0
+                    cpu1, own1 = server.cpu_s(), own_cpu_s()
+                    latencies.sort()
+                    point = {
+                        "requests": answered, "errors": errors, "generator": "python",
+                        "p50_ms": round(latencies[len(latencies) // 2] * 1e3, 3) if latencies else None,
+                        "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e3, 3)
+                        if latencies else None,
+                    }
                 record = {
-                    "server": name, "concurrency": concurrency, "round": round_, "requests": answered,
-                    "errors": errors, "duration_s": round(wall, 3),
+                    "server": name, "concurrency": concurrency, "round": round_, **point, "duration_s": round(wall, 3),
                     "requests_per_s": round(answered / wall, 1),
-                    "p50_ms": round(latencies[len(latencies) // 2] * 1e3, 3) if latencies else None,
-                    "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e3, 3)
-                    if latencies else None,
                     "server_cpu_us_per_request": round((cpu1 - cpu0) / max(answered, 1) * 1e6, 1),
                     "client_cpu_us_per_request": round((own1 - own0) / max(answered, 1) * 1e6, 1),
                 }
@@ -319,8 +389,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     table: dict[str, dict[str, Any]] = {}
     for (server, concurrency), rows in sorted(points.items()):
         table.setdefault(server, {})[str(concurrency)] = {
-            key: statistics.median(r[key] for r in rows)
-            for key in ("requests_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_request",
+            key: statistics.median(r[key] for r in rows) if all(r.get(key) is not None for r in rows) else None
+            for key in ("requests_per_s", "p50_ms", "p99_ms", "mean_ms", "server_cpu_us_per_request",
                         "client_cpu_us_per_request")
         } | {"errors": sum(r["errors"] for r in rows), "rounds": len(rows)}
     ratios: dict[str, dict[str, Any]] = {}
@@ -402,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
                    / "aserve" / "peers", help="where MLServer's virtual environment is kept (default %(default)s)")
     p.add_argument("--repository", type=pathlib.Path, default=ROOT / "examples",
                    help="folder with the example models (default: examples/)")
+    p.add_argument("--generator", choices=("python", "c"), default="python",
+                   help="python: grpc.aio and aiohttp in this process; c: h2load for gRPC, wrk for HTTP "
+                        "(default %(default)s)")
     args = p.parse_args(argv)
     args.servers = [s for s in args.servers.split(",") if s]
     unknown = sorted(set(args.servers) - set(SERVERS))
