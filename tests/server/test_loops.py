@@ -15,9 +15,15 @@ import os
 import pathlib
 import sys
 import time
+from typing import Any
 
 import aiohttp
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from aserve.server import loops as loops_module
 
 from ..conftest import free_port, spawns, until, wait_ready
 from . import test_head_refusals as refusals
@@ -231,6 +237,34 @@ async def test_a_loop_that_dies_is_replaced_while_the_other_serves(looped, caplo
     finally:
         for s in sessions:
             await s.close()
+
+
+async def _readiness(url: str, stub: Any, health: Any) -> tuple[bool, bool, bool]:
+    """Readiness as HTTP's /v2/health/ready, gRPC's ServerReady and gRPC's Health each say it."""
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/v2/health/ready") as r:
+        by_http = r.status == 200
+    by_grpc = (await stub.ServerReady(service_pb2.ServerReadyRequest())).ready
+    checked = await health.Check(health_pb2.HealthCheckRequest(service=""))
+    return by_http, by_grpc, checked.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_http_and_grpc_readiness_agree_through_a_loops_restart(start_server, tmp_path: pathlib.Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A front loop that died makes every readiness answer say not ready until it serves again."""
+    monkeypatch.setattr(loops_module, "RESTART_FIRST_S", 3600.0)  # it stays down until the test starts it
+    monkeypatch.setattr(loops_module, "RESTART_MAX_S", 3600.0)
+    server, url = await start_server(write_repository(tmp_path / "repo"), loops=2, grpc=True)
+    loops = server.loops
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        health = health_pb2_grpc.HealthStub(channel)
+        assert await _readiness(url, stub, health) == (True, True, True)
+        loops.fail(0)
+        await until(lambda: loops.restarts == 1, what="the failed loop reported ended")
+        assert await _readiness(url, stub, health) == (False, False, False)
+        loops._restart(loops.fronts[0])
+        assert await loops.serving_all(30)
+        assert await _readiness(url, stub, health) == (True, True, True)
 
 
 @pytest.fixture

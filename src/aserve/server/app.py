@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..config import ServerSettings, is_loopback
 from ..dataplane import DataPlane
@@ -29,6 +29,15 @@ class HttpStats:
         self.refused = dict.fromkeys(REFUSALS, 0)
 
 
+class Readiness(NamedTuple):
+    """Whether the server takes inference requests now, and if not why: `reason` for anyone,
+    `waiting` (the model versions not ready, and why) for callers that may see the models."""
+
+    ready: bool
+    reason: str = ""
+    waiting: tuple[dict[str, str], ...] = ()
+
+
 class App:
     """The server's data plane and the policies every request meets: access (tokens per kind
     of route), CORS, what error messages may say, the limits of a request, draining."""
@@ -49,3 +58,22 @@ class App:
         self.loops: Any = None  # server/loops.py Loops, with --loops: readiness asks whether every loop serves
         self.grpc_stats: Any = None  # grpc.service.GrpcStats, while the gRPC front serves
         self.threads = ThreadCpu()  # the loops' and interpreters' CPU, for /metrics
+
+    def readiness(self) -> Readiness:
+        """The one readiness rule, for HTTP's /v2/health/ready and gRPC's ServerReady and Health:
+        not draining, every event loop serving, every model version the repository asks for ready."""
+        if self.draining:
+            return Readiness(False, "draining: the server is about to stop")
+        loops = self.loops
+        if loops is not None and not loops.ready:
+            return Readiness(False, f"{loops.serving} of {loops.count} event loops serve: one is being started again")
+        plane = self.plane
+        if plane.ready:
+            return Readiness(True)
+        registry = plane.registry
+        waiting = tuple(registry.not_ready())
+        if waiting:
+            reason = f"{len(waiting)} model version{'s' if len(waiting) > 1 else ''} not ready"
+        else:
+            reason = "shutting down" if registry.closed else "the repository holds no model to serve"
+        return Readiness(False, reason, waiting)

@@ -35,30 +35,22 @@ async def live(app: App, request: Request) -> Response:
 
 
 async def ready(app: App, request: Request) -> Response:
-    """200 when every model version the repository asks for serves; 503 naming which do
-    not and why (to callers that may see the models: with an api token, those that send it)."""
-    plane = app.plane
-    if app.draining:
-        return message(request, m.ReadyResponse(False, "draining: the server is about to stop"), 503)
-    loops = app.loops
-    if loops is not None and not loops.ready:
-        return message(request, m.ReadyResponse(
-            False, f"{loops.serving} of {loops.count} event loops serve: one is being started again"), 503)
-    if plane.ready:
+    """200 when every model version the repository asks for serves (`App.readiness`); 503 with
+    the reason, and which versions are not ready and why to callers that may see the models
+    (with an api token, those that send it)."""
+    state = app.readiness()
+    if state.ready:
         return message(request, m.ReadyResponse(True))
-    registry = plane.registry
-    waiting = [m.NotReady(**row) for row in registry.not_ready()]
-    for row in waiting:
-        row.reason = app.policy.redact(row.reason)
-    if waiting:
-        reason = f"{len(waiting)} model version{'s' if len(waiting) > 1 else ''} not ready"
-    else:
-        reason = "shutting down" if registry.closed else "the repository holds no model to serve"
+    if not state.waiting:
+        return message(request, m.ReadyResponse(False, state.reason), 503)
     try:
         app.access.check(request, API)
     except AserveError:
-        return message(request, m.ReadyResponse(False, reason + " (send the api token for which and why)"), 503)
-    return message(request, m.ReadyResponse(False, reason, waiting or None), 503)
+        return message(request, m.ReadyResponse(False, state.reason + " (send the api token for which and why)"), 503)
+    waiting = [m.NotReady(**row) for row in state.waiting]
+    for row in waiting:
+        row.reason = app.policy.redact(row.reason)
+    return message(request, m.ReadyResponse(False, state.reason, waiting), 503)
 
 
 def _tensor_metadata(specs: Any) -> list[TensorMetadata]:

@@ -10,8 +10,8 @@ age (GOAWAY), and the keepalive policy (the server's pings, and the clients' it 
 `stop` stops taking calls and answers those accepted.
 
 Health answers from the server's state when asked: the service "" and
-`inference.GRPCInferenceService` are SERVING when every model is ready and the server is
-not draining (readiness), "liveness" while the process serves (liveness).
+`inference.GRPCInferenceService` are SERVING when the server is ready (`App.readiness`,
+HTTP's rule), "liveness" while the process serves (liveness).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Health:
             return SERVING
         if service not in ("", protos.SERVICE):
             return None
-        return SERVING if self.app.plane.ready and not self.app.draining else NOT_SERVING
+        return SERVING if self.app.readiness().ready else NOT_SERVING
 
     async def check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         status = self.status(request.service)

@@ -173,7 +173,7 @@ class Methods:
         return protos.ServerLiveResponse(live=True)
 
     async def server_ready(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
-        return protos.ServerReadyResponse(ready=self.plane.ready and not self.app.draining)
+        return protos.ServerReadyResponse(ready=self.app.readiness().ready)
 
     async def model_ready(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
         handle = self.plane.model(request.name, request.version or None)
