@@ -514,7 +514,8 @@ static PyObject *fq_submit(fqueue *q, PyObject *const *args, Py_ssize_t nargs, P
     if (q->closed)
         return PyErr_Format(q->engine_error, "model %R is shutting down", q->model);
     if (trace != Py_None || context != Py_None)
-        return PyErr_Format(q->engine_error, "model %R: a traced request is answered by the host's loop", q->model);
+        return PyErr_Format(q->engine_error, "model %R: a traced request goes to its ModelHandle.traced batcher",
+                            q->model);
     long long samples = PyLong_AsLongLong(args[1]);
     if (samples == -1 && PyErr_Occurred())
         return NULL;
@@ -726,7 +727,7 @@ static PyMethodDef fq_methods[] = {
     {"submit", (PyCFunction)(void (*)(void))fq_submit, METH_FASTCALL | METH_KEYWORDS,
      "submit(inputs, samples, /, *, deadline=None, budget=None, trace=None, waited=0.0, context=None, "
      "held=False) -> future of the outputs: Batcher.submit; the queue's bound is its only admission (budget, "
-     "waited and held judge nothing); a traced request, or one with a caller's context, is the host's"},
+     "waited and held judge nothing); a traced request, or one with a caller's context, goes to ModelHandle.traced"},
     {"flush", (PyCFunction)fq_flush, METH_NOARGS,
      "flush() -> None: hand the requests taken in since the last flush to the pool's queue, together"},
     {NULL, NULL, 0, NULL},

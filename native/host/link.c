@@ -63,8 +63,8 @@ static void link_close(as_link *l)
 }
 
 static int link_infer(as_link *l, pool_t *p, const char *key, uint64_t mask, size_t n, const as_tensor *in,
-                      void *token, void *cookie, int trace, int64_t max_rows, const as_wait *wait,
-                      const as_window *window, uint64_t *id)
+                      void *token, void *cookie, int trace, const char *context, int64_t max_rows,
+                      const as_wait *wait, const as_window *window, uint64_t *id)
 {
     if (window != NULL && (wait == NULL || wait->counter == NULL)) {
         errno = EINVAL;
@@ -78,11 +78,13 @@ static int link_infer(as_link *l, pool_t *p, const char *key, uint64_t mask, siz
     as_tensor *copy = malloc(size);
     hinputs *inputs = calloc(1, sizeof *inputs);
     char *key_copy = strdup(key);
-    if (j == NULL || copy == NULL || inputs == NULL || key_copy == NULL) {
+    char *context_copy = context != NULL ? strdup(context) : NULL;
+    if (j == NULL || copy == NULL || inputs == NULL || key_copy == NULL || (context != NULL && context_copy == NULL)) {
         free(j);
         free(copy);
         free(inputs);
         free(key_copy);
+        free(context_copy);
         errno = ENOMEM;
         return -1;
     }
@@ -113,6 +115,8 @@ static int link_infer(as_link *l, pool_t *p, const char *key, uint64_t mask, siz
     j->job.n_inputs = n;
     j->job.inputs_ctx = inputs;
     j->job.trace = trace;
+    j->text = context_copy; /* freed with the job */
+    j->job.text = context_copy;
     j->max_rows = max_rows;
     if (wait != NULL && wait->counter != NULL) {
         as_counter_hold(wait->counter);

@@ -53,15 +53,16 @@ typedef struct as_link_api {
     void (*close)(as_link *l);
     /* Queue a batch of `key` (loaded on the interpreters in `mask`) on pool p. in[i].name
      * and .datatype are copied; .data must stay valid until the inputs come back through
-     * take (cookie). The job completes to l with `token`. max_rows > 0: it may run in one
+     * take (cookie). The job completes to l with `token`. context: the W3C headers model code
+     * runs in (copied), or NULL. max_rows > 0: it may run in one
      * batch with other fronts' jobs of the model, of that many rows in all (pool_coalesce.c).
      * wait: what it counts while queued, or NULL. window: a request the pool batches with
      * others (then wait is required and counts it as a request, not a batch), or NULL.
      * 0 and *id, or -1 (errno). While the link holds (hold), the job is numbered and kept,
      * not queued. */
     int (*infer)(as_link *l, pool_t *p, const char *key, uint64_t mask, size_t n, const as_tensor *in,
-                 void *token, void *cookie, int trace, int64_t max_rows, const as_wait *wait,
-                 const as_window *window, uint64_t *id);
+                 void *token, void *cookie, int trace, const char *context, int64_t max_rows,
+                 const as_wait *wait, const as_window *window, uint64_t *id);
     /* Hold the jobs infer makes from now on; release queues every held one, each pool's
      * under one lock, and only then wakes the workers that take them: a front that queues
      * the requests of one loop iteration together has them batched together. */

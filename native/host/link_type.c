@@ -162,14 +162,14 @@ static int read_inputs(module_state *st, PyObject *const *items, as_tensor *in, 
 static PyObject *link_infer(linkobj *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"pool", "model", "mask", "names", "datatypes", "inputs", "token", "trace", "max_rows",
-                             "waiting", NULL};
+                             "waiting", "context", NULL};
     PyObject *pool_address, *names, *datatypes, *inputs, *token, *waiting = Py_None;
-    const char *key;
+    const char *key, *context = NULL;
     unsigned long long mask;
     int trace = 0;
     long long max_rows = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKOOOO|pLO:infer", kwlist, &pool_address, &key, &mask, &names,
-                                     &datatypes, &inputs, &token, &trace, &max_rows, &waiting))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKOOOO|pLOz:infer", kwlist, &pool_address, &key, &mask, &names,
+                                     &datatypes, &inputs, &token, &trace, &max_rows, &waiting, &context))
         return NULL;
     as_wait wait = {0};
     if (waiting != Py_None) {
@@ -218,7 +218,7 @@ static PyObject *link_infer(linkobj *self, PyObject *args, PyObject *kw)
     if (read_inputs(st, PySequence_Fast_ITEMS(inputs), in, held) < 0)
         goto error;
     uint64_t id;
-    if (self->api->infer(self->link, p, key, mask, n, in, token, held, trace, max_rows, &wait,
+    if (self->api->infer(self->link, p, key, mask, n, in, token, held, trace, context, max_rows, &wait,
                          NULL, &id) < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         goto error;
@@ -372,7 +372,7 @@ int as_link_request(PyObject *link, PyObject *target, PyObject *inputs, long lon
     int rc = -1;
     if (read_inputs(st, PySequence_Fast_ITEMS(inputs), in, held) < 0)
         goto done;
-    if (self->api->infer(self->link, t->pool, t->key, t->mask, n, in, done, held, 0, t->max_rows, &wait, &win,
+    if (self->api->infer(self->link, t->pool, t->key, t->mask, n, in, done, held, 0, NULL, t->max_rows, &wait, &win,
                          &id) < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;
@@ -617,11 +617,11 @@ static PyMethodDef link_methods[] = {
      "release() -> None: queue every held job, each pool's together, then wake the interpreters that take them"},
     {"infer", (PyCFunction)(void (*)(void))link_infer, METH_VARARGS | METH_KEYWORDS,
      "infer(pool, model, mask, names, datatypes, inputs, token, trace=False, max_rows=0, waiting=None, "
-     ") -> job id: "
+     "context=None) -> job id: "
      "queue a batch of `model` (inputs: tensors with .shape and .data) on the pool at address `pool`; max_rows > 0: "
      "it may run in one batch with other fronts' batches of the model, of at most that many rows; waiting: "
      "(Counter.address, (slot, slot, slot), samples, requests): while it waits for an interpreter its samples, "
-     "requests and itself count in those slots"},
+     "requests and itself count in those slots; context: the W3C headers model code runs in (Pool.infer's)"},
     {"target", (PyCFunction)link_target, METH_VARARGS,
      "target(pool, model, mask, names, datatypes, max_rows, counter, (samples, requests, batches, running slots)) "
      "-> what request takes for `model` on the pool at address `pool`, read once"},

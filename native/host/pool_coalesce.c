@@ -10,8 +10,8 @@
  * buffers is gone (a shared owner, counted under p->mu).
  *
  * Only fronts' jobs (link != NULL) that say how many rows a batch may hold (max_rows,
- * set by the front for a model that batches and has no BYTES tensor) and are not traced
- * coalesce; two coalesce when every input has the same datatype and the same shape but
+ * set by the front for a model that batches and has no BYTES tensor), are not traced and
+ * carry no caller's context (job.text) coalesce; two coalesce when every input has the same datatype and the same shape but
  * for the first (batch) dimension. If the batch fails, or an output's first dimension is
  * not the batch's rows, each job runs again alone: a request that makes the model fail
  * fails only its own job, as the batcher's retry makes it fail only itself.
@@ -63,7 +63,7 @@ static int compatible(const hjob *a, const hjob *b)
 
 int as_pool_coalesce(pool_t *p, hjob *j, int index)
 {
-    if (j->link == NULL || j->max_rows <= 0 || j->job.trace)
+    if (j->link == NULL || j->max_rows <= 0 || j->job.trace || j->job.text != NULL)
         return 0;
     int64_t rows = rows_of(j);
     if (rows < 0)
@@ -73,7 +73,8 @@ int as_pool_coalesce(pool_t *p, hjob *j, int index)
     hjob *prev = NULL;
     for (hjob *k = p->head; k != NULL;) {
         hjob *next = k->next;
-        int64_t more = k->link != NULL && k->max_rows == j->max_rows && !k->job.trace && k->native == j->native &&
+        int64_t more = k->link != NULL && k->max_rows == j->max_rows && !k->job.trace && k->job.text == NULL &&
+                               k->native == j->native &&
                                (k->mask >> index & 1) && compatible(j, k)
                            ? rows_of(k)
                            : -1;

@@ -211,7 +211,7 @@ async def test_submit_takes_batchers_keywords_and_refuses_what_a_front_does_not_
     b = batcher(queue)
     with pytest.raises(TypeError, match="unexpected keyword argument 'dealine'"):
         b.submit(X, 1, dealine=1.0)
-    with pytest.raises(EngineError, match="answered by the host's loop"):
+    with pytest.raises(EngineError, match="goes to its ModelHandle.traced batcher"):
         b.submit(X, 1, context="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
     with pytest.raises(RequestTimeout, match="deadline passed before it was queued"):
         b.submit(X, 1, deadline=time.monotonic() - 1)

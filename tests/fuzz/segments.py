@@ -5,7 +5,7 @@ The stream is fed to the HTTP front's connection (`aserve.server.connection`) in
 on a loop alone: the reference. Then it is cut into reads (every cut of a short stream in
 two; random cuts of a longer one, and cuts at every request's start and head's end, seeded
 by the stream) and fed to a "front" loop as front loops serve: a request for a model only
-the host serves (and, on half the cuts, any infer request, as while the host traces) takes
+the host serves (and, on half the cuts, any model's request: hand-overs at every request) takes
 the connection to a "host" loop (`Connection.hand_over`: the descriptor's duplicate and the
 reads that hold the request, parsed there first), or, where it cannot go yet, is answered
 through the front and the connection follows once nothing is owed. What the client reads
@@ -116,12 +116,12 @@ class Wire(asyncio.Transport):
 
 class _Routes:
     """The stub dispatcher (see the module's docstring); `front`: it hands host-only requests
-    over, and `traces`: every infer request too."""
+    over, and with `every` set, every model's request too."""
 
     def __init__(self, *, front: bool) -> None:
         self.app = types.SimpleNamespace(stats=HttpStats(), policy=ErrorPolicy(), draining=False, cors=None)
         self.front = front
-        self.traces = False
+        self.every = False
 
     def head(self, request: Any, length: int | None) -> Response | None:
         path = request.path
@@ -129,7 +129,7 @@ class _Routes:
             return Response(401, b'{"error":"denied"}', content_type="application/json")
         if "refuse" in path:
             return Response(404, b'{"error":"refused"}', content_type="application/json")
-        if self.front and path.startswith("/v2/models/") and (self.traces or path.startswith("/v2/models/host")):
+        if self.front and path.startswith("/v2/models/") and (self.every or path.startswith("/v2/models/host")):
             request.connection.hand_over(request)  # where it cannot go now, this loop answers it
         return None
 
@@ -179,7 +179,7 @@ async def _drain(conn: Connection) -> None:
         await asyncio.sleep(0)
 
 
-async def _serve(data: bytes, cuts: list[int], *, fronted: bool, traces: bool = False) -> list[bytes]:
+async def _serve(data: bytes, cuts: list[int], *, fronted: bool, every: bool = False) -> list[bytes]:
     """What the client reads when `data` arrives in reads ending at `cuts` (then its end),
     then the client half-closes."""
     loops = _loops()
@@ -193,7 +193,7 @@ async def _serve(data: bytes, cuts: list[int], *, fronted: bool, traces: bool = 
         conn.connection_made(Wire(conn, client, loops.sock))  # parses `reads` first
 
     loops.front.give = give
-    loops.front.dispatcher.traces = traces  # type: ignore[attr-defined]
+    loops.front.dispatcher.every = every  # type: ignore[attr-defined]
     first = (loops.front if fronted else loops.alone)()
     current.append(first)
     first.connection_made(Wire(first, client, loops.sock))
@@ -246,10 +246,10 @@ def segmentations(data: bytes) -> Iterator[list[int]]:
         yield sorted(rng.sample(range(1, n), min(n - 1, rng.randint(1, 8))))
 
 
-def answers(data: bytes, cuts: list[int], *, fronted: bool, traces: bool = False) -> bytes:
+def answers(data: bytes, cuts: list[int], *, fronted: bool, every: bool = False) -> bytes:
     """What the client reads for `data` cut at `cuts` (see `_read`)."""
     loops = _loops()
-    return _read(loops.loop.run_until_complete(_serve(data, cuts, fronted=fronted, traces=traces)))
+    return _read(loops.loop.run_until_complete(_serve(data, cuts, fronted=fronted, every=every)))
 
 
 def http_segments(data: bytes) -> None:
@@ -257,7 +257,7 @@ def http_segments(data: bytes) -> None:
     answered as the stream in one read on a loop alone."""
     reference = answers(data, [], fronted=False)
     for k, cuts in enumerate([[], *segmentations(data)]):
-        got = answers(data, cuts, fronted=True, traces=bool(k % 2))
+        got = answers(data, cuts, fronted=True, every=bool(k % 2))
         if got != reference:
-            raise Failure(f"cut at {cuts} (host traces: {bool(k % 2)}), the stream was answered otherwise:\n"
+            raise Failure(f"cut at {cuts} (every model's request handed over: {bool(k % 2)}), the stream was answered otherwise:\n"
                           f"{got[:600]!r}\nin one read:\n{reference[:600]!r}")

@@ -23,7 +23,16 @@ from aserve.tracing.exporter import TraceExporter
 from .test_traces import attrs
 
 
-def _export(tracer: Tracer) -> list[Any]:
+def _exporter() -> TraceExporter:
+    """The exporter's encoding half, with no OTLP client."""
+    exporter = TraceExporter.__new__(TraceExporter)
+    exporter._tables = {}
+    exporter._encode = otlp_encode
+    exporter._resource, exporter._version = {"service.name": "t"}, "0"
+    return exporter
+
+
+def _export(tracer: Tracer, exporter: TraceExporter | None = None) -> list[Any]:
     """Flush the tracer into one message and pass it through the exporter's conversion and encoder."""
     messages: list[bytes] = []
 
@@ -35,11 +44,8 @@ def _export(tracer: Tracer) -> list[Any]:
 
     tracer._export = export
     tracer.flush()
-    exporter = TraceExporter.__new__(TraceExporter)
-    exporter._table = []
+    exporter = exporter or _exporter()
     spans: list[Any] = []
-    exporter._encode = otlp_encode
-    exporter._resource, exporter._version = {"service.name": "t"}, "0"
     for m in messages:
         encoded = exporter.encode(msgspec.msgpack.decode(m))
         request = trace_service_pb2.ExportTraceServiceRequest()
@@ -110,6 +116,20 @@ async def test_records_beyond_the_queue_limit_are_dropped_and_counted() -> None:
     assert tracer.core.pending == 0
     await _one_request(tracer, "localhost", 200, None)  # room again
     assert tracer.core.records[:2] == (1, 1)
+
+
+async def test_each_loops_table_stays_its_own_in_the_one_exporter() -> None:
+    """The host's tracer and a front's each number their table of route attributes from 0 and
+    send each entry once; the exporter keeps the tables apart, so every request span carries
+    the attributes of the loop that recorded it, in the first export and in later ones."""
+    exporter = _exporter()
+    host = Tracer(Resolved(sampler="always_on", ratio=1.0, exporter_env={}))
+    front = Tracer(Resolved(sampler="always_on", ratio=1.0, exporter_env={}), source=1)
+    for order in ((host, front), (front, host)):  # the second time, neither sends its entry again
+        await _one_request(host, "host-a:8000", 200, None)
+        await _one_request(front, "front-b:8000", 200, None)
+        spans = [s for t in order for s in _export(t, exporter) if s.name == "POST /v2/models/{model}/infer"]
+        assert [attrs(s)["server.address"] for s in spans] == ["host-a" if t is host else "front-b" for t in order]
 
 
 async def test_an_exporter_that_is_gone_drops_records_and_never_fails_a_request() -> None:

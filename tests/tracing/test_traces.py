@@ -204,37 +204,50 @@ async def test_json_logs_carry_the_trace_of_the_request(
     assert '"POST /v2/models/add/infer HTTP/1.1" 500' in access["message"]  # the common log format
 
 
-async def test_a_traced_request_completes_whichever_loop_took_it(
+async def test_each_front_loop_traces_the_requests_it_reads(
     start_server, tmp_path: pathlib.Path, receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With two front loops, clients on eight connections (four on each front) each send a
-    request in a trace of their own: every one is answered with its sum (by the host's loop,
-    which takes a connection's infer requests while it traces), and every one's span tree
-    reaches the collector whole, continuing its caller's trace and linked from the batch
-    that served it."""
+    request in a trace of their own: every one is answered with its sum by the loop that read
+    it, and every one's span tree reaches the collector whole, continuing its caller's trace,
+    linked from the batch that served it, with the span the model opened inside the batch's
+    run. The host's trace settings reach the fronts: trace_level OFF stops their sampling."""
     collector, endpoint = receiver
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-    server, url = await start_server(write_repository(tmp_path / "repo", {"add": (ADD_MODEL, ADD_CONFIG)}), loops=2)
+    server, url = await start_server(write_repository(tmp_path / "repo", {"add": (TRACED_ADD, ADD_CONFIG)}), loops=2)
     callers = {i: (random.getrandbits(128), random.getrandbits(64)) for i in range(8)}
     sessions = [aiohttp.ClientSession() for _ in callers]
+
+    async def call(i: int, session: aiohttp.ClientSession) -> None:
+        trace, parent = callers[i]
+        headers = {"traceparent": f"00-{trace:032x}-{parent:016x}-01"}
+        async with session.post(f"{url}/v2/models/add/infer", json=body([i, 2 * i, 0, 0]), headers=headers) as r:
+            assert r.status == 200
+            assert (await r.json())["outputs"][0]["data"] == [i + 1, 2 * i + 1, 1, 1]
+
+    async def recorded() -> float:
+        async with sessions[0].get(f"{url}/metrics") as r:
+            samples = {s.name: s.value for f in text_string_to_metric_families(await r.text()) for s in f.samples}
+        return samples["aserve_trace_recorded_total"]
+
     try:
         for s in sessions:  # one connection each, handed to the front with the fewest
             async with s.get(f"{url}/v2/health/live") as r:
                 assert r.status == 200
         assert [f.connections for f in server.loops.fronts] == [4, 4]
-
-        async def call(i: int) -> None:
-            trace, parent = callers[i]
-            headers = {"traceparent": f"00-{trace:032x}-{parent:016x}-01"}
-            async with sessions[i].post(f"{url}/v2/models/add/infer", json=body([i, 2 * i, 0, 0]),
-                                        headers=headers) as r:
-                assert r.status == 200
-                assert (await r.json())["outputs"][0]["data"] == [i + 1, 2 * i + 1, 1, 1]
-
-        await asyncio.gather(*(call(i) for i in callers))
-        # the host traces: each connection went to its loop with its first infer request
-        assert (server.loops.connections, server.app.stats.connections) == (0, 8)
+        await asyncio.gather(*(call(i, s) for i, s in enumerate(sessions)))
+        # answered where they were read: no connection went to the host's loop, whose tracer recorded none
+        assert (server.loops.connections, server.app.stats.connections) == (8, 0)
+        assert server.plane.tracer.stats()["recorded"] == 0
+        fronts = await server.loops.stats()
+        assert sum(f["tracing"]["recorded"] for f in fronts) >= 8 and all(f["tracing"] for f in fronts)
+        # trace_level OFF, set on the host, stops every front's sampling
+        async with sessions[0].post(f"{url}/v2/trace/setting", json={"trace_level": ["OFF"]}) as r:
+            assert r.status == 200
+        before = await recorded()
+        await asyncio.gather(*(call(i, s) for i, s in enumerate(sessions)))
+        assert await recorded() == before
     finally:
         for s in sessions:
             await s.close()
@@ -247,5 +260,11 @@ async def test_a_traced_request_completes_whichever_loop_took_it(
     for s in requests:
         children = {c.name for c in collector.spans if c.parent_span_id == s.span_id and c.trace_id == s.trace_id}
         assert children == {"decode", "queue", "encode"} and attrs(s)["http.response.status_code"] == 200
-    served = {(link.trace_id, link.span_id) for b in collector.named("batch add") for link in b.links}
+        assert attrs(s)["aserve.batch_size"] >= 1 and attrs(s)["http.route"] == "/v2/models/{model}/infer"
+    batches = collector.named("batch add")
+    served = {(link.trace_id, link.span_id) for b in batches for link in b.links}
     assert served == {(s.trace_id, s.span_id) for s in requests}
+    for b in batches:  # the run in the interpreter, and inside it the span model code opened in its context
+        (run,) = [c for c in collector.named("run in interpreter") if c.parent_span_id == b.span_id]
+        (model_span,) = [c for c in collector.named("add rows") if c.parent_span_id == run.span_id]
+        assert model_span.trace_id == b.trace_id and attrs(model_span)["rows"] == attrs(b)["aserve.batch_samples"]

@@ -16,8 +16,9 @@ native/host/front_queue.c: submit, the flush once per loop iteration, the comple
 the timer, withdrawal and closing are here. The batch's leader reports the batch (its
 rows and run time), so every batch is counted once, by the loop whose request led it.
 
-`Batcher` stays the reference: the host's loop runs it, with tracing, the adaptive
-policy and layer joining, none of which a front serves.
+`Batcher` stays the reference: the host's loop runs it, with the adaptive policy and
+layer joining, which no front serves; a front runs it beside this queue for its requests
+that are traced or carry a caller's context (`ModelHandle.traced`).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class NativeBatcher(FrontQueue):
     slots: this loop's slots of the model's Counter: the samples and requests its requests
     hold while they wait in the pool's queue, and the batches its requests lead, running."""
 
-    tracer = None  # a front never traces: while tracing is on, the host answers every infer request
+    tracer = None  # traced requests go to the model's `traced` Batcher: none is submitted here
 
     def __init__(self, *, model: str, key: str, queue: NativeQueue, max_batch_size: int, max_queue_size: int,
                  max_queue_delay: float, shared: SharedQueued, slots: tuple[int, int, int]) -> None:

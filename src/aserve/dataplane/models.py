@@ -97,6 +97,9 @@ class ModelHandle:
         self.schema: ModelSchema | None = None  # set once loaded: what requests are decoded against
         self.memory_bytes = 0  # the process PSS its load (every interpreter) and warm-up added
         self.batcher: Batcher | NativeBatcher | None = None
+        # a front's model batched in the pool (NativeBatcher): the batcher of its requests that
+        # are traced or carry a caller's context, which the pool's queue does not take
+        self.traced: Batcher | None = None
         # `--loops`: what every loop queued of it (a _native.Counter laid out by queue_layout)
         self.queued: Any = None
         self.pool: Pool | None = None  # the pool it is loaded in: readiness asks it which interpreters still serve

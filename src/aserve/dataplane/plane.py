@@ -64,8 +64,9 @@ class DataPlane:
         self.tracer = tracer
         self.registry.tracer = tracer
         for handle in self.registry.handles():
-            if handle.batcher is not None:
-                handle.batcher.tracer = tracer
+            for batcher in (handle.batcher, handle.traced):
+                if batcher is not None:
+                    batcher.tracer = tracer
 
     # ---- lifecycle ----
 
@@ -183,6 +184,8 @@ class DataPlane:
             now = time.monotonic()
             batcher = handle.batcher
             assert batcher is not None  # require_ready checked it
+            if handle.traced is not None and (trace is not None or caller is not None):
+                batcher = handle.traced
             future = batcher.submit(
                 request.inputs, request.samples, deadline=now + limit / 1000.0, budget=budget, trace=trace,
                 waited=0.0 if call.received is None else now - call.received, context=caller, held=call.held,

@@ -127,6 +127,8 @@ def apply_trace_setting(tracer: Tracer, wanted: dict[str, Any]) -> None:
         if not tracer.sampler.endswith("traceidratio"):
             tracer.sampler = "parentbased_traceidratio" if tracer.sampler.startswith("parentbased") else "traceidratio"
         tracer.set_ratio(1.0 / n)
+    if tracer.changed is not None:
+        tracer.changed()
 
 
 def current_trace_setting(tracer: Tracer | None) -> m.TraceSetting:

@@ -7,10 +7,13 @@ the host's pools through a native `Link`, with no Python of the host's on the wa
 hands every other request to the host's loop over its channel (`server/channel.py`):
 admin, metadata, metrics, health, the repository, trace settings, a model loading, not
 ready or unknown. A connection whose request names a model only the host serves (its
-policy needs the host: adaptive), or any infer request while the host traces, goes to the
-host's loop itself: from that request on where it is the first thing read since the last
-answer, else once that request, handed over alone, is answered. The client cannot tell
-which loop answered.
+policy needs the host: adaptive) goes to the host's loop itself: from that request on
+where it is the first thing read since the last answer, else once that request, handed
+over alone, is answered. The client cannot tell which loop answered.
+
+While the host traces, a front samples and records the spans of its own requests (a
+`Tracer` of its own, kept in step with the host's settings) and hands what it recorded to
+the host's exporter over the channel.
 
 It runs in a private interpreter (its own libpython, its own GIL), started by the host as
 a job that returns when the front stops; its log records go to the host's handlers.
@@ -44,6 +47,7 @@ from ..logs import AccessLogger
 from ..repository.config import ModelConfig
 from ..repository.scan import VersionSource
 from ..tensor import Tensor
+from ..tracing import Resolved, Tracer
 from . import infer as infer_routes
 from .app import App
 from .channel import Channel
@@ -162,18 +166,22 @@ class LinkEngine:
         self.models.pop(key, None)
         self.targets.pop(key, None)
 
-    def run(self, model: str, inputs: Sequence[Any], done: Done, /, *, trace: bool = False,
-            waiting: tuple[int, int] | None = None) -> tuple[int, int]:
+    def run(self, model: str, inputs: Sequence[Any], done: Done, /, *, trace: bool | str = False,
+            context: str | None = None, waiting: tuple[int, int] | None = None) -> tuple[int, int]:
         """`Pool.run` for a front: queue one batch on the first idle interpreter of `model`;
-        returns what `cancel` takes (its pool's address and the job's id). waiting: the batch's
-        (samples, requests), which count in the model's queue while it waits for an interpreter."""
+        returns what `cancel` takes (its pool's address and the job's id). trace, context: as
+        `Pool.run`'s (a str `trace` is the W3C context of the traced batch's run span). waiting:
+        the batch's (samples, requests), which count in the model's queue while it waits for an
+        interpreter."""
         found = self.models.get(model)
         if found is None:
             raise ModelNotFound(f"model {model!r} is not loaded")
         pool, mask, names, datatypes, max_rows, counter = found
         counted = None if counter is None or waiting is None else (counter[0], counter[1][:3], *waiting)
+        traced = bool(trace)
+        header = trace if isinstance(trace, str) else context
         job: int = self.link.infer(pool, model, mask, names, datatypes, list(inputs),
-                                   functools.partial(self._done, done, trace), trace, max_rows, counted)
+                                   functools.partial(self._done, done, traced), traced, max_rows, counted, header)
         return pool, job
 
     def request(self, model: str, inputs: Sequence[Any], samples: int, done: NativeDone, /, *,
@@ -263,22 +271,35 @@ def front_handle(m: dict[str, Any], plane: DataPlane, engine: LinkEngine, schedu
         scheduler = schedulers[kind] = FairScheduler(m["interpreters"])
     queued = _shared(m["queued"], index)
     delay = config.batching.max_queue_delay_ms / 1000.0
+    def window() -> Batcher:
+        return Batcher(
+            model=name, key=handle.key, run=engine.run, policy=WindowPolicy(max_queue_delay=delay),
+            max_batch_size=config.max_batch_size, interpreters=info.interpreters,
+            max_queue_size=config.batching.max_queue_size, scheduler=scheduler, uniform=schema.uniform,
+            cancel=engine.cancel, shared=queued, waiting=queued is not None,
+        )
+
     if queued is not None and settings.front_batching == "pool" and _rows(config, info) > 0:
         handle.batcher = NativeBatcher(
             model=name, key=handle.key, queue=engine, max_batch_size=config.max_batch_size,
             max_queue_size=config.batching.max_queue_size, max_queue_delay=delay, shared=queued,
             slots=_native_slots(wait_slots(m["queued"][1], index)),
         )
+        # the requests sampled for tracing (or carrying an unsampled caller's context): batched
+        # among themselves by the same window rule, in batches that run with their context
+        handle.traced = window()
     else:
-        handle.batcher = Batcher(
-            model=name, key=handle.key, run=engine.run, policy=WindowPolicy(max_queue_delay=delay),
-            max_batch_size=config.max_batch_size, interpreters=info.interpreters,
-            max_queue_size=config.batching.max_queue_size, scheduler=scheduler, uniform=schema.uniform,
-            cancel=engine.cancel, shared=queued, waiting=queued is not None,
-        )
+        handle.batcher = window()
     handle.queued = queued
     handle.engine, handle.info, handle.schema, handle.state = kind, info, schema, READY
     return handle
+
+
+def _trace_with(handle: ModelHandle, tracer: Tracer | None) -> None:
+    """Batches of `handle`'s sampled requests get spans from `tracer` (None: none do)."""
+    for batcher in (handle.batcher, handle.traced):
+        if isinstance(batcher, Batcher):
+            batcher.tracer = tracer
 
 
 class _Connections(set[Any]):
@@ -337,7 +358,6 @@ class Front:
         self.http = HttpServer(Dispatcher(self.app, Router(self._routes())), limits, access_log=access_log)
         self.http.connections = _Connections(self._gone)
         self.http.give = self._give
-        self.forward_infer = False  # the host traces: it answers every infer request
         self.hosts: frozenset[str] = frozenset()  # ready models only the host's loop serves (adaptive)
         self.handles: dict[str, ModelHandle] = {}  # by key: those the host lists now
         self.retired: dict[str, ModelHandle] = {}  # no longer listed, not yet closed
@@ -361,23 +381,19 @@ class Front:
     # ---- requests ----
 
     def _prepare(self, app: App, request: Request) -> None:
-        """The infer routes' head check. A request for a model only the host serves, or any
-        while the host traces, takes its connection to the host's loop where it can
-        (`Connection.hand_over`). Else, for a request the host answers whose body did not
-        come with its head, the head goes to the host: the host's head checks (a refusal for
-        overload, 404, a model not ready) answer while the body arrives, and a refused
-        request's body is never read."""
-        if not self.forward_infer:
-            try:
-                infer_routes.prepare(app, request)
-                return
-            except ModelNotFound:  # not one of the front's: the host knows (and answers 404 if none)
-                # a model only the host serves: the connection goes to the host's loop from this
-                # request on, so this and the client's next requests take no hop through this loop
-                if request.params["model"] in self.hosts and request.connection.hand_over(request):
-                    return
-        elif request.connection.hand_over(request):  # the host traces: every infer request is its own
+        """The infer routes' head check. A request for a model only the host serves takes its
+        connection to the host's loop where it can (`Connection.hand_over`). Else, for a
+        request the host answers whose body did not come with its head, the head goes to the
+        host: the host's head checks (a refusal for overload, 404, a model not ready) answer
+        while the body arrives, and a refused request's body is never read."""
+        try:
+            infer_routes.prepare(app, request)
             return
+        except ModelNotFound:  # not one of the front's: the host knows (and answers 404 if none)
+            # a model only the host serves: the connection goes to the host's loop from this
+            # request on, so this and the client's next requests take no hop through this loop
+            if request.params["model"] in self.hosts and request.connection.hand_over(request):
+                return
         request.state = _HOSTS
         # after this read is parsed: a body that came with the head is whole by then, and the
         # host's checks run once, on the whole request (forward)
@@ -467,7 +483,7 @@ class Front:
                         future.set_result(message)
                 elif op == "models":
                     self._models(message["models"], message["labels"])
-                    self.forward_infer = message["tracing"]
+                    self._tracing(message["tracing"])
                     self.hosts = frozenset(message["hosts"])
                     self.app.policy.use_roots(message["roots"])
                 elif op == "retire":
@@ -494,6 +510,47 @@ class Front:
             logging.getLogger().handlers[:] = []
             channel.close()
 
+    # ---- tracing ----
+
+    def _tracing(self, settings: dict[str, Any] | None) -> None:
+        """The host's trace settings (`Tracer.settings`, None: off): a tracer of the front's own
+        that samples as the host's does and sends its records to the host's exporter."""
+        tracer = self.plane.tracer
+        if settings is None:
+            if tracer is not None:
+                tracer.flush()
+                self._use_tracer(None)
+            return
+        if tracer is None:
+            resolved = Resolved(sampler=settings["sampler"], ratio=settings["ratio"], exporter_env=settings["env"])
+            tracer = Tracer(resolved, export=self._export, source=self.index + 1)
+            self._use_tracer(tracer)
+        tracer.apply(settings)
+
+    def _use_tracer(self, tracer: Tracer | None) -> None:
+        self.plane.set_tracer(tracer)
+        for handle in [*self.handles.values(), *self.retired.values()]:
+            _trace_with(handle, tracer)
+
+    def _export(self, payload: bytes) -> asyncio.Future[int]:
+        """The front tracer's export: the host's exporter sends the records; the future of how many."""
+        exported: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def answered(asked: asyncio.Future[dict[str, Any]]) -> None:
+            if exported.done():
+                return
+            if asked.cancelled():
+                exported.cancel()
+            elif asked.exception() is not None:
+                exported.set_exception(asked.exception())  # type: ignore[arg-type]
+            elif "error" in asked.result():
+                exported.set_exception(EngineError(asked.result()["error"]))
+            else:
+                exported.set_result(asked.result()["exported"])
+
+        self._ask({"op": "spans", "payload": payload}).add_done_callback(answered)
+        return exported
+
     def _gone(self) -> None:
         if self.channel is not None:
             self.channel.send({"op": "gone"})
@@ -502,8 +559,15 @@ class Front:
         """Answer what was accepted (within `timeout`), then stop."""
         await self.http.shutdown(timeout)
         for handle in [*self.handles.values(), *self.retired.values()]:
-            if handle.batcher is not None:
-                await handle.batcher.close()
+            for batcher in (handle.batcher, handle.traced):
+                if batcher is not None:
+                    await batcher.close()
+        tracer = self.plane.tracer
+        if tracer is not None:  # what it recorded goes to the host's exporter before the channel closes
+            try:
+                await asyncio.wait_for(tracer.drain(), max(timeout, 1.0))
+            except TimeoutError:
+                logging.getLogger("aserve.tracing").warning("loop %d: its last spans could not be sent", self.index)
 
     def _models(self, models: list[dict[str, Any]], labels: dict[str, dict[str, int]]) -> None:
         """The models the host lists as the front's: every serving version of each, as handles
@@ -515,6 +579,7 @@ class Front:
             key = m["key"]
             handle = self.handles.pop(key, None) or self._handle(m)
             handles[key] = handle
+            _trace_with(handle, self.plane.tracer)
             versions.setdefault(handle.name, {})[handle.number] = handle
             self.engine.add(m, handle, self.index)
         self.retired.update(self.handles)  # listed no more: closed when the host retires them
@@ -532,10 +597,12 @@ class Front:
         """The host unloads `key` once every front answered what it queued of it."""
         handle = self.retired.pop(key, None) or self.handles.pop(key, None)
         try:
-            if handle is not None and handle.batcher is not None:
+            if handle is not None:
                 handle.retired = True
-                await handle.batcher.close()
-                self.totals.setdefault((handle.name, handle.version), BatchTotals()).add(handle.batcher)
+                for batcher in (handle.batcher, handle.traced):
+                    if batcher is not None:
+                        await batcher.close()
+                        self.totals.setdefault((handle.name, handle.version), BatchTotals()).add(batcher)
         finally:
             if self.engine is not None:
                 self.engine.remove(key)
@@ -547,22 +614,21 @@ class Front:
         http = self.app.stats
         models: list[dict[str, Any]] = []
         for handle in [*self.handles.values(), *self.retired.values()]:
-            batcher = handle.batcher
-            stats = batcher.stats() if batcher is not None else {}
             entry = self.engine.models.get(handle.key) if self.engine is not None else None
             waiting = entry[5] if entry is not None else None
-            if stats and waiting is not None and isinstance(batcher, Batcher):
-                stats = _with_waiting(stats, handle.queued, waiting[1])
-            models.append({
-                "name": handle.name, "version": handle.version,
-                "batcher": stats,
-                "batch_sizes": batcher.batch_sizes if batcher is not None else {},
-                "last_dispatch": batcher.last_dispatch if batcher is not None else None,
-            })
+            for batcher in (handle.batcher, handle.traced):
+                if batcher is None or (batcher is handle.traced and not batcher.requests):
+                    continue
+                stats = batcher.stats()
+                if waiting is not None and isinstance(batcher, Batcher):
+                    stats = _with_waiting(stats, handle.queued, waiting[1])
+                models.append({"name": handle.name, "version": handle.version, "batcher": stats,
+                               "batch_sizes": batcher.batch_sizes, "last_dispatch": batcher.last_dispatch})
         for (name, version), t in self.totals.items():
             models.append({"name": name, "version": version, "last_dispatch": None, "batch_sizes": t.batch_sizes,
                            "batcher": {"batches": t.batches, "requests": t.requests, "queue_seconds": t.queue_seconds,
                                        "compute_seconds": t.compute_seconds}})
         requests = [[name, version, s.counts()] for (name, version), s in self.plane.metrics.items()]
+        tracer = self.plane.tracer
         return {"http": {"requests": http.requests, "connections": http.connections, "refused": http.refused},
-                "requests": requests, "models": models}
+                "requests": requests, "models": models, "tracing": tracer.stats() if tracer is not None else None}

@@ -9,7 +9,7 @@ for models the front does not serve) with its own router, as if the request had 
 on one of its connections. With no front serving, the host serves the connection itself.
 
 The host tells the fronts which models they serve (`models`, on every change of the
-routes), retires a load only once every front answered what it queued of it (`retire`),
+routes and of the trace settings), retires a load only once every front answered what it queued of it (`retire`),
 gathers their counters when metrics or statistics are asked for (`stats`), and passes on
 draining (`drain`) and shutdown (`close`). A front whose loop ends without being told to
 is reported in the log, the metrics (`aserve_loop_restarts_total`) and readiness (503
@@ -150,6 +150,8 @@ class Loops:
                     self._spawn(self._answer(channel, message))
                 elif op == "head":
                     self._head(channel, message)
+                elif op == "spans":
+                    self._spawn(self._export(channel, message))
                 elif op == "log":
                     logging.getLogger(message["name"]).log(message["level"], "%s", message["message"],
                                                            extra=message["extra"])
@@ -243,6 +245,15 @@ class Loops:
             out = _answer(message["id"], dispatcher.failed(request, exc))
         channel.send(out)
 
+    async def _export(self, channel: Channel, message: dict[str, Any]) -> None:
+        """Send the spans a front recorded with the host's exporter; answer how many went."""
+        try:
+            exported = await self.server.tracing.export(message["payload"])
+            out = {"op": "answer", "id": message["id"], "exported": int(exported)}
+        except Exception as exc:  # noqa: BLE001 - the front's tracer logs it and counts them dropped
+            out = {"op": "answer", "id": message["id"], "error": f"{type(exc).__name__}: {exc}"}
+        channel.send(out)
+
     def _head(self, channel: Channel, message: dict[str, Any]) -> None:
         """The host's head checks on an infer request a front hands over once its body is in:
         a refusal now (status and all), or status None: the body may come."""
@@ -288,7 +299,8 @@ class Loops:
                 continue
             models.extend(front_model(handle, self.count) for handle in handles)
             labels[name] = {label: int(v) for label, v in routes.labels.items()}
-        tracing = self.server.plane.tracer is not None
+        tracer = self.server.plane.tracer
+        tracing = tracer.settings() if tracer is not None else None  # each front samples as the host does
         roots = self.server.app.policy.redactor().roots  # model errors name paths as the host's do
         return {"op": "models", "models": models, "labels": labels, "hosts": hosts, "tracing": tracing,
                 "roots": roots}

@@ -448,8 +448,13 @@ async def metrics(app: App, request: Request) -> Response:
     registry = plane.registry
     openmetrics = wants_openmetrics(request.headers.get("accept"))
     fronts = await app.loops.stats() if app.loops is not None else None
+    tracing = plane.tracer.stats() if plane.tracer else None
+    if tracing is not None:  # the front loops record their own requests' spans
+        for front in fronts or ():
+            for key, count in (front.get("tracing") or {}).items():
+                tracing[key] += count
     text = render(registry.handles(), registry.pools, plane.metrics, registry.schedulers, http=app.stats,
-                  tracing=plane.tracer.stats() if plane.tracer else None, openmetrics=openmetrics,
+                  tracing=tracing, openmetrics=openmetrics,
                   fronts=fronts, loops=app.loops, grpc=app.grpc_stats.calls if app.grpc_stats is not None else None,
                   grpc_streams_held=app.grpc_stats.held if app.grpc_stats is not None else None,
                   threads=app.threads.sample())

@@ -138,7 +138,9 @@ class Server:
         except Exception as e:  # noqa: BLE001 - a server without traces still serves
             log.error("tracing is off: %s", e)
         if self.loops is not None:
-            self.loops.publish()  # whether the host traces
+            self.loops.publish()  # whether the host traces, and how it samples
+            if self.plane.tracer is not None:
+                self.plane.tracer.changed = self.loops.publish  # trace settings the admin routes change
         await self.plane.start()
         if self.loops is not None and not await self.loops.serving_all(LOOPS_START_S):
             if self.loops.closing:  # shut down while a front was starting

@@ -19,7 +19,7 @@ from typing import Any
 from .. import __version__
 from .._native import RequestTrace
 from ..engine import ModelSpec, Pool
-from ..errors import AserveError
+from ..errors import AserveError, EngineError
 from ..tensor import Tensor
 from .config import Resolved, TracingSettings, resolve
 from .recorder import ERROR, INTERNAL, OK, SERVER, UNSET, Tracer, parse_traceparent, traceparent
@@ -62,26 +62,28 @@ class Tracing:
             log.error("tracing is off: no interpreter could load the OpenTelemetry exporter "
                       "(install aserve[otel]: opentelemetry-sdk, opentelemetry-exporter-otlp-proto-http)")
             return None
-        loop = asyncio.get_running_loop()
-
-        def export(payload: bytes) -> asyncio.Future[Any]:
-            future: asyncio.Future[Any] = loop.create_future()
-
-            def done(outputs: Any, error: BaseException | None, *_: Any) -> None:
-                if future.done():
-                    return
-                if error is not None:
-                    future.set_exception(error)
-                else:
-                    future.set_result(memoryview(outputs["EXPORTED"].data).cast("q")[0])
-
-            self._pool.run(EXPORTER, [Tensor("UINT8", (len(payload),), payload)], done)
-            return future
-
-        self.tracer = Tracer(resolved, export=export)
+        self.tracer = Tracer(resolved, export=self.export)
         log.info("tracing on: sampler %s (ratio %g), exporting from a %s interpreter", resolved.sampler,
                  resolved.ratio, self._pool.engine)
         return self.tracer
+
+    def export(self, payload: bytes) -> asyncio.Future[Any]:
+        """Hand one message of recorded spans (a loop's `Tracer.flush`) to the exporter; the
+        future of how many records it sent."""
+        if self._pool is None:
+            raise EngineError("tracing is off: no exporter runs")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def done(outputs: Any, error: BaseException | None, *_: Any) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(memoryview(outputs["EXPORTED"].data).cast("q")[0])
+
+        self._pool.run(EXPORTER, [Tensor("UINT8", (len(payload),), payload)], done)
+        return future
 
     async def close(self) -> None:
         """Send every span recorded, then close the exporter's interpreter."""

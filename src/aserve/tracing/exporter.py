@@ -47,7 +47,7 @@ class TraceExporter(Model):
         self._exporter = OTLPSpanExporter()
         self.failures = 0
         self.exports = 0
-        self._table: list[Any] = []  # [span name, attributes] of the loop's table, by index
+        self._tables: dict[int, list[Any]] = {}  # each loop's table: [span name, attributes] by index
         self._own_gc = bool(self.parameters.get("own_gc", False))
         if self._own_gc:
             gc.collect()
@@ -80,8 +80,8 @@ class TraceExporter(Model):
         the numeric records, which the encoder writes as spans itself (a request as its server
         span with decode, queue and encode children; a batch as its span, linked to its
         requests, and the run in the interpreter), with the table of route attributes the
-        loop sends each entry of once."""
-        table = self._table
+        loop sends each entry of once (each loop its own table: `source` says whose)."""
+        table = self._tables.setdefault(message.get("source", 0), [])
         del table[message["table_from"]:]
         table.extend(message["table"])
         return self._encode(self._resource, "aserve", self._version, message["spans"],

@@ -176,9 +176,17 @@ class Tracer:
     counted, for tests of the recorder).
 
     `start(headers)` is the native sampler: a RequestTrace for a request starting now, or
-    None when it is not sampled; `new_span_id()` draws an id from the same generator."""
+    None when it is not sampled; `new_span_id()` draws an id from the same generator.
 
-    def __init__(self, resolved: Resolved, *, export: Any = None, max_queue: int | None = None) -> None:
+    source: which loop records (0 the host's, a front's index + 1): the exporter keeps each
+    loop's table of shared attributes apart. `changed`, when set, is called after the
+    sampling settings change (the host passes them on to its front loops)."""
+
+    def __init__(self, resolved: Resolved, *, export: Any = None, max_queue: int | None = None,
+                 source: int = 0) -> None:
+        self.resolved = resolved
+        self.source = source
+        self.changed: Any = None
         env = resolved.exporter_env
         self.max_queue = max_queue if max_queue is not None else int(env.get("OTEL_BSP_MAX_QUEUE_SIZE", "2048"))
         self.max_batch = int(env.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "512"))
@@ -237,6 +245,17 @@ class Tracer:
         always = name.endswith("always_on")
         bound = 0 if always or name.endswith("always_off") else min(_MASK64, round(self.ratio * (1 << 64)))
         self.core.sampler(always or bound >= _MASK64, bound, name.startswith("parentbased"))
+
+    def settings(self) -> dict[str, Any]:
+        """What a front loop's tracer is made from and kept in step with (`apply`)."""
+        return {"sampler": self.sampler, "ratio": self.ratio, "enabled": self.enabled,
+                "env": self.resolved.exporter_env}
+
+    def apply(self, settings: dict[str, Any]) -> None:
+        """Sample as `settings` (another tracer's `settings()`) say."""
+        self.ratio = settings["ratio"]
+        self.sampler = settings["sampler"]  # sets the native sampler's bound, with the ratio
+        self.enabled = settings["enabled"]
 
     def to_epoch(self, monotonic_ns: int) -> int:
         return monotonic_ns + self.offset
@@ -306,7 +325,8 @@ class Tracer:
         header = b"\xdc" + k.to_bytes(2, "big") if k < 1 << 16 else b"\xdd" + k.to_bytes(4, "big")
         sent, self._table_sent = self._table_sent, len(self._table)
         payload = _encode({"spans": msgspec.Raw(b"".join((header, *spans))), "requests": requests,
-                           "batches": batches, "links": links, "table_from": sent, "table": self._table[sent:]})
+                           "batches": batches, "links": links, "table_from": sent, "table": self._table[sent:],
+                           "source": self.source})
         try:
             future: asyncio.Future[Any] = self._export(payload)
         except Exception as e:  # noqa: BLE001 - the exporter is gone (closing): the records are dropped
