@@ -204,6 +204,28 @@ async def test_json_logs_carry_the_trace_of_the_request(
     assert '"POST /v2/models/add/infer HTTP/1.1" 500' in access["message"]  # the common log format
 
 
+async def test_a_front_loop_sends_what_it_recorded_before_it_closes(
+    start_server, tmp_path: pathlib.Path, receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Spans a front recorded and had not yet handed to the exporter when the server closes
+    reach the collector, and the close does not wait on them past their export."""
+    collector, endpoint = receiver
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "5000")  # the fronts hold their records while it closes
+    server, url = await start_server(write_repository(tmp_path / "repo", {"add": (ADD_MODEL, ADD_CONFIG)}), loops=2)
+    sessions = [aiohttp.ClientSession() for _ in range(4)]
+    try:
+        for i, s in enumerate(sessions):
+            async with s.post(f"{url}/v2/models/add/infer", json=body([i, 0, 0, 0])) as r:
+                assert r.status == 200
+    finally:
+        for s in sessions:
+            await s.close()
+    await asyncio.wait_for(server.close(), 30)
+    await until(lambda: len(collector.named("POST /v2/models/{model}/infer")) == 4, timeout=30,
+                what="the four request spans the fronts held at close")
+
+
 async def test_each_front_loop_traces_the_requests_it_reads(
     start_server, tmp_path: pathlib.Path, receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:

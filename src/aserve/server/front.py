@@ -462,11 +462,24 @@ class Front:
         self.engine = LinkEngine(self.api, loop, lambda pool, job: channel.send({"op": "cancelled", "pool": pool,
                                                                                    "job": job}))
         channel.send({"op": "ready", "index": self.index})
+        closing: asyncio.Future[None] | None = None  # the host said close: answering what was accepted
         try:
             while True:
-                message = await channel.receive()
+                if closing is None:
+                    message = await channel.receive()
+                else:  # the channel is still read while closing: the answers to what the close asks the host
+                    receiving = asyncio.ensure_future(channel.receive())
+                    await asyncio.wait((receiving, closing), return_when=asyncio.FIRST_COMPLETED)
+                    if closing.done():
+                        receiving.cancel()
+                        await closing
+                        return
+                    message = receiving.result()
                 if message is None:  # the host is gone
-                    await self._close(0.0)
+                    if closing is None:
+                        await self._close(0.0)
+                    else:
+                        closing.cancel()
                     return
                 op = message["op"]
                 if op == "conn":
@@ -493,11 +506,12 @@ class Front:
                 elif op == "drain":
                     self.app.draining = True
                 elif op == "close":
-                    await self._close(message["timeout"])
-                    return
+                    closing = closing or asyncio.ensure_future(self._close(message["timeout"]))
                 elif op == "fail":
                     raise RuntimeError(f"loop {self.index} was told to fail")
         finally:
+            if closing is not None and not closing.done():
+                closing.cancel()
             for conn in list(self.http.connections):  # a loop that ends leaves no connection behind
                 if conn.transport is not None:
                     conn.transport.abort()
