@@ -38,11 +38,34 @@ def setting_help(setting: Setting) -> str:
     return f"{setting.description} (default {_default_text(setting)}; {variable})".replace("%", "%%")
 
 
+def setting_flag(setting: Setting) -> str | None:
+    """A setting's command-line flag, None for one that has none."""
+    flag: str | None = setting.extra.get("flag", "--" + setting.name.replace("_", "-"))
+    return flag
+
+
+def settings_table() -> str:
+    """Every setting as a Markdown table: flag, variable, default, what (`aserve settings`;
+    docs/settings.md is its output, and a test keeps the two the same)."""
+    rows = ["| flag | variable | default | what |", "| --- | --- | --- | --- |"]
+    for setting in settings_fields():
+        if setting.kind is dict:  # nested tables ([tracing]) are the file's only
+            continue
+        flag = setting_flag(setting)
+        shown = "`aserve serve PATH`" if flag is None else f"`{flag}`"
+        if flag is not None and setting.kind is bool:
+            shown += f", `--no-{flag[2:]}`"
+        variable = setting.variable + (" (comma-separated)" if setting.kind is list else "")
+        description = setting.description.replace("|", "\\|")
+        rows.append(f"| {shown} | `{variable}` | {_default_text(setting)} | {description} |")
+    return "\n".join(rows) + "\n"
+
+
 def _add_setting_flags(p: argparse.ArgumentParser) -> None:
     """One flag per field of ServerSettings (nested tables such as [tracing] are the file's only)."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for setting in settings_fields():
-        flag = setting.extra.get("flag", "--" + setting.name.replace("_", "-"))
+        flag = setting_flag(setting)
         if flag is None or setting.kind is dict:
             continue
         group = setting.extra.get("group")
@@ -81,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aserve", description="Single-process Python model server")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    sub.add_parser("settings", help="print every server setting (flag, variable, default) as a Markdown table",
+                   description="Print every setting of `aserve serve` as a Markdown table, from the settings "
+                               "themselves: docs/settings.md is this output.")
     return parser
 
 
@@ -149,6 +175,9 @@ def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "settings":
+        sys.stdout.write(settings_table())
+        return 0
     if args.supervise:
         return _supervise(args, sys.argv[1:] if argv is None else argv)
     return _serve(args)

@@ -111,7 +111,8 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         int, msgspec.Meta(ge=0, le=14, description="event loops that serve connections beside the host's, each in "
                                                    "a private interpreter of its own (0 = the host's loop serves "
                                                    "every connection; loops and private interpreters together at "
-                                                   "most 15); None = chosen from the CPUs this process may use")
+                                                   "most 15); None = none on one CPU, then one per 4 CPUs this "
+                                                   "process may use, at least 2 and at most 4")
     ] | None = None
     front_batching: Annotated[
         str, _doc("where the front loops' requests are batched: pool = one queue per model in the extension, "
