@@ -11,6 +11,7 @@ import pathlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import grpc
 import numpy as np
 import pytest
@@ -44,6 +45,26 @@ async def stub(grpc_server: tuple[Any, str]) -> AsyncIterator[service_pb2_grpc.G
     """tritonclient's generated stub over a plain grpc.aio channel (trailers, raw messages)."""
     async with grpc.aio.insecure_channel(target(grpc_server[0])) as channel:
         yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def running(server: Any, model: str) -> int:
+    """Batches of `model` running in its interpreters now, whichever loop queued them."""
+    handle = server.plane.model(model)
+    return sum(key == handle.key for _, key, _ in handle.pool.running_jobs())
+
+
+async def counted(stub: service_pb2_grpc.GRPCInferenceServiceStub, model: str) -> tuple[int, int, int]:
+    """(successes, failures, batches run) of `model`, as its statistics count them over every loop."""
+    (stats,) = (await stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name=model))).model_stats
+    return stats.inference_stats.success.count, stats.inference_stats.fail.count, stats.execution_count
+
+
+async def queued(url: str, model: str) -> float:
+    """Requests of `model` waiting in its queue now, over every loop (/metrics)."""
+    from .test_metrics import scrape, value
+
+    async with aiohttp.ClientSession() as http:
+        return value(await scrape(http, url), "aserve_queue_requests", model=model)
 
 
 def add_inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
@@ -182,7 +203,7 @@ async def test_bad_input_and_unknown_model(stub: service_pb2_grpc.GRPCInferenceS
 
 async def test_model_error_is_internal_with_an_error_id(start_server, repository: pathlib.Path,
                                                          caplog: pytest.LogCaptureFixture) -> None:
-    server, _ = await start_server(repository, grpc=True, expose_model_errors=False)
+    server, _ = await start_server(repository, grpc=True, expose_model_errors=False, log_level="info")
     async with grpc.aio.insecure_channel(target(server)) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         request = service_pb2.ModelInferRequest(model_name="add")
@@ -191,49 +212,53 @@ async def test_model_error_is_internal_with_an_error_id(start_server, repository
         request.raw_input_contents.extend([np.array([-999, 0, 0, 0], np.int32).tobytes(), bytes(16)])
         with caplog.at_level(logging.INFO, logger="aserve.server"):
             error = await code_of(stub.ModelInfer(request))
-    assert error.code() == grpc.StatusCode.INTERNAL
-    trailers = dict(error.trailing_metadata() or ())
-    error_id = trailers["error-id"]
-    assert error.details() == f"model 'add' version 1 failed (error id {error_id})"  # no internals
-    assert any(error_id in r.getMessage() and "A starts with -999" in r.getMessage() for r in caplog.records)
+            assert error.code() == grpc.StatusCode.INTERNAL
+            trailers = dict(error.trailing_metadata() or ())
+            error_id = trailers["error-id"]
+            assert error.details() == f"model 'add' version 1 failed (error id {error_id})"  # no internals
+            await logged(caplog, where=lambda r: error_id in r.getMessage() and "A starts with -999" in r.getMessage(),
+                         what="the failure's log record, with its error id")
 
 
 async def test_deadline_reaches_the_batcher(grpc_server: tuple[Any, str],
                                             stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
     server, _ = grpc_server
-    handle = server.plane.model("slow")
-    batcher = handle.batcher
-    running = asyncio.ensure_future(stub.ModelInfer(slow_request(600)))
-    await until(lambda: batcher.running == 1, what="the slow request to run")
+    slow = asyncio.ensure_future(stub.ModelInfer(slow_request(600)))
+    await until(lambda: running(server, "slow") == 1, what="the slow request to run")
     # queued behind it with a 100 ms deadline: it never runs, and the client hears DEADLINE_EXCEEDED
     error = await code_of(stub.ModelInfer(slow_request(1), timeout=0.1))
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    await running
-    stats = handle.stats
-    assert stats.success == 1 and stats.failures["timeout"] + stats.failures["cancelled"] == 1
-    assert batcher.stats()["batches"] == 1  # the expired request was never run
+    await slow
+    # one answered, one failed (timed out, or cancelled as its client left), one batch: the expired one never ran
+    async def settled() -> bool:  # the failure is counted as its loop sees it end
+        return await counted(stub, "slow") == (1, 1, 1)
+
+    await until(settled, what="one request answered, one failed, one batch run")
     # the request's own timeout parameter (microseconds) also shortens the deadline
-    running = asyncio.ensure_future(stub.ModelInfer(slow_request(300)))
-    await until(lambda: batcher.running == 1, what="the slow request to run")
+    slow = asyncio.ensure_future(stub.ModelInfer(slow_request(300)))
+    await until(lambda: running(server, "slow") == 1, what="the slow request to run")
     error = await code_of(stub.ModelInfer(slow_request(1, timeout=50_000)))
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "timed out" in error.details()
-    await running
+    await slow
 
 
 async def test_overload_is_unavailable_with_retry_advice(grpc_server: tuple[Any, str],
                                                          stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
-    server, _ = grpc_server
-    batcher = server.plane.model("slow").batcher
-    running = asyncio.ensure_future(stub.ModelInfer(slow_request(1000)))
-    await until(lambda: batcher.running == 1, what="the slow request to run")
+    server, url = grpc_server
+    slow = asyncio.ensure_future(stub.ModelInfer(slow_request(1000)))
+    await until(lambda: running(server, "slow") == 1, what="the slow request to run")
     waiting = [asyncio.ensure_future(stub.ModelInfer(slow_request(1))) for _ in range(2)]
-    await until(lambda: batcher.stats()["queued_requests"] == 2, what="two requests queued")
+
+    async def two_queued() -> bool:
+        return await queued(url, "slow") == 2
+
+    await until(two_queued, what="two requests queued")
     error = await code_of(stub.ModelInfer(slow_request(1)))
-    assert not running.done()
+    assert not slow.done()
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "max_queue_size 2" in error.details()
     pushback = dict(error.trailing_metadata() or ())["grpc-retry-pushback-ms"]
     assert int(pushback) >= 1
-    await asyncio.gather(running, *waiting)
+    await asyncio.gather(slow, *waiting)
 
 
 async def test_tokens_from_authorization_metadata(start_server, repository: pathlib.Path) -> None:
@@ -315,13 +340,12 @@ async def test_metrics_and_access_log_name_the_protocol(start_server, repository
 
 async def test_drain_and_shutdown_answer_what_was_accepted(grpc_server: tuple[Any, str]) -> None:
     server, _ = grpc_server
-    batcher = server.plane.model("slow").batcher
     async with grpc.aio.insecure_channel(target(server)) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         server.drain()
         assert not (await stub.ServerReady(service_pb2.ServerReadyRequest())).ready
         accepted = asyncio.ensure_future(stub.ModelInfer(slow_request(300)))
-        await until(lambda: batcher.running == 1, what="the accepted request to run")
+        await until(lambda: running(server, "slow") == 1, what="the accepted request to run")
         closing = asyncio.ensure_future(server.close())
         response = await accepted
         assert np.frombuffer(response.raw_output_contents[0], np.float32).tolist() == [300.0]
@@ -336,7 +360,6 @@ async def test_shutdown_ends_open_streams_after_their_answers(start_server, repo
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     server, _ = await start_server(repository, grpc=True, shutdown_timeout_s=30)
-    batcher = server.plane.model("slow").batcher
     async with grpc.aio.insecure_channel(target(server)) as channel:
         watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
         assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
@@ -344,7 +367,7 @@ async def test_shutdown_ends_open_streams_after_their_answers(start_server, repo
         request = slow_request(300)
         request.id = "in-flight"
         await stream.write(request)
-        await until(lambda: batcher.running == 1, what="the stream's request to run")
+        await until(lambda: running(server, "slow") == 1, what="the stream's request to run")
         loop = asyncio.get_running_loop()
         began = loop.time()
         await server.close()

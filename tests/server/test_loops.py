@@ -25,7 +25,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from aserve.server import loops as loops_module
 
-from ..conftest import free_port, spawns, until, wait_ready
+from ..conftest import EXAMPLES, free_port, needs_torch, spawns, until, wait_ready
 from . import test_head_refusals as refusals
 from .conftest import ADD_CONFIG, ADD_MODEL, MODELS, write_repository
 from .test_http_front import read_response
@@ -835,3 +835,57 @@ async def test_only_a_server_without_front_loops_holds_its_threads_to_the_loops_
     fronted, _ = await start_server(write_repository(tmp_path / "fronted"), loops=2)
     assert fronted.plane.registry.pools and all(
         pool.placement is None for pool in fronted.plane.registry.pools.values())
+
+
+def _bundled_inputs(module: Any, model: str) -> list[Any]:
+    """One request's inputs for a bundled model (tritonclient's `module`: http or grpc)."""
+    import numpy as np
+
+    def tensor(name: str, array: Any, datatype: str) -> Any:
+        t = module.InferInput(name, list(array.shape), datatype)
+        t.set_data_from_numpy(array)
+        return t
+
+    if model == "simple":
+        row = np.arange(16, dtype=np.int32).reshape(1, 16)
+        return [tensor("INPUT0", row, "INT32"), tensor("INPUT1", row, "INT32")]
+    if model == "mlp":
+        return [tensor("INPUT", np.linspace(0, 1, 16, dtype=np.float32).reshape(1, 16), "FP32")]
+    if model == "textclass":
+        return [tensor("TEXT", np.array([b"a fine day for a walk"], dtype=np.object_), "BYTES")]
+    if model == "traced":
+        return [tensor("X", np.ones((1, 4), dtype=np.float32), "FP32")]
+    assert model == "cnn"
+    return [tensor("IMAGE", np.zeros((1, 3, 64, 64), dtype=np.float32), "FP32")]
+
+
+@needs_torch
+async def test_each_bundled_models_requests_are_answered_by_the_loop_that_read_them(start_server) -> None:
+    """The bundled examples on two front loops, over HTTP and gRPC: each request of a window-
+    policy model is answered by the front that read it (the per-loop counter of /metrics says
+    which), none by the host's loop; `cnn` (adaptive: its policy is the host's) by the host's."""
+    import tritonclient.grpc.aio as grpcclient
+    import tritonclient.http.aio as httpclient
+
+    server, url = await start_server(EXAMPLES, loops=2, grpc=True, engine="auto", interpreters=1)
+    models = ("simple", "mlp", "textclass", "traced", "cnn")
+    http_client = httpclient.InferenceServerClient(url.removeprefix("http://"))
+    grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    try:
+        for model in models:
+            for _ in range(3):
+                await http_client.infer(model, _bundled_inputs(httpclient, model))
+                await grpc_client.infer(model, _bundled_inputs(grpcclient, model))
+        async with aiohttp.ClientSession() as http:
+            text = await scrape(http, url)
+    finally:
+        await http_client.close()
+        await grpc_client.close()
+    answered = {(s.labels["loop"], s.labels["protocol"]): s.value
+                for s in text.samples("aserve_event_loop_infer_requests_total")}
+    window = 3 * (len(models) - 1)  # every model but cnn, three requests each way
+    for protocol in ("http", "grpc"):
+        by_fronts = answered.get(("0", protocol), 0) + answered.get(("1", protocol), 0)
+        assert by_fronts == window and answered.get(("host", protocol), 0) == 3, answered
+    for model in models:
+        assert value(text, "aserve_inference_request_success_total", model=model, version="1") == 6

@@ -352,7 +352,9 @@ class Front:
         root.setLevel(settings.log_level.upper())
         self.plane = DataPlane(settings.repository or ".", settings)  # its routes are the host's (`models`)
         self.app = App(self.plane, settings)
-        access_log = AccessLogger(logging.getLogger("aserve.access")) if settings.access_log else None
+        access_log = self.access_log = AccessLogger(logging.getLogger("aserve.access")) if settings.access_log else None
+        self.grpc_port: int = cfg.get("grpc_port") or 0  # the port the host reserved for the loops' gRPC servers
+        self.grpc: Any = None  # server/grpc GrpcFront, while it serves gRPC
         # max_connections is the whole process's: the host holds back what is over it
         limits = msgspec.structs.replace(Limits.of(settings), max_connections=0)
         self.http = HttpServer(Dispatcher(self.app, Router(self._routes())), limits, access_log=access_log)
@@ -445,6 +447,10 @@ class Front:
             "headers": request.headers, "body": body if isinstance(body, bytes) else bytes(body),
             "remote": request.remote, "received": request.received, "whole": time.perf_counter()}))
 
+    async def _relay(self, name: str, raw: bytes, md: dict[str, str]) -> dict[str, Any]:
+        """A gRPC method this loop does not answer itself, answered by the host's."""
+        return await self._ask({"op": "grpc", "name": name, "raw": raw, "metadata": md})
+
     def _give(self, fd: int, data: bytes) -> None:
         """A connection goes to the host's loop (`Connection.hand_over`): its descriptor and the
         reads that hold its next request."""
@@ -461,6 +467,11 @@ class Front:
         logging.getLogger().handlers[:] = [_ToHost(channel)]
         self.engine = LinkEngine(self.api, loop, lambda pool, job: channel.send({"op": "cancelled", "pool": pool,
                                                                                    "job": job}))
+        if self.grpc_port:  # gRPC on this loop too, on the port every loop shares
+            from .grpc import GrpcFront  # only where gRPC is served
+
+            self.grpc = GrpcFront(self.app, access_log=self.access_log, relay=self._relay)
+            await self.grpc.start(self.settings.host, self.grpc_port, shared=True)
         channel.send({"op": "ready", "index": self.index})
         closing: asyncio.Future[None] | None = None  # the host said close: answering what was accepted
         try:
@@ -512,6 +523,8 @@ class Front:
         finally:
             if closing is not None and not closing.done():
                 closing.cancel()
+            if self.grpc is not None:  # a loop that ends takes no more calls
+                await self.grpc.stop(0)
             for conn in list(self.http.connections):  # a loop that ends leaves no connection behind
                 if conn.transport is not None:
                     conn.transport.abort()
@@ -571,7 +584,7 @@ class Front:
 
     async def _close(self, timeout: float) -> None:
         """Answer what was accepted (within `timeout`), then stop."""
-        await self.http.shutdown(timeout)
+        await asyncio.gather(self.http.shutdown(timeout), *([self.grpc.stop(timeout)] if self.grpc else []))
         for handle in [*self.handles.values(), *self.retired.values()]:
             for batcher in (handle.batcher, handle.traced):
                 if batcher is not None:
@@ -644,5 +657,8 @@ class Front:
                                        "compute_seconds": t.compute_seconds}})
         requests = [[name, version, s.counts()] for (name, version), s in self.plane.metrics.items()]
         tracer = self.plane.tracer
-        return {"http": {"requests": http.requests, "connections": http.connections, "refused": http.refused},
-                "requests": requests, "models": models, "tracing": tracer.stats() if tracer is not None else None}
+        grpc = self.app.grpc_stats
+        return {"index": self.index, "http": {"requests": http.requests, "connections": http.connections, "refused": http.refused},
+                "requests": requests, "models": models, "tracing": tracer.stats() if tracer is not None else None,
+                "grpc": None if grpc is None else {"calls": [[m, c, n] for (m, c), n in grpc.calls.items()],
+                                                   "held": grpc.held}}

@@ -88,8 +88,10 @@ class Loops:
         assert self.pool is not None
         host_end, front_end = socket.socketpair()
         settings = self.server.settings
+        grpc = self.server.grpc
         config = msgspec.json.encode({"index": front.index, "fd": front_end.detach(), "api": _native.link_api(),
-                                      "settings": msgspec.to_builtins(settings)}).decode()
+                                      "settings": msgspec.to_builtins(settings),
+                                      "grpc_port": grpc.port if grpc is not None else 0}).decode()
         source = f"from aserve.server.front import main\nmain({config!r})\nresult = None\n"
         front.ready = False
         front.connections = 0
@@ -152,6 +154,8 @@ class Loops:
                     self._head(channel, message)
                 elif op == "spans":
                     self._spawn(self._export(channel, message))
+                elif op == "grpc":
+                    self._spawn(self._grpc(channel, message))
                 elif op == "log":
                     logging.getLogger(message["name"]).log(message["level"], "%s", message["message"],
                                                            extra=message["extra"])
@@ -253,6 +257,16 @@ class Loops:
         except Exception as exc:  # noqa: BLE001 - the front's tracer logs it and counts them dropped
             out = {"op": "answer", "id": message["id"], "error": f"{type(exc).__name__}: {exc}"}
         channel.send(out)
+
+    async def _grpc(self, channel: Channel, message: dict[str, Any]) -> None:
+        """Answer a gRPC method a front relayed (`GrpcFront.answer`)."""
+        grpc = self.server.grpc
+        assert grpc is not None  # a front serves gRPC only when the host reserved its port
+        try:
+            out = await grpc.answer(message["name"], message["raw"], message["metadata"])
+        except Exception as exc:  # noqa: BLE001 - the front's call fails, not the channel
+            out = {"code": "INTERNAL", "message": f"{type(exc).__name__}: {exc}"}
+        channel.send({**out, "op": "answer", "id": message["id"]})
 
     def _head(self, channel: Channel, message: dict[str, Any]) -> None:
         """The host's head checks on an infer request a front hands over once its body is in:

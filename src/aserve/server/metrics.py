@@ -305,6 +305,21 @@ def _batcher(out: Exposition, labels: Labels, stats: Mapping[str, Any]) -> None:
             _cost_model(out, labels, cost)
 
 
+def _by_loop(host: Metrics, fronts: list[dict[str, Any]] | None) -> dict[tuple[str, str], int]:
+    """Infer requests answered by each loop, by protocol: the host's counters, and what each
+    front reported of its own (before they are added together)."""
+    out: dict[tuple[str, str], int] = {}
+    for _, stats in host.items():  # noqa: PERF102 - a list of pairs, not a dict
+        for protocol, count in stats.protocols.items():
+            out["host", protocol] = out.get(("host", protocol), 0) + count
+    for front in fronts or ():
+        for _, _, counts in front["requests"]:
+            for protocol, count in counts.get("protocols", {}).items():
+                key = (str(front["index"]), protocol)
+                out[key] = out.get(key, 0) + count
+    return out
+
+
 def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Metrics,
            schedulers: Mapping[str, Any] | None = None, http: HttpStats | None = None,
            tracing: Mapping[str, int] | None = None, *, openmetrics: bool = False,
@@ -321,6 +336,7 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
     `threads`: CPU seconds per event loop and interpreter (`threads.ThreadCpu.sample`)."""
     out = Exposition()
     reported: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    by_loop = _by_loop(metrics, fronts) if loops is not None else {}
     if fronts:
         metrics = metrics.combined([row for front in fronts for row in front["requests"]])
         http = _http_combined(http, [front["http"] for front in fronts])
@@ -374,6 +390,10 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
             out.add("aserve_event_loop_connections", "gauge",
                     "Connections a front event loop serves now (new ones go to the loop with the fewest).",
                     front.connections, {"loop": str(front.index)})
+        for (loop, protocol), count in sorted(by_loop.items()):
+            out.add("aserve_event_loop_infer_requests_total", "counter",
+                    "Infer requests each event loop answered itself, the host's (loop=\"host\") and each front's, "
+                    "by the protocol they came in (http, grpc).", count, {"loop": loop, "protocol": protocol})
     if threads is not None:
         for thread, seconds in sorted(threads.items()):
             if thread[0] == "loop":
@@ -453,9 +473,16 @@ async def metrics(app: App, request: Request) -> Response:
         for front in fronts or ():
             for key, count in (front.get("tracing") or {}).items():
                 tracing[key] += count
+    grpc, held = None, None
+    if app.grpc_stats is not None:  # the front loops' gRPC servers count their own calls
+        grpc, held = dict(app.grpc_stats.calls), app.grpc_stats.held
+        for front in fronts or ():
+            if front.get("grpc"):
+                for method, code, count in front["grpc"]["calls"]:
+                    grpc[(method, code)] = grpc.get((method, code), 0) + count
+                held += front["grpc"]["held"]
     text = render(registry.handles(), registry.pools, plane.metrics, registry.schedulers, http=app.stats,
                   tracing=tracing, openmetrics=openmetrics,
-                  fronts=fronts, loops=app.loops, grpc=app.grpc_stats.calls if app.grpc_stats is not None else None,
-                  grpc_streams_held=app.grpc_stats.held if app.grpc_stats is not None else None,
+                  fronts=fronts, loops=app.loops, grpc=grpc, grpc_streams_held=held,
                   threads=app.threads.sample())
     return Response(200, text.encode(), content_type=OPENMETRICS_CONTENT_TYPE if openmetrics else CONTENT_TYPE)

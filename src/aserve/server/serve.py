@@ -85,7 +85,10 @@ class Server:
             self.http.elsewhere = lambda: loops.connections
         if self.grpc is not None:
             try:
-                await self.grpc.start(self.settings.host, self.settings.grpc_port)
+                if self.loops is None:
+                    await self.grpc.start(self.settings.host, self.settings.grpc_port)
+                else:  # every front loop serves gRPC on it (front.py), the host answers what they relay
+                    self.grpc.reserve(self.settings.host, self.settings.grpc_port)
             except OSError:  # the HTTP port is given back too
                 if self._listener is not None:
                     self._listener.close()
@@ -223,7 +226,7 @@ class Server:
     @property
     def grpc_port(self) -> int | None:
         """The gRPC front's port actually bound (None: gRPC is off)."""
-        return self.grpc.port if self.grpc is not None and self.grpc.server is not None else None
+        return self.grpc.port if self.grpc is not None and self.grpc.port else None
 
     async def close(self) -> None:
         """Stop listening, finish the requests in flight, close the models' pools."""
@@ -273,6 +276,8 @@ async def serve(settings: ServerSettings, *, repository: str | pathlib.Path) -> 
         await server.start()
         log.info("aserve listening on http://%s:%d (repository %s)", settings.host, server.port, repository)
         if server.grpc_port is not None:
+            if server.loops is not None:  # the front loops serve gRPC: it listens once they do
+                await server.loops.serving_all(LOOPS_START_S)
             log.info("aserve listening for gRPC on %s:%d", settings.host, server.grpc_port)
         await stop.wait()
         await server.drained(settings.drain_s)

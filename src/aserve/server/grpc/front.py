@@ -12,11 +12,18 @@ age (GOAWAY), and the keepalive policy (the server's pings, and the clients' it 
 Health answers from the server's state when asked: the service "" and
 `inference.GRPCInferenceService` are SERVING when the server is ready (`App.readiness`,
 HTTP's rule), "liveness" while the process serves (liveness).
+
+With front loops (`--loops N`) every front runs a server of its own on the same port
+(SO_REUSEPORT: the kernel spreads connections over them) and answers the infer methods
+on its own loop, as its HTTP connections; the host holds the port (`reserve`) without
+listening, and answers every other method a front relays to it (`answer`): metadata,
+health, the repository, statistics, trace settings.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,7 +35,7 @@ from ...config import ServerSettings
 from ...logs import AccessLogger
 from ..app import App
 from . import protos
-from .service import GrpcStats, Methods
+from .service import GrpcStats, Methods, Relay
 
 HEALTH = "grpc.health.v1.Health"
 LIVENESS = "liveness"
@@ -36,13 +43,15 @@ SERVING: int = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
 INT_MAX = 2**31 - 1  # grpc's channel arguments are C ints
 WATCH_EVERY_S = 0.5  # a Watch stream looks at readiness this often (the server has no event for it)
+HEALTH_CHECK = "Health/Check"  # what a front relays to ask the host a service's status
 
 
 class Health:
     """grpc.health.v1.Health, answered from the server's readiness."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, relay: Relay | None = None) -> None:
         self.app = app
+        self.relay = relay  # a front's: readiness is the host's
         self.closing: asyncio.Event | None = None  # set on shutdown: Watch streams end
 
     def status(self, service: str) -> int | None:
@@ -53,8 +62,16 @@ class Health:
             return None
         return SERVING if self.app.readiness().ready else NOT_SERVING
 
+    async def current(self, service: str) -> int | None:
+        """`status`, asked of the host on a front loop."""
+        if self.relay is None:
+            return self.status(service)
+        answer = await self.relay(HEALTH_CHECK, service.encode(), {})
+        status: int | None = answer.get("status")
+        return status
+
     async def check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        status = self.status(request.service)
+        status = await self.current(request.service)
         if status is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}; expected '', "
                                                            f"{protos.SERVICE!r} or {LIVENESS!r}")
@@ -67,7 +84,7 @@ class Health:
         closing = self.closing
         last = None
         while True:
-            status = self.status(request.service)
+            status = await self.current(request.service)
             if status is None:
                 status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
             if closing.is_set():
@@ -105,8 +122,9 @@ class Unbound(OSError):
         self.address = address
 
 
-def options(settings: ServerSettings) -> list[tuple[str, int]]:
-    """The grpc server's channel arguments for `settings`."""
+def options(settings: ServerSettings, *, shared: bool = False) -> list[tuple[str, int]]:
+    """The grpc server's channel arguments for `settings`; `shared`: a front loop's server,
+    on the port the host reserved with the other loops' (SO_REUSEPORT)."""
     def ms(seconds: float, least: int = 1) -> int:  # grpc takes a C int of milliseconds
         return min(max(least, round(seconds * 1000)), INT_MAX)
 
@@ -117,7 +135,7 @@ def options(settings: ServerSettings) -> list[tuple[str, int]]:
         ("grpc.max_metadata_size", settings.max_header_bytes),
         ("grpc.absolute_max_metadata_size", settings.max_header_bytes),
         # a port another process holds is an error, as for the HTTP listener
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(shared)),
         ("grpc.max_concurrent_streams", min(settings.grpc_max_concurrent_streams, INT_MAX)),
         ("grpc.keepalive_time_ms", ms(settings.grpc_keepalive_time_s)),
         ("grpc.keepalive_timeout_ms", ms(settings.grpc_keepalive_timeout_s)),
@@ -143,20 +161,46 @@ def _address(host: str, port: int) -> str:
 
 class GrpcFront:
     """The gRPC server of an App: `start(host, port)` binds (port 0: a free one, `port`
-    says which), `stop(grace)` answers what was accepted within `grace` seconds."""
+    says which), `stop(grace)` answers what was accepted within `grace` seconds. With
+    front loops the host `reserve`s the port and `answer`s what the fronts relay; a front's
+    is made with `relay`, which asks the host."""
 
-    def __init__(self, app: App, *, access_log: AccessLogger | None = None) -> None:
+    def __init__(self, app: App, *, access_log: AccessLogger | None = None, relay: Relay | None = None) -> None:
         self.app = app
         self.stats = GrpcStats()
         app.grpc_stats = self.stats
-        self.methods = Methods(app, self.stats, access_log)
-        self.health = Health(app)
+        self.methods = Methods(app, self.stats, access_log, relay=relay)
+        self.health = Health(app, relay)
         self.server: grpc.aio.Server | None = None
         self.port = 0
+        self._reserved: socket.socket | None = None
 
-    async def start(self, host: str, port: int) -> None:
-        """Listen on host:port; OSError when the address cannot be bound."""
-        server = grpc.aio.server(options=options(self.app.settings))
+    def reserve(self, host: str, port: int) -> None:
+        """Hold host:port (port 0: a free one) for the front loops' servers, without listening:
+        bound with SO_REUSEPORT, so they can bind it too, and only they are handed connections.
+        OSError (Unbound) when another holds it."""
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host.strip("[]"), port))
+        except OSError as e:
+            sock.close()
+            raise Unbound(_address(host, port), str(e)) from None
+        self._reserved = sock
+        self.port = sock.getsockname()[1]
+        self.methods.host = _address(host, self.port)
+
+    async def answer(self, name: str, raw: bytes, md: dict[str, str]) -> dict[str, Any]:
+        """What the host answers a method a front relayed (`Methods.relayed`): a Health check's
+        status, or a unary method's outcome."""
+        if name == HEALTH_CHECK:
+            return {"code": "OK", "status": self.health.status(raw.decode())}
+        return await self.methods.answer(name, raw, md)
+
+    async def start(self, host: str, port: int, *, shared: bool = False) -> None:
+        """Listen on host:port; OSError when the address cannot be bound. `shared`: a front
+        loop's server, on the port the host reserved."""
+        server = grpc.aio.server(options=options(self.app.settings, shared=shared))
         server.add_generic_rpc_handlers((self.methods.handler(), self.health.handler()))
         for file in (health_pb2.DESCRIPTOR, reflection_pb2.DESCRIPTOR):
             try:
@@ -181,6 +225,9 @@ class GrpcFront:
         """Stop taking calls; answer those accepted (cancel what still runs after `grace` s).
         Open streams end: a Watch at once, a ModelStreamInfer once it answered the requests
         it had taken."""
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
         if self.server is not None:
             self.health.close()
             self.methods.stop_reading()

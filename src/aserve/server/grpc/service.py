@@ -35,7 +35,7 @@ from grpc._cython import cygrpc
 
 from ... import __version__
 from ...dataplane.stats import statistics
-from ...errors import AserveError, InvalidInput
+from ...errors import AserveError, InvalidInput, ModelNotFound
 from ...inference import InferCall
 from ...logs import AccessLogger
 from ..access import ADMIN, API, OPEN, Level
@@ -45,7 +45,7 @@ from ..connection import MAX_WAITING
 from ..v2 import EXTENSIONS
 from . import protos
 from .codec import GRPC
-from .status import status_of
+from .status import Answered, Status, status_of
 
 log = logging.getLogger("aserve.server")
 
@@ -58,6 +58,10 @@ CALL_ENDED: type[Exception] = cygrpc.ExecuteBatchError
 
 Handler = Callable[[Any, grpc.aio.ServicerContext, dict[str, str]], Awaitable[Any]]
 Unary = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]
+# a front loop's way to the host: (method, request bytes, metadata) -> the host's answer (GrpcFront.answer)
+Relay = Callable[[str, bytes, dict[str, str]], Awaitable[dict[str, Any]]]
+LOCAL = ("ModelInfer",)  # the unary methods a front loop answers itself (and ModelStreamInfer)
+REMAINING = "aserve-remaining-s"  # a relayed infer call's deadline: seconds left when the front relayed it
 
 
 class GrpcStats:
@@ -101,11 +105,28 @@ def parse(kind: Any, raw: bytes) -> Any:
 class Methods:
     """The service's methods, bound to a server's App."""
 
-    def __init__(self, app: App, stats: GrpcStats, access_log: AccessLogger | None) -> None:
+    def __init__(self, app: App, stats: GrpcStats, access_log: AccessLogger | None, *,
+                 relay: Relay | None = None) -> None:
         self.app = app
         self.plane = app.plane
         self.stats = stats
         self.access_log = access_log
+        self.relay = relay  # a front loop's: the methods it does not answer itself go to the host
+        # every unary method: name -> (its access level, its handler, its request's message type)
+        self.unaries: dict[str, tuple[Level, Handler, Any]] = {
+            "ServerLive": (OPEN, self.server_live, protos.ServerLiveRequest),
+            "ServerReady": (OPEN, self.server_ready, protos.ServerReadyRequest),
+            "ModelReady": (OPEN, self.model_ready, protos.ModelReadyRequest),
+            "ServerMetadata": (API, self.server_metadata, protos.ServerMetadataRequest),
+            "ModelMetadata": (API, self.model_metadata, protos.ModelMetadataRequest),
+            "ModelInfer": (API, self.model_infer, protos.ModelInferRequest),
+            "ModelConfig": (API, self.model_config, protos.ModelConfigRequest),
+            "ModelStatistics": (API, self.model_statistics, protos.ModelStatisticsRequest),
+            "RepositoryIndex": (ADMIN, self.repository_index, protos.RepositoryIndexRequest),
+            "RepositoryModelLoad": (ADMIN, self.repository_load, protos.RepositoryModelLoadRequest),
+            "RepositoryModelUnload": (ADMIN, self.repository_unload, protos.RepositoryModelUnloadRequest),
+            "TraceSetting": (ADMIN, self.trace_setting, protos.TraceSettingRequest),
+        }
         self.host = ""  # host:port the front listens on (what a trace's server span names)
         self.readers: set[asyncio.Task[None]] = set()  # each open stream's reading of its requests
 
@@ -147,6 +168,52 @@ class Methods:
                 self._done(name, code, size, start, context)
 
         return call
+
+    def relayed(self, name: str) -> Unary:
+        """The method `name` on a front loop, answered by the host (`answer` there): the
+        request's bytes go over the loop's channel, the answer's bytes or status come back.
+        Counted and logged here, as the front's own calls are."""
+        method = f"/{SERVICE}/{name}"
+        relay = self.relay
+        assert relay is not None
+
+        async def call(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+            start = time.perf_counter()
+            code = grpc.StatusCode.OK
+            size = 0
+            try:
+                answer = await relay(name, raw, metadata(context))
+                code = grpc.StatusCode[answer["code"]]
+                if code == grpc.StatusCode.OK:
+                    body: bytes = answer["body"]
+                    size = len(body)
+                    return body
+                if answer.get("trailers"):
+                    context.set_trailing_metadata(tuple(tuple(t) for t in answer["trailers"]))
+                message = answer["message"]
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception as exc:  # noqa: BLE001 - the channel to the host is gone: answered with its status
+                status = status_of(exc, self.app.policy, method)
+                code, message = status.code, status.message
+            finally:
+                self._done(name, code, size, start, context)
+            await context.abort(code, message)
+
+        return call
+
+    async def answer(self, name: str, raw: bytes, md: dict[str, str]) -> dict[str, Any]:
+        """The host's answer to a unary method a front loop relayed (`relayed`): the response's
+        bytes, or the status what it raised maps to. The front checked the token, and counts it."""
+        try:
+            _, handler, kind = self.unaries[name]
+            response = await handler(parse(kind, raw), None, md)  # no call of its own here: no context
+            return {"code": "OK", "body": response.SerializeToString()}
+        except Exception as exc:  # noqa: BLE001 - answered with its status
+            status = status_of(exc, self.app.policy, f"/{SERVICE}/{name}")
+            return {"code": status.code.name, "message": status.message,
+                    "trailers": [list(t) for t in status.trailers or ()]}
 
     def refusal(self, name: str, exc: AserveError) -> grpc.RpcMethodHandler:
         """The handler of a call to `name` refused before its message is read (`exc`: why). It
@@ -224,7 +291,8 @@ class Methods:
         return message
 
     async def model_statistics(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
-        rows = statistics(self.plane.registry, request.name or None, request.version or None)
+        fronts = await self.app.loops.stats() if self.app.loops is not None else None  # what every loop counted
+        rows = statistics(self.plane.registry, request.name or None, request.version or None, fronts)
         return json_format.ParseDict({"model_stats": rows}, protos.ModelStatisticsResponse(),
                                      ignore_unknown_fields=True)
 
@@ -292,8 +360,14 @@ class Methods:
 
     # ---- infer ----
 
-    def _call(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str], route: str) -> InferCall:
-        remaining = context.time_remaining()
+    def _call(self, request: Any, context: grpc.aio.ServicerContext | None, md: dict[str, str],
+              route: str) -> InferCall:
+        """The infer call of `request`; its deadline the client's (for a call a front relayed,
+        what was left of it then)."""
+        if context is not None:
+            remaining = context.time_remaining()
+        else:
+            remaining = float(md[REMAINING]) if REMAINING in md else None
         return InferCall(
             codec=GRPC, model=request.model_name, version=request.model_version or None, body=request,
             headers=md, received=time.monotonic(), route=route.lstrip("/"), host=self.host,
@@ -302,10 +376,27 @@ class Methods:
 
     async def model_infer(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
         call = self._call(request, context, md, INFER)
-        handle = self.plane.model(call.model, call.version)
+        try:
+            handle = self.plane.model(call.model, call.version)
+        except ModelNotFound:
+            if self.relay is None:
+                raise
+            return await self._infer_on_host(request, md, context.time_remaining())
         self.plane.head(call, handle=handle)
         answer = await self.plane.infer(call, handle=handle)
         return answer.chunks[0]
+
+    async def _infer_on_host(self, request: Any, md: dict[str, str], remaining: float | None) -> Any:
+        """A front loop's infer request for a model it does not serve (one only the host's loop
+        serves, one loading, or none): the host's answer, or its status raised (Answered)."""
+        assert self.relay is not None
+        if remaining is not None:
+            md = {**md, REMAINING: repr(max(remaining, 0.0))}
+        answer = await self.relay("ModelInfer", request.SerializeToString(), md)
+        if answer["code"] != "OK":
+            trailers = tuple((str(k), str(v)) for k, v in answer.get("trailers") or ())
+            raise Answered(Status(grpc.StatusCode[answer["code"]], answer["message"], trailers))
+        return protos.ModelInferResponse.FromString(answer["body"])
 
     async def model_stream_infer(self, requests: Any, context: grpc.aio.ServicerContext) -> None:
         """Each request of the stream is queued as it arrives and answered as soon as its batch
@@ -322,6 +413,7 @@ class Methods:
         room = asyncio.Event()  # set when fewer than MAX_WAITING wait: reading goes on
         reading = True
         pendings: set[Any] = set()
+        relayed: set[asyncio.Future[None]] = set()  # requests the host answers (`_stream_on_host`)
 
         def answered(request: Any, pending: Any) -> Callable[[Any, BaseException | None], None]:
             def done(answer: Any, error: BaseException | None) -> None:
@@ -342,6 +434,13 @@ class Methods:
                     try:
                         request = parse(protos.ModelInferRequest, raw)
                         pending = self.plane.submit(self._call(request, context, md, STREAM))
+                    except ModelNotFound as exc:
+                        if self.relay is None or request is None:
+                            answers.put_nowait(self._stream_error(request, exc))
+                        else:  # a model this front loop does not serve: the host answers it
+                            future = asyncio.ensure_future(self._stream_on_host(request, md, context, answers))
+                            relayed.add(future)
+                            future.add_done_callback(relayed.discard)
                     except Exception as exc:  # noqa: BLE001 - this request fails alone
                         answers.put_nowait(self._stream_error(request, exc))
                     else:
@@ -385,9 +484,21 @@ class Methods:
             self.readers.discard(reader)
             for pending in list(pendings):
                 pending.drop()
+            for future in relayed:
+                future.cancel()
             if self.access_log is not None:
                 self.access_log.rpc(context.peer(), STREAM, code.value[0], code.name, 0,
                                     time.perf_counter() - start)
+
+    async def _stream_on_host(self, request: Any, md: dict[str, str], context: grpc.aio.ServicerContext,
+                              answers: asyncio.Queue[Any]) -> None:
+        """A stream's request the host answers (`_infer_on_host`), put among the stream's answers."""
+        try:
+            response = await self._infer_on_host(request, md, context.time_remaining())
+        except Exception as exc:  # noqa: BLE001 - this request fails alone
+            answers.put_nowait(self._stream_error(request, exc))
+        else:
+            answers.put_nowait((grpc.StatusCode.OK, protos.ModelStreamInferResponse(infer_response=response)))
 
     def _stream_error(self, request: Any, exc: BaseException) -> tuple[grpc.StatusCode, Any]:
         """A stream's answer to one request that failed: its status's message, and its id (none
@@ -403,25 +514,13 @@ class Methods:
     def handler(self) -> grpc.GenericRpcHandler:
         """Every method, each with the access level its token is checked against. Handlers take
         the request's bytes (no request_deserializer): the methods parse them."""
-        unary = [
-            ("ServerLive", OPEN, self.server_live, protos.ServerLiveRequest),
-            ("ServerReady", OPEN, self.server_ready, protos.ServerReadyRequest),
-            ("ModelReady", OPEN, self.model_ready, protos.ModelReadyRequest),
-            ("ServerMetadata", API, self.server_metadata, protos.ServerMetadataRequest),
-            ("ModelMetadata", API, self.model_metadata, protos.ModelMetadataRequest),
-            ("ModelInfer", API, self.model_infer, protos.ModelInferRequest),
-            ("ModelConfig", API, self.model_config, protos.ModelConfigRequest),
-            ("ModelStatistics", API, self.model_statistics, protos.ModelStatisticsRequest),
-            ("RepositoryIndex", ADMIN, self.repository_index, protos.RepositoryIndexRequest),
-            ("RepositoryModelLoad", ADMIN, self.repository_load, protos.RepositoryModelLoadRequest),
-            ("RepositoryModelUnload", ADMIN, self.repository_unload, protos.RepositoryModelUnloadRequest),
-            ("TraceSetting", ADMIN, self.trace_setting, protos.TraceSettingRequest),
-        ]
-        methods = {
-            f"/{SERVICE}/{name}": (name, level, grpc.unary_unary_rpc_method_handler(
-                self.unary(name, kind, fn), response_serializer=_serialize))
-            for name, level, fn, kind in unary
-        }
+        methods = {}
+        for name, (level, fn, kind) in self.unaries.items():
+            if self.relay is not None and name not in LOCAL:  # the host's answer, already bytes
+                handler = grpc.unary_unary_rpc_method_handler(self.relayed(name))
+            else:
+                handler = grpc.unary_unary_rpc_method_handler(self.unary(name, kind, fn), response_serializer=_serialize)
+            methods[f"/{SERVICE}/{name}"] = (name, level, handler)
         methods[STREAM] = ("ModelStreamInfer", API, grpc.stream_stream_rpc_method_handler(
             self.model_stream_infer, response_serializer=_serialize))
         return Service(self, methods)

@@ -44,8 +44,18 @@ class Status(NamedTuple):
     trailers: tuple[tuple[str, str], ...] = ()
 
 
+class Answered(Exception):
+    """A call another loop answered with a status (a front loop relays what it does not serve)."""
+
+    def __init__(self, status: Status) -> None:
+        super().__init__(status.message)
+        self.status = status
+
+
 def status_of(exc: BaseException, policy: ErrorPolicy, method: str) -> Status:
     """The status of a call to `method` that failed with `exc`."""
+    if isinstance(exc, Answered):
+        return exc.status
     failure = describe(exc, policy, method)
     code = CODES.get(failure.status)
     if code is None:
