@@ -518,8 +518,6 @@ class Front:
                     self.app.draining = True
                 elif op == "close":
                     closing = closing or asyncio.ensure_future(self._close(message["timeout"]))
-                elif op == "fail":
-                    raise RuntimeError(f"loop {self.index} was told to fail")
         finally:
             if closing is not None and not closing.done():
                 closing.cancel()

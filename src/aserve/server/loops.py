@@ -200,13 +200,6 @@ class Loops:
                 wait.cancel()
         return self._serving.is_set() and not self.closing
 
-    def fail(self, index: int) -> None:
-        """Make front `index`'s loop raise, as a fault in it would: its connections close and it
-        is started again (the tests' way to a loop that dies)."""
-        channel = self.fronts[index].channel
-        if channel is not None:
-            channel.send({"op": "fail"})
-
     def _ended(self, front: FrontLoop, job: asyncio.Future[str]) -> None:
         """A front's loop returned: told to (shutdown), or it failed and is started again."""
         front.ready = False
