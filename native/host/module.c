@@ -200,7 +200,8 @@ static int native_clear(PyObject *m)
 static PyModuleDef_Slot native_slots[] = {
     {Py_mod_exec, native_exec},
 #ifdef Py_mod_multiple_interpreters
-    /* the host extension is imported in the host only; its state is per module */
+    /* imported by the host and by each front loop (a private interpreter: its own copy); its
+     * state is per module, so a per-interpreter GIL is no obstacle */
     {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
 #endif
     {0, NULL},

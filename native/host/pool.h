@@ -8,10 +8,12 @@
  *   pool_type.c    the Python type Pool: argument parsing, jobs built from Python
  *                  objects, results as Python objects
  *
- * Calls go one way: pool_type.c calls the three others, pool_cancel.c calls pool.c and
- * pool_join.c, pool.c calls pool_join.c, and pool_join.c none of them. pool_type.c
- * never takes p->mu. The queue and wake-up helpers are inline here because the
- * worker loop runs them on every job.
+ * Who calls whom: pool_type.c calls pool.c, pool_join.c and pool_cancel.c; pool_cancel.c
+ * calls pool.c and pool_join.c; pool.c calls pool_join.c and pool_coalesce.c, which calls
+ * back into pool.c only to give a finished batch's output memory back (as_pool_give_back);
+ * pool_join.c calls none of them. The fronts' side (link.c, through the Link API) calls
+ * pool.c and pool_cancel.c. pool_type.c never takes p->mu. The queue and wake-up helpers
+ * are inline here because the worker loop runs them on every job.
  */
 #ifndef ASERVE_HOST_POOL_H
 #define ASERVE_HOST_POOL_H
