@@ -382,7 +382,7 @@ class Methods:
             if self.relay is None:
                 raise
             return await self._infer_on_host(request, md, context.time_remaining())
-        self.plane.head(call, handle=handle)
+        # the message is whole: admission runs once, in submit, on what the request holds
         answer = await self.plane.infer(call, handle=handle)
         return answer.chunks[0]
 
