@@ -15,6 +15,7 @@ Servers (`--servers`):
 - `aserve`: `aserve serve REPO --interpreters 2` with its default engine; REPO holds only
   the benchmarked model, so its memory is that model's.
 - `aserve-main`: the same with `--engine main` (threads of the host interpreter).
+- `aserve-nogrpc`: the same with `--no-grpc` (no gRPC server in any loop), only when named.
 - `aserve-nospin`: the same with `--spin-us 0` (threads block at once rather than poll for
   work: the baseline of polling), only when named.
 - `aserve-loops0` .. `aserve-loops4`, `aserve-loops6`, `aserve-loops8`, `aserve-loops10`, `aserve-loops12`: the same with

@@ -39,7 +39,8 @@ SETTINGS = {"aserve-nospin": ["--spin-us", "0"], "aserve-nocolocate": ["--no-col
             "aserve-loops4": ["--loops", "4"], "aserve-loops6": ["--loops", "6"], "aserve-loops8": ["--loops", "8"],
             "aserve-loops10": ["--loops", "10"], "aserve-loops12": ["--loops", "12"],
             # two fronts, each batching with its own batcher (the pool's queue shared only by their batches)
-            "aserve-loops2-loop": ["--loops", "2", "--front-batching", "loop"]}
+            "aserve-loops2-loop": ["--loops", "2", "--front-batching", "loop"],
+            "aserve-nogrpc": ["--no-grpc"]}
 BEFORE = "aserve-before"  # aserve as another build serves it (`--before PYTHON`): a change's same-run baseline
 MOSEC_VERSION = "0.9.8"
 TORCH_PIN = "torch==2.13.0"  # the CPU wheel; an unpinned torch pulls gigabytes of CUDA packages
