@@ -148,12 +148,12 @@ class Methods:
             code = grpc.StatusCode.OK
             size = 0
             try:
-                request = parse(kind, raw)
+                request = raw if kind is None else parse(kind, raw)  # None: relayed as it came
                 # the metadata are read only when a trace may be in them
                 md = metadata(context) if self.plane.tracer is not None else {}
                 response = await handler(request, context, md)
                 if self.access_log is not None:
-                    size = response.ByteSize()
+                    size = len(response) if isinstance(response, bytes) else response.ByteSize()
                 return response
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED  # the client went away, or its deadline passed
@@ -169,37 +169,15 @@ class Methods:
 
         return call
 
-    def relayed(self, name: str) -> Unary:
+    def relayed(self, name: str) -> Handler:
         """The method `name` on a front loop, answered by the host (`answer` there): the
-        request's bytes go over the loop's channel, the answer's bytes or status come back.
-        Counted and logged here, as the front's own calls are."""
-        method = f"/{SERVICE}/{name}"
+        request's bytes go over the loop's channel, the response's bytes come back, or its
+        status raised (`Answered`). Run by `unary`, so counted and logged here."""
         relay = self.relay
         assert relay is not None
 
-        async def call(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-            start = time.perf_counter()
-            code = grpc.StatusCode.OK
-            size = 0
-            try:
-                answer = await relay(name, raw, metadata(context))
-                code = grpc.StatusCode[answer["code"]]
-                if code == grpc.StatusCode.OK:
-                    body: bytes = answer["body"]
-                    size = len(body)
-                    return body
-                if answer.get("trailers"):
-                    context.set_trailing_metadata(tuple(tuple(t) for t in answer["trailers"]))
-                message = answer["message"]
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            except Exception as exc:  # noqa: BLE001 - the channel to the host is gone: answered with its status
-                status = status_of(exc, self.app.policy, method)
-                code, message = status.code, status.message
-            finally:
-                self._done(name, code, size, start, context)
-            await context.abort(code, message)
+        async def call(raw: bytes, context: grpc.aio.ServicerContext, md: dict[str, str]) -> bytes:
+            return answered(await relay(name, raw, md))
 
         return call
 
@@ -393,10 +371,7 @@ class Methods:
         if remaining is not None:
             md = {**md, REMAINING: repr(max(remaining, 0.0))}
         answer = await self.relay("ModelInfer", request.SerializeToString(), md)
-        if answer["code"] != "OK":
-            trailers = tuple((str(k), str(v)) for k, v in answer.get("trailers") or ())
-            raise Answered(Status(grpc.StatusCode[answer["code"]], answer["message"], trailers))
-        return protos.ModelInferResponse.FromString(answer["body"])
+        return protos.ModelInferResponse.FromString(answered(answer))
 
     async def model_stream_infer(self, requests: Any, context: grpc.aio.ServicerContext) -> None:
         """Each request of the stream is queued as it arrives and answered as soon as its batch
@@ -516,10 +491,9 @@ class Methods:
         the request's bytes (no request_deserializer): the methods parse them."""
         methods = {}
         for name, (level, fn, kind) in self.unaries.items():
-            if self.relay is not None and name not in LOCAL:  # the host's answer, already bytes
-                handler = grpc.unary_unary_rpc_method_handler(self.relayed(name))
-            else:
-                handler = grpc.unary_unary_rpc_method_handler(self.unary(name, kind, fn), response_serializer=_serialize)
+            if self.relay is not None and name not in LOCAL:  # the host answers it, in bytes
+                fn, kind = self.relayed(name), None
+            handler = grpc.unary_unary_rpc_method_handler(self.unary(name, kind, fn), response_serializer=_serialize)
             methods[f"/{SERVICE}/{name}"] = (name, level, handler)
         methods[STREAM] = ("ModelStreamInfer", API, grpc.stream_stream_rpc_method_handler(
             self.model_stream_infer, response_serializer=_serialize))
@@ -555,8 +529,20 @@ class Service(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no ty
 
 
 def _serialize(message: Any) -> bytes:
+    if isinstance(message, bytes):  # the host's answer to a relayed call
+        return message
     data: bytes = message.SerializeToString()
     return data
+
+
+def answered(answer: dict[str, Any]) -> bytes:
+    """The response's bytes of the host's answer to a relayed call (`Methods.answer`), or its
+    status raised (Answered)."""
+    if answer["code"] != "OK":
+        trailers = tuple((str(k), str(v)) for k, v in answer.get("trailers") or ())
+        raise Answered(Status(grpc.StatusCode[answer["code"]], answer["message"], trailers))
+    body: bytes = answer["body"]
+    return body
 
 
 _DATA_TYPES = {name: index for index, name in enumerate(
