@@ -105,6 +105,10 @@ class ModelHandle:
         self.pool: Pool | None = None  # the pool it is loaded in: readiness asks it which interpreters still serve
         self._labels: dict[str, list[str] | None] = {}  # output -> its class labels, read once per load
 
+    def batchers(self) -> tuple[Batcher | NativeBatcher, ...]:
+        """Its batchers: the one its requests meet, and the `traced` one beside it if any."""
+        return tuple(b for b in (self.batcher, self.traced) if b is not None)
+
     @property
     def ready(self) -> bool:
         """Loaded, and an interpreter that is not lost runs it."""

@@ -64,9 +64,8 @@ class DataPlane:
         self.tracer = tracer
         self.registry.tracer = tracer
         for handle in self.registry.handles():
-            for batcher in (handle.batcher, handle.traced):
-                if batcher is not None:
-                    batcher.tracer = tracer
+            for batcher in handle.batchers():
+                batcher.tracer = tracer
 
     # ---- lifecycle ----
 

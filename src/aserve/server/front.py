@@ -297,7 +297,7 @@ def front_handle(m: dict[str, Any], plane: DataPlane, engine: LinkEngine, schedu
 
 def _trace_with(handle: ModelHandle, tracer: Tracer | None) -> None:
     """Batches of `handle`'s sampled requests get spans from `tracer` (None: none do)."""
-    for batcher in (handle.batcher, handle.traced):
+    for batcher in handle.batchers():
         if isinstance(batcher, Batcher):
             batcher.tracer = tracer
 
@@ -584,9 +584,8 @@ class Front:
         """Answer what was accepted (within `timeout`), then stop."""
         await asyncio.gather(self.http.shutdown(timeout), *([self.grpc.stop(timeout)] if self.grpc else []))
         for handle in [*self.handles.values(), *self.retired.values()]:
-            for batcher in (handle.batcher, handle.traced):
-                if batcher is not None:
-                    await batcher.close()
+            for batcher in handle.batchers():
+                await batcher.close()
         tracer = self.plane.tracer
         if tracer is not None:  # what it recorded goes to the host's exporter before the channel closes
             try:
@@ -624,10 +623,9 @@ class Front:
         try:
             if handle is not None:
                 handle.retired = True
-                for batcher in (handle.batcher, handle.traced):
-                    if batcher is not None:
-                        await batcher.close()
-                        self.totals.setdefault((handle.name, handle.version), BatchTotals()).add(batcher)
+                for batcher in handle.batchers():
+                    await batcher.close()
+                    self.totals.setdefault((handle.name, handle.version), BatchTotals()).add(batcher)
         finally:
             if self.engine is not None:
                 self.engine.remove(key)
@@ -641,8 +639,8 @@ class Front:
         for handle in [*self.handles.values(), *self.retired.values()]:
             entry = self.engine.models.get(handle.key) if self.engine is not None else None
             waiting = entry[5] if entry is not None else None
-            for batcher in (handle.batcher, handle.traced):
-                if batcher is None or (batcher is handle.traced and not batcher.requests):
+            for batcher in handle.batchers():
+                if batcher is handle.traced and not batcher.requests:
                     continue
                 stats = batcher.stats()
                 if waiting is not None and isinstance(batcher, Batcher):
