@@ -320,6 +320,23 @@ def _by_loop(host: Metrics, fronts: list[dict[str, Any]] | None) -> dict[tuple[s
     return out
 
 
+def _loops_combined(fronts: list[dict[str, Any]], tracing: Mapping[str, int] | None,
+                    grpc: Mapping[tuple[str, str], int] | None, held: int | None) -> tuple[Any, Any, Any]:
+    """The host's trace records, gRPC calls and held streams with every front's added (fronts
+    trace their own requests and serve gRPC on the shared port)."""
+    tracing = dict(tracing) if tracing is not None else None
+    grpc = dict(grpc) if grpc is not None else None
+    for front in fronts:
+        if tracing is not None:
+            for key, count in (front.get("tracing") or {}).items():
+                tracing[key] += count
+        if grpc is not None and front.get("grpc"):
+            for method, code, count in front["grpc"]["calls"]:
+                grpc[(method, code)] = grpc.get((method, code), 0) + count
+            held = (held or 0) + front["grpc"]["held"]
+    return tracing, grpc, held
+
+
 def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Metrics,
            schedulers: Mapping[str, Any] | None = None, http: HttpStats | None = None,
            tracing: Mapping[str, int] | None = None, *, openmetrics: bool = False,
@@ -340,6 +357,7 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
     if fronts:
         metrics = metrics.combined([row for front in fronts for row in front["requests"]])
         http = _http_combined(http, [front["http"] for front in fronts])
+        tracing, grpc, grpc_streams_held = _loops_combined(fronts, tracing, grpc, grpc_streams_held)
         for front in fronts:
             for m in front["models"]:
                 reported.setdefault((m["name"], m["version"]), []).append(m["batcher"])
@@ -468,21 +486,10 @@ async def metrics(app: App, request: Request) -> Response:
     registry = plane.registry
     openmetrics = wants_openmetrics(request.headers.get("accept"))
     fronts = await app.loops.stats() if app.loops is not None else None
-    tracing = plane.tracer.stats() if plane.tracer else None
-    if tracing is not None:  # the front loops record their own requests' spans
-        for front in fronts or ():
-            for key, count in (front.get("tracing") or {}).items():
-                tracing[key] += count
-    grpc, held = None, None
-    if app.grpc_stats is not None:  # the front loops' gRPC servers count their own calls
-        grpc, held = dict(app.grpc_stats.calls), app.grpc_stats.held
-        for front in fronts or ():
-            if front.get("grpc"):
-                for method, code, count in front["grpc"]["calls"]:
-                    grpc[(method, code)] = grpc.get((method, code), 0) + count
-                held += front["grpc"]["held"]
+    grpc = app.grpc_stats
     text = render(registry.handles(), registry.pools, plane.metrics, registry.schedulers, http=app.stats,
-                  tracing=tracing, openmetrics=openmetrics,
-                  fronts=fronts, loops=app.loops, grpc=grpc, grpc_streams_held=held,
+                  tracing=plane.tracer.stats() if plane.tracer else None, openmetrics=openmetrics,
+                  fronts=fronts, loops=app.loops, grpc=grpc.calls if grpc is not None else None,
+                  grpc_streams_held=grpc.held if grpc is not None else None,
                   threads=app.threads.sample())
     return Response(200, text.encode(), content_type=OPENMETRICS_CONTENT_TYPE if openmetrics else CONTENT_TYPE)
