@@ -29,6 +29,8 @@ extensions = [
             "native/host/link_type.c",
             "native/host/front_queue.c",
             "native/host/counter.c",
+            "native/host/plan.c",
+            "native/host/plan_type.c",
             "native/host/buffer.c",
             "native/host/rows.c",
             "native/host/private.c",

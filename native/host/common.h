@@ -85,7 +85,17 @@ extern PyType_Spec as_link_spec;
 PyObject *as_link_api_address(PyObject *module, PyObject *ignored);
 PyObject *as_window_rule_py(PyObject *module, PyObject *args);
 int as_link_request(PyObject *link, PyObject *target, PyObject *inputs, long long samples, long long window_ns,
-                    long long deadline_ns, PyObject *done, unsigned long long *id);
+                    long long deadline_ns, double budget, double waited, PyObject *done, unsigned long long *id);
+/* The adaptive policy's admission for a target whose model has one (Link.target's plan), through
+ * the host's code: mode 0 from a request's head, 1 counted, 2 refusals only (link.h, plan_admit);
+ * NAN to admit, else a Retry-After in seconds. -2: the target has no plan; -3: an exception is set. */
+double as_link_plan_admit(PyObject *link, PyObject *target, double now, long long queued, long long samples,
+                          double budget, double waited, int mode);
+/* The request counts in the policy's arrival rate, admitted without a question (nothing waits).
+ * 0, or -1 with an exception set. */
+int as_link_plan_arrive(PyObject *link, PyObject *target, double now, long long samples);
+/* Requests/s the policy admits while overloaded (NAN: no curve yet); -3 with an exception set. */
+double as_link_plan_rate(PyObject *link, PyObject *target);
 void as_link_hold(PyObject *link);
 void as_link_release(PyObject *link);
 
@@ -93,10 +103,14 @@ void as_link_release(PyObject *link);
 extern PyType_Spec as_front_queue_spec;
 extern PyType_Spec as_front_request_spec;
 
+/* plan_type.c: the Python type Plan, one model's adaptive batching policy in C (plan.h) */
+extern PyType_Spec as_plan_spec;
+
 /* counter.c: the Python type Counter, a number every event loop adds to */
 extern PyType_Spec as_counter_spec;
 void as_counter_loop_add(PyObject *counter, long long n); /* a Counter's add(n) and total(), from C */
 long long as_counter_loop_total(PyObject *counter);
+long long as_counter_loop_running(PyObject *counter); /* its model's running batches (Counter.running) */
 
 /* v2json.c: V2 JSON infer messages of numeric tensors, decoded and encoded in C */
 extern PyType_Spec as_v2json_spec;

@@ -174,6 +174,11 @@ long long as_counter_loop_total(PyObject *counter)
     return sum;
 }
 
+long long as_counter_loop_running(PyObject *counter)
+{
+    return __atomic_load_n(as_counter_running(((counter_t *)counter)->slots), __ATOMIC_RELAXED);
+}
+
 static PyObject *counter_add(counter_t *c, PyObject *arg)
 {
     long long d = PyLong_AsLongLong(arg);

@@ -29,6 +29,10 @@ typedef struct {
     int counter; /* shared is a _native.Counter: added to and read in C */
     PyObject *engine_error, *request_timeout, *model_error;
     PyObject *queue_full, *wrong_rows, *count_batch; /* batching's rules, called off the hot path */
+    /* a model with the adaptive policy: refusal(wait, budget, held) -> the Overloaded its admission
+     * raises (the policy itself is the host's plan, reached through the Link); else NULL */
+    PyObject *plan_refusal;
+    long long interpreters; /* the model's: a request waits when its batches run on every one */
     long long max_batch_size, max_queue_size, window_ns;
     PyObject *get_running_loop, *heappush, *heappop, *request_kwnames;
     /* the loop, once a request came */
@@ -57,6 +61,7 @@ typedef struct {
     PyObject *deadline; /* float or None */
     PyObject *job;      /* what the queue's request returned (a Link's: (pool address, job id)), or None */
     double arrival;
+    double budget, waited; /* its latency budget (NAN: the policy's) and the seconds it spent before submit */
     long long samples, deadline_ns;
 } freq;
 
@@ -340,7 +345,7 @@ PyType_Spec as_front_request_spec = {
 
 #define FQ_OBJECTS(X)                                                                                    \
     X(model) X(key) X(queue) X(link) X(targets) X(shared) X(shared_add) X(shared_total) X(engine_error)  \
-    X(request_timeout) X(model_error) X(queue_full) X(wrong_rows) X(count_batch) X(get_running_loop)     \
+    X(request_timeout) X(model_error) X(queue_full) X(wrong_rows) X(count_batch) X(plan_refusal) X(get_running_loop) \
     X(heappush) X(heappop) X(request_kwnames) X(loop) X(create_future) X(call_soon) X(flush) X(pending)  \
     X(deadlines) X(deferred) X(drained) X(batch_sizes) X(last_dispatch)
 
@@ -396,14 +401,18 @@ static PyObject *fq_new(PyTypeObject *tp, PyObject *Py_UNUSED(args), PyObject *P
 static int fq_init(fqueue *q, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"model", "key", "queue", "shared", "max_batch_size", "max_queue_size", "window_ns",
-                             "errors", "rules", "link", "targets", NULL};
+                             "errors", "rules", "link", "targets", "plan_refusal", "interpreters", NULL};
     PyObject *model = NULL, *key = NULL, *queue = NULL, *shared = NULL, *errors = NULL, *rules = NULL,
-             *link = Py_None, *targets = Py_None;
-    long long max_batch_size = -1, max_queue_size = -1, window_ns = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$UUOOLLLO!O!OO:FrontQueue", kwlist, &model, &key, &queue, &shared,
+             *link = Py_None, *targets = Py_None, *plan_refusal = Py_None;
+    long long max_batch_size = -1, max_queue_size = -1, window_ns = -1, interpreters = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$UUOOLLLO!O!OOOL:FrontQueue", kwlist, &model, &key, &queue, &shared,
                                      &max_batch_size, &max_queue_size, &window_ns, &PyTuple_Type, &errors,
-                                     &PyTuple_Type, &rules, &link, &targets))
+                                     &PyTuple_Type, &rules, &link, &targets, &plan_refusal, &interpreters))
         return -1;
+    if (plan_refusal != Py_None && link == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "FrontQueue: plan_refusal (an adaptive policy) needs a link");
+        return -1;
+    }
     if (model == NULL || key == NULL || queue == NULL || shared == NULL || errors == NULL || rules == NULL ||
         max_batch_size < 0 || max_queue_size < 0 || window_ns < 0) {
         PyErr_SetString(PyExc_TypeError, "FrontQueue: model, key, queue, shared, errors, rules, and max_batch_size, "
@@ -460,6 +469,8 @@ static int fq_init(fqueue *q, PyObject *args, PyObject *kw)
     q->max_batch_size = max_batch_size;
     q->max_queue_size = max_queue_size;
     q->window_ns = window_ns;
+    Py_XSETREF(q->plan_refusal, plan_refusal != Py_None ? Py_NewRef(plan_refusal) : NULL);
+    q->interpreters = interpreters;
     return 0;
 }
 
@@ -485,6 +496,44 @@ static int bind_loop(fqueue *q)
     return 0;
 }
 
+/* The model's target on the Link (borrowed), or NULL (with an exception set only on error). */
+static PyObject *link_target_of(fqueue *q)
+{
+    if (q->link == NULL)
+        return NULL;
+    PyObject *found = PyDict_GetItemWithError(q->targets, q->key);
+    if (found == NULL || !PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 2)
+        return NULL;
+    return PyTuple_GET_ITEM(found, 1);
+}
+
+/* The adaptive policy's admission (Batcher._admission's): a request that must wait (others
+ * queued on any loop, every interpreter running a batch of the model, or its connection was
+ * held) is judged by the policy, one that need not is only counted in its arrival rate.
+ * 0, or -1 with the refusal (counted) or another exception set. */
+static int plan_admission(fqueue *q, double now, long long total, long long samples, double budget, double waited,
+                          PyObject *budget_obj, int held)
+{
+    PyObject *target = link_target_of(q);
+    if (target == NULL)
+        return PyErr_Occurred() ? -1 : 0; /* the model went away: the flush says so */
+    long long running = q->counter ? as_counter_loop_running(q->shared) : 0;
+    if (!(total > 0 || held || running >= q->interpreters))
+        return as_link_plan_arrive(q->link, target, now, samples);
+    double wait = as_link_plan_admit(q->link, target, now, total, samples, budget, waited, 1);
+    if (wait == -3.0)
+        return -1;
+    if (isnan(wait) || wait < 0.0)
+        return 0;
+    PyObject *refused = PyObject_CallFunction(q->plan_refusal, "dOO", wait, budget_obj, held ? Py_True : Py_False);
+    if (refused == NULL)
+        return -1;
+    q->refused++;
+    PyErr_SetObject((PyObject *)Py_TYPE(refused), refused);
+    Py_DECREF(refused);
+    return -1;
+}
+
 /* submit(inputs, samples, /, *, deadline=None, budget=None, trace=None, waited=0.0,
  * context=None, held=False) -> future of the outputs (Batcher.submit's interface; the
  * queue's bound is its only admission: budget, waited and held judge nothing). */
@@ -492,7 +541,8 @@ static PyObject *fq_submit(fqueue *q, PyObject *const *args, Py_ssize_t nargs, P
 {
     if (nargs != 2)
         return PyErr_Format(PyExc_TypeError, "submit: expected (inputs, samples), got %zd arguments", nargs);
-    PyObject *deadline = Py_None, *trace = Py_None, *context = Py_None;
+    PyObject *deadline = Py_None, *trace = Py_None, *context = Py_None, *budget = Py_None, *waited_obj = Py_None,
+             *held = Py_False;
     Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
     module_state *st = q->st;
     for (Py_ssize_t i = 0; i < nkw; i++) {
@@ -504,9 +554,13 @@ static PyObject *fq_submit(fqueue *q, PyObject *const *args, Py_ssize_t nargs, P
             trace = value;
         else if (name == st->str_context || PyUnicode_Compare(name, st->str_context) == 0)
             context = value;
-        else if (name != st->str_budget && name != st->str_waited && name != st->str_held &&
-                 PyUnicode_Compare(name, st->str_budget) != 0 && PyUnicode_Compare(name, st->str_waited) != 0 &&
-                 PyUnicode_Compare(name, st->str_held) != 0)
+        else if (name == st->str_budget || PyUnicode_Compare(name, st->str_budget) == 0)
+            budget = value;
+        else if (name == st->str_waited || PyUnicode_Compare(name, st->str_waited) == 0)
+            waited_obj = value;
+        else if (name == st->str_held || PyUnicode_Compare(name, st->str_held) == 0)
+            held = value;
+        else
             return PyErr_Format(PyExc_TypeError, "submit: unexpected keyword argument %R", name);
     }
     if (q->model == NULL)
@@ -523,6 +577,19 @@ static PyObject *fq_submit(fqueue *q, PyObject *const *args, Py_ssize_t nargs, P
     long long total = shared_total(q);
     if (total == -1 && PyErr_Occurred())
         return NULL;
+    double budget_s = NAN, waited = 0.0;
+    if (budget != Py_None && (budget_s = PyFloat_AsDouble(budget)) == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (waited_obj != Py_None && (waited = PyFloat_AsDouble(waited_obj)) == -1.0 && PyErr_Occurred())
+        return NULL;
+    waited = waited > 0.0 ? waited : 0.0;
+    if (q->plan_refusal != NULL) { /* the adaptive policy's admission, before the queue's bound */
+        int is_held = PyObject_IsTrue(held);
+        if (is_held < 0)
+            return NULL;
+        if (plan_admission(q, now, total, samples, budget_s, waited, budget, is_held) < 0)
+            return NULL;
+    }
     if (total > 0 && total + samples > q->max_queue_size) {
         PyObject *refused = PyObject_CallFunction(q->queue_full, "OLLL", q->model, total, samples, q->max_queue_size);
         if (refused == NULL)
@@ -561,6 +628,8 @@ static PyObject *fq_submit(fqueue *q, PyObject *const *args, Py_ssize_t nargs, P
     r->deadline = Py_NewRef(deadline);
     r->job = Py_NewRef(Py_None);
     r->arrival = now;
+    r->budget = budget_s;
+    r->waited = waited;
     r->samples = samples;
     r->deadline_ns = 0;
     if (deadline != Py_None) {
@@ -630,7 +699,7 @@ static PyObject *hand_on(fqueue *q, freq *r)
         if (found != NULL && PyTuple_Check(found) && PyTuple_GET_SIZE(found) == 2) {
             unsigned long long id;
             if (as_link_request(q->link, PyTuple_GET_ITEM(found, 1), r->inputs, r->samples, q->window_ns,
-                                r->deadline_ns, (PyObject *)r, &id) < 0)
+                                r->deadline_ns, r->budget, r->waited, (PyObject *)r, &id) < 0)
                 return NULL;
             return Py_BuildValue("(OK)", PyTuple_GET_ITEM(found, 0), id);
         }
@@ -777,9 +846,11 @@ static PyType_Slot fq_slots[] = {
     {Py_tp_methods, fq_methods},
     {Py_tp_members, fq_members},
     {Py_tp_doc, "FrontQueue(*, model, key, queue, shared, max_batch_size, max_queue_size, window_ns, errors, "
-                "rules, link=None, targets=None): a front loop's side of one model batched in the pool's shared "
-                "queue (batching/native.py). errors: (EngineError, RequestTimeout, ModelError); rules: "
-                "(queue_full, wrong_rows, count_batch)."},
+                "rules, link=None, targets=None, plan_refusal=None, interpreters=1): a front loop's side of one "
+                "model batched in the pool's shared queue (batching/native.py). errors: (EngineError, "
+                "RequestTimeout, ModelError); rules: (queue_full, wrong_rows, count_batch); plan_refusal(wait, "
+                "budget, held) -> Overloaded: the model's target has an adaptive policy, whose admission runs "
+                "at submit."},
     {0, NULL},
 };
 

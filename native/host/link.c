@@ -135,6 +135,12 @@ static int link_infer(as_link *l, pool_t *p, const char *key, uint64_t mask, siz
         j->window_ns = window->window_ns;
         j->deadline_ns = window->deadline_ns;
         j->run_slot = window->run_slot;
+        j->budget = window->budget;
+        j->waited = window->waited;
+        if (window->plan != NULL) {
+            as_plan_hold(window->plan);
+            j->plan = window->plan;
+        }
     }
     if (l->holding) {
         as_pool_number_job(p, j); /* its id: the caller's handle for cancel */
@@ -203,6 +209,14 @@ static void link_give_back(pool_t *p, int worker, void *owner)
     as_pool_give_back(p, p->workers[worker], owner);
 }
 
+static double link_plan_admit(as_plan *plan, double now, int64_t queued, int64_t samples, double budget,
+                              double waited, int mode)
+{
+    if (mode == 2)
+        return as_plan_refuses(plan, now, queued, samples, budget, waited);
+    return as_plan_admit(plan, now, queued, samples, budget, waited, mode);
+}
+
 const as_link_api as_link_api_table = {
     .version = AS_LINK_API_VERSION,
     .job_size = sizeof(hjob),
@@ -219,4 +233,7 @@ const as_link_api as_link_api_table = {
     .shared_release = as_pool_shared_release,
     .cancel = as_pool_cancel,
     .cancel_link = as_pool_cancel_link,
+    .plan_admit = link_plan_admit,
+    .plan_arrive = as_plan_arrive,
+    .plan_rate = as_plan_admission_rate,
 };

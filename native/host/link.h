@@ -14,7 +14,7 @@
 
 #include "pool.h"
 
-#define AS_LINK_API_VERSION 7
+#define AS_LINK_API_VERSION 8
 
 typedef struct as_link {
     pthread_mutex_t mu;
@@ -43,6 +43,10 @@ typedef struct as_wait {
 typedef struct as_window {
     int64_t window_ns, deadline_ns;
     int run_slot;
+    /* a model with the adaptive policy: its plan (plan.h) decides the batch instead of the
+     * window rule, with the request's budget (NAN: the policy's) and the seconds it waited */
+    as_plan *plan;
+    double budget, waited;
 } as_window;
 
 typedef struct as_link_api {
@@ -85,6 +89,13 @@ typedef struct as_link_api {
     const char *(*cancel)(pool_t *p, uint64_t id);
     /* Cancel every job of l still queued on p (as_pool_cancel_link): its front's loop ends. */
     int (*cancel_link)(pool_t *p, const void *l);
+    /* The adaptive policy's admission over a model's plan (plan.h), run with the host's code:
+     * mode 0 asks from a request's head (as_plan_admit, nothing counted), 1 admits (counted),
+     * 2 refuses only (as_plan_refuses). NAN to admit, else the Retry-After in seconds. */
+    double (*plan_admit)(as_plan *plan, double now, int64_t queued, int64_t samples, double budget, double waited,
+                         int mode);
+    void (*plan_arrive)(as_plan *plan, double now, int64_t samples);
+    double (*plan_rate)(as_plan *plan); /* requests/s admission lets in while overloaded */
 } as_link_api;
 
 extern const as_link_api as_link_api_table;

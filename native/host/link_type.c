@@ -7,6 +7,7 @@
  */
 #include "link.h"
 
+#include <math.h>
 #include <string.h>
 
 typedef struct {
@@ -27,6 +28,7 @@ typedef struct {
     int64_t max_rows;
     void *counter;
     int slots[4]; /* the Counter's slots: queued samples, requests, batches; running batches */
+    as_plan *plan; /* the model's adaptive policy (plan.h), which the host keeps while the front may use it; or NULL */
     Py_ssize_t n;
     char **names, **datatypes;
 } ltarget;
@@ -268,11 +270,12 @@ static char *copy_text(PyObject *str)
 static PyObject *link_target(linkobj *self, PyObject *args)
 {
     PyObject *pool_address, *model, *names, *datatypes;
-    unsigned long long mask, counter;
+    unsigned long long mask, counter, plan = 0;
     long long max_rows;
     int slots[4];
-    if (!PyArg_ParseTuple(args, "OUKO!O!LK(iiii):target", &pool_address, &model, &mask, &PyTuple_Type, &names,
-                          &PyTuple_Type, &datatypes, &max_rows, &counter, &slots[0], &slots[1], &slots[2], &slots[3]))
+    if (!PyArg_ParseTuple(args, "OUKO!O!LK(iiii)|K:target", &pool_address, &model, &mask, &PyTuple_Type, &names,
+                          &PyTuple_Type, &datatypes, &max_rows, &counter, &slots[0], &slots[1], &slots[2], &slots[3],
+                          &plan))
         return NULL;
     pool_t *p = PyLong_AsVoidPtr(pool_address);
     if (p == NULL)
@@ -298,6 +301,7 @@ static PyObject *link_target(linkobj *self, PyObject *args)
     t->mask = mask;
     t->max_rows = max_rows;
     t->counter = (void *)(uintptr_t)counter;
+    t->plan = (as_plan *)(uintptr_t)plan;
     memcpy(t->slots, slots, sizeof slots);
     t->names = PyMem_Calloc(n ? (size_t)n : 1, sizeof(char *));
     t->datatypes = PyMem_Calloc(n ? (size_t)n : 1, sizeof(char *));
@@ -325,7 +329,7 @@ static PyObject *link_target(linkobj *self, PyObject *args)
  * run start ns, run end ns) or done(None, error, 0, 0, 0). 0 and *id, or -1 with an
  * exception set. */
 int as_link_request(PyObject *link, PyObject *target, PyObject *inputs, long long samples, long long window_ns,
-                    long long deadline_ns, PyObject *done, unsigned long long *id_out)
+                    long long deadline_ns, double budget, double waited, PyObject *done, unsigned long long *id_out)
 {
     linkobj *self = (linkobj *)link;
     if (self->tensor_type == NULL || self->error == NULL) {
@@ -367,7 +371,7 @@ int as_link_request(PyObject *link, PyObject *target, PyObject *inputs, long lon
         in[i].datatype = t->datatypes[i];
     }
     as_wait wait = {t->counter, {t->slots[0], t->slots[1], t->slots[2]}, samples, 1};
-    as_window win = {window_ns, deadline_ns, t->slots[3]};
+    as_window win = {window_ns, deadline_ns, t->slots[3], t->plan, budget, waited};
     uint64_t id;
     int rc = -1;
     if (read_inputs(st, PySequence_Fast_ITEMS(inputs), in, held) < 0)
@@ -389,6 +393,92 @@ done:
     if (held != NULL)
         held_release(held);
     return rc;
+}
+
+static ltarget *plan_target(PyObject *target)
+{
+    ltarget *t = PyCapsule_GetPointer(target, TARGET_NAME);
+    return t;
+}
+
+double as_link_plan_admit(PyObject *link, PyObject *target, double now, long long queued, long long samples,
+                          double budget, double waited, int mode)
+{
+    linkobj *self = (linkobj *)link;
+    ltarget *t = plan_target(target);
+    if (t == NULL)
+        return -3.0;
+    if (t->plan == NULL)
+        return -2.0;
+    return self->api->plan_admit(t->plan, now, queued, samples, budget, waited, mode);
+}
+
+int as_link_plan_arrive(PyObject *link, PyObject *target, double now, long long samples)
+{
+    linkobj *self = (linkobj *)link;
+    ltarget *t = plan_target(target);
+    if (t == NULL)
+        return -1;
+    if (t->plan != NULL)
+        self->api->plan_arrive(t->plan, now, samples);
+    return 0;
+}
+
+double as_link_plan_rate(PyObject *link, PyObject *target)
+{
+    linkobj *self = (linkobj *)link;
+    ltarget *t = plan_target(target);
+    if (t == NULL)
+        return -3.0;
+    return t->plan != NULL ? self->api->plan_rate(t->plan) : NAN;
+}
+
+/* plan_admit(target, now, queued, samples, budget, waited, mode) -> Retry-After s or None */
+static PyObject *link_plan_admit(linkobj *self, PyObject *args)
+{
+    PyObject *target, *budget_obj;
+    double now, waited;
+    long long queued, samples;
+    int mode;
+    if (!PyArg_ParseTuple(args, "OdLLOdi:plan_admit", &target, &now, &queued, &samples, &budget_obj, &waited, &mode))
+        return NULL;
+    double budget = budget_obj == Py_None ? NAN : PyFloat_AsDouble(budget_obj);
+    if (budget_obj != Py_None && budget == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (mode < 0 || mode > 2)
+        return PyErr_Format(PyExc_ValueError, "Link.plan_admit: mode must be 0, 1 or 2, got %d", mode);
+    double wait = as_link_plan_admit((PyObject *)self, target, now, queued, samples, budget, waited, mode);
+    if (wait == -3.0)
+        return NULL;
+    if (wait == -2.0)
+        return PyErr_Format(PyExc_ValueError, "Link.plan_admit: the target's model has no adaptive policy");
+    if (isnan(wait))
+        Py_RETURN_NONE;
+    return PyFloat_FromDouble(wait);
+}
+
+/* plan_arrive(target, now, samples): an arrival counts in the policy's rate */
+static PyObject *link_plan_arrive(linkobj *self, PyObject *args)
+{
+    PyObject *target;
+    double now;
+    long long samples;
+    if (!PyArg_ParseTuple(args, "OdL:plan_arrive", &target, &now, &samples))
+        return NULL;
+    if (as_link_plan_arrive((PyObject *)self, target, now, samples) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* plan_rate(target) -> requests/s admitted while overloaded, or None */
+static PyObject *link_plan_rate(linkobj *self, PyObject *target)
+{
+    double rate = as_link_plan_rate((PyObject *)self, target);
+    if (rate == -3.0)
+        return NULL;
+    if (isnan(rate))
+        Py_RETURN_NONE;
+    return PyFloat_FromDouble(rate);
 }
 
 void as_link_hold(PyObject *link)
@@ -413,7 +503,7 @@ static PyObject *link_request(linkobj *self, PyObject *const *args, Py_ssize_t n
     if (PyErr_Occurred())
         return NULL;
     unsigned long long id;
-    if (as_link_request((PyObject *)self, args[0], args[1], samples, window_ns, deadline_ns, args[5], &id) < 0)
+    if (as_link_request((PyObject *)self, args[0], args[1], samples, window_ns, deadline_ns, NAN, 0.0, args[5], &id) < 0)
         return NULL;
     return PyLong_FromUnsignedLongLong(id);
 }
@@ -622,6 +712,15 @@ static PyMethodDef link_methods[] = {
      "it may run in one batch with other fronts' batches of the model, of at most that many rows; waiting: "
      "(Counter.address, (slot, slot, slot), samples, requests): while it waits for an interpreter its samples, "
      "requests and itself count in those slots; context: the W3C headers model code runs in (Pool.infer's)"},
+    {"plan_admit", (PyCFunction)link_plan_admit, METH_VARARGS,
+     "plan_admit(target, now, queued, samples, budget, waited, mode) -> Retry-After seconds or None: the "
+     "adaptive policy's admission for the target's model, run by the host's code (mode 0: from a request's "
+     "head, nothing counted; 1: counted; 2: only a refusal counted)"},
+    {"plan_arrive", (PyCFunction)link_plan_arrive, METH_VARARGS,
+     "plan_arrive(target, now, samples): a request of the target's model counts in its adaptive policy's arrival "
+     "rate"},
+    {"plan_rate", (PyCFunction)link_plan_rate, METH_O,
+     "plan_rate(target) -> requests/s the target's adaptive policy admits while overloaded, or None"},
     {"target", (PyCFunction)link_target, METH_VARARGS,
      "target(pool, model, mask, names, datatypes, max_rows, counter, (samples, requests, batches, running slots)) "
      "-> what request takes for `model` on the pool at address `pool`, read once"},

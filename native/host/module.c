@@ -129,6 +129,12 @@ static int native_exec(PyObject *m)
     st->link_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_link_spec, NULL);
     if (st->link_type == NULL || PyModule_AddType(m, st->link_type) < 0)
         return -1;
+    PyTypeObject *plan_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_plan_spec, NULL);
+    if (plan_type == NULL || PyModule_AddType(m, plan_type) < 0) {
+        Py_XDECREF(plan_type);
+        return -1;
+    }
+    Py_DECREF(plan_type);
     st->counter_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_counter_spec, NULL);
     if (st->counter_type == NULL || PyModule_AddType(m, st->counter_type) < 0)
         return -1;

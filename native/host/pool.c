@@ -82,10 +82,23 @@ static hjob *pop_shared(pool_t *p, int index, int64_t *wake_at)
 {
     hjob *prev = NULL;
     int64_t now = 0;
+    as_plan *waiting[16]; /* models whose adaptive policy said their queue waits: asked once per scan */
+    int n_waiting = 0;
     for (hjob *j = p->head; j != NULL; prev = j, j = j->next) {
         if (!(j->mask >> index & 1))
             continue;
-        if (j->native && wake_at != NULL && !as_pool_window_open(p, j, index, &now, wake_at))
+        if (j->native && wake_at != NULL && j->plan != NULL) {
+            int asked = 0;
+            for (int i = 0; i < n_waiting && !asked; i++)
+                asked = waiting[i] == j->plan;
+            if (asked)
+                continue;
+            if (!as_pool_plan_open(p, j, index, &now, wake_at)) {
+                if (n_waiting < 16)
+                    waiting[n_waiting++] = j->plan;
+                continue;
+            }
+        } else if (j->native && wake_at != NULL && !as_pool_window_open(p, j, index, &now, wake_at))
             continue;
         unlink_shared(p, prev, j);
         dequeued(p, j);
@@ -217,6 +230,8 @@ void as_pool_job_free(hjob *j)
     }
     if (j->held != NULL) /* a native request that was never queued */
         as_counter_drop(j->held);
+    if (j->plan != NULL)
+        as_plan_drop(j->plan);
     free(j->in);
     as_pool_model_decref(j->model);
     free(j->key);
@@ -406,6 +421,8 @@ static void *worker_main(void *arg)
             w->current = NULL;
             w->lost = 0; /* back from a job it was given up in: it takes jobs again */
             w->owners_out += owners_of(j);
+            if (j->plan != NULL && j->led_rows > 0) /* the batch the adaptive policy chose ended */
+                as_plan_finish(j->plan, !j->job.failed, j->led_rows, (double)(monotonic_ns() - w->since) / 1e9);
             wake = j->job.join != NULL ? as_pool_finish_staged(p, j) : 0;
             for (hjob *k = j->parts, *next; k != NULL; k = next) {
                 next = k->part_next;
@@ -554,8 +571,8 @@ static worker_t *idle_worker(pool_t *p, uint64_t mask, int gather)
  * wait, and the rule would only send it back to wait (every arrival would cost a wake-up). */
 static int window_may_end(const hjob *j)
 {
-    if (!j->native || j->held == NULL || j->max_rows <= 0)
-        return 1;
+    if (!j->native || j->held == NULL || j->max_rows <= 0 || j->plan != NULL)
+        return 1; /* the adaptive policy decides again at every arrival, as a batcher does */
     return *as_counter_queued(j->held) >= j->max_rows || *as_counter_running(j->held) <= 0 ||
            (j->deadline_ns != 0 && j->deadline_ns <= j->queued_ns + j->window_ns);
 }

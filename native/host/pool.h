@@ -19,6 +19,7 @@
 #define ASERVE_HOST_POOL_H
 
 #include "common.h"
+#include "plan.h"
 
 #include <errno.h>
 #include <time.h>
@@ -104,6 +105,13 @@ typedef struct hjob {
      * run_slot, its front's) from its start to its end. */
     int native;
     int64_t window_ns, deadline_ns; /* CLOCK_MONOTONIC ns; deadline 0: none */
+    /* a native request of a model with the adaptive policy: the policy decides its batch
+     * instead of the window rule (as_plan_decide), from each request's budget and the seconds
+     * it spent in the server before it was queued (NAN budget: the policy's); its plan is held
+     * until the job is freed. take_rows: the rows of the batch the policy chose for its leader. */
+    as_plan *plan;
+    double budget, waited;
+    int64_t take_rows;
     int run_slot;
     void *held;
     int64_t led_rows; /* the rows of the batch it led (0: it ran as a part of another's) */
@@ -426,6 +434,9 @@ void as_pool_shared_release(pool_t *p, void *shared);
  * batch now by the window rule; if not, *wake_at is lowered to when its window closes.
  * *now: 0, or the time already read for this scan. */
 int as_pool_window_open(pool_t *p, hjob *j, int index, int64_t *now, int64_t *wake_at);
+/* Caller holds p->mu: the same for native request j of a model with the adaptive policy
+ * (j->plan): the policy decides on the model's queued requests from j on, once per scan. */
+int as_pool_plan_open(pool_t *p, hjob *j, int index, int64_t *now, int64_t *wake_at);
 /* Caller holds p->mu: native request j, just taken with its parts, leads their batch. */
 void as_pool_lead(hjob *j);
 /* The window rule on a model's queue, as the pool applies it (and _native.window_rule): the

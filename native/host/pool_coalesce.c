@@ -26,6 +26,8 @@
  */
 #include "pool.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
@@ -68,6 +70,7 @@ int as_pool_coalesce(pool_t *p, hjob *j, int index)
     int64_t rows = rows_of(j);
     if (rows < 0)
         return 0;
+    int64_t limit = j->take_rows > 0 ? j->take_rows : j->max_rows; /* the adaptive policy's batch, or the largest */
     int n = 0;
     hjob **tail = &j->part_next; /* j, then its parts, in the order they were queued */
     hjob *prev = NULL;
@@ -78,7 +81,7 @@ int as_pool_coalesce(pool_t *p, hjob *j, int index)
                                (k->mask >> index & 1) && compatible(j, k)
                            ? rows_of(k)
                            : -1;
-        if (more >= 0 && rows + more <= j->max_rows) {
+        if (more >= 0 && rows + more <= limit) {
             unlink_shared(p, prev, k);
             dequeued(p, k);
             k->running = 1;
@@ -138,6 +141,60 @@ int as_pool_window_open(pool_t *p, hjob *j, int index, int64_t *now, int64_t *wa
         *wake_at = close;
     (void)p;
     return 0;
+}
+
+int as_pool_plan_open(pool_t *p, hjob *j, int index, int64_t *now, int64_t *wake_at)
+{
+    (void)p;
+    if (j->max_rows <= 0 || j->held == NULL || rows_of(j) < 0)
+        return 1;
+    /* the model's queue as the policy sees it: j and the requests that may join its batch */
+    int cap = 64, n = 0;
+    as_pending local[64], *queue = local;
+    for (hjob *k = j; k != NULL; k = k->next) {
+        if (k != j && (k->plan != j->plan || !k->native || k->max_rows != j->max_rows || !(k->mask >> index & 1) ||
+                       !compatible(j, k)))
+            continue;
+        int64_t r = rows_of(k);
+        if (r < 0)
+            continue;
+        if (n == cap) {
+            as_pending *grown = malloc(sizeof *grown * (size_t)cap * 2);
+            if (grown == NULL)
+                break; /* the policy decides on the queue's first `cap` */
+            memcpy(grown, queue, sizeof *grown * (size_t)n);
+            if (queue != local)
+                free(queue);
+            queue = grown;
+            cap *= 2;
+        }
+        queue[n++] = (as_pending){
+            .arrival = (double)k->queued_ns / 1e9,
+            .deadline = k->deadline_ns != 0 ? (double)k->deadline_ns / 1e9 : NAN,
+            .budget = k->budget,
+            .waited = k->waited,
+            .samples = r,
+        };
+    }
+    if (*now == 0)
+        *now = monotonic_ns();
+    int64_t running = *as_counter_running(j->held);
+    int idle = j->plan->interpreters - (int)running;
+    double wake = NAN;
+    int take = as_plan_decide(j->plan, (double)*now / 1e9, queue, n, idle, (int)running, j->max_rows, &wake);
+    if (take > 0) {
+        int64_t rows = 0;
+        for (int i = 0; i < take && i < n; i++)
+            rows += queue[i].samples;
+        j->take_rows = rows;
+    } else if (!isnan(wake)) {
+        int64_t at = (int64_t)(wake * 1e9);
+        if (at < *wake_at)
+            *wake_at = at;
+    }
+    if (queue != local)
+        free(queue);
+    return take > 0;
 }
 
 void as_pool_lead(hjob *j)

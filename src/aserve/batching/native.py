@@ -30,14 +30,91 @@ from collections.abc import Callable, Sequence
 from time import monotonic
 from typing import Any, Protocol
 
-from .._native import FrontQueue
+from .._native import FrontQueue, Plan
 from ..errors import EngineError, ModelError, Overloaded, RequestTimeout
 from ..tensor import Tensor, wrong_rows
+from .adaptive import AdaptivePolicy
 from .batcher import count_batch, queue_full
+from .costmodel import CostModel
 from .policy import WindowPolicy
+
+# how often the host folds the batches that ended into a Plan's cost model (`PlanFeed`)
+FEED_PERIOD_S = 0.05
 
 # (outputs or None, error or None, rows of the batch it led (0: none), run start and end, ns)
 NativeDone = Callable[[dict[str, Tensor] | None, BaseException | None, int, int, int], None]
+
+
+def curve(cost: CostModel, tolerance: float) -> tuple[list[float], int, int, int]:
+    """What a Plan plans with (`Plan.publish`'s arguments): the predicted seconds of a batch of
+    1 to 2 x max_batch_size samples (whether batching pays compares a batch with one twice its
+    size), the cost model's max_batch_size and its throughput-optimal and efficient sizes."""
+    top = cost.max_batch_size
+    return ([cost.predict(b) for b in range(1, 2 * top + 1)], top, cost.throughput_optimal_batch(),
+            cost.efficient_batch(tolerance))
+
+
+class PlanFeed:
+    """The host's side of one model load's adaptive policy in C (`_native.Plan`): made from
+    the `AdaptivePolicy` its warm-up fitted, it is what the pool batches the fronts' requests by
+    and what their admission asks. `feed` folds the batches that ended into the policy's cost
+    model and publishes the refined curve; the arrival rate, the slowdown and the batches in
+    flight are the Plan's own (every loop and worker changes them)."""
+
+    def __init__(self, policy: AdaptivePolicy) -> None:
+        self.policy = policy
+        self._timer: asyncio.TimerHandle | None = None
+        self.plan = Plan(
+            interpreters=policy.interpreters, latency_budget_s=policy.latency_budget_s,
+            max_queue_delay_s=policy.max_queue_delay_s, headroom=policy.headroom, rate_alpha=policy.rate_alpha,
+            admit_factor=policy.admit_factor, overload_reserve=policy.overload_reserve,
+            slowdown_alpha=policy.slowdown_alpha, contention=policy.contention,
+        )
+        self.publish()
+
+    @property
+    def address(self) -> int:
+        return int(self.plan.address)
+
+    def publish(self) -> None:
+        self.plan.publish(*curve(self.policy.cost, self.policy.tolerance))
+
+    def feed(self) -> int:
+        """Refine the cost model with the batches that ended since the last call; how many."""
+        done = self.plan.observed()
+        for samples, seconds in done:
+            self.policy.cost.observe(samples, seconds)
+        if done:
+            self.publish()
+        return len(done)
+
+    def start(self) -> None:
+        """Feed the cost model every FEED_PERIOD_S on the running loop, until `stop`."""
+        self._timer = asyncio.get_running_loop().call_later(FEED_PERIOD_S, self._tick)
+
+    def _tick(self) -> None:
+        self.feed()
+        self._timer = asyncio.get_running_loop().call_later(FEED_PERIOD_S, self._tick)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def as_dict(self, now: float) -> dict[str, object]:
+        """`AdaptivePolicy.as_dict`'s shape, from the Plan's state and the curve refined with every
+        batch that ended until now."""
+        self.feed()
+        state = self.plan.read(now)
+        policy = self.policy
+        return {
+            "policy": "adaptive",
+            "latency_budget_s": policy.latency_budget_s,
+            "interpreters": policy.interpreters,
+            **state,
+            "contention": policy.contention,
+            "cost": policy.cost.as_dict(),
+        }
 
 
 class NativeQueue(Protocol):
@@ -75,12 +152,19 @@ class NativeBatcher(FrontQueue):
     tracer = None  # traced requests go to the model's `traced` Batcher: none is submitted here
 
     def __init__(self, *, model: str, key: str, queue: NativeQueue, max_batch_size: int, max_queue_size: int,
-                 max_queue_delay: float, shared: SharedQueued, slots: tuple[int, int, int]) -> None:
+                 max_queue_delay: float, shared: SharedQueued, slots: tuple[int, int, int],
+                 adaptive: tuple[float, int] | None = None) -> None:
         super().__init__(model=model, key=key, queue=queue, shared=shared, max_batch_size=max_batch_size,
                          max_queue_size=max_queue_size, window_ns=round(max_queue_delay * 1e9),
                          errors=(EngineError, RequestTimeout, ModelError), rules=(queue_full, wrong_rows, count_batch),
-                         link=getattr(queue, "link", None), targets=getattr(queue, "targets", None))
-        self.policy = WindowPolicy(max_queue_delay=max_queue_delay)  # the rule the pool applies, in C
+                         link=getattr(queue, "link", None), targets=getattr(queue, "targets", None),
+                         plan_refusal=None if adaptive is None else self._plan_refusal,
+                         interpreters=1 if adaptive is None else adaptive[1])
+        # the rule the pool applies, in C: the window rule, or the model's adaptive policy (the
+        # host's Plan, reached through the Link: `budget` is its latency budget)
+        self.policy = WindowPolicy(max_queue_delay=max_queue_delay) if adaptive is None else None
+        self.budget: float | None = None if adaptive is None else adaptive[0]
+        self.interpreters = 1 if adaptive is None else adaptive[1]
         self._queue = queue
         self._shared = shared
         self._slots = slots
@@ -117,26 +201,61 @@ class NativeBatcher(FrontQueue):
     # ---- requests (submit and flush: FrontQueue's) ----
 
     def refuse_ahead(self, *, budget: float | None = None, waited: float = 0.0) -> None:
-        """`Batcher.refuse_ahead`: Overloaded when any request would be refused now."""
+        """`Batcher.refuse_ahead`: Overloaded when any request would be refused now (the adaptive
+        policy asked from the head, nothing counted but a refusal's arrival)."""
         if self.closed:
             return
-        refused = self._admission(1)
+        refused = self._admission(1, budget, max(0.0, waited), mode=0)
         if refused is not None:
             self.refused += 1
             raise refused
 
     def refuse_again(self, samples: int, /, *, budget: float | None = None, waited: float = 0.0,
                      held: bool = False) -> Overloaded | None:
-        """`Batcher.refuse_again`: the queue bound's refusal `submit` would raise, counted, or None."""
+        """`Batcher.refuse_again`: the refusal `submit` would raise, counted, or None (nothing counted)."""
         if self.closed:
             return None
-        refused = self._admission(samples)
+        refused = self._admission(samples, budget, max(0.0, waited), mode=2, held=held)
         if refused is not None:
             self.refused += 1
         return refused
 
-    def _admission(self, samples: int) -> Overloaded | None:
-        return queue_full(self.model, self._shared.total(), samples, self.max_queue_size)
+    def _admission(self, samples: int, budget: float | None, waited: float, *, mode: int,
+                   held: bool = False) -> Overloaded | None:
+        """The adaptive policy's refusal where the request must wait (mode: Link.plan_admit's), then
+        the queue bound's."""
+        total = self._shared.total()
+        link = self.link
+        if self.budget is not None and (total > 0 or held or self._shared_running() >= self.interpreters):
+            target = self._target()
+            if target is not None and link is not None:
+                now = monotonic()
+                wait = link.plan_admit(target, now, total, samples, budget, waited, mode)
+                if wait is not None:
+                    if mode == 0:  # its arrival counts in the rate, as submit's refusals do
+                        link.plan_arrive(target, now, samples)
+                    return self._plan_refusal(wait, budget, held)
+        return queue_full(self.model, total, samples, self.max_queue_size)
+
+    def _target(self) -> Any:
+        targets = getattr(self._queue, "targets", None)
+        found = None if targets is None else targets.get(self.key)
+        return None if found is None else found[1]
+
+    def _shared_running(self) -> int:
+        running = getattr(self._shared, "running", 0)
+        return int(running)
+
+    def _plan_refusal(self, wait: float, budget: float | None, held: bool) -> Overloaded:
+        """The adaptive policy's refusal (`Batcher._policy_refusal`'s), Retry-After `wait` s."""
+        target, link = self._target(), self.link
+        rate = None if target is None or link is None else link.plan_rate(target)
+        return Overloaded(
+            f"model {self.model!r} cannot answer the request within its latency budget "
+            f"({self._shared.total()} samples queued, {self._shared_running()} of {self.interpreters} interpreters "
+            f"busy{', after a hold of its connection' if held else ''}); retry in {wait:.2f} s",
+            retry_after=wait, budget=budget if budget is not None else self.budget, rate=rate,
+        )
 
     def withdraw(self, future: asyncio.Future[dict[str, Tensor]]) -> None:
         """The caller stopped waiting: a request still queued in the pool leaves it."""

@@ -18,7 +18,7 @@ from ..batching.adaptive import AdaptivePolicy
 from ..batching.costmodel import contention, warmup
 from ..batching.join import JoinPlanner, measure_stages
 from ..batching.joining import Joining
-from ..batching.native import NativeBatcher
+from ..batching.native import NativeBatcher, PlanFeed
 from ..engine import ModelInfo, Pool
 from ..errors import ModelNotReady
 from ..inference import ModelSchema
@@ -50,6 +50,15 @@ async def make_policy(
         profile = await measure_stages(pool, info, min(4, max_batch_size))
         joining = Joining(pool, JoinPlanner(cost, profile), budget, benefit=batching.join_rule == "benefit")
     return policy, joining
+
+
+def no_join(joining: Joining | None) -> bool:
+    """Whether a model load's batches never join running ones: no layer joining, or joining under
+    the benefit rule on a curve, as warm-up measured it, on which no join can pay (the host's
+    batcher would run every batch whole). Such a load is served on the front loops, batched by
+    the policy in C, which does not join (the host's batcher decides joins, so a load that may
+    join is the host's loop's alone)."""
+    return joining is None or (joining.benefit and not joining.planner.may_pay())
 
 
 def queue_layout(fronts: int) -> tuple[int, int]:
@@ -102,6 +111,8 @@ class ModelHandle:
         self.traced: Batcher | None = None
         # `--loops`: what every loop queued of it (a _native.Counter laid out by queue_layout)
         self.queued: Any = None
+        # `--loops`, the adaptive policy: the policy in C that batches the fronts' requests in the pool
+        self.plan: PlanFeed | None = None
         self.pool: Pool | None = None  # the pool it is loaded in: readiness asks it which interpreters still serve
         self._labels: dict[str, list[str] | None] = {}  # output -> its class labels, read once per load
 
@@ -159,7 +170,8 @@ class ModelHandle:
             summary["latency_budget_ms"] = batching.latency_budget_ms
             summary["admission_reserve"] = batching.admission_reserve
         # the live policy state (adaptive: budget, arrival rate, the fitted cost model)
-        state = getattr(self.batcher.policy, "as_dict", None) if self.batcher is not None else None
+        state = self.plan.as_dict if self.plan is not None else \
+            getattr(self.batcher.policy, "as_dict", None) if self.batcher is not None else None
         if state is not None:
             policy: dict[str, Any] = state(time.monotonic())
             budget = policy.get("latency_budget_s")
@@ -173,7 +185,7 @@ class ModelHandle:
             out["stages"] = self.info.stages
         if self.batcher is not None and batching.policy == "adaptive":
             stats = self.batcher.stats()
-            summary["layer_join"] = "join" in stats
+            summary["layer_join"] = "join" in stats and self.plan is None
             summary["join_rule"] = batching.join_rule
             if "join" in stats:
                 summary["stage_profile"] = stats["join"]["stage_profile"]  # type: ignore[index]

@@ -35,6 +35,8 @@ import msgspec
 
 from .. import _native
 from ..batching import Batcher, FairScheduler
+from ..batching.adaptive import AdaptivePolicy
+from ..batching.native import PlanFeed
 from ..config import ServerSettings
 from ..engine import ModelSpec, Pool
 from ..engine.choose import close_probe
@@ -53,7 +55,16 @@ from ..repository import (
 from ..runtime.memory import pss
 from ..tracing import Tracer
 from .engines import resolve_engine
-from .models import READY, UNAVAILABLE, UNLOADING, ModelHandle, ModelRoutes, make_policy, queue_layout
+from .models import (
+    READY,
+    UNAVAILABLE,
+    UNLOADING,
+    ModelHandle,
+    ModelRoutes,
+    make_policy,
+    no_join,
+    queue_layout,
+)
 from .stats import BatchTotals, Metrics
 
 log = logging.getLogger("aserve.server")
@@ -536,6 +547,11 @@ class ModelRegistry:
             scheduler=self.schedulers[handle.engine], uniform=schema.uniform, cancel=pool.cancel,
             shared=handle.queued,
         )
+        if (self.queue_fronts and isinstance(policy, AdaptivePolicy) and no_join(joining)
+                and config.max_batch_size > 0 and not any(t.datatype == "BYTES" for t in (*info.inputs, *info.outputs))):
+            # the fronts' requests are batched in the pool by the policy in C, fed from here
+            handle.plan = PlanFeed(policy)
+            handle.plan.start()
         handle.pool = pool
         handle.batcher.tracer = self.tracer
         handle.state, handle.reason = READY, ""
@@ -570,6 +586,8 @@ class ModelRegistry:
             pool = self.pools.get(handle.engine)
             if pool is not None and handle.info is not None:
                 await pool.unload(handle.key, staggered=True)
+            if handle.plan is not None:
+                handle.plan.stop()
             log.info("model %s version %s unloaded (load %s)", handle.name, handle.version, handle.key)
         except Exception as e:  # noqa: BLE001 - one failed unload must not stop the manager
             log.error("model %s version %s: unloading failed: %s", handle.name, handle.version, e)
@@ -626,6 +644,9 @@ class ModelRegistry:
         end = None if timeout is None else loop.time() + timeout
         async with self._lock:
             batchers = [h.batcher for h in self.handles() if h.batcher is not None]
+            for h in self.handles():
+                if h.plan is not None:
+                    h.plan.stop()
             await asyncio.gather(*(b.close(timeout=timeout) for b in batchers), return_exceptions=True)
             if self._retiring:
                 await asyncio.gather(*self._retiring, return_exceptions=True)

@@ -7,7 +7,8 @@ the host's pools through a native `Link`, with no Python of the host's on the wa
 hands every other request to the host's loop over its channel (`server/channel.py`):
 admin, metadata, metrics, health, the repository, trace settings, a model loading, not
 ready or unknown. A connection whose request names a model only the host serves (its
-policy needs the host: adaptive) goes to the host's loop itself: from that request on
+batches join running ones at stage boundaries, which the host's batcher decides) goes to the
+host's loop itself: from that request on
 where it is the first thing read since the last answer, else once that request, handed
 over alone, is answered. The client cannot tell which loop answered.
 
@@ -158,7 +159,7 @@ class LinkEngine:
         self.models[m["key"]] = (m["pool"], m["mask"], names, datatypes, rows, counter)
         if counter is not None:
             self.targets[m["key"]] = (m["pool"], self.link.target(m["pool"], m["key"], m["mask"], names, datatypes, rows,
-                                                                  counter[0], counter[1][:4]))
+                                                                  counter[0], counter[1][:4], m.get("plan") or 0))
         self.pools.add(m["pool"])
 
     def remove(self, key: str) -> None:
@@ -279,11 +280,13 @@ def front_handle(m: dict[str, Any], plane: DataPlane, engine: LinkEngine, schedu
             cancel=engine.cancel, shared=queued, waiting=queued is not None,
         )
 
-    if queued is not None and settings.front_batching == "pool" and _rows(config, info) > 0:
+    adaptive = m.get("plan") is not None  # the policy in C the host publishes (batching/native.py, PlanFeed)
+    if queued is not None and (settings.front_batching == "pool" or adaptive) and _rows(config, info) > 0:
         handle.batcher = NativeBatcher(
             model=name, key=handle.key, queue=engine, max_batch_size=config.max_batch_size,
             max_queue_size=config.batching.max_queue_size, max_queue_delay=delay, shared=queued,
             slots=_native_slots(wait_slots(m["queued"][1], index)),
+            adaptive=(config.batching.latency_budget_ms / 1000.0, info.interpreters) if adaptive else None,
         )
         # the requests sampled for tracing (or carrying an unsampled caller's context): batched
         # among themselves by the same window rule, in batches that run with their context
@@ -360,7 +363,7 @@ class Front:
         self.http = HttpServer(Dispatcher(self.app, Router(self._routes())), limits, access_log=access_log)
         self.http.connections = _Connections(self._gone)
         self.http.give = self._give
-        self.hosts: frozenset[str] = frozenset()  # ready models only the host's loop serves (adaptive)
+        self.hosts: frozenset[str] = frozenset()  # ready models only the host's loop serves (layer joining)
         self.handles: dict[str, ModelHandle] = {}  # by key: those the host lists now
         self.retired: dict[str, ModelHandle] = {}  # no longer listed, not yet closed
         self.schedulers: dict[str, FairScheduler] = {}

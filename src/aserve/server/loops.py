@@ -389,9 +389,10 @@ def front_model(handle: ModelHandle, fronts: int) -> dict[str, Any]:
         "pool": pool.address, "mask": pool.mask_of(handle.key), "interpreters": pool.interpreters,
         "names": [s.name for s in handle.info.inputs], "datatypes": [s.datatype for s in handle.info.inputs],
         "queued": None if handle.queued is None else [handle.queued.address, fronts],
+        "plan": None if handle.plan is None else handle.plan.address,
     }
 
 
 def _servable(handle: Any) -> bool:
     return (handle.ready and handle.batcher is not None and handle.pool is not None and handle.info is not None
-            and handle.config.batching.policy == "window" and not handle.retired)
+            and (handle.config.batching.policy == "window" or handle.plan is not None) and not handle.retired)

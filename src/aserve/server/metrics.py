@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -371,8 +372,10 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
                 labels)
         _requests(out, labels, metrics.stats(handle.name, handle.version))
         if handle.batcher is not None:
-            _batcher(out, labels, _batcher_combined(handle.batcher.stats(),
-                                                    reported.get((handle.name, handle.version), ())))
+            stats = handle.batcher.stats()
+            if handle.plan is not None:  # the fronts' requests are batched by the policy in C
+                stats["policy"] = handle.plan.as_dict(time.monotonic())
+            _batcher(out, labels, _batcher_combined(stats, reported.get((handle.name, handle.version), ())))
     for engine in sorted(pools):
         for key, value in pools[engine].stats().items():
             number = _number(value)
