@@ -51,7 +51,32 @@ from ..tensor import Tensor
 from ..tracing import Resolved, Tracer
 from . import infer as infer_routes
 from .app import App
-from .channel import Channel
+from .channel import (
+    Answer,
+    AskCounts,
+    Asking,
+    Cancelled,
+    Channel,
+    Close,
+    Conn,
+    Counts,
+    Drain,
+    Exported,
+    Forward,
+    Gone,
+    GrpcCall,
+    Head,
+    Log,
+    Models,
+    Ready,
+    Relayed,
+    Retire,
+    Retired,
+    Spans,
+    Take,
+    ToFront,
+    Took,
+)
 from .connection import HttpServer, Limits
 from .http import Request, Response
 from .router import Dispatcher, Router
@@ -110,19 +135,20 @@ def _native_slots(slots: tuple[int, int, int, int]) -> tuple[int, int, int]:
     return slots[0], slots[1], slots[3]
 
 
-def _response(answer: dict[str, Any]) -> Response:
-    """The host's answer (Loops.answer's fields) as the front's response."""
-    response = Response(answer["status"], answer["body"], answer["headers"], close=answer["close"])
-    response.hold = answer["hold"]
-    response.budget = answer["budget"]
-    response.rate = answer["rate"]
+def _response(answer: Answer) -> Response:
+    """The host's answer as the front's response."""
+    assert answer.status is not None
+    response = Response(answer.status, answer.body, answer.headers, close=answer.close)
+    response.hold = answer.hold
+    response.budget = answer.budget
+    response.rate = answer.rate
     return response
 
 
-def _refuse_early(request: Request, head: asyncio.Future[dict[str, Any]]) -> None:
+def _refuse_early(request: Request, head: asyncio.Future[Answer]) -> None:
     """The host refused the request from its head while its body was still on the way: the
     refusal goes out now, and the body is dropped as it comes."""
-    if head.cancelled() or head.result()["status"] is None:
+    if head.cancelled() or head.result().status is None:
         return
     request.connection.answer_early(request, _response(head.result()))
 
@@ -325,7 +351,7 @@ _RECORD_FIELDS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "as
 class _ToHost(logging.Handler):
     """Sends the front's log records to the host, whose handlers write them."""
 
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: Channel[ToFront]) -> None:
         super().__init__()
         self.channel = channel
 
@@ -336,8 +362,7 @@ class _ToHost(logging.Handler):
                 text += "\n" + logging.Formatter().formatException(record.exc_info)
             extra = {k: v for k, v in record.__dict__.items()
                      if k not in _RECORD_FIELDS and isinstance(v, (str, int, float, bool))}
-            self.channel.send({"op": "log", "name": record.name, "level": record.levelno, "message": text,
-                               "extra": extra})
+            self.channel.send(Log(name=record.name, level=record.levelno, message=text, extra=extra))
         except Exception:  # noqa: BLE001 - logging must never fail the caller
             self.handleError(record)
 
@@ -368,10 +393,10 @@ class Front:
         self.retired: dict[str, ModelHandle] = {}  # no longer listed, not yet closed
         self.schedulers: dict[str, FairScheduler] = {}
         self.totals: dict[tuple[str, str], BatchTotals] = {}  # the batchers of loads retired, summed
-        self._asked: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._asked: dict[int, asyncio.Future[Any]] = {}
         self._next = 0
         self.engine: LinkEngine | None = None
-        self.channel: Channel | None = None
+        self.channel: Channel[ToFront] | None = None
 
     def _routes(self) -> list[Route]:
         """The route table with the front's handlers: its own infer path, the host for the rest."""
@@ -409,9 +434,9 @@ class Front:
             return  # its handler took it, or will, with its body; or its connection went to the host
         headers = request.headers
         length = None if "transfer-encoding" in headers else int(headers.get("content-length", "0"))
-        head = request.state = self._ask({"op": "head", "method": request.method, "target": request.target,
-                                          "version": request.version, "headers": headers, "remote": request.remote,
-                                          "received": request.received, "length": length})
+        head = request.state = self._ask(Head(method=request.method, target=request.target, version=request.version,
+                                              headers=headers, remote=request.remote, received=request.received,
+                                              length=length))
         head.add_done_callback(functools.partial(_refuse_early, request))
 
     def _infer(self, app: App, request: Request) -> Any:
@@ -423,36 +448,39 @@ class Front:
             return self._forward_admitted(state, app, request)
         return infer_routes.infer(app, request)
 
-    async def _forward_admitted(self, head: asyncio.Future[dict[str, Any]], app: App, request: Request) -> Response:
+    async def _forward_admitted(self, head: asyncio.Future[Answer], app: App, request: Request) -> Response:
         """The host's refusal from the request's head, or else its answer to the whole request."""
         answer = await head
-        if answer["status"] is not None:
+        if answer.status is not None:
             return _response(answer)
         return await self.forward(app, request)
 
-    def _ask(self, message: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
-        """Send the host `message` with a new id; the future of its answer."""
+    def _ask(self, message: Asking) -> asyncio.Future[Any]:
+        """Send the host `message` with a new id; the future of its answer (the message
+        that names that id: `Answer`, `Exported` or `Relayed`)."""
         channel = self.channel
         if channel is None:
             raise EngineError("the server is shutting down")
         self._next += 1
-        key = self._next
+        key = message.id = self._next
         future = self._asked[key] = asyncio.get_running_loop().create_future()
         future.add_done_callback(lambda _: self._asked.pop(key, None))
-        channel.send({**message, "id": key})
+        channel.send(message)
         return future
 
     async def forward(self, app: App, request: Request) -> Response:
         """The host's answer to a request (it runs the same checks and handler)."""
         body = request.body
-        return _response(await self._ask({
-            "op": "forward", "method": request.method, "target": request.target, "version": request.version,
-            "headers": request.headers, "body": body if isinstance(body, bytes) else bytes(body),
-            "remote": request.remote, "received": request.received, "whole": time.perf_counter()}))
+        answer: Answer = await self._ask(Forward(
+            method=request.method, target=request.target, version=request.version, headers=request.headers,
+            body=body if isinstance(body, bytes) else bytes(body), remote=request.remote, received=request.received,
+            whole=time.perf_counter()))
+        return _response(answer)
 
     async def _relay(self, name: str, raw: bytes, md: dict[str, str]) -> dict[str, Any]:
         """A gRPC method this loop does not answer itself, answered by the host's."""
-        return await self._ask({"op": "grpc", "name": name, "raw": raw, "metadata": md})
+        relayed: Relayed = await self._ask(GrpcCall(name=name, raw=raw, metadata=md))
+        return relayed.reply
 
     def _give(self, fd: int, data: bytes) -> None:
         """A connection goes to the host's loop (`Connection.hand_over`): its descriptor and the
@@ -460,22 +488,22 @@ class Front:
         if self.channel is None:
             os.close(fd)
             return
-        self.channel.send({"op": "take", "fd": fd, "data": data})
+        self.channel.send(Take(fd=fd, data=data))
 
     # ---- the host's messages ----
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
-        channel = self.channel = await Channel.open(socket.socket(fileno=self.fd))
+        channel: Channel[ToFront] = await Channel.open(socket.socket(fileno=self.fd), ToFront)
+        self.channel = channel
         logging.getLogger().handlers[:] = [_ToHost(channel)]
-        self.engine = LinkEngine(self.api, loop, lambda pool, job: channel.send({"op": "cancelled", "pool": pool,
-                                                                                   "job": job}))
+        self.engine = LinkEngine(self.api, loop, lambda pool, job: channel.send(Cancelled(pool=pool, job=job)))
         if self.grpc_port:  # gRPC on this loop too, on the port every loop shares
             from .grpc import GrpcFront  # only where gRPC is served
 
             self.grpc = GrpcFront(self.app, access_log=self.access_log, relay=self._relay)
             await self.grpc.start(self.settings.host, self.grpc_port, shared=True)
-        channel.send({"op": "ready", "index": self.index})
+        channel.send(Ready(index=self.index))
         closing: asyncio.Future[None] | None = None  # the host said close: answering what was accepted
         try:
             while True:
@@ -495,32 +523,32 @@ class Front:
                     else:
                         closing.cancel()
                     return
-                op = message["op"]
-                if op == "conn":
-                    sock = socket.socket(fileno=message["fd"])
-                    channel.send({"op": "took", "fd": message["fd"]})
-                    try:
-                        await loop.connect_accepted_socket(self.http, sock)
-                    except OSError:  # the client left before it was served
-                        sock.close()
-                        self._gone()
-                elif op == "answer":
-                    future = self._asked.get(message["id"])
-                    if future is not None and not future.done():
-                        future.set_result(message)
-                elif op == "models":
-                    self._models(message["models"], message["labels"])
-                    self._tracing(message["tracing"])
-                    self.hosts = frozenset(message["hosts"])
-                    self.app.policy.use_roots(message["roots"])
-                elif op == "retire":
-                    loop.create_task(self._retire(message["key"], message["id"]))
-                elif op == "stats":
-                    channel.send({"op": "stats", "id": message["id"], "data": self.stats()})
-                elif op == "drain":
-                    self.app.draining = True
-                elif op == "close":
-                    closing = closing or asyncio.ensure_future(self._close(message["timeout"]))
+                match message:
+                    case Conn(fd=fd):
+                        sock = socket.socket(fileno=fd)
+                        channel.send(Took(fd=fd))
+                        try:
+                            await loop.connect_accepted_socket(self.http, sock)
+                        except OSError:  # the client left before it was served
+                            sock.close()
+                            self._gone()
+                    case Answer() | Exported() | Relayed():
+                        future = self._asked.get(message.id)
+                        if future is not None and not future.done():
+                            future.set_result(message)
+                    case Models():
+                        self._models(message.models, message.labels)
+                        self._tracing(message.tracing)
+                        self.hosts = frozenset(message.hosts)
+                        self.app.policy.use_roots(message.roots)
+                    case Retire(key=key, id=ask):
+                        loop.create_task(self._retire(key, ask))
+                    case AskCounts(id=ask):
+                        channel.send(Counts(id=ask, data=self.stats()))
+                    case Drain():
+                        self.app.draining = True
+                    case Close(timeout=timeout):
+                        closing = closing or asyncio.ensure_future(self._close(timeout))
         finally:
             if closing is not None and not closing.done():
                 closing.cancel()
@@ -564,24 +592,24 @@ class Front:
         """The front tracer's export: the host's exporter sends the records; the future of how many."""
         exported: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
-        def answered(asked: asyncio.Future[dict[str, Any]]) -> None:
+        def answered(asked: asyncio.Future[Exported]) -> None:
             if exported.done():
                 return
             if asked.cancelled():
                 exported.cancel()
             elif asked.exception() is not None:
                 exported.set_exception(asked.exception())  # type: ignore[arg-type]
-            elif "error" in asked.result():
-                exported.set_exception(EngineError(asked.result()["error"]))
+            elif asked.result().error is not None:
+                exported.set_exception(EngineError(asked.result().error))
             else:
-                exported.set_result(asked.result()["exported"])
+                exported.set_result(asked.result().exported)
 
-        self._ask({"op": "spans", "payload": payload}).add_done_callback(answered)
+        self._ask(Spans(payload=payload)).add_done_callback(answered)
         return exported
 
     def _gone(self) -> None:
         if self.channel is not None:
-            self.channel.send({"op": "gone"})
+            self.channel.send(Gone())
 
     async def _close(self, timeout: float) -> None:
         """Answer what was accepted (within `timeout`), then stop."""
@@ -633,7 +661,7 @@ class Front:
             if self.engine is not None:
                 self.engine.remove(key)
             if self.channel is not None:
-                self.channel.send({"op": "retired", "id": ask})
+                self.channel.send(Retired(id=ask))
 
     def stats(self) -> dict[str, Any]:
         """What the front counted, for the host's metrics and statistics (added to its own)."""

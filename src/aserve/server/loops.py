@@ -29,7 +29,32 @@ import msgspec
 from .. import _native
 from ..dataplane.plane import Pending
 from ..engine import Pool
-from .channel import Channel
+from .channel import (
+    Answer,
+    AskCounts,
+    Asking,
+    Cancelled,
+    Channel,
+    Close,
+    Conn,
+    Counts,
+    Drain,
+    Exported,
+    Forward,
+    Gone,
+    GrpcCall,
+    Head,
+    Log,
+    Models,
+    Ready,
+    Relayed,
+    Retire,
+    Retired,
+    Spans,
+    Take,
+    ToHost,
+    Took,
+)
 from .http import Request
 
 if TYPE_CHECKING:
@@ -52,7 +77,7 @@ class FrontLoop:
     def __init__(self, index: int) -> None:
         self.index = index
         self.job: asyncio.Future[str] | None = None  # the front's life, as a job of the loops' pool
-        self.channel: Channel | None = None
+        self.channel: Channel[ToHost] | None = None
         self.ready = False
         self.connections = 0
         self.handed: set[int] = set()  # descriptors sent to it that it has not yet taken
@@ -135,50 +160,50 @@ class Loops:
         front.connections += 1
         fd = conn.detach()
         front.handed.add(fd)
-        front.channel.send({"op": "conn", "fd": fd})
+        front.channel.send(Conn(fd=fd))
         return True
 
     # ---- one front's channel ----
 
     async def _talk(self, front: FrontLoop, sock: socket.socket) -> None:
-        channel = front.channel = await Channel.open(sock)
+        channel: Channel[ToHost] = await Channel.open(sock, ToHost)
+        front.channel = channel
         try:
             while True:
                 message = await channel.receive()
-                if message is None:
-                    return
-                op = message["op"]
-                if op == "forward":
-                    self._spawn(self._answer(channel, message))
-                elif op == "head":
-                    self._head(channel, message)
-                elif op == "spans":
-                    self._spawn(self._export(channel, message))
-                elif op == "grpc":
-                    self._spawn(self._grpc(channel, message))
-                elif op == "log":
-                    logging.getLogger(message["name"]).log(message["level"], "%s", message["message"],
-                                                           extra=message["extra"])
-                elif op == "gone":
-                    front.connections -= 1
-                elif op == "cancelled":  # its running batch: given up with the host's own if it never returns
-                    for pool in self.server.plane.registry.pools.values():
-                        if pool.address == message["pool"]:
-                            pool.watch(message["job"])
-                elif op == "take":  # a connection whose requests go to a model only the host serves
-                    self.server.serve_here(socket.socket(fileno=message["fd"]), message["data"])
-                elif op == "took":
-                    front.handed.discard(message["fd"])
-                elif op in ("stats", "retired"):
-                    future = self._asked.get(message["id"])
-                    if future is not None and not future.done():
-                        future.set_result(message.get("data"))
-                elif op == "ready":
-                    channel.send(self._models())
-                    front.ready = True
-                    if self.serving == self.count:
-                        self._serving.set()
-                    log.info("loop %d serving", front.index)
+                match message:
+                    case None:
+                        return
+                    case Forward():
+                        self._spawn(self._answer(channel, message))
+                    case Head():
+                        self._head(channel, message)
+                    case Spans():
+                        self._spawn(self._export(channel, message))
+                    case GrpcCall():
+                        self._spawn(self._grpc(channel, message))
+                    case Log(name=name, level=level, message=text, extra=extra):
+                        logging.getLogger(name).log(level, "%s", text, extra=extra)
+                    case Gone():
+                        front.connections -= 1
+                    case Cancelled(pool=address, job=job):  # its running batch: given up with the host's own if it never returns
+                        for pool in self.server.plane.registry.pools.values():
+                            if pool.address == address:
+                                pool.watch(job)
+                    case Take(fd=fd, data=data):  # a connection whose requests go to a model only the host serves
+                        self.server.serve_here(socket.socket(fileno=fd), data)
+                    case Took(fd=fd):
+                        front.handed.discard(fd)
+                    case Counts(id=key, data=data):
+                        self._answered(key, data)
+                    case Retired(id=key):
+                        self._answered(key, None)
+                    case Ready():
+                        channel.send(self._models())
+                        front.ready = True
+                        if self.serving == self.count:
+                            self._serving.set()
+                        log.info("loop %d serving", front.index)
         finally:
             front.ready = False
             self._serving.clear()
@@ -224,12 +249,18 @@ class Loops:
         if not self.closing:
             self._start(front)
 
-    async def _answer(self, channel: Channel, message: dict[str, Any]) -> None:
+    def _answered(self, key: int, data: Any) -> None:
+        """A front's answer to the host's `_ask` number `key`."""
+        future = self._asked.get(key)
+        if future is not None and not future.done():
+            future.set_result(data)
+
+    async def _answer(self, channel: Channel[ToHost], message: Forward) -> None:
         """Answer a request a front handed over, with the host's router and handlers."""
         dispatcher = self.server.http.dispatcher
-        body = message["body"]
+        body = message.body
         request = _request(message)
-        request.whole = message["whole"]  # its duration counts from then: the hop to this loop included
+        request.whole = message.whole  # its duration counts from then: the hop to this loop included
         try:
             response: Any = dispatcher.head(request, len(body))
             if response is None:
@@ -237,43 +268,41 @@ class Loops:
                 pending = dispatcher.respond(request)
                 answer = await (pending.answer if isinstance(pending, Pending) else pending)
                 response = dispatcher.finish(request, answer)
-            out = _answer(message["id"], response)
+            out = _answer(message.id, response)
         except Exception as exc:  # noqa: BLE001 - every failure is an answer, as on a connection: the client never hangs
-            out = _answer(message["id"], dispatcher.failed(request, exc))
+            out = _answer(message.id, dispatcher.failed(request, exc))
         channel.send(out)
 
-    async def _export(self, channel: Channel, message: dict[str, Any]) -> None:
+    async def _export(self, channel: Channel[ToHost], message: Spans) -> None:
         """Send the spans a front recorded with the host's exporter; answer how many went."""
         try:
-            exported = await self.server.tracing.export(message["payload"])
-            out = {"op": "answer", "id": message["id"], "exported": int(exported)}
+            out = Exported(id=message.id, exported=int(await self.server.tracing.export(message.payload)))
         except Exception as exc:  # noqa: BLE001 - the front's tracer logs it and counts them dropped
-            out = {"op": "answer", "id": message["id"], "error": f"{type(exc).__name__}: {exc}"}
+            out = Exported(id=message.id, error=f"{type(exc).__name__}: {exc}")
         channel.send(out)
 
-    async def _grpc(self, channel: Channel, message: dict[str, Any]) -> None:
+    async def _grpc(self, channel: Channel[ToHost], message: GrpcCall) -> None:
         """Answer a gRPC method a front relayed (`GrpcFront.answer`)."""
         grpc = self.server.grpc
         assert grpc is not None  # a front serves gRPC only when the host reserved its port
         try:
-            out = await grpc.answer(message["name"], message["raw"], message["metadata"])
+            out = await grpc.answer(message.name, message.raw, message.metadata)
         except Exception as exc:  # noqa: BLE001 - the front's call fails, not the channel
             out = {"code": "INTERNAL", "message": f"{type(exc).__name__}: {exc}"}
-        channel.send({**out, "op": "answer", "id": message["id"]})
+        channel.send(Relayed(id=message.id, reply=out))
 
-    def _head(self, channel: Channel, message: dict[str, Any]) -> None:
+    def _head(self, channel: Channel[ToHost], message: Head) -> None:
         """The host's head checks on an infer request a front hands over once its body is in:
         a refusal now (status and all), or status None: the body may come."""
         dispatcher = self.server.http.dispatcher
         request = _request(message)
         try:
-            response = dispatcher.head(request, message["length"])
+            response = dispatcher.head(request, message.length)
             if response is None:
                 response = dispatcher.ahead(request)  # the front sends the head while the body is on the way
         except Exception as exc:  # noqa: BLE001 - a failure is the request's answer, not the channel's end
             response = dispatcher.failed(request, exc)
-        channel.send(_answer(message["id"], response) if response is not None else
-                     {"op": "answer", "id": message["id"], "status": None})
+        channel.send(_answer(message.id, response) if response is not None else Answer(id=message.id))
 
     # ---- what the fronts serve ----
 
@@ -291,7 +320,7 @@ class Loops:
             if front.ready and front.channel is not None:
                 front.channel.send(message)
 
-    def _models(self) -> dict[str, Any]:
+    def _models(self) -> Models:
         """The `models` message: every serving version of each model a front can serve whole
         (every version of it ready, window policy, a pool of the host's), and its labels."""
         registry = self.server.plane.registry
@@ -309,21 +338,20 @@ class Loops:
         tracer = self.server.plane.tracer
         tracing = tracer.settings() if tracer is not None else None  # each front samples as the host does
         roots = self.server.app.policy.redactor().roots  # model errors name paths as the host's do
-        return {"op": "models", "models": models, "labels": labels, "hosts": hosts, "tracing": tracing,
-                "roots": roots}
+        return Models(models=models, labels=labels, hosts=hosts, tracing=tracing, roots=list(roots))
 
     async def retire(self, key: str) -> None:
         """Before `key` is unloaded: every front answers what it queued of it."""
-        await asyncio.gather(*(self._ask(front, {"op": "retire", "key": key}) for front in self.fronts
-                               if front.ready))
+        await asyncio.gather(*(self._ask(front, Retire(key=key)) for front in self.fronts if front.ready))
 
-    async def _ask(self, front: FrontLoop, message: dict[str, Any], timeout: float | None = None) -> Any:
+    async def _ask(self, front: FrontLoop, message: Asking, timeout: float | None = None) -> Any:
+        """Send `message` numbered; the front's answer's data (None if it gave none in time)."""
         if front.channel is None:
             return None
         self._next += 1
-        key = self._next
+        key = message.id = self._next
         future = self._asked[key] = asyncio.get_running_loop().create_future()
-        front.channel.send({**message, "id": key})
+        front.channel.send(message)
         job = front.job
         try:
             waits = [future] if job is None else [future, job]  # a front that ends answers nothing
@@ -334,7 +362,7 @@ class Loops:
 
     async def stats(self) -> list[dict[str, Any]]:
         """Every serving front's counters."""
-        found = await asyncio.gather(*(self._ask(front, {"op": "stats"}, STATS_TIMEOUT_S) for front in self.fronts
+        found = await asyncio.gather(*(self._ask(front, AskCounts(), STATS_TIMEOUT_S) for front in self.fronts
                                        if front.ready))
         return [s for s in found if s is not None]
 
@@ -343,7 +371,7 @@ class Loops:
     def drain(self) -> None:
         for front in self.fronts:
             if front.channel is not None:
-                front.channel.send({"op": "drain"})
+                front.channel.send(Drain())
 
     async def close(self, timeout: float) -> None:
         """Every front answers what it accepted (within `timeout`) and stops."""
@@ -352,7 +380,7 @@ class Loops:
         jobs = []
         for front in self.fronts:
             if front.channel is not None:
-                front.channel.send({"op": "close", "timeout": timeout})
+                front.channel.send(Close(timeout=timeout))
             if front.job is not None:
                 jobs.append(front.job)
         if jobs:
@@ -363,18 +391,18 @@ class Loops:
             await self.pool.close(timeout=1.0)
 
 
-def _request(message: dict[str, Any]) -> Request:
-    """The request a front's `forward` or `head` message describes (its body apart)."""
-    return Request(message["method"], message["target"], message["version"], message["headers"],
-                   received=message["received"], remote=message["remote"])
+def _request(message: Forward | Head) -> Request:
+    """The request a front's `Forward` or `Head` describes (its body apart)."""
+    return Request(message.method, message.target, message.version, message.headers, received=message.received,
+                   remote=message.remote)
 
 
-def _answer(key: int, response: Any) -> dict[str, Any]:
-    """The `answer` message of a response to a front's request `key`."""
-    return {"op": "answer", "id": key, "status": response.status, "headers": response.headers,
-            "body": b"".join(bytes(c) for c in response.chunks), "close": response.close,
-            "hold": getattr(response, "hold", 0.0), "budget": getattr(response, "budget", None),
-            "rate": getattr(response, "rate", None)}
+def _answer(key: int, response: Any) -> Answer:
+    """The `Answer` of a response to a front's request `key`."""
+    return Answer(id=key, status=response.status, headers=response.headers,
+                  body=b"".join(bytes(c) for c in response.chunks), close=response.close,
+                  hold=getattr(response, "hold", 0.0), budget=getattr(response, "budget", None),
+                  rate=getattr(response, "rate", None))
 
 
 def front_model(handle: ModelHandle, fronts: int) -> dict[str, Any]:
