@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from ..dataplane.queries import check_unload, load_override
 from ..errors import InvalidInput
 from ..protocol import messages as m
 from ..tracing import Tracer
@@ -51,22 +52,7 @@ async def repository_load(app: App, request: Request) -> Response:
     `parameters.config` (a JSON string or object of config.toml fields) is laid over
     its config.toml until the next load."""
     name = request.params["model"]
-    parameters = _parameters(_json_body(request, "load request"), "load request")
-    files = sorted(k for k in parameters if k.startswith("file:"))
-    if files:
-        raise InvalidInput(f"parameters.{files[0]}: model files in the request are not taken; put them in the "
-                           f"repository folder {name}/ and load it")
-    unknown = sorted(set(parameters) - {"config"})
-    if unknown:
-        raise InvalidInput(f"parameters.{unknown[0]}: unknown load parameter; expected config")
-    override = parameters.get("config")
-    if isinstance(override, str):
-        try:
-            override = msgspec.json.decode(override) if override.strip() else None
-        except msgspec.DecodeError as e:
-            raise InvalidInput(f"parameters.config: malformed JSON: {e}") from None
-    if override is not None and not isinstance(override, dict):
-        raise InvalidInput(f"parameters.config: expected a JSON object of config.toml fields, got {override!r}")
+    override = load_override(name, _parameters(_json_body(request, "load request"), "load request"))
     await app.plane.load(name, override)
     return message(request, m.EmptyResponse())
 
@@ -74,10 +60,7 @@ async def repository_load(app: App, request: Request) -> Response:
 async def repository_unload(app: App, request: Request) -> Response:
     """POST /v2/repository/models/{model}/unload: stop serving every version of a model
     once the requests it accepted are answered; it stays unloaded until loaded again."""
-    parameters = _parameters(_json_body(request, "unload request"), "unload request")
-    unknown = sorted(set(parameters) - {"unload_dependents"})
-    if unknown:
-        raise InvalidInput(f"parameters.{unknown[0]}: unknown unload parameter; expected unload_dependents")
+    check_unload(_parameters(_json_body(request, "unload request"), "unload request"))
     await app.plane.unload(request.params["model"])
     return message(request, m.EmptyResponse())
 

@@ -9,6 +9,7 @@ import msgspec
 
 from .. import __version__
 from ..dataplane import ModelHandle
+from ..dataplane.queries import serving_versions, tensors
 from ..dataplane.stats import statistics
 from ..errors import AserveError
 from ..protocol import messages as m
@@ -59,14 +60,12 @@ def _tensor_metadata(specs: Any) -> list[TensorMetadata]:
 
 async def model_metadata(app: App, request: Request) -> Response:
     handle = _handle(app, request)
-    inputs = handle.info.inputs if handle.info else handle.config.input_specs
-    outputs = handle.info.outputs if handle.info else handle.config.output_specs
-    routes = app.plane.registry.routes[handle.name]
+    inputs, outputs = tensors(handle)
     parameters = app.policy.redactor().value(handle.parameters())
-    parameters["labels"] = dict(routes.labels)
+    parameters["labels"] = dict(app.plane.registry.routes[handle.name].labels)
     return message(request, m.ModelMetadataResponse(
         name=handle.name,
-        versions=list(routes.versions),  # the versions serving now
+        versions=serving_versions(app.plane, handle),
         platform="aserve",
         inputs=_tensor_metadata(inputs),
         outputs=_tensor_metadata(outputs),

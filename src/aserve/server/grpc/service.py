@@ -34,6 +34,7 @@ from google.protobuf.message import DecodeError
 from grpc._cython import cygrpc
 
 from ... import __version__
+from ...dataplane.queries import check_unload, load_override, serving_versions, tensors
 from ...dataplane.stats import statistics
 from ...errors import AserveError, InvalidInput, ModelNotFound
 from ...inference import InferCall
@@ -229,11 +230,9 @@ class Methods:
 
     async def model_metadata(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
         handle = self.plane.model(request.name, request.version or None)
-        inputs = handle.info.inputs if handle.info else handle.config.input_specs
-        outputs = handle.info.outputs if handle.info else handle.config.output_specs
-        routes = self.plane.registry.routes[handle.name]
+        inputs, outputs = tensors(handle)
         return protos.ModelMetadataResponse(
-            name=handle.name, versions=list(routes.versions), platform="aserve",
+            name=handle.name, versions=serving_versions(self.plane, handle), platform="aserve",
             inputs=[{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in inputs],
             outputs=[{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in outputs],
         )
@@ -243,8 +242,7 @@ class Methods:
         handle = self.plane.model(request.name, request.version or None)
         config = handle.config
         batch = config.max_batch_size
-        inputs = handle.info.inputs if handle.info else config.input_specs
-        outputs = handle.info.outputs if handle.info else config.output_specs
+        inputs, outputs = tensors(handle)
 
         def dims(shape: Any) -> list[int]:
             return list(shape[1:] if batch > 0 and shape else shape)
@@ -286,33 +284,16 @@ class Methods:
     async def repository_load(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
         """Load or reload a model; parameter `config` (a JSON object of config.toml fields, as a
         string or bytes) is laid over its config.toml until the next load."""
-        override: Any = None
-        for key, value in request.parameters.items():
-            given = getattr(value, value.WhichOneof("parameter_choice") or "string_param")
-            if key.startswith("file:"):
-                raise InvalidInput(f"parameters.{key}: model files in the request are not taken; put them in the "
-                                   f"repository folder {request.model_name}/ and load it")
-            if key != "config":
-                raise InvalidInput(f"parameters.{key}: unknown load parameter; expected config")
-            if isinstance(given, bytes):
-                given = given.decode("utf-8", "replace")
-            if not isinstance(given, str):
-                raise InvalidInput(f"parameters.config: expected a string_param holding a JSON object, got {given!r}")
-            try:
-                override = msgspec.json.decode(given) if given.strip() else None
-            except msgspec.DecodeError as e:
-                raise InvalidInput(f"parameters.config: malformed JSON: {e}") from None
-            if override is not None and not isinstance(override, dict):
-                raise InvalidInput(f"parameters.config: expected a JSON object of config.toml fields, got {override!r}")
+        parameters = {key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+                      for key, value in request.parameters.items()}
+        override = load_override(request.model_name, parameters)
         if not request.model_name:
             raise InvalidInput("model_name: expected the name of a model folder in the repository, got ''")
         await self.plane.load(request.model_name, override)
         return protos.RepositoryModelLoadResponse()
 
     async def repository_unload(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
-        unknown = sorted(set(request.parameters) - {"unload_dependents"})
-        if unknown:
-            raise InvalidInput(f"parameters.{unknown[0]}: unknown unload parameter; expected unload_dependents")
+        check_unload(request.parameters)
         await self.plane.unload(request.model_name)
         return protos.RepositoryModelUnloadResponse()
 
