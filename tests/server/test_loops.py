@@ -865,6 +865,50 @@ async def test_a_forwarded_requests_duration_counts_the_hop_to_the_host(start_se
     assert value(text, "aserve_inference_request_duration_us_sum", **labels) >= 150_000
 
 
+def _answer_while_held(fd: int, target: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    """GET `target` on the connection `fd` and read its answer without yielding to this
+    thread's event loop (the host's, in these tests): only a front can answer it."""
+    import select
+
+    os.write(fd, f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    data = b""
+    end = time.monotonic() + timeout
+    while True:
+        head, sep, body = data.partition(b"\r\n\r\n")
+        if sep:
+            lines = head.split(b"\r\n")
+            fields = dict(line.split(b": ", 1) for line in lines[1:])
+            if len(body) >= int(fields[b"Content-Length"]):
+                return int(lines[0].split()[1]), body
+        left = end - time.monotonic()
+        assert left > 0, f"no answer to {target} within {timeout} s while the host's loop is held"
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 65536)
+            assert chunk, f"the connection closed before {target} was answered"
+            data += chunk
+
+
+async def test_a_front_answers_liveness_the_servers_metadata_and_the_api_document_itself(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
+    """What no state of the host's decides is answered by the front that read it: while the
+    host's loop is held, a front's connection still gets liveness, the server's metadata, the
+    OpenAPI document and its page (readiness, model metadata and the rest stay the host's)."""
+    server, url, reader, writer = await on_a_front(start_server, tmp_path / "repo")
+    fd = writer.transport.get_extra_info("socket").fileno()
+    try:
+        status, body = _answer_while_held(fd, "/v2/health/live")
+        assert status == 200 and json.loads(body) == {"live": True}
+        status, body = _answer_while_held(fd, "/v2")
+        assert status == 200 and json.loads(body)["name"] == "aserve"
+        status, body = _answer_while_held(fd, "/v2/openapi.json")
+        assert status == 200 and "/v2/health/live" in json.loads(body)["paths"]
+        status, body = _answer_while_held(fd, "/v2/docs")
+        assert status == 200 and b"swagger-ui" in body
+    finally:
+        writer.close()
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/v2/health/ready") as r:
+        assert r.status == 200  # the host's, as before
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="holding threads to one CPU needs two")
 async def test_only_a_server_without_front_loops_holds_its_threads_to_the_loops_cpu(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
     # front loops queue jobs in the host's pools that the host's loop does not see, so it

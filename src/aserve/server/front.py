@@ -50,6 +50,7 @@ from ..repository.scan import VersionSource
 from ..tensor import Tensor
 from ..tracing import Resolved, Tracer
 from . import infer as infer_routes
+from . import openapi
 from .app import App
 from .channel import (
     Answer,
@@ -99,6 +100,9 @@ def main(config: str) -> None:
 
 
 _HOSTS = "hosts"  # an infer request's state: the host answers it
+# routes a front answers itself, with the host's handlers: liveness (a front that answers is a
+# live process), the server's metadata, the OpenAPI document and its page
+ANSWERED_HERE = frozenset({"live", "server_metadata", "openapi", "docs"})
 
 
 # A model's queue Counter (its address) and the slots a front's batches count in while they
@@ -380,6 +384,7 @@ class Front:
         root.setLevel(settings.log_level.upper())
         self.plane = DataPlane(settings.repository or ".", settings)  # its routes are the host's (`models`)
         self.app = App(self.plane, settings)
+        self.app.openapi = msgspec.json.encode(openapi.document(ROUTES))  # served here (`ANSWERED_HERE`)
         access_log = self.access_log = AccessLogger(logging.getLogger("aserve.access")) if settings.access_log else None
         self.grpc_port: int = cfg.get("grpc_port") or 0  # the port the host reserved for the loops' gRPC servers
         self.grpc: Any = None  # server/grpc GrpcFront, while it serves gRPC
@@ -399,11 +404,15 @@ class Front:
         self.channel: Channel[ToFront] | None = None
 
     def _routes(self) -> list[Route]:
-        """The route table with the front's handlers: its own infer path, the host for the rest."""
+        """The route table with the front's handlers: its own infer path, the routes whose
+        answer no state of the host's decides (`ANSWERED_HERE`) as the host answers them, the
+        host for the rest."""
         out = []
         for route in ROUTES:
             if route.codec is not None:
                 out.append(route._replace(head=self._prepare, handler=self._infer))
+            elif route.operation in ANSWERED_HERE or route.handler is openapi.static_files:
+                out.append(route)
             else:
                 out.append(route._replace(head=None, handler=self.forward))
         return out
