@@ -892,7 +892,7 @@ async def test_a_front_answers_liveness_the_servers_metadata_and_the_api_documen
     """What no state of the host's decides is answered by the front that read it: while the
     host's loop is held, a front's connection still gets liveness, the server's metadata, the
     OpenAPI document and its page (readiness, model metadata and the rest stay the host's)."""
-    server, url, reader, writer = await on_a_front(start_server, tmp_path / "repo")
+    _, url, _, writer = await on_a_front(start_server, tmp_path / "repo")
     fd = writer.transport.get_extra_info("socket").fileno()
     try:
         status, body = _answer_while_held(fd, "/v2/health/live")
