@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from aserve.server import connection as connection_module
+from aserve.server import pacing as pacing_module
 from aserve.server.app import HttpStats
 from aserve.server.connection import HttpServer, Limits
 from aserve.server.errors import ErrorPolicy
@@ -153,7 +153,7 @@ async def test_many_held_connections_hold_longer_together(monkeypatch: pytest.Mo
     # waits at least 2 x 3 / 20 s (less the random half): longer than its 20 ms budget allows.
     # What its client sent meanwhile counts the hold as waited (refused for it, here), and
     # that refusal holds nothing: the request sent after it is read at once, as it comes
-    monkeypatch.setattr(connection_module, "HELD_REFUSALS_PER_S", 20.0)
+    monkeypatch.setattr(pacing_module, "HELD_REFUSALS_PER_S", 20.0)
     dispatcher = Refusing(hold=0.001, budget=0.02)
     http, listener, port = await serve(dispatcher)
     conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]

@@ -36,14 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import fcntl
 import logging
 import os
-import random
 import re
 import socket
-import struct
-import termios
 import time
 import zlib
 from collections.abc import Callable
@@ -60,6 +56,7 @@ from ..inference import Answer
 from .errors import error_response, from_exception
 from .http import CONTINUE, Request, Response, encode
 from .infer import judged_again
+from .pacing import Pacing
 from .router import Dispatcher, too_large
 
 log = logging.getLogger("aserve.server")
@@ -77,10 +74,6 @@ INFLATE_FREE = 1 << 20  # inflated bytes that --max-inflate-ratio does not count
 OVER_LIMIT_WAIT_S = 1.0  # longest a connection over --max-connections waits for the request its 503 answers
 CLOSE_GRACE_S = 1.0  # after a closing answer, how long the client may go on sending before the close
 READS_BEGAN_STALE_S = 1.0  # no iteration of a serving loop reads for that long
-HOLD_MAX_S = 1.0  # longest a connection refused for overload reads nothing (Retry-After says at least 1 s)
-HELD_REFUSALS_PER_S = 800.0  # refusals a loop's held connections may take together per second (holds lengthen to keep to it)
-# ... and at most this many times the requests per second the refused model admits, where its policy measures that
-HELD_PER_ADMITTED = 2.0
 # answers from the head after which the connection closes rather than read the body on the way
 _CLOSING = frozenset({401, 403, 413})
 _METHODS = {m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")}
@@ -169,7 +162,7 @@ class HttpServer:
         # Content-Encoding or Expect) -> (what `heads` holds, version, keep-alive, body length):
         # a read that holds it and a body of that length is one request, read without llhttp
         self.raw_heads: Bounded[bytes, tuple[Any, ...]] = Bounded(256)
-        self.held = 0  # connections held after a refusal for overload (`Connection._hold`)
+        self.held = 0  # connections held after a refusal for overload (`Pacing.hold`)
         # where a connection goes that another loop serves from its next request on
         # (`Connection.hand_over`): (a duplicate of its descriptor, the reads that hold the request)
         self.give: Callable[[int, bytes], None] | None = None
@@ -252,15 +245,10 @@ class Connection(asyncio.Protocol):
         self._free_since = 0.0  # loop time the connection last finished an answer (or opened)
         self._eof = False
         self._discard = False  # nothing more is read on this connection: its last answers are owed
-        self._held = False  # reads nothing for a while after a refusal for overload (Response.hold)
-        self._held_until = 0.0  # loop time the hold ends
-        self._held_from = 0.0  # time.monotonic() the hold began
-        self._hold_counts = False  # the request read after the hold counts the hold as waited
-        self._hold_spends = False  # the hold is longer than half the budget of the refusal that set it
-        self._sent_by = 0.0  # time.monotonic() the next request was sent by, at the latest (0: unknown)
+        # holds after refusals for overload of a client that does not wait as told (pacing.py)
+        self.pacing = Pacing(server, self.loop, pause=lambda: self._read(False), resume=self._held_ended,
+                             transport=lambda: self.transport)
         self._held_over = False  # the request being read waited out a hold: Request.held
-        self._refusals = 0  # early refusals that held the connection, less one per answer since
-        self._told_until = 0.0  # time.monotonic() before which the last refusal asked the client not to retry
         self._task: asyncio.Future[Any] | Pending | None = None  # the answer of the request being served
         self._serving: Request | None = None
         self._began = 0.0
@@ -390,22 +378,14 @@ class Connection(asyncio.Protocol):
         if start <= KNOWN_HEAD_BYTES and data.find(b"\r\n\r\n", 0, start) == start - 4:
             self.server.raw_heads.remember(data[:start], (known, request.version, request.keep_alive, request.size))
 
-    def _sent(self) -> tuple[float, bool]:
-        """When the request now read was sent, at the latest, and whether it waited out a hold of
-        the connection unread (`_unhold`): then the hold's start, which counts against its budget;
-        else when the loop's iteration began reading (`HttpServer.reads_began`). Whoever makes the
-        request of it consumes `_sent_by`."""
-        sent_by = self._sent_by
-        return (sent_by, True) if sent_by else (self.server.reads_began(self.loop), False)
-
     def _read_known(self, known: tuple[Any, ...], data: bytes, start: int) -> None:
         """A read of one request whose head, byte for byte, a read held before with a body of
         the same length and nothing else (`_learn`): what llhttp's callbacks make of it, made
         without llhttp (which stays between requests), then answered as any request."""
         (headers, method_name, target, route, params, _, _), version, keep_alive, _ = known
         self._heads_read += 1
-        received, held = self._sent()
-        self._sent_by = 0.0
+        received, held = self.pacing.sent()
+        self.pacing.took()
         request = Request(method_name, target, version, headers, keep_alive=keep_alive, received=received,
                           remote=self.remote)
         request.held = held
@@ -491,9 +471,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closing = True
-        if self._held:
-            self._held = False
-            self.server.held -= 1
+        self.pacing.lost()
         self.transport = None
         self._cancel_timer()
         if self.counted:
@@ -525,8 +503,8 @@ class Connection(asyncio.Protocol):
         self._head = True
         self._head_bytes = 0
         self._head_began = self._now
-        self._received, self._held_over = self._sent()
-        self._sent_by = 0.0
+        self._received, self._held_over = self.pacing.sent()
+        self.pacing.took()
 
     def on_url(self, url: bytes) -> None:
         """The request target, or a piece of it."""
@@ -778,19 +756,19 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         if self._give_idle and not queue and not self.busy and self._current is None and not self._head \
-                and not self._held and not self._eof and self._gives_now():
+                and not self.pacing.held and not self._eof and self._gives_now():
             return
         if queue:
             if self._eof and not self.busy and not (queue[0].complete or queue[0].answer is not None):
                 self.close()  # the client sends no more, and what it sent is answered
                 return
             waiting = sum(r.kept for r in queue) - (0 if self.busy else queue[0].kept)
-            self._read(not self.paused and not self._discard and not self._held and len(queue) <= MAX_WAITING
+            self._read(not self.paused and not self._discard and not self.pacing.held and len(queue) <= MAX_WAITING
                        and waiting <= PIPELINE_LIMIT)
         elif self._eof and not self.busy:
             self.close()
             return
-        elif not self.reading and not self.paused and not self._discard and not self._held:
+        elif not self.reading and not self.paused and not self._discard and not self.pacing.held:
             self._read(True)
         if self._timer is None or self._head or self._current is not None or (queue and not queue[0].complete):
             self._arm()  # an idle connection's timer is armed already, and checks again when it fires
@@ -827,11 +805,11 @@ class Connection(asyncio.Protocol):
             return False
         began = time.perf_counter() if self.server.access_log is not None else 0.0
         handle, call = refused.state
-        received, held = self._sent()
+        received, held = self.pacing.sent()
         refusal = self.dispatcher.app.plane.refuse_again(call, handle, received=received, held=held)
         if refusal is None:
             return False
-        self._sent_by = 0.0
+        self.pacing.took()
         request = Request(refused.method, refused.target, refused.version, refused.headers,
                           keep_alive=refused.keep_alive, received=received, remote=self.remote)
         request.route, request.params, request.state, request.raw = refused.route, refused.params, refused.state, \
@@ -899,92 +877,13 @@ class Connection(asyncio.Protocol):
                 server.access_log.log(request, response.status, sent, time.perf_counter() - began if began else 0.0)
         if close:
             self._close_gracefully()
-        elif type(response) is Response and response.hold > 0:
-            self._refused(request, response)
-        elif self._refusals:
-            self._refusals -= 1  # one admitted does not mean the next will be: the hold shrinks a step
+        else:
+            self.pacing.answered(request, response)
 
-    def _refused(self, request: Request, response: Response) -> None:
-        """A refusal for overload was sent. If the client sent this request before the last
-        refusal's Retry-After had passed, it does not wait as told: the connection reads
-        nothing for the time the server expects to need before it can admit one, twice as
-        long for each such refusal, one step less for each answer since (to HOLD_MAX_S),
-        less a random part: many such clients come back spread out, about as fast as the
-        server admits them, and refusing them does not take the CPU the batches need. A
-        client that waits as told is never held.
-
-        A hold is at least as long as keeps the refusals of every held connection of the loop
-        within HELD_REFUSALS_PER_S together, and, where the refusal says how many requests a
-        second the model admits while overloaded (`Response.rate`, the adaptive policy's), within
-        HELD_PER_ADMITTED times that: held clients together come back about as often as the
-        model can take one, the rest of their sending being refusals that take the CPU the
-        batches need. A refusal for a latency budget holds at most
-        half that budget where that rate allows, and the request the client sent meanwhile
-        then counts the hold as time it waited (`_unhold`): admitted, it is answered within
-        its budget as its client sees it. Where so many clients send early that the rate
-        needs holds past half the budget, the hold counts too: what waited it out is refused
-        for that wait unless the queue is short enough, and that refusal holds nothing (its
-        client did not send it early: the hold kept it), so the client's next request is
-        judged as it comes. Such holds are twice as long, the two refusals of each within the
-        rate. What is admitted is answered within its budget as its client sees it either way."""
-        early = request.received < self._told_until
-        self._told_until = time.monotonic() + int(response.headers.get("Retry-After", "1"))
-        if not early:
-            self._refusals = 0
-            return
-        if self._hold_spends and request.held:
-            return  # it waited out a hold longer than half its budget (`_unhold` counted it): not sent early
-        self._refusals += 1
-        # the held connections' refusals together stay within HELD_REFUSALS_PER_S, and within
-        # HELD_PER_ADMITTED x the requests the model admits per second where the refusal says that
-        rate = HELD_REFUSALS_PER_S if response.rate is None else \
-            min(HELD_REFUSALS_PER_S, max(HELD_PER_ADMITTED * response.rate, 1.0))
-        shortest = min(HOLD_MAX_S, (self.server.held + 1) / rate)
-        budget = response.budget
-        longest = HOLD_MAX_S if budget is None else min(HOLD_MAX_S, max(budget / 2, shortest))
-        hold = min(longest, max(shortest, response.hold * (1 << min(self._refusals - 1, 16))))
-        self._hold_spends = budget is not None and hold > budget / 2
-        if self._hold_spends:
-            # what the client sends meanwhile is likely refused for its wait, then its next comes at once
-            hold = min(HOLD_MAX_S, max(hold, 2 * shortest))
-        self._hold(hold * (0.5 + 0.5 * random.random()), counts=budget is not None)
-
-    def _hold(self, seconds: float, *, counts: bool = False) -> None:
-        """Read nothing for `seconds` (what was read already is still answered in order).
-        `counts`: a request sent meanwhile counts the hold as time it waited."""
-        until = self.loop.time() + seconds
-        if self._held and until <= self._held_until:
-            return
-        self._held_until = until
-        if not self._held:
-            self._held = True
-            self.server.held += 1
-            self._held_from = time.monotonic()
-            self._read(False)
-        self._hold_counts = counts
-        self.loop.call_at(until, self._unhold)
-
-    def _unhold(self) -> None:
-        if not self._held or self.loop.time() < self._held_until - 0.001:
-            return  # a later hold goes on: its own call ends it
-        self._held = False
-        self.server.held -= 1
-        if self._hold_counts and self._unread():
-            self._sent_by = self._held_from  # sent during the hold (no earlier than the refusal)
+    def _held_ended(self) -> None:
+        """A hold of the connection ended (pacing.py): it reads again."""
         if not self.closing:
             self._advance()
-
-    def _unread(self) -> bool:
-        """Whether bytes the client sent wait in the socket, not yet read."""
-        transport = self.transport
-        sock = transport.get_extra_info("socket") if transport is not None else None
-        if sock is None:
-            return False
-        try:
-            pending = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
-        except (OSError, ValueError):
-            return False
-        return bool(struct.unpack("i", pending)[0])
 
     # ---- refusals ----
 

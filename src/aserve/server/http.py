@@ -73,7 +73,7 @@ class Response:
     """What a handler answers: a status, headers (Content-Type among them) and a body of
     buffers; `close`: the connection closes after it; `hold`: for a refusal for overload,
     the seconds the server expects to wait before it can admit a request (the connection
-    holds a client that does not wait as told: `Connection._refused`), `budget`: the
+    holds a client that does not wait as told: `Pacing._refused`, pacing.py), `budget`: the
     latency budget (seconds) it was refused for, when that was the reason, and `rate`: the
     requests per second the model admits while overloaded, where its policy measures it."""
 
