@@ -128,6 +128,12 @@ static int link_infer(as_link *l, pool_t *p, const char *key, uint64_t mask, siz
         wait_count(j, 1);
     }
     j->run_slot = -1;
+    if (window == NULL && wait != NULL && wait->counter != NULL && wait->plan != NULL) {
+        as_counter_hold(wait->counter);
+        j->held = wait->counter;
+        as_plan_hold(wait->plan);
+        j->plan = wait->plan;
+    }
     if (window != NULL) {
         as_counter_hold(wait->counter);
         j->held = wait->counter;

@@ -35,6 +35,9 @@ typedef struct as_wait {
     void *counter;
     int slots[3];
     int64_t samples, requests;
+    /* a batch (not a native request) of a model with the adaptive policy: while it runs, the
+     * policy counts it in flight and the Counter in the model's running batches; or NULL */
+    as_plan *plan;
 } as_wait;
 
 /* A request the pool batches itself (pool_coalesce.c, the window rule): its batch may wait

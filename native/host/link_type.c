@@ -175,12 +175,13 @@ static PyObject *link_infer(linkobj *self, PyObject *args, PyObject *kw)
         return NULL;
     as_wait wait = {0};
     if (waiting != Py_None) {
-        unsigned long long counter;
+        unsigned long long counter, plan = 0;
         long long samples, requests;
-        if (!PyArg_ParseTuple(waiting, "K(iii)LL;Link.infer: waiting must be (counter, (samples slot, requests "
-                              "slot, batches slot), samples, requests)",
-                              &counter, &wait.slots[0], &wait.slots[1], &wait.slots[2], &samples, &requests))
+        if (!PyArg_ParseTuple(waiting, "K(iii)LL|K;Link.infer: waiting must be (counter, (samples slot, requests "
+                              "slot, batches slot), samples, requests[, plan])",
+                              &counter, &wait.slots[0], &wait.slots[1], &wait.slots[2], &samples, &requests, &plan))
             return NULL;
+        wait.plan = (as_plan *)(uintptr_t)plan;
         if (counter == 0 || counter % 64 != 0)
             return PyErr_Format(PyExc_ValueError, "Link.infer: waiting: %#llx is not a counter's address", counter);
         int n = as_counter_slots((void *)(uintptr_t)counter);

@@ -410,6 +410,13 @@ static double fill_by(const as_plan *pl, double now, const as_pending *queue, in
     return latest;
 }
 
+void as_plan_dispatched(as_plan *pl, double now, int64_t samples)
+{
+    pthread_mutex_lock(&pl->mu);
+    dispatched(pl, now, samples);
+    pthread_mutex_unlock(&pl->mu);
+}
+
 static int dispatch(as_plan *pl, double now, int take, int64_t samples)
 {
     dispatched(pl, now, samples);

@@ -86,6 +86,10 @@ int as_plan_publish(as_plan *pl, const double *predict, int n, int64_t max_batch
 int as_plan_decide(as_plan *pl, double now, const as_pending *queue, int n, int idle, int running,
                    int64_t max_batch_size, double *wake_at);
 
+/* A batch of `samples` that the policy did not decide (a front's traced batch) started at `now`:
+ * it is in flight until as_plan_finish, as a batch as_plan_decide chose would be. */
+void as_plan_dispatched(as_plan *pl, double now, int64_t samples);
+
 /* AdaptivePolicy.admit: NAN to admit, else a Retry-After in seconds. budget NAN: the policy's.
  * count 0: asked from a request's head, nothing counted. */
 double as_plan_admit(as_plan *pl, double now, int64_t queued_samples, int64_t samples, double budget, double waited,

@@ -396,6 +396,10 @@ static void *worker_main(void *arg)
                 as_pool_coalesce(p, j, w->index); /* other fronts' jobs of its model join it */
             if (j->native)
                 as_pool_lead(j);
+            else if (j->plan != NULL) { /* a batch the model's adaptive policy did not choose: it counts it all the same */
+                as_pool_lead(j);
+                as_plan_dispatched(j->plan, (double)w->since / 1e9, j->led_rows);
+            }
             if (j->inputs != NULL && j->parts == NULL)
                 j->inputs->refs++; /* the interpreter's, given back with inputs_released */
             if (j->job.join != NULL)

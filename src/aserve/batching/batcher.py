@@ -153,6 +153,9 @@ class Batcher:
         self._refuses: Callable[..., float | None] | None = getattr(policy, "refuses", None)
         # admission_rate() -> requests/s it admits while overloaded, which its refusals carry
         self._rate: Callable[[], float] | None = getattr(policy, "admission_rate", None)
+        # a policy that sees more of the model than this batcher (every loop's queue and batches)
+        # is asked about every request, and decides itself which must wait
+        self._asks: bool = getattr(policy, "asks_always", False)
         # the policy's own latency budget, which its refusals name when the request has none
         self._budget: float | None = getattr(policy, "latency_budget_s", None)
         self._queue: collections.deque[Request] = collections.deque()
@@ -312,7 +315,7 @@ class Batcher:
             return None
         now = self._clock()
         waited = max(0.0, waited)
-        asked = self._admit is not None and (self._queue or held or self._running >= self.interpreters)
+        asked = self._admit is not None and (self._queue or held or self._running >= self.interpreters or self._asks)
         refuses = self._refuses
         counted = False  # the policy counted the arrival itself
         refused = None
@@ -340,7 +343,7 @@ class Batcher:
         past max_queue_size, always. `ahead`: asked before the request is known
         (`refuse_ahead`), so the policy counts nothing."""
         admit = self._admit
-        if admit is not None and (self._queue or held or self._running >= self.interpreters):
+        if admit is not None and (self._queue or held or self._running >= self.interpreters or self._asks):
             if ahead:
                 wait = admit(now, self._queued_samples, samples, budget, waited, count=False)
             else:

@@ -117,6 +117,63 @@ class PlanFeed:
         }
 
 
+class PlanAdmission(WindowPolicy):
+    """The window rule with a model's adaptive admission: the policy of a front's `traced`
+    batcher of a model the pool batches by its Plan. Its requests (sampled for tracing, or
+    carrying a caller's context) run in batches of their own, which the pool counts in the
+    Plan's batches in flight and the model's running ones (`Link.infer` with the plan), and are
+    admitted, refused and counted in the arrival rate by the same Plan as the model's other
+    requests. It is asked about every request (`asks_always`): one must wait when any loop has
+    requests of the model queued or its batches run on every interpreter (`shared`: the model's
+    Counter), as `FrontQueue.submit` judges."""
+
+    asks_always = True
+
+    def __init__(self, *, max_queue_delay: float, latency_budget_s: float, interpreters: int, link: Any,
+                 target: Callable[[], Any], shared: Any) -> None:
+        super().__init__(max_queue_delay=max_queue_delay)
+        self.latency_budget_s = latency_budget_s  # what a refusal names when the request has none
+        self._interpreters = interpreters
+        self._link = link
+        self._target = target
+        self._shared = shared
+
+    def admit(self, now: float, queued_samples: int, samples: int, budget: float | None, waited: float, /, *,
+              count: bool = True) -> float | None:
+        target = self._target()
+        if target is None:
+            return None
+        total = int(self._shared.total())
+        if total > 0 or int(self._shared.running) >= self._interpreters:
+            wait: float | None = self._link.plan_admit(target, now, total, samples, budget, waited,
+                                                       1 if count else 0)
+            return wait
+        if count:
+            self._link.plan_arrive(target, now, samples)
+        return None
+
+    def refuses(self, now: float, queued_samples: int, samples: int, budget: float | None,
+                waited: float) -> float | None:
+        target = self._target()
+        if target is None:
+            return None
+        total = int(self._shared.total())
+        if total > 0 or int(self._shared.running) >= self._interpreters:
+            wait: float | None = self._link.plan_admit(target, now, total, samples, budget, waited, 2)
+            return wait
+        return None
+
+    def arrive(self, now: float, samples: int) -> None:
+        target = self._target()
+        if target is not None:
+            self._link.plan_arrive(target, now, samples)
+
+    def admission_rate(self) -> float | None:
+        target = self._target()
+        rate: float | None = None if target is None else self._link.plan_rate(target)
+        return rate
+
+
 class NativeQueue(Protocol):
     """Where a NativeBatcher queues its requests (a front's LinkEngine)."""
 

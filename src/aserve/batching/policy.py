@@ -17,6 +17,10 @@ before its body is read, with `count=False`: the same answer, nothing counted (s
 `Batcher.refuse_ahead`); the policy then has an `arrive(now, samples)` that counts the
 arrival of a request refused there, as `admit` counts every request it is asked about.
 
+A policy with `asks_always` true is asked about every request, not only those that must
+wait by what the batcher sees: it sees the model's whole queue and batches (a front's
+`PlanAdmission`, batching/native.py) and judges which must wait itself.
+
 `idle` is how many more batches of this model may start now (the model's
 interpreters minus `running`, its batches in flight); the batcher never calls
 `decide` with an empty queue.

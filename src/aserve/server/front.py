@@ -35,7 +35,7 @@ import msgspec
 
 from .. import _native
 from ..batching import Batcher, FairScheduler
-from ..batching.native import NativeBatcher, NativeDone
+from ..batching.native import NativeBatcher, NativeDone, PlanAdmission
 from ..batching.policy import WindowPolicy
 from ..config import ServerSettings
 from ..dataplane import DataPlane
@@ -100,6 +100,8 @@ def main(config: str) -> None:
 
 
 _HOSTS = "hosts"  # an infer request's state: the host answers it
+# a `traced` batcher's counts, any of which it reports once it is not zero (batching/batcher.py, stats)
+_TRACED_SHOWN = ("requests", "running_batches", "queued_requests", "refused", "timed_out")
 # routes a front answers itself, with the host's handlers: liveness (a front that answers is a
 # live process), the server's metadata, the OpenAPI document and its page
 ANSWERED_HERE = frozenset({"live", "server_metadata", "openapi", "docs"})
@@ -170,6 +172,8 @@ class LinkEngine:
         self.models: dict[str, tuple[int, int, tuple[str, ...], tuple[str, ...], int, Waiting | None]] = {}
         # a model batched in the pool (`request`): its pool's address and what the Link read of it once
         self.targets: dict[str, tuple[int, Any]] = {}
+        # a model with the adaptive policy: its Plan's address, which counts its batches run here
+        self.plans: dict[str, int] = {}
         self.pools: set[int] = set()  # the addresses of every pool a model it was given runs on
         loop.add_reader(self.link.fileno(), self._drain)
 
@@ -190,12 +194,15 @@ class LinkEngine:
         if counter is not None:
             self.targets[m["key"]] = (m["pool"], self.link.target(m["pool"], m["key"], m["mask"], names, datatypes, rows,
                                                                   counter[0], counter[1][:4], m.get("plan") or 0))
+        if m.get("plan"):
+            self.plans[m["key"]] = m["plan"]
         self.pools.add(m["pool"])
 
     def remove(self, key: str) -> None:
         """The model version `key` is no longer run here."""
         self.models.pop(key, None)
         self.targets.pop(key, None)
+        self.plans.pop(key, None)
 
     def run(self, model: str, inputs: Sequence[Any], done: Done, /, *, trace: bool | str = False,
             context: str | None = None, waiting: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -208,7 +215,8 @@ class LinkEngine:
         if found is None:
             raise ModelNotFound(f"model {model!r} is not loaded")
         pool, mask, names, datatypes, max_rows, counter = found
-        counted = None if counter is None or waiting is None else (counter[0], counter[1][:3], *waiting)
+        counted = None if counter is None or waiting is None else \
+            (counter[0], counter[1][:3], *waiting, self.plans.get(model, 0))
         traced = bool(trace)
         header = trace if isinstance(trace, str) else context
         job: int = self.link.infer(pool, model, mask, names, datatypes, list(inputs),
@@ -302,24 +310,30 @@ def front_handle(m: dict[str, Any], plane: DataPlane, engine: LinkEngine, schedu
         scheduler = schedulers[kind] = FairScheduler(m["interpreters"])
     queued = _shared(m["queued"], index)
     delay = config.batching.max_queue_delay_ms / 1000.0
+    adaptive = m.get("plan") is not None  # the policy in C the host publishes (batching/native.py, PlanFeed)
+    budget = config.batching.latency_budget_ms / 1000.0
+
     def window() -> Batcher:
+        policy = WindowPolicy(max_queue_delay=delay) if not adaptive or queued is None else PlanAdmission(
+            max_queue_delay=delay, latency_budget_s=budget, interpreters=info.interpreters, link=engine.link,
+            shared=queued, target=lambda: (engine.targets.get(handle.key) or (None, None))[1])
         return Batcher(
-            model=name, key=handle.key, run=engine.run, policy=WindowPolicy(max_queue_delay=delay),
+            model=name, key=handle.key, run=engine.run, policy=policy,
             max_batch_size=config.max_batch_size, interpreters=info.interpreters,
             max_queue_size=config.batching.max_queue_size, scheduler=scheduler, uniform=schema.uniform,
             cancel=engine.cancel, shared=queued, waiting=queued is not None,
         )
 
-    adaptive = m.get("plan") is not None  # the policy in C the host publishes (batching/native.py, PlanFeed)
     if queued is not None and (settings.front_batching == "pool" or adaptive) and _rows(config, info) > 0:
         handle.batcher = NativeBatcher(
             model=name, key=handle.key, queue=engine, max_batch_size=config.max_batch_size,
             max_queue_size=config.batching.max_queue_size, max_queue_delay=delay, shared=queued,
             slots=_native_slots(wait_slots(m["queued"][1], index)),
-            adaptive=(config.batching.latency_budget_ms / 1000.0, info.interpreters) if adaptive else None,
+            adaptive=(budget, info.interpreters) if adaptive else None,
         )
         # the requests sampled for tracing (or carrying an unsampled caller's context): batched
-        # among themselves by the same window rule, in batches that run with their context
+        # among themselves by the window rule, in batches that run with their context (a model
+        # with the adaptive policy admits them by its Plan, which counts their batches too)
         handle.traced = window()
     else:
         handle.batcher = window()
@@ -680,9 +694,9 @@ class Front:
             entry = self.engine.models.get(handle.key) if self.engine is not None else None
             waiting = entry[5] if entry is not None else None
             for batcher in handle.batchers():
-                if batcher is handle.traced and not batcher.requests:
-                    continue
                 stats = batcher.stats()
+                if batcher is handle.traced and not any(stats.get(k) for k in _TRACED_SHOWN):
+                    continue  # it never took a request: nothing of it to add
                 if waiting is not None and isinstance(batcher, Batcher):
                     stats = _with_waiting(stats, handle.queued, waiting[1])
                 models.append({"name": handle.name, "version": handle.version, "batcher": stats,
