@@ -9,12 +9,15 @@
  * output memory. That memory goes back to the interpreter when the last of those jobs'
  * buffers is gone (a shared owner, counted under p->mu).
  *
- * Only fronts' jobs (link != NULL) that say how many rows a batch may hold (max_rows,
- * set by the front for a model that batches and has no BYTES tensor), are not traced and
- * carry no caller's context (job.text) coalesce; two coalesce when every input has the same datatype and the same shape but
- * for the first (batch) dimension. If the batch fails, or an output's first dimension is
- * not the batch's rows, each job runs again alone: a request that makes the model fail
- * fails only its own job, as the batcher's retry makes it fail only itself.
+ * Only fronts' jobs (link != NULL) that say how many rows a batch may hold (max_rows, set
+ * by the front for a model that batches), are not traced and carry no caller's context
+ * (job.text) coalesce; two coalesce when every input has the same datatype and the same
+ * shape but for the first (batch) dimension. BYTES tensors coalesce too: their layout (each
+ * element a 4-byte length, then its bytes) has no header, so the rows of several jobs
+ * concatenate, and a BYTES output is sliced where the elements of each job's rows end. If
+ * the batch fails, or an output's first dimension is not the batch's rows (or a BYTES
+ * output's elements do not fill them), each job runs again alone: a request that makes the
+ * model fail fails only its own job, as the batcher's retry makes it fail only itself.
  *
  * Native requests (hjob.native: Link.infer with a window) are one request each: every
  * front queues its requests here, so one queue per model holds every loop's, and they
@@ -248,22 +251,66 @@ static void run_each(pool_t *p, worker_t *w, hjob *j)
     }
 }
 
+/* The byte offset at which each of `parts` jobs' rows begin in BYTES tensor t (V2's binary
+ * layout: each element a 4-byte little-endian length, then its bytes), and its end at
+ * starts[parts]: found by walking the elements, `per` to a row. 0 when the elements do not
+ * fill `total` rows exactly. */
+static int bytes_starts(const as_tensor *t, const hjob *j, int64_t total, int64_t per, size_t *starts)
+{
+    const unsigned char *data = t->data;
+    size_t at = 0, nbytes = t->nbytes;
+    int part = 0;
+    for (const hjob *k = j; k != NULL; k = k->part_next) {
+        starts[part++] = at;
+        for (int64_t e = rows_of(k) * per; e > 0; e--) {
+            if (nbytes - at < 4)
+                return 0;
+            uint32_t len = (uint32_t)data[at] | (uint32_t)data[at + 1] << 8 | (uint32_t)data[at + 2] << 16 |
+                           (uint32_t)data[at + 3] << 24;
+            at += 4;
+            if (nbytes - at < len)
+                return 0;
+            at += len;
+        }
+    }
+    starts[part] = at;
+    (void)total;
+    return at == nbytes;
+}
+
 /* Give each job its rows of every output; 0 (nothing given) when an output cannot be sliced. */
 static int slice(pool_t *p, worker_t *w, hjob *j, as_job *batch, int64_t total)
 {
     size_t n = batch->n_outputs;
-    for (size_t i = 0; i < n; i++) {
-        const as_tensor *t = &batch->outputs[i];
-        if (t->ndim < 1 || t->shape[0] != total || strcmp(t->datatype, "BYTES") == 0 ||
-            (total > 0 && t->nbytes % (size_t)total != 0))
-            return 0;
-    }
     int parts = 0;
     for (hjob *k = j; k != NULL; k = k->part_next)
         parts++;
-    shared_owner_t *so = malloc(sizeof *so);
-    if (so == NULL)
+    /* BYTES outputs: where each job's rows begin (`parts` + 1 offsets per output), else NULL */
+    size_t **starts = calloc(n ? n : 1, sizeof(size_t *));
+    if (starts == NULL)
         return 0;
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i++) {
+        const as_tensor *t = &batch->outputs[i];
+        if (t->ndim < 1 || t->shape[0] != total) {
+            ok = 0;
+        } else if (strcmp(t->datatype, "BYTES") == 0) {
+            int64_t per = 1;
+            for (int d = 1; d < t->ndim; d++)
+                per *= t->shape[d];
+            starts[i] = malloc(sizeof(size_t) * (size_t)(parts + 1));
+            ok = starts[i] != NULL && bytes_starts(t, j, total, per, starts[i]);
+        } else if (total > 0 && t->nbytes % (size_t)total != 0) {
+            ok = 0;
+        }
+    }
+    shared_owner_t *so = ok ? malloc(sizeof *so) : NULL;
+    if (so == NULL) {
+        for (size_t i = 0; i < n; i++)
+            free(starts[i]);
+        free(starts);
+        return 0;
+    }
     /* every job's outputs first, so that a failed allocation leaves no job half done */
     for (hjob *k = j; k != NULL; k = k->part_next) {
         k->job.outputs = calloc(n ? n : 1, sizeof(as_tensor));
@@ -281,17 +328,23 @@ static int slice(pool_t *p, worker_t *w, hjob *j, as_job *batch, int64_t total)
     so->worker = w->index;
     so->refs = parts;
     int64_t offset = 0;
-    for (hjob *k = j; k != NULL; k = k->part_next) {
+    int part = 0;
+    for (hjob *k = j; k != NULL; k = k->part_next, part++) {
         int64_t rows = rows_of(k);
         for (size_t i = 0; i < n; i++) {
             const as_tensor *t = &batch->outputs[i];
             as_tensor *o = &k->job.outputs[i];
-            size_t row = total > 0 ? t->nbytes / (size_t)total : 0;
             o->ndim = t->ndim;
             memcpy(o->shape, t->shape, sizeof o->shape);
             o->shape[0] = rows;
-            o->data = (char *)t->data + (size_t)offset * row;
-            o->nbytes = (size_t)rows * row;
+            if (starts[i] != NULL) {
+                o->data = (char *)t->data + starts[i][part];
+                o->nbytes = starts[i][part + 1] - starts[i][part];
+            } else {
+                size_t row = total > 0 ? t->nbytes / (size_t)total : 0;
+                o->data = (char *)t->data + (size_t)offset * row;
+                o->nbytes = (size_t)rows * row;
+            }
             o->readonly = t->readonly;
         }
         offset += rows;
@@ -300,11 +353,17 @@ static int slice(pool_t *p, worker_t *w, hjob *j, as_job *batch, int64_t total)
         k->worker = w->index;
         k->job.failed = 0;
     }
+    for (size_t i = 0; i < n; i++)
+        free(starts[i]);
+    free(starts);
     (void)p;
     return 1;
 no_memory:
     for (hjob *k = j; k != NULL; k = k->part_next)
         free_outputs(&k->job);
+    for (size_t i = 0; i < n; i++)
+        free(starts[i]);
+    free(starts);
     free(so);
     return 0;
 }

@@ -667,6 +667,108 @@ async def test_batches_of_different_loops_run_as_one(start_server, tmp_path: pat
 
 
 
+# BYTES in and out: each text and its upper case twice (a row of two elements of different
+# lengths), its length, and the rows of the batch it ran in; "hold" holds the batch until the
+# file `gate` exists; "fail" fails it
+BYTES_GATE_MODEL = '''
+import os
+import time
+from array import array
+from aserve.runtime import Model, TensorSpec
+
+class Words(Model):
+    inputs = [TensorSpec("TEXT", "BYTES", (-1,))]
+    outputs = [TensorSpec("PAIR", "BYTES", (-1, 2)), TensorSpec("LEN", "FP32", (-1, 1)),
+               TensorSpec("ROWS", "FP32", (-1, 1))]
+
+    def load(self):
+        self.gate = self.parameters["gate"]
+
+    def __call__(self, inputs):
+        texts = [bytes(t).decode() for t in inputs["TEXT"]]
+        if "hold" in texts:
+            end = time.monotonic() + 60
+            while not os.path.exists(self.gate) and time.monotonic() < end:
+                time.sleep(0.001)
+        if "fail" in texts:
+            raise ValueError("'fail' is not served")
+        return {"PAIR": [[t, t.upper() * 2] for t in texts], "LEN": array("f", [len(t) for t in texts]),
+                "ROWS": array("f", [len(texts)] * len(texts))}
+'''
+
+BYTES_GATE_CONFIG = '''
+interpreters = 1
+max_batch_size = 8
+[[inputs]]
+name = "TEXT"
+datatype = "BYTES"
+shape = [-1]
+[[outputs]]
+name = "PAIR"
+datatype = "BYTES"
+shape = [-1, 2]
+[[outputs]]
+name = "LEN"
+datatype = "FP32"
+shape = [-1, 1]
+[[outputs]]
+name = "ROWS"
+datatype = "FP32"
+shape = [-1, 1]
+[parameters]
+gate = "{gate}"
+'''
+
+
+async def words_call(session: aiohttp.ClientSession, url: str, texts: list[str]) -> tuple[int, dict[str, object]]:
+    body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]}
+    async with session.post(f"{url}/v2/models/words/infer", json=body) as r:
+        answer = await r.json()
+        if r.status != 200:
+            return r.status, answer
+        return r.status, {o["name"]: o["data"] for o in answer["outputs"]}
+
+
+async def test_requests_with_bytes_tensors_of_different_loops_run_as_one_batch(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
+    """BYTES rows are gathered in the pool like any others: texts of two loops run in one batch
+    and each request gets its own rows of a BYTES output whose rows hold elements of different
+    lengths; a request that makes the batch fail fails alone."""
+    gate = tmp_path / "gate"
+    repo = write_repository(tmp_path / "repo", {"words": (BYTES_GATE_MODEL, BYTES_GATE_CONFIG.format(gate=gate))})
+    server, url = await start_server(repo, loops=3)
+    pool = server.plane.model("words").pool
+    sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) for _ in range(3)]
+    try:
+        for s in sessions:  # one connection each, handed to loops 0, 1 and 2 in turn
+            assert (await words_call(s, url, ["a"]))[0] == 200
+        assert [f.connections for f in server.loops.fronts] == [1, 1, 1]
+        before = pool.stats()["coalesced"]
+
+        async def phase(first: list[str], second: list[str]) -> list[tuple[int, dict[str, object]]]:
+            held = asyncio.ensure_future(words_call(sessions[2], url, ["hold"]))  # loop 2 holds the interpreter
+            await until(lambda: pool.stats()["busy"] == 1, what="the held batch runs")
+            calls = [asyncio.ensure_future(words_call(sessions[0], url, first)),
+                     asyncio.ensure_future(words_call(sessions[1], url, second))]
+            await until(lambda: pool.stats()["queued"] == 2, what="a request of loop 0 and one of loop 1 wait")
+            gate.touch()
+            answers = await asyncio.gather(*calls)
+            assert (await held)[0] == 200
+            gate.unlink()
+            return answers
+
+        # one batch of three rows, sliced: each request gets its own rows of it
+        (s0, a0), (s1, a1) = await phase(["ab", "cde"], ["fghij"])
+        assert (s0, a0) == (200, {"PAIR": ["ab", "ABAB", "cde", "CDECDE"], "LEN": [2.0, 3.0], "ROWS": [3.0, 3.0]})
+        assert (s1, a1) == (200, {"PAIR": ["fghij", "FGHIJFGHIJ"], "LEN": [5.0], "ROWS": [3.0]})
+        assert pool.stats()["coalesced"] - before == 2
+        # the batch fails: each request runs again alone, and only the culprit fails
+        (s0, a0), (s1, a1) = await phase(["fail"], ["ok"])
+        assert s0 == 500 and "'fail' is not served" in str(a0["error"])
+        assert (s1, a1) == (200, {"PAIR": ["ok", "OKOK"], "LEN": [2.0], "ROWS": [1.0]})
+    finally:
+        for s in sessions:
+            await s.close()
+
 async def test_a_request_the_host_refuses_from_its_head_is_answered_before_its_body(looped) -> None:  # type: ignore[no-untyped-def]
     """A front hands an infer request it does not serve to the host; the host's head checks
     run as soon as the head arrives, so its refusal (here: no such model) comes before the

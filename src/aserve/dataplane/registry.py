@@ -547,8 +547,7 @@ class ModelRegistry:
             scheduler=self.schedulers[handle.engine], uniform=schema.uniform, cancel=pool.cancel,
             shared=handle.queued,
         )
-        if (self.queue_fronts and isinstance(policy, AdaptivePolicy) and no_join(joining)
-                and config.max_batch_size > 0 and not any(t.datatype == "BYTES" for t in (*info.inputs, *info.outputs))):
+        if self.queue_fronts and isinstance(policy, AdaptivePolicy) and no_join(joining) and config.max_batch_size > 0:
             # the fronts' requests are batched in the pool by the policy in C, fed from here
             handle.plan = PlanFeed(policy)
             handle.plan.start()

@@ -129,10 +129,8 @@ def _with_waiting(stats: dict[str, Any], queued: _native.Counter, slots: tuple[i
 
 
 def _rows(config: ModelConfig, info: ModelInfo) -> int:
-    """The most rows a batch of the model gathered in the pool may hold: its max_batch_size when
-    rows can be sliced apart (no BYTES tensor), else 0 (never gathered there)."""
-    if any(t.datatype == "BYTES" for t in (*info.inputs, *info.outputs)):
-        return 0
+    """The most rows a batch of the model gathered in the pool may hold: its max_batch_size (0:
+    it does not batch, and is never gathered there). BYTES rows are sliced apart in C too."""
     return config.max_batch_size
 
 
