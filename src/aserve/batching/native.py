@@ -1,24 +1,27 @@
-"""A front's model whose requests are batched in the pool, by the window rule in C.
+"""A front's model whose requests are batched in the pool, by the window rule or the
+adaptive policy, in C.
 
 Every front loop queues each request of such a model on the pool's shared queue as it
 comes (`Link.request`), so the requests of every loop wait in one queue per
-model and join the same batches: a worker takes one when the window rule says its batch
-may start (full, nothing of the model running, its window closed, or its deadline near:
-`WindowPolicy`'s rule, `_native.window_rule`), gathers the queued requests that fit,
-copies their inputs into one block, runs the model once and gives each request its rows
-(native/host/pool_coalesce.c). A completion goes to the loop that queued the request.
+model and join the same batches: a worker takes one when the model's policy says its batch
+may start, gathers the queued requests it chose, copies their inputs into one block, runs
+the model once and gives each request its rows (native/host/pool_coalesce.c). The window
+rule (full, nothing of the model running, its window closed, or its deadline near:
+`WindowPolicy`'s rule, `_native.window_rule`) or, for a model with the adaptive policy, its
+`_native.Plan` (native/host/plan.c: `AdaptivePolicy`'s rules over the cost curve the host
+fits and publishes, `PlanFeed`). A completion goes to the loop that queued the request.
 
 What stays on the request's own loop: admission (`max_queue_size` over every loop, the
-model's `_native.Counter`), the deadline (one timer per model, at the earliest deadline;
+model's `_native.Counter`, and the Plan's where the model has one), the deadline (one timer per model, at the earliest deadline;
 a request still queued when it passes is cancelled in the pool), withdrawal, and the
 counts its statistics read. Per request that is C (`_native.FrontQueue`,
 native/host/front_queue.c: submit, the flush once per loop iteration, the completion);
 the timer, withdrawal and closing are here. The batch's leader reports the batch (its
 rows and run time), so every batch is counted once, by the loop whose request led it.
 
-`Batcher` stays the reference: the host's loop runs it, with the adaptive policy and
-layer joining, which no front serves; a front runs it beside this queue for its requests
-that are traced or carry a caller's context (`ModelHandle.traced`).
+`Batcher` stays the reference: the host's loop runs it (with layer joining, which no front
+serves), and a front runs it beside this queue for its requests that are traced or carry a
+caller's context (`ModelHandle.traced`; `PlanAdmission` where the model has a Plan).
 """
 
 from __future__ import annotations
