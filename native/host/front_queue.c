@@ -2,7 +2,8 @@
  * shared queue (batching/native.py: NativeBatcher is its Python subclass).
  *
  * Per request, on the loop that took it (submit): admission over the model's count shared
- * by every loop, the deadline's place in a heap, a FrontRequest, and a future. Once per
+ * by every loop (first the adaptive policy's, for a model with one: its plan, asked through
+ * the Link with the host's code), the deadline's place in a heap, a FrontRequest, and a future. Once per
  * loop iteration (flush) the requests taken in since go to the pool's queue together
  * (Link.request through as_link_request, or a queue object's request() where there is no
  * Link). The Link's drain calls each request's FrontRequest, which counts the batch it led
