@@ -11,8 +11,9 @@
  * Who calls whom: pool_type.c calls pool.c, pool_join.c and pool_cancel.c; pool_cancel.c
  * calls pool.c and pool_join.c; pool.c calls pool_join.c and pool_coalesce.c, which calls
  * back into pool.c only to give a finished batch's output memory back (as_pool_give_back);
- * pool_join.c calls none of them. The fronts' side (link.c, through the Link API) calls
- * pool.c and pool_cancel.c. pool_type.c never takes p->mu. The queue and wake-up helpers
+ * pool_join.c calls none of them. pool.c and pool_coalesce.c call plan.c (a model's adaptive
+ * policy, plan.h: its own lock, taken under p->mu, never the other way). The fronts' side
+ * (link.c, through the Link API) calls pool.c, pool_cancel.c and plan.c. pool_type.c never takes p->mu. The queue and wake-up helpers
  * are inline here because the worker loop runs them on every job.
  */
 #ifndef ASERVE_HOST_POOL_H
