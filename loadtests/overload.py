@@ -773,6 +773,8 @@ async def run(args: argparse.Namespace, round_index: int = 0) -> dict[str, Any]:
                         searched = await budget_capacity(client, top, args.budget_ms, args.budget_seconds,
                                                          args.budget_steps, args.seed)
                         print(f"# {name}: within budget {json.dumps(searched)}", file=sys.stderr, flush=True)
+                    # the probes above answered requests too: the server's counts of the drive start here
+                    probed = await within_budget_by_server(session, server.url, args.budget_ms * 1e3)
                     loop = asyncio.get_running_loop()
                     start = loop.time()
                     before, own_before = server.pss_mb(), server.own_mb()
@@ -792,7 +794,8 @@ async def run(args: argparse.Namespace, round_index: int = 0) -> dict[str, Any]:
                         watch.cancel()
                         client.close()
                     await split
-                    counts = await within_budget_by_server(session, server.url, args.budget_ms * 1e3)
+                    answered, in_budget = await within_budget_by_server(session, server.url, args.budget_ms * 1e3)
+                    counts = (answered - probed[0], in_budget - probed[1])
                     results["policies"][name] = summary(tally, sent, seconds, args.budget_ms, counts, start)
                     results["policies"][name]["pss_mb"] = {
                         "before": round(before, 1), "peak": round(max(peak), 1), "after": round(server.pss_mb(), 1)}

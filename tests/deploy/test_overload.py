@@ -34,6 +34,8 @@ async def test_overload_refuses_with_retry_after_and_nothing_else() -> None:
     assert adaptive["refused_503_with_retry_after"] == adaptive["refused_503"]
     assert adaptive["other_5xx"] == 0 and adaptive["other_failures"] == {}, adaptive
     assert adaptive["ok"] > 0 and adaptive["ok"] + adaptive["refused_503"] == adaptive["sent"], adaptive
+    for r in result["policies"].values():  # the server counts the drive's answers, not the capacity probe's
+        assert r["server_ok"] == r["ok"], r
     # latency from the send is part of latency from the scheduled arrival; the client's own delay is reported
     assert adaptive["admitted_from_send_p99_ms"] <= adaptive["admitted_p99_ms"], adaptive
     assert adaptive["client_send_lag_p99_ms"] >= 0.0 and 0.0 <= adaptive["within_budget_from_send"] <= 1.0, adaptive
