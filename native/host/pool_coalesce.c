@@ -254,8 +254,8 @@ static void run_each(pool_t *p, worker_t *w, hjob *j)
 /* The byte offset at which each of `parts` jobs' rows begin in BYTES tensor t (V2's binary
  * layout: each element a 4-byte little-endian length, then its bytes), and its end at
  * starts[parts]: found by walking the elements, `per` to a row. 0 when the elements do not
- * fill `total` rows exactly. */
-static int bytes_starts(const as_tensor *t, const hjob *j, int64_t total, int64_t per, size_t *starts)
+ * fill the jobs' rows exactly. */
+static int bytes_starts(const as_tensor *t, const hjob *j, int64_t per, size_t *starts)
 {
     const unsigned char *data = t->data;
     size_t at = 0, nbytes = t->nbytes;
@@ -274,7 +274,6 @@ static int bytes_starts(const as_tensor *t, const hjob *j, int64_t total, int64_
         }
     }
     starts[part] = at;
-    (void)total;
     return at == nbytes;
 }
 
@@ -299,7 +298,7 @@ static int slice(pool_t *p, worker_t *w, hjob *j, as_job *batch, int64_t total)
             for (int d = 1; d < t->ndim; d++)
                 per *= t->shape[d];
             starts[i] = malloc(sizeof(size_t) * (size_t)(parts + 1));
-            ok = starts[i] != NULL && bytes_starts(t, j, total, per, starts[i]);
+            ok = starts[i] != NULL && bytes_starts(t, j, per, starts[i]);
         } else if (total > 0 && t->nbytes % (size_t)total != 0) {
             ok = 0;
         }

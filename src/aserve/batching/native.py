@@ -141,30 +141,27 @@ class PlanAdmission(WindowPolicy):
         self._target = target
         self._shared = shared
 
-    def admit(self, now: float, queued_samples: int, samples: int, budget: float | None, waited: float, /, *,
-              count: bool = True) -> float | None:
+    def _ask(self, now: float, samples: int, budget: float | None, waited: float, mode: int) -> float | None:
+        """The Plan's answer (Link.plan_admit's `mode`) for a request that must wait, else None
+        (a request counted, mode 1, still counts in the rate)."""
         target = self._target()
         if target is None:
             return None
         total = int(self._shared.total())
         if total > 0 or int(self._shared.running) >= self._interpreters:
-            wait: float | None = self._link.plan_admit(target, now, total, samples, budget, waited,
-                                                       1 if count else 0)
+            wait: float | None = self._link.plan_admit(target, now, total, samples, budget, waited, mode)
             return wait
-        if count:
+        if mode == 1:
             self._link.plan_arrive(target, now, samples)
         return None
 
+    def admit(self, now: float, queued_samples: int, samples: int, budget: float | None, waited: float, /, *,
+              count: bool = True) -> float | None:
+        return self._ask(now, samples, budget, waited, 1 if count else 0)
+
     def refuses(self, now: float, queued_samples: int, samples: int, budget: float | None,
                 waited: float) -> float | None:
-        target = self._target()
-        if target is None:
-            return None
-        total = int(self._shared.total())
-        if total > 0 or int(self._shared.running) >= self._interpreters:
-            wait: float | None = self._link.plan_admit(target, now, total, samples, budget, waited, 2)
-            return wait
-        return None
+        return self._ask(now, samples, budget, waited, 2)
 
     def arrive(self, now: float, samples: int) -> None:
         target = self._target()

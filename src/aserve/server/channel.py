@@ -45,28 +45,27 @@ class Log(Message, tag="log"):
     extra: dict[str, str | int | float | bool]
 
 
-class Head(Asking, tag="head"):
+class RequestHead(Asking, kw_only=True):
+    """What a front read of a request's head (`loops._request` makes the request of it)."""
+
+    method: str
+    target: str
+    version: str
+    headers: dict[str, str]
+    remote: str | None
+    received: float
+
+
+class Head(RequestHead, tag="head"):
     """An infer request's head, its body still on the way: the host's head checks (`Answer`:
     a refusal, or status None)."""
 
-    method: str
-    target: str
-    version: str
-    headers: dict[str, str]
-    remote: str | None
-    received: float
     length: int | None
 
 
-class Forward(Asking, tag="forward"):
+class Forward(RequestHead, tag="forward"):
     """A whole request for the host's router and handlers (`Answer`)."""
 
-    method: str
-    target: str
-    version: str
-    headers: dict[str, str]
-    remote: str | None
-    received: float
     body: bytes
     whole: float  # time.perf_counter() when the front had all of it: its duration counts the hop
 

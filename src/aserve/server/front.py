@@ -128,7 +128,7 @@ def _with_waiting(stats: dict[str, Any], queued: _native.Counter, slots: tuple[i
     return stats
 
 
-def _rows(config: ModelConfig, info: ModelInfo) -> int:
+def _rows(config: ModelConfig) -> int:
     """The most rows a batch of the model gathered in the pool may hold: its max_batch_size (0:
     it does not batch, and is never gathered there). BYTES rows are sliced apart in C too."""
     return config.max_batch_size
@@ -185,7 +185,7 @@ class LinkEngine:
         """Run the batches of a model version the host lists (`loops.front_model`) for front
         `index`, whose handle of it is `handle`."""
         assert handle.info is not None
-        rows = _rows(handle.config, handle.info)
+        rows = _rows(handle.config)
         counter = None if m["queued"] is None else (m["queued"][0], wait_slots(m["queued"][1], index))
         names, datatypes = tuple(m["names"]), tuple(m["datatypes"])
         self.models[m["key"]] = (m["pool"], m["mask"], names, datatypes, rows, counter)
@@ -322,7 +322,7 @@ def front_handle(m: dict[str, Any], plane: DataPlane, engine: LinkEngine, schedu
             cancel=engine.cancel, shared=queued, waiting=queued is not None,
         )
 
-    if queued is not None and (settings.front_batching == "pool" or adaptive) and _rows(config, info) > 0:
+    if queued is not None and (settings.front_batching == "pool" or adaptive) and _rows(config) > 0:
         handle.batcher = NativeBatcher(
             model=name, key=handle.key, queue=engine, max_batch_size=config.max_batch_size,
             max_queue_size=config.batching.max_queue_size, max_queue_delay=delay, shared=queued,

@@ -48,6 +48,7 @@ from .channel import (
     Models,
     Ready,
     Relayed,
+    RequestHead,
     Retire,
     Retired,
     Spans,
@@ -391,7 +392,7 @@ class Loops:
             await self.pool.close(timeout=1.0)
 
 
-def _request(message: Forward | Head) -> Request:
+def _request(message: RequestHead) -> Request:
     """The request a front's `Forward` or `Head` describes (its body apart)."""
     return Request(message.method, message.target, message.version, message.headers, received=message.received,
                    remote=message.remote)
