@@ -30,6 +30,7 @@ extensions = [
             "native/host/front_queue.c",
             "native/host/counter.c",
             "native/host/plan.c",
+            "native/host/plan_join.c",
             "native/host/plan_type.c",
             "native/host/buffer.c",
             "native/host/rows.c",

@@ -112,6 +112,11 @@ static double predict(const as_plan *pl, int64_t b)
     return last + step * (double)(b - n);
 }
 
+double as_plan_predict(const as_plan *pl, int64_t b)
+{
+    return predict(pl, b);
+}
+
 static double throughput(const as_plan *pl, int64_t b)
 {
     b = imax(1, b);
@@ -665,5 +670,12 @@ void as_plan_read(as_plan *pl, double now, as_plan_view *out)
         out->pays = batching_pays(pl);
         out->drain_rate = (double)pl->interpreters * (double)out->backlog / effective(pl, out->backlog, 0);
     }
+    out->stages = pl->stages;
+    out->join_active = pl->stages > 0 && (!pl->benefit || pl->may_pay);
+    memcpy(out->shares, pl->shares, sizeof out->shares);
+    out->profile_observations = pl->profile_observations;
+    out->joins = pl->joins;
+    out->joined_requests = pl->joined_requests;
+    out->turned_away = pl->turned_away;
     pthread_mutex_unlock(&pl->mu);
 }

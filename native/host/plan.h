@@ -20,6 +20,7 @@
 
 #define AS_PLAN_FLIGHT 128  /* batches in flight it remembers (more than any pool's workers) */
 #define AS_PLAN_OBSERVED 256 /* finished batches kept for the host's cost model, oldest dropped */
+#define AS_PLAN_STAGES 64    /* as abi.h's AS_MAX_STAGES */
 
 /* One queued request, as the policy sees it (batching/policy.py, Pending). Times in seconds
  * on CLOCK_MONOTONIC; deadline and budget NAN where the request has none. */
@@ -61,6 +62,13 @@ typedef struct as_plan {
         int64_t samples;
         double seconds;
     } done[AS_PLAN_OBSERVED];
+    /* layer joining (plan_join.c): the stage profile, learned here from the stage timings of
+     * batches that ran as dispatched; the rule; whether the published curve lets a join pay */
+    int stages; /* 0: the model's batches run whole */
+    double shares[AS_PLAN_STAGES], profile_alpha;
+    int64_t profile_observations;
+    int benefit, may_pay;
+    int64_t joins, joined_requests, turned_away;
 } as_plan;
 
 typedef struct {
@@ -109,11 +117,46 @@ void as_plan_finish(as_plan *pl, int ok, int64_t samples, double seconds);
 /* The batches finished since the last call, oldest first, into out (at most max); how many. */
 int as_plan_take_observed(as_plan *pl, int64_t *samples, double *seconds, int max);
 
+/* plan.c, caller holds pl->mu: seconds one batch of b samples takes on the published curve. */
+double as_plan_predict(const as_plan *pl, int64_t b);
+
+/* ---- layer joining (plan_join.c; join.py's JoinPlanner and StageProfile are the reference) ---- */
+
+/* The model runs its batches in `stages` stages whose shares of a batch's time were measured
+ * (shares, normalised here); benefit: a join must also lower the total latency; alpha: the
+ * weight of one batch's stage timings in the shares. 0, or -1 on bad arguments. */
+int as_plan_join_setup(as_plan *pl, int stages, const double *shares, int benefit, double alpha);
+/* Whether a join can pay on the curve the host fitted (JoinPlanner.may_pay), with each publish. */
+void as_plan_join_may_pay(as_plan *pl, int may_pay);
+/* Whether batches run stage by stage and queued requests are offered to them now: 0 no, 1 yes
+ * (joins must fit the budgets), 2 yes (joins must also lower the total latency). */
+int as_plan_join_active(as_plan *pl);
+/* JoinPlanner.plan: how many requests from the head of a queue (cumulative samples sizes[i]
+ * and tightest finish limits limits[i] of the first i + 1) to offer a batch running for
+ * `elapsed` s with `done` stages done, `samples` samples and `requests` requests (with the
+ * n_offered groups offered to it before, of offered[i] samples), whose earliest limit is
+ * `limit`; free_at NAN: budgets only. 0: none; else *last_stage and *finish are set. */
+int as_plan_join_plan(as_plan *pl, double now, int done, double elapsed, int64_t samples, double limit,
+                      const int64_t *sizes, const double *limits, int n, int64_t max_batch_size,
+                      const int64_t *offered, int n_offered, int64_t requests, double free_at, int *last_stage,
+                      double *finish);
+/* JoinPlanner.own_end: the predicted end of a running batch as it stands. */
+double as_plan_join_own_end(as_plan *pl, double start, double now, int64_t samples, const int64_t *offered,
+                            int n_offered, int done);
+/* A batch ran as it was dispatched in n stages of seconds[i]: the profile learns from it. */
+void as_plan_join_observe(as_plan *pl, const double *seconds, int n);
+/* A batch ended with `groups` groups of `requests` requests joined to it; an offer turned away. */
+void as_plan_joined(as_plan *pl, int64_t groups, int64_t requests);
+void as_plan_turned_away(as_plan *pl);
+
 /* Read under plan->mu, for the host's metrics. */
 typedef struct {
     double arrival_rate, slowdown, cautious, drain_rate;
     int64_t largest, backlog, keep_up, in_flight;
     int pays;
+    int stages, join_active;
+    double shares[AS_PLAN_STAGES];
+    int64_t profile_observations, joins, joined_requests, turned_away;
 } as_plan_view;
 void as_plan_read(as_plan *pl, double now, as_plan_view *out);
 

@@ -243,6 +243,119 @@ static PyObject *plan_admission_rate(planobj *self, PyObject *Py_UNUSED(ignored)
     return wait_or_none(as_plan_admission_rate(self->plan));
 }
 
+/* A sequence of numbers into out (at most max), as doubles or int64s; its length, or -1 with
+ * an exception set. */
+static Py_ssize_t numbers(PyObject *seq, const char *what, double *dout, int64_t *iout, Py_ssize_t max)
+{
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > max) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "%s: at most %zd", what, max);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PySequence_Fast_GET_ITEM(fast, i);
+        if (dout != NULL)
+            dout[i] = PyFloat_AsDouble(x);
+        else
+            iout[i] = PyLong_AsLongLong(x);
+        if (PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return -1;
+        }
+    }
+    Py_DECREF(fast);
+    return n;
+}
+
+/* join_setup(shares, benefit, alpha) */
+static PyObject *plan_join_setup(planobj *self, PyObject *args)
+{
+    PyObject *seq;
+    int benefit;
+    double alpha;
+    if (!PyArg_ParseTuple(args, "Opd:join_setup", &seq, &benefit, &alpha))
+        return NULL;
+    double shares[AS_PLAN_STAGES];
+    Py_ssize_t n = numbers(seq, "Plan.join_setup: shares", shares, NULL, AS_PLAN_STAGES);
+    if (n < 0)
+        return NULL;
+    if (as_plan_join_setup(self->plan, (int)n, shares, benefit, alpha) < 0)
+        return PyErr_Format(PyExc_ValueError, "Plan.join_setup: 1 to %d stage shares and 0 < alpha <= 1",
+                            AS_PLAN_STAGES);
+    Py_RETURN_NONE;
+}
+
+static PyObject *plan_may_pay(planobj *self, PyObject *arg)
+{
+    int flag = PyObject_IsTrue(arg);
+    if (flag < 0)
+        return NULL;
+    as_plan_join_may_pay(self->plan, flag);
+    Py_RETURN_NONE;
+}
+
+/* join(now, done, elapsed, samples, limit, sizes, limits, max_batch_size, offered, requests, free_at) */
+static PyObject *plan_join(planobj *self, PyObject *args)
+{
+    double now, elapsed, limit;
+    int done;
+    long long samples, max_batch_size, requests;
+    PyObject *sizes_seq, *limits_seq, *offered_seq, *free_obj;
+    if (!PyArg_ParseTuple(args, "didLdOOLOLO:join", &now, &done, &elapsed, &samples, &limit, &sizes_seq, &limits_seq,
+                          &max_batch_size, &offered_seq, &requests, &free_obj))
+        return NULL;
+    enum { MAX = 1024 };
+    int64_t sizes[MAX], offered[MAX];
+    double limits[MAX];
+    Py_ssize_t n = numbers(sizes_seq, "Plan.join: sizes", NULL, sizes, MAX);
+    Py_ssize_t nl = n < 0 ? -1 : numbers(limits_seq, "Plan.join: limits", limits, NULL, MAX);
+    Py_ssize_t no = nl < 0 ? -1 : numbers(offered_seq, "Plan.join: offered", NULL, offered, MAX);
+    if (no < 0)
+        return NULL;
+    if (nl != n)
+        return PyErr_Format(PyExc_ValueError, "Plan.join: sizes and limits differ in length");
+    double free_at = free_obj == Py_None ? NAN : PyFloat_AsDouble(free_obj);
+    if (free_at == -1.0 && PyErr_Occurred())
+        return NULL;
+    int last = 0;
+    double end = 0.0;
+    int take = as_plan_join_plan(self->plan, now, done, elapsed, samples, limit, sizes, limits, (int)n, max_batch_size,
+                                 offered, (int)no, requests, free_at, &last, &end);
+    if (take == 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(iid)", take, last, end);
+}
+
+/* own_end(start, now, samples, offered, done) */
+static PyObject *plan_own_end(planobj *self, PyObject *args)
+{
+    double start, now;
+    long long samples;
+    PyObject *offered_seq;
+    int done;
+    if (!PyArg_ParseTuple(args, "ddLOi:own_end", &start, &now, &samples, &offered_seq, &done))
+        return NULL;
+    int64_t offered[256];
+    Py_ssize_t n = numbers(offered_seq, "Plan.own_end: offered", NULL, offered, 256);
+    if (n < 0)
+        return NULL;
+    return PyFloat_FromDouble(as_plan_join_own_end(self->plan, start, now, samples, offered, (int)n, done));
+}
+
+static PyObject *plan_observe_stages(planobj *self, PyObject *arg)
+{
+    double seconds[AS_PLAN_STAGES];
+    Py_ssize_t n = numbers(arg, "Plan.observe_stages: seconds", seconds, NULL, AS_PLAN_STAGES);
+    if (n < 0)
+        return NULL;
+    as_plan_join_observe(self->plan, seconds, (int)n);
+    Py_RETURN_NONE;
+}
+
 /* read(now) -> dict: what metrics and metadata show of it */
 static PyObject *plan_read(planobj *self, PyObject *arg)
 {
@@ -254,11 +367,29 @@ static PyObject *plan_read(planobj *self, PyObject *arg)
     PyObject *keep_up = v.keep_up < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(v.keep_up);
     if (keep_up == NULL)
         return NULL;
-    return Py_BuildValue("{s:d,s:d,s:d,s:L,s:L,s:N,s:L,s:O,s:d}", "arrival_rate_samples_per_s", v.arrival_rate,
-                         "slowdown", v.slowdown, "slowdown_cautious", v.cautious, "largest_batch", (long long)v.largest,
-                         "backlog_batch", (long long)v.backlog, "keep_up_batch", keep_up, "in_flight",
-                         (long long)v.in_flight, "batching_pays", v.pays ? Py_True : Py_False,
-                         "drain_rate_samples_per_s", v.drain_rate);
+    PyObject *state = Py_BuildValue(
+        "{s:d,s:d,s:d,s:L,s:L,s:N,s:L,s:O,s:d}", "arrival_rate_samples_per_s", v.arrival_rate, "slowdown", v.slowdown,
+        "slowdown_cautious", v.cautious, "largest_batch", (long long)v.largest, "backlog_batch", (long long)v.backlog,
+        "keep_up_batch", keep_up, "in_flight", (long long)v.in_flight, "batching_pays", v.pays ? Py_True : Py_False,
+        "drain_rate_samples_per_s", v.drain_rate);
+    if (state == NULL || v.stages == 0)
+        return state;
+    PyObject *shares = PyList_New(v.stages);
+    for (int i = 0; shares != NULL && i < v.stages; i++) {
+        PyObject *x = PyFloat_FromDouble(v.shares[i]);
+        if (x == NULL)
+            Py_CLEAR(shares);
+        else
+            PyList_SET_ITEM(shares, i, x);
+    }
+    PyObject *join = shares == NULL ? NULL : Py_BuildValue(
+        "{s:O,s:N,s:L,s:L,s:L,s:L}", "active", v.join_active ? Py_True : Py_False, "stage_shares", shares,
+        "profile_observations", (long long)v.profile_observations, "joins", (long long)v.joins, "joined_requests",
+        (long long)v.joined_requests, "offers_turned_away", (long long)v.turned_away);
+    if (join == NULL || PyDict_SetItemString(state, "join", join) < 0)
+        Py_CLEAR(state);
+    Py_XDECREF(join);
+    return state;
 }
 
 static PyObject *plan_address(planobj *self, void *Py_UNUSED(closure))
@@ -286,6 +417,17 @@ static PyMethodDef plan_methods[] = {
     {"admission_rate", (PyCFunction)plan_admission_rate, METH_NOARGS,
      "admission_rate() -> requests/s admitted while overloaded, or None before a curve is published"},
     {"read", (PyCFunction)plan_read, METH_O, "read(now) -> dict of its state"},
+    {"join_setup", (PyCFunction)plan_join_setup, METH_VARARGS,
+     "join_setup(shares, benefit, alpha): the model joins at stage boundaries; its measured stage shares, whether "
+     "a join must lower the total latency, the weight of one batch's timings in the shares"},
+    {"may_pay", (PyCFunction)plan_may_pay, METH_O, "may_pay(flag): whether a join can pay on the published curve"},
+    {"join", (PyCFunction)plan_join, METH_VARARGS,
+     "join(now, done, elapsed, samples, limit, sizes, limits, max_batch_size, offered, requests, free_at) -> "
+     "(take, last_stage, finish) or None: JoinPlanner.plan"},
+    {"own_end", (PyCFunction)plan_own_end, METH_VARARGS,
+     "own_end(start, now, samples, offered, done) -> seconds: JoinPlanner.own_end"},
+    {"observe_stages", (PyCFunction)plan_observe_stages, METH_O,
+     "observe_stages(seconds): a batch that ran as dispatched took seconds[i] in stage i"},
     {NULL, NULL, 0, NULL},
 };
 
