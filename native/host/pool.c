@@ -394,13 +394,16 @@ static void *worker_main(void *arg)
             j->worker = w->index;
             if (j->link != NULL && j->max_rows > 0)
                 as_pool_coalesce(p, j, w->index); /* other fronts' jobs of its model join it */
-            if (j->native)
+            if (j->native) {
                 as_pool_lead(j);
+                if (j->plan != NULL && as_plan_join_active(j->plan))
+                    as_pool_stage_led(p, j); /* its model's queued requests may join it */
+            }
             else if (j->plan != NULL) { /* a batch the model's adaptive policy did not choose: it counts it all the same */
                 as_pool_lead(j);
                 as_plan_dispatched(j->plan, (double)w->since / 1e9, j->led_rows);
             }
-            if (j->inputs != NULL && j->parts == NULL)
+            if (j->inputs != NULL && j->parts == NULL && !led_staged(j))
                 j->inputs->refs++; /* the interpreter's, given back with inputs_released */
             if (j->job.join != NULL)
                 clock_gettime(CLOCK_MONOTONIC, &j->started);
@@ -408,7 +411,7 @@ static void *worker_main(void *arg)
             if (j->job.trace || j->native)
                 j->ran_from = monotonic_ns();
             as_fault_job(w->fault_slot, j->job.model, j->job.kind);
-            if (j->parts != NULL)
+            if (j->parts != NULL || led_staged(j))
                 as_pool_run_coalesced(p, w, j);
             else
                 w->engine.run(w->ip, &j->job);
@@ -426,7 +429,8 @@ static void *worker_main(void *arg)
             w->lost = 0; /* back from a job it was given up in: it takes jobs again */
             w->owners_out += owners_of(j);
             if (j->plan != NULL && j->led_rows > 0) /* the batch the adaptive policy chose ended */
-                as_plan_finish(j->plan, !j->job.failed, j->led_rows, (double)(monotonic_ns() - w->since) / 1e9);
+                as_plan_finish(j->plan, !j->job.failed && j->joined_count == 0, j->led_rows,
+                               (double)(monotonic_ns() - w->since) / 1e9);
             wake = j->job.join != NULL ? as_pool_finish_staged(p, j) : 0;
             for (hjob *k = j->parts, *next; k != NULL; k = next) {
                 next = k->part_next;
@@ -651,13 +655,24 @@ void as_pool_enqueue_many(pool_t *p, hjob *jobs)
     int n = 0;
     for (hjob *j = jobs; j != NULL; j = j->next)
         as_pool_number_job(p, j);
+    as_plan *joins[4]; /* models whose policy joins, among the jobs: their queue is offered to running batches */
+    int n_joins = 0;
     pthread_mutex_lock(&p->mu);
     for (hjob *j = jobs, *next; j != NULL; j = next) {
         next = j->next; /* job_append relinks it */
         worker_t *w = queue_shared(p, j);
         if (w != NULL && n < MAX_WORKERS)
             wake[n++] = w;
+        if (j->native && j->plan != NULL && p->staged != NULL) {
+            int seen = 0;
+            for (int i = 0; i < n_joins && !seen; i++)
+                seen = joins[i] == j->plan;
+            if (!seen && n_joins < 4)
+                joins[n_joins++] = j->plan;
+        }
     }
+    for (int i = 0; i < n_joins; i++)
+        as_pool_join_offer(p, joins[i]);
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < n; i++)
         pthread_cond_signal(&wake[i]->cv);

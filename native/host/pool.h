@@ -23,6 +23,7 @@
 #include "plan.h"
 
 #include <errno.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -116,6 +117,11 @@ typedef struct hjob {
     int run_slot;
     void *held;
     int64_t led_rows; /* the rows of the batch it led (0: it ran as a part of another's) */
+    /* a native request leading a staged batch of a model whose policy joins (pool_join.c):
+     * its samples and requests with the requests offered to it, its earliest finish limit,
+     * and the requests that joined it */
+    int64_t join_samples, join_requests, joined_count;
+    double join_limit;
     int64_t flight_rows; /* an infer job's rows, in flight from queued to posted (p->flying) */
 } hjob;
 
@@ -365,6 +371,35 @@ static inline void dequeued(pool_t *p, hjob *j)
     count_queued_rows(j, -1);
 }
 
+/* The rows (first dimension) of every input of j, or -1 when they differ or j has none. */
+static inline int64_t rows_of(const hjob *j)
+{
+    if (j->job.n_inputs == 0 || j->in[0].ndim < 1)
+        return -1;
+    int64_t rows = j->in[0].shape[0];
+    for (size_t i = 1; i < j->job.n_inputs; i++)
+        if (j->in[i].ndim < 1 || j->in[i].shape[0] != rows)
+            return -1;
+    return rows;
+}
+
+/* Whether a and b may run in one batch: the same model, inputs and datatypes, and shapes but
+ * for the first (batch) dimension. */
+static inline int compatible(const hjob *a, const hjob *b)
+{
+    if (a->job.n_inputs != b->job.n_inputs || strcmp(a->key, b->key) != 0)
+        return 0;
+    for (size_t i = 0; i < a->job.n_inputs; i++) {
+        const as_tensor *x = &a->in[i], *y = &b->in[i];
+        if (x->ndim != y->ndim || strcmp(x->datatype, y->datatype) != 0 || strcmp(x->name, y->name) != 0)
+            return 0;
+        for (int d = 1; d < x->ndim; d++)
+            if (x->shape[d] != y->shape[d])
+                return 0;
+    }
+    return 1;
+}
+
 static inline int64_t monotonic_ns(void)
 {
     struct timespec t;
@@ -478,6 +513,27 @@ int as_pool_progress(pool_t *p, uint64_t id, int *stage, double *elapsed);
 /* Caller holds p->mu: staged job j finished; complete its offers (before itself).
  * Returns whether the loop must be woken. */
 int as_pool_finish_staged(pool_t *p, hjob *j);
+
+/* A native request leads a staged batch (as_pool_stage_led): it runs through
+ * as_pool_run_coalesced, whatever joins it. */
+static inline int led_staged(const hjob *j)
+{
+    return j->native && j->job.join != NULL;
+}
+
+/* Caller holds p->mu: native request j, just taken to lead a batch of a model whose policy
+ * joins now, runs it stage by stage; queued requests of its model may join it. */
+void as_pool_stage_led(pool_t *p, hjob *j);
+/* Caller holds p->mu: no interpreter is free for the model of plan pl: offer its queued native
+ * requests to its running staged batches, where the plan says they may join. */
+void as_pool_join_offer(pool_t *p, as_plan *pl);
+/* Caller holds p->mu: staged batch j's run ended (`batch`: how): it takes no more offers, the
+ * requests that joined it follow its parts (part_next), those still offered go back to the
+ * head of the queue. Returns the rows that joined. */
+int64_t as_pool_join_close(pool_t *p, hjob *j, const as_job *batch);
+/* Caller holds p->mu: cancel the request `id` offered to a staged batch and not yet joined.
+ * -1: none is; else whether the loop must be woken. */
+int as_pool_join_cancel(pool_t *p, uint64_t id);
 
 /* ---- pool_cancel.c: faults (host GIL held) ---- */
 

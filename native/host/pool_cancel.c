@@ -99,10 +99,18 @@ const char *as_pool_cancel(pool_t *p, uint64_t id)
         state = "queued";
         break;
     }
+    if (state == NULL) { /* offered to a staged batch, not yet joined (pool_join.c) */
+        int offered = as_pool_join_cancel(p, id);
+        if (offered >= 0) {
+            wake = offered;
+            state = "queued";
+        }
+    }
     worker_t *w = state == NULL ? running_worker(p, id) : NULL;
-    /* an orphan's token has completed: nothing to cancel; a batch coalesced with others runs
-     * their requests too (pool_coalesce.c): it is left to finish */
-    if (w != NULL && !w->current->orphan && w->current->part_next == NULL) {
+    /* an orphan's token has completed: nothing to cancel; a batch coalesced with others, or
+     * one that others may join, runs their requests too (pool_coalesce.c, pool_join.c): it is
+     * left to finish */
+    if (w != NULL && !w->current->orphan && w->current->part_next == NULL && !led_staged(w->current)) {
         state = "running";
         start = begin_cancel(w);
     }

@@ -39,33 +39,6 @@ typedef struct {
     int refs; /* p->mu */
 } shared_owner_t;
 
-/* The rows (first dimension) of every input of j, or -1 when they differ or j has none. */
-static int64_t rows_of(const hjob *j)
-{
-    if (j->job.n_inputs == 0 || j->in[0].ndim < 1)
-        return -1;
-    int64_t rows = j->in[0].shape[0];
-    for (size_t i = 1; i < j->job.n_inputs; i++)
-        if (j->in[i].ndim < 1 || j->in[i].shape[0] != rows)
-            return -1;
-    return rows;
-}
-
-static int compatible(const hjob *a, const hjob *b)
-{
-    if (a->job.n_inputs != b->job.n_inputs || strcmp(a->key, b->key) != 0)
-        return 0;
-    for (size_t i = 0; i < a->job.n_inputs; i++) {
-        const as_tensor *x = &a->in[i], *y = &b->in[i];
-        if (x->ndim != y->ndim || strcmp(x->datatype, y->datatype) != 0 || strcmp(x->name, y->name) != 0)
-            return 0;
-        for (int d = 1; d < x->ndim; d++)
-            if (x->shape[d] != y->shape[d])
-                return 0;
-    }
-    return 1;
-}
-
 int as_pool_coalesce(pool_t *p, hjob *j, int index)
 {
     if (j->link == NULL || j->max_rows <= 0 || j->job.trace || j->job.text != NULL)
@@ -413,6 +386,12 @@ void as_pool_run_coalesced(pool_t *p, worker_t *w, hjob *j)
     batch.owner = NULL;
     w->engine.run(w->ip, &batch);
     free(in);
+    if (led_staged(j)) { /* the requests that joined it follow its parts */
+        pthread_mutex_lock(&p->mu);
+        total += as_pool_join_close(p, j, &batch);
+        j->led_rows = total;
+        pthread_mutex_unlock(&p->mu);
+    }
     int sliced = !batch.failed && slice(p, w, j, &batch, total);
     if (!batch.failed && !sliced && batch.owner != NULL)
         w->engine.release(w->ip, batch.owner);

@@ -297,8 +297,7 @@ def default_loops(available: int) -> int:
     run on), then one per 4 CPUs, at least 2 and at most 4. One front alone serves less than
     the host's loop alone (it is one loop too, and every connection is handed to it), so where
     fronts pay there are two; on 2 CPUs two fronts serve a window-policy model more than the
-    host's loop alone at every concurrency, and a connection to a model only the host serves
-    goes to the host's loop (docs/multiloop.md). Each takes a link-map namespace the private
+    host's loop alone at every concurrency (docs/multiloop.md). Each takes a link-map namespace the private
     interpreters also need, and 4 loops carry several times what one does while leaving 11
     for interpreters."""
     return 0 if available < 2 else max(2, min(4, available // 4))

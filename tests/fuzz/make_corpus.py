@@ -202,9 +202,9 @@ def http_front() -> dict[str, bytes]:
 
 
 def http_segments() -> dict[str, bytes]:
-    """Streams whose meaning must not change with how they are cut into reads: a request for a
-    host-only model (the connection is handed to the host's loop) alone, behind another and
-    with a body behind an Expect; a head sent again and again, then behind a partial method;
+    """Streams whose meaning must not change with how they are cut into reads: a request alone,
+    pipelined between others and with a body behind an Expect; a head sent again and again,
+    then behind a partial method;
     refusals from the head with a body to drop; a chunked body with trailers; HTTP/1.0."""
     def post(path: str, body: bytes, *extra: str) -> bytes:
         lines = [f"POST {path} HTTP/1.1", "Host: a", *extra, f"Content-Length: {len(body)}"]

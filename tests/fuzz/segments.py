@@ -1,23 +1,18 @@
-"""`http_segments`: one byte stream gets one set of answers, however it is cut into reads and
-whichever event loop serves it.
+"""`http_segments`: one byte stream gets one set of answers, however it is cut into reads.
 
 The stream is fed to the HTTP front's connection (`aserve.server.connection`) in one read,
 on a loop alone: the reference. Then it is cut into reads (every cut of a short stream in
 two; random cuts of a longer one, and cuts at every request's start and head's end, seeded
-by the stream) and fed to a "front" loop as front loops serve: a request for a model only
-the host serves (and, on half the cuts, any model's request: hand-overs at every request) takes
-the connection to a "host" loop (`Connection.hand_over`: the descriptor's duplicate and the
-reads that hold the request, parsed there first), or, where it cannot go yet, is answered
-through the front and the connection follows once nothing is owed. What the client reads
-(100 Continue left out: it is owed only to a body not yet sent; the Date left out) must be
-the reference's, byte for byte.
+by the stream) and fed to a second loop's connection. What the client reads (100 Continue
+left out: it is owed only to a body not yet sent; the Date left out) must be the
+reference's, byte for byte.
 
 Each loop keeps its memos of heads met before (`HttpServer.heads`, `raw_heads`) from one
 stream to the next, as a server does: a read of a head known byte for byte takes the path
 without llhttp, and must mean what llhttp reads.
 
-The routes (a stub dispatcher; the answers depend on the request alone):
-`/v2/models/host.../` is a model only the host serves; a path with `refuse` is answered 404
+The routes (a stub dispatcher; the answers depend on the request alone): a path with
+`refuse` is answered 404
 from its head (the body dropped where it can be), one with `deny` 401 (the connection
 closes); anything else is answered 200 with the request's method, target and a digest of
 its body.
@@ -49,8 +44,7 @@ class Failure(AssertionError):
 
 
 class _Socket:
-    """What a connection asks of its socket: options (ignored) and a descriptor to duplicate
-    when it hands itself over."""
+    """What a connection asks of its socket: options (ignored) and a descriptor."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -63,8 +57,8 @@ class _Socket:
 
 
 class Wire(asyncio.Transport):
-    """A connection's transport: what it writes goes to `writes` (the client's view, in order:
-    one list for every loop that serves the connection); closing it ends the connection."""
+    """A connection's transport: what it writes goes to `writes` (the client's view, in order);
+    closing it ends the connection."""
 
     def __init__(self, protocol: Any, writes: list[bytes], sock: _Socket | None = None) -> None:
         super().__init__()
@@ -96,7 +90,7 @@ class Wire(asyncio.Transport):
             self.closed = True
             self.protocol.connection_lost(None)
 
-    def abort(self) -> None:  # the connection went to another loop: nothing more is written here
+    def abort(self) -> None:
         self.close()
 
     def pause_reading(self) -> None:
@@ -115,13 +109,10 @@ class Wire(asyncio.Transport):
 
 
 class _Routes:
-    """The stub dispatcher (see the module's docstring); `front`: it hands host-only requests
-    over, and with `every` set, every model's request too."""
+    """The stub dispatcher (see the module's docstring)."""
 
-    def __init__(self, *, front: bool) -> None:
+    def __init__(self) -> None:
         self.app = types.SimpleNamespace(stats=HttpStats(), policy=ErrorPolicy(), draining=False, cors=None)
-        self.front = front
-        self.every = False
 
     def head(self, request: Any, length: int | None) -> Response | None:
         path = request.path
@@ -129,8 +120,6 @@ class _Routes:
             return Response(401, b'{"error":"denied"}', content_type="application/json")
         if "refuse" in path:
             return Response(404, b'{"error":"refused"}', content_type="application/json")
-        if self.front and path.startswith("/v2/models/") and (self.every or path.startswith("/v2/models/host")):
-            request.connection.hand_over(request)  # where it cannot go now, this loop answers it
         return None
 
     def again(self, request: Any) -> Response | None:
@@ -153,12 +142,11 @@ _LIMITS = Limits(max_connections=0, max_header_bytes=512, max_body_bytes=1 << 14
 
 
 class _Loops:
-    """A lone loop (the reference), and a front loop with the host's loop it hands connections to."""
+    """The loop that reads each stream whole (the reference), and the one that reads it cut."""
 
     def __init__(self) -> None:
-        self.alone = HttpServer(_Routes(front=False), _LIMITS)  # type: ignore[arg-type]
-        self.front = HttpServer(_Routes(front=True), _LIMITS)  # type: ignore[arg-type]
-        self.host = HttpServer(_Routes(front=False), _LIMITS)  # type: ignore[arg-type]
+        self.alone = HttpServer(_Routes(), _LIMITS)  # type: ignore[arg-type]
+        self.cut = HttpServer(_Routes(), _LIMITS)  # type: ignore[arg-type]
         self.sock = _Socket(os.open(os.devnull, os.O_RDONLY))
         self.loop = asyncio.new_event_loop()
 
@@ -179,33 +167,20 @@ async def _drain(conn: Connection) -> None:
         await asyncio.sleep(0)
 
 
-async def _serve(data: bytes, cuts: list[int], *, fronted: bool, every: bool = False) -> list[bytes]:
+async def _serve(data: bytes, cuts: list[int], *, reference: bool) -> list[bytes]:
     """What the client reads when `data` arrives in reads ending at `cuts` (then its end),
     then the client half-closes."""
     loops = _loops()
     client: list[bytes] = []
-    current: list[Connection] = []
-
-    def give(fd: int, reads: bytes) -> None:
-        os.close(fd)
-        conn = loops.host.resumed(reads)()
-        current[0] = conn
-        conn.connection_made(Wire(conn, client, loops.sock))  # parses `reads` first
-
-    loops.front.give = give
-    loops.front.dispatcher.every = every  # type: ignore[attr-defined]
-    first = (loops.front if fronted else loops.alone)()
-    current.append(first)
-    first.connection_made(Wire(first, client, loops.sock))
+    conn = (loops.alone if reference else loops.cut)()
+    conn.connection_made(Wire(conn, client, loops.sock))
     start = 0
     for end in [*cuts, len(data)]:
-        conn = current[0]
         if conn.transport is None:
             break
         conn.data_received(data[start:end])
         start = end
-        await _drain(current[0])
-    conn = current[0]
+        await _drain(conn)
     if conn.transport is not None:
         conn.eof_received()
         await _drain(conn)
@@ -246,18 +221,17 @@ def segmentations(data: bytes) -> Iterator[list[int]]:
         yield sorted(rng.sample(range(1, n), min(n - 1, rng.randint(1, 8))))
 
 
-def answers(data: bytes, cuts: list[int], *, fronted: bool, every: bool = False) -> bytes:
+def answers(data: bytes, cuts: list[int], *, reference: bool = False) -> bytes:
     """What the client reads for `data` cut at `cuts` (see `_read`)."""
     loops = _loops()
-    return _read(loops.loop.run_until_complete(_serve(data, cuts, fronted=fronted, every=every)))
+    return _read(loops.loop.run_until_complete(_serve(data, cuts, reference=reference)))
 
 
 def http_segments(data: bytes) -> None:
-    """The target: every segmentation, on a front loop that hands connections over, is
-    answered as the stream in one read on a loop alone."""
-    reference = answers(data, [], fronted=False)
-    for k, cuts in enumerate([[], *segmentations(data)]):
-        got = answers(data, cuts, fronted=True, every=bool(k % 2))
+    """The target: every segmentation is answered as the stream in one read."""
+    reference = answers(data, [], reference=True)
+    for cuts in [[], *segmentations(data)]:
+        got = answers(data, cuts)
         if got != reference:
-            raise Failure(f"cut at {cuts} (every model's request handed over: {bool(k % 2)}), the stream was answered otherwise:\n"
+            raise Failure(f"cut at {cuts}, the stream was answered otherwise:\n"
                           f"{got[:600]!r}\nin one read:\n{reference[:600]!r}")

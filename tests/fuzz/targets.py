@@ -30,8 +30,7 @@ the same place in the stream, with the same method, target and body. A stream th
 parsers split differently is the request-smuggling setup.
 
 `http_segments` (`segments.py`) is the same connection fed one stream cut into reads in
-many ways, on a front loop that hands connections to a host loop: every cut is answered
-as the whole stream in one read is.
+many ways: every cut is answered as the whole stream in one read is.
 
 `grpc` is the gRPC front's codec (`aserve.server.grpc.codec`): a serialized
 `ModelInferRequest` as grpc hands it over, its inputs in typed `contents` or in

@@ -809,8 +809,8 @@ async def read_sums(reader: asyncio.StreamReader) -> list[int]:
     return {o["name"]: o["data"] for o in json.loads(body)["outputs"]}["SUM"]  # type: ignore[no-any-return]
 
 
-# `add` in two stages, whose waiting requests may join a running batch between them: the
-# host's batcher decides a join, so only the host's loop serves it
+# `add` in two stages, whose waiting requests may join a running batch between them (the
+# pool decides joins, in C, for the requests of every loop)
 STAGED_ADD_MODEL = '''
 from array import array
 from aserve.runtime import Model, TensorSpec
@@ -839,9 +839,8 @@ class Add(Model):
 '''
 
 
-def host_only_repository(root: pathlib.Path) -> pathlib.Path:
-    """The conftest models plus `fast`: `add` in stages, adaptive, joining under the budget rule
-    (a join the host's batcher decides: only the host's loop serves it)."""
+def staged_repository(root: pathlib.Path) -> pathlib.Path:
+    """The conftest models plus `fast`: `add` in stages, adaptive, joining under the budget rule."""
     from .test_metrics import ADAPTIVE_CONFIG
 
     config = ADAPTIVE_CONFIG.replace('policy = "adaptive"\n', 'policy = "adaptive"\njoin_rule = "budget"\n')
@@ -850,9 +849,9 @@ def host_only_repository(root: pathlib.Path) -> pathlib.Path:
 
 
 async def on_a_front(start_server, root: pathlib.Path):  # type: ignore[no-untyped-def]
-    """Two fronts over the conftest models and `fast` (layer joining: only the host serves it), and a
-    connection whose first request, an `add`, a front answered: (server, url, reader, writer)."""
-    server, url = await start_server(host_only_repository(root), loops=2)
+    """Two fronts over the conftest models and `fast` (layer joining), and a connection whose first
+    request, an `add`, a front answered: (server, url, reader, writer)."""
+    server, url = await start_server(staged_repository(root), loops=2)
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     writer.write(_raw("add", [[1, 2, 3, 4]], [[4, 3, 2, 1]]))
     assert await read_sums(reader) == [5, 5, 5, 5]
@@ -860,111 +859,38 @@ async def on_a_front(start_server, root: pathlib.Path):  # type: ignore[no-untyp
     return server, url, reader, writer
 
 
-async def test_a_connection_whose_request_names_a_model_only_the_host_serves_goes_to_the_host(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
-    """A front that reads a request for a model only the host's loop serves (layer joining) hands the
-    connection itself to the host, with the bytes it read: that request and every later one
-    on the connection, whichever model it names, are the host's, with no hop through the
-    front; each is answered in order and counted once. Connections of the other models stay
-    on the fronts."""
+async def test_a_model_whose_batches_join_is_answered_by_the_front_that_read_it(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
+    """A model whose requests may join running batches at stage boundaries is served on the
+    fronts like any other: its requests, pipelined with another model's in one read, split over
+    reads or behind an Expect, are answered in order by the front that read them, and the
+    connection stays there."""
     server, url, reader, writer = await on_a_front(start_server, tmp_path / "repo")
     rows, other = [[1, 2, 3, 4]], [[4, 3, 2, 1]]
     try:
-        assert (server.loops.connections, server.app.stats.connections) == (1, 0)  # a front's
-        # the adaptive model's request and one for `add` behind it, in one read: both the host's
         writer.write(_raw("fast", rows, other) + _raw("add", [[10, 20, 30, 40]], other))
         assert await read_sums(reader) == [5, 5, 5, 5]
         assert await read_sums(reader) == [14, 23, 32, 41]
-        assert (server.loops.connections, server.app.stats.connections) == (0, 1)
         for k in range(3):
             writer.write(_raw("fast" if k % 2 else "add", [[k, k, k, k]], other))
             assert await read_sums(reader) == [k + 4, k + 3, k + 2, k + 1]
-    finally:
-        writer.close()
-    assert sum(await front_requests(server)) == 1  # the first `add` alone
-    async with aiohttp.ClientSession() as http:
-        text = await scrape(http, url)
-    assert value(text, "aserve_inference_request_success_total", model="fast", version="1") == 2
-    assert value(text, "aserve_inference_request_success_total", model="add", version="1") == 4
-    await until(lambda: server.app.stats.connections == 0, what="the handed connection's close")
-
-
-async def test_a_connection_goes_to_the_host_with_a_head_whose_body_is_still_on_the_way(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
-    """A request for a model only the host serves whose head came alone (a client that waits
-    for `100 Continue`, or a body still on the way): the connection goes to the host with the
-    head, and the host's loop answers the Expect, reads the body from the socket and answers."""
-    server, _ = await start_server(host_only_repository(tmp_path / "repo"), loops=2)
-    await until(lambda: server.loops.serving == 2, what="both fronts serve")
-    rows, other = [[1, 2, 3, 4]], [[4, 3, 2, 1]]
-    data = json.dumps(add_body(rows, other)).encode()
-    head = (f"POST /v2/models/fast/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n").encode()
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    try:
-        writer.write(head + b"Expect: 100-continue\r\n\r\n")
-        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30) == b"HTTP/1.1 100 Continue\r\n\r\n"
-        assert (server.loops.connections, server.app.stats.connections) == (0, 1)  # the host's, before its body
-        writer.write(data)
-        assert await read_sums(reader) == [5, 5, 5, 5]
-        # the next one's body in two writes, the second once the first part is in the host's parser
-        writer.write(head + b"\r\n" + data[:10])
-        await until(lambda: any(c._current is not None for c in server.http.connections), what="the body begun")
-        writer.write(data[10:])
-        assert await read_sums(reader) == [5, 5, 5, 5]
-    finally:
-        writer.close()
-    assert sum(await front_requests(server)) == 0
-
-
-@pytest.mark.parametrize("cut", ["method", "request line", "header", "head"])
-async def test_a_connection_goes_to_the_host_with_every_read_of_its_request(start_server, tmp_path: pathlib.Path,  # type: ignore[no-untyped-def]
-                                                                           cut: str) -> None:
-    """A request for a model only the host's loop serves, whose head a front read in several
-    reads (the first ending inside the method, the request line, a field, or the head's end):
-    the connection goes to the host with all of them, and the request is served."""
-    server, _ = await start_server(host_only_repository(tmp_path / "repo"), loops=2)
-    await until(lambda: server.loops.serving == 2, what="both fronts serve")
-    data = _raw("fast", [[1, 2, 3, 4]], [[4, 3, 2, 1]])
-    at = {"method": 3, "request line": 20, "header": data.index(b"Content-Type") + 5,
-          "head": data.index(b"\r\n\r\n") + 2}[cut]
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    try:
+        data = _raw("fast", [[2, 2, 2, 2]], other)
+        at = data.index(b"Content-Type") + 5
         await send_read(writer, [data[:at], data[at:]], server.port)
+        assert await read_sums(reader) == [6, 5, 4, 3]
+        body = json.dumps(add_body(rows, other)).encode()
+        writer.write((f"POST /v2/models/fast/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n").encode())
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(body)
         assert await read_sums(reader) == [5, 5, 5, 5]
-        assert (server.loops.connections, server.app.stats.connections) == (0, 1)  # the host's now
-        writer.write(_raw("add", [[1, 1, 1, 1]], [[1, 1, 1, 1]]))
-        assert await read_sums(reader) == [2, 2, 2, 2]
+        assert (server.loops.connections, server.app.stats.connections) == (1, 0)  # still the front's
     finally:
         writer.close()
-
-
-async def test_a_forwarded_requests_duration_counts_the_hop_to_the_host(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
-    """A request of a model only the host serves that a front cannot hand over with its connection (here:
-    pipelined behind one the front answers) goes to the host's loop over the channel; while
-    that loop is busy the request waits there, and its duration (as the metrics and the
-    statistics extension count it) includes that wait. Once it is answered, the connection
-    itself goes to the host's loop."""
-    server, url, reader, writer = await on_a_front(start_server, tmp_path / "repo")
-    rows, other = [[1, 2, 3, 4]], [[4, 3, 2, 1]]
-    try:
-        # sent now, not when this loop runs again
-        os.write(writer.transport.get_extra_info("socket").fileno(), _raw("add", rows, other) + _raw("fast", rows, other))
-        time.sleep(0.2)  # noqa: ASYNC251 - the host's loop (this one) is busy: the front's hand-over waits
-        assert await read_sums(reader) == [5, 5, 5, 5]
-        assert await read_sums(reader) == [5, 5, 5, 5]
-        assert sum(await front_requests(server)) == 3  # both answered through the front
-        # answered, with nothing read behind it: the connection goes to the host's loop now
-        await until(lambda: (server.loops.connections, server.app.stats.connections) == (0, 1),
-                    what="the connection on the host's loop")
-        writer.write(_raw("fast", [[7, 7, 7, 7]], other))
-        assert await read_sums(reader) == [11, 10, 9, 8]
-    finally:
-        writer.close()
-    assert sum(await front_requests(server)) == 3
+    assert sum(await front_requests(server)) == 8
     async with aiohttp.ClientSession() as http:
         text = await scrape(http, url)
-    labels = {"model": "fast", "version": "1"}
-    assert value(text, "aserve_inference_request_success_total", **labels) == 2
-    assert value(text, "aserve_inference_request_duration_us_sum", **labels) >= 150_000
+    assert value(text, "aserve_inference_request_success_total", model="fast", version="1") == 4
+    assert value(text, "aserve_inference_request_success_total", model="add", version="1") == 4
 
 
 def _answer_while_held(fd: int, target: str, timeout: float = 10.0) -> tuple[int, bytes]:

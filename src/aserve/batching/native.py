@@ -19,9 +19,15 @@ native/host/front_queue.c: submit, the flush once per loop iteration, the comple
 the timer, withdrawal and closing are here. The batch's leader reports the batch (its
 rows and run time), so every batch is counted once, by the loop whose request led it.
 
-`Batcher` stays the reference: the host's loop runs it (with layer joining, which no front
-serves), and a front runs it beside this queue for its requests that are traced or carry a
-caller's context (`ModelHandle.traced`; `PlanAdmission` where the model has a Plan).
+A model with stages whose adaptive policy joins (layer joining) joins in the pool too: the
+request that leads a batch runs it stage by stage, and the requests queued while every
+interpreter is busy are offered to the running batches by the Plan's planner
+(native/host/pool_join.c, plan_join.c; `JoinPlanner`'s rules, over the stage shares the
+warm-up measured and the pool refines).
+
+`Batcher` stays the reference: the host's loop runs it, and a front runs it beside this queue
+for its requests that are traced or carry a caller's context (`ModelHandle.traced`;
+`PlanAdmission` where the model has a Plan).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from time import monotonic
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._native import FrontQueue, Plan
 from ..errors import EngineError, ModelError, Overloaded, RequestTimeout
@@ -40,6 +46,9 @@ from .adaptive import AdaptivePolicy
 from .batcher import count_batch, queue_full
 from .costmodel import CostModel
 from .policy import WindowPolicy
+
+if TYPE_CHECKING:
+    from .joining import Joining
 
 # how often the host folds the batches that ended into a Plan's cost model (`PlanFeed`)
 FEED_PERIOD_S = 0.05
@@ -64,8 +73,9 @@ class PlanFeed:
     model and publishes the refined curve; the arrival rate, the slowdown and the batches in
     flight are the Plan's own (every loop and worker changes them)."""
 
-    def __init__(self, policy: AdaptivePolicy) -> None:
+    def __init__(self, policy: AdaptivePolicy, joining: Joining | None = None) -> None:
         self.policy = policy
+        self.joining = joining
         self._timer: asyncio.TimerHandle | None = None
         self.plan = Plan(
             interpreters=policy.interpreters, latency_budget_s=policy.latency_budget_s,
@@ -73,6 +83,9 @@ class PlanFeed:
             admit_factor=policy.admit_factor, overload_reserve=policy.overload_reserve,
             slowdown_alpha=policy.slowdown_alpha, contention=policy.contention,
         )
+        if joining is not None:
+            profile = joining.planner.profile
+            self.plan.join_setup(profile.shares, joining.benefit, profile.alpha)
         self.publish()
 
     @property
@@ -81,6 +94,8 @@ class PlanFeed:
 
     def publish(self) -> None:
         self.plan.publish(*curve(self.policy.cost, self.policy.tolerance))
+        if self.joining is not None:  # whether a join can pay follows the refined curve
+            self.plan.may_pay(self.joining.planner.may_pay())
 
     def feed(self) -> int:
         """Refine the cost model with the batches that ended since the last call; how many."""

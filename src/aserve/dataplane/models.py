@@ -52,15 +52,6 @@ async def make_policy(
     return policy, joining
 
 
-def no_join(joining: Joining | None) -> bool:
-    """Whether a model load's batches never join running ones: no layer joining, or joining under
-    the benefit rule on a curve, as warm-up measured it, on which no join can pay (the host's
-    batcher would run every batch whole). Such a load is served on the front loops, batched by
-    the policy in C, which does not join (the host's batcher decides joins, so a load that may
-    join is the host's loop's alone)."""
-    return joining is None or (joining.benefit and not joining.planner.may_pay())
-
-
 def queue_layout(fronts: int) -> tuple[int, int]:
     """A model's queue Counter under `--loops`: its (slots, summed). Slot 0 and 1..fronts: the
     samples each loop's batchers queued (the host's, then each front's); then, per front, what
@@ -185,10 +176,16 @@ class ModelHandle:
             out["stages"] = self.info.stages
         if self.batcher is not None and batching.policy == "adaptive":
             stats = self.batcher.stats()
-            summary["layer_join"] = "join" in stats and self.plan is None
+            join = policy.get("join") if self.plan is not None and state is not None else None
+            if join is not None:  # the fronts' requests join in the pool, by the Plan
+                summary["layer_join"] = join["active"]
+                summary["stage_profile"] = {"stages": len(join["stage_shares"]), "shares": join["stage_shares"],
+                                            "observations": join["profile_observations"]}
+            else:
+                summary["layer_join"] = "join" in stats and self.plan is None
+                if "join" in stats:
+                    summary["stage_profile"] = stats["join"]["stage_profile"]  # type: ignore[index]
             summary["join_rule"] = batching.join_rule
-            if "join" in stats:
-                summary["stage_profile"] = stats["join"]["stage_profile"]  # type: ignore[index]
         out["batching"] = summary
         return out
 

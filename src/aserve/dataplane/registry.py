@@ -62,7 +62,6 @@ from .models import (
     ModelHandle,
     ModelRoutes,
     make_policy,
-    no_join,
     queue_layout,
 )
 from .stats import BatchTotals, Metrics
@@ -547,9 +546,10 @@ class ModelRegistry:
             scheduler=self.schedulers[handle.engine], uniform=schema.uniform, cancel=pool.cancel,
             shared=handle.queued,
         )
-        if self.queue_fronts and isinstance(policy, AdaptivePolicy) and no_join(joining) and config.max_batch_size > 0:
-            # the fronts' requests are batched in the pool by the policy in C, fed from here
-            handle.plan = PlanFeed(policy)
+        if self.queue_fronts and isinstance(policy, AdaptivePolicy):
+            # the fronts' requests are batched (and join running batches) in the pool by the
+            # policy in C, fed from here
+            handle.plan = PlanFeed(policy, joining)
             handle.plan.start()
         handle.pool = pool
         handle.batcher.tracer = self.tracer

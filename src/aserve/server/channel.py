@@ -84,13 +84,6 @@ class Spans(Asking, tag="spans"):
     payload: bytes
 
 
-class Take(Message, tag="take"):
-    """A connection goes to the host's loop: its descriptor, and the reads that hold its next request."""
-
-    fd: int
-    data: bytes
-
-
 class Took(Message, tag="took"):
     """The front took the connection the host handed it (`Conn`)."""
 
@@ -127,7 +120,7 @@ class Gone(Message, tag="gone"):
     """One of the front's connections closed."""
 
 
-ToHost = Log | Head | Forward | GrpcCall | Spans | Take | Took | Cancelled | Ready | Counts | Retired | Gone
+ToHost = Log | Head | Forward | GrpcCall | Spans | Took | Cancelled | Ready | Counts | Retired | Gone
 
 
 # ---- the host's messages to a front ----
@@ -144,7 +137,6 @@ class Models(Message, tag="models"):
 
     models: list[dict[str, Any]]
     labels: dict[str, dict[str, int]]
-    hosts: list[str]  # ready models only the host's loop serves
     tracing: dict[str, Any] | None  # `Tracer.settings()`, None: off
     roots: list[tuple[str, str]]  # (path, name) model errors name as the host's do (ErrorPolicy.use_roots)
 

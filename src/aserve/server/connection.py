@@ -25,11 +25,6 @@ gets 400 and the connection closes (505 for an HTTP version other than 1.1 and 1
 for a transfer coding other than chunked); so does an upgrade request, once answered (the
 server speaks no other protocol on the connection). At the client's EOF, a request it cut
 short is not waited for: the connection closes.
-
-Between answers, a connection can go to another event loop of the process (`hand_over`,
-a front loop handing the host's loop a connection to a model only the host serves): the
-descriptor's duplicate and the reads that hold the next request go there, and that loop
-parses the read first (`HttpServer.resumed`).
 """
 
 from __future__ import annotations
@@ -37,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 import re
 import socket
 import time
@@ -163,9 +157,6 @@ class HttpServer:
         # a read that holds it and a body of that length is one request, read without llhttp
         self.raw_heads: Bounded[bytes, tuple[Any, ...]] = Bounded(256)
         self.held = 0  # connections held after a refusal for overload (`Pacing.hold`)
-        # where a connection goes that another loop serves from its next request on
-        # (`Connection.hand_over`): (a duplicate of its descriptor, the reads that hold the request)
-        self.give: Callable[[int, bytes], None] | None = None
         self.closing = False
         self._reads_began = 0.0  # time.monotonic() of the loop's first read of this iteration (0: none yet)
 
@@ -191,15 +182,6 @@ class HttpServer:
 
     def __call__(self) -> Connection:
         return Connection(self)
-
-    def resumed(self, data: bytes) -> Callable[[], Connection]:
-        """The protocol factory of a connection another loop began (`Connection.hand_over`):
-        `data`, the read that loop took last, is parsed first, before anything the socket holds."""
-        def made() -> Connection:
-            conn = Connection(self)
-            conn.pending = data
-            return conn
-        return made
 
     def close_idle(self) -> None:
         """Shutting down: close every connection that has no request in progress."""
@@ -260,18 +242,10 @@ class Connection(asyncio.Protocol):
         self._known: tuple[Any, ...] | None = None  # the last head read: its `HttpServer.heads` entry, if plain
         self._whole: bytes | None = None  # the read being parsed, when it began with a request and nothing was owed
         self._heads_before = 0  # `_heads_read` before the read being parsed
-        # the reads since the connection was last between requests with nothing owed, while the
-        # request begun there is still in its head (a method or head split over reads): where
-        # another loop begins if that request takes the connection there (`hand_over`)
-        self._opening: bytes | list[bytes] | None = None
-        self._heads_opening = 0  # `_heads_read` when `_opening` began
         self._progress = False  # llhttp reached a request's start, head, body or end in the read being parsed
         self._stalled = 0  # bytes read in a body's framing (chunk sizes, trailer fields) since the last progress
         self._trailers = 0  # trailer fields of the request being read
         self._overrun: tuple[int, str] | None = None  # a limit a callback found passed: parsing stops
-        self._giving = False  # the connection goes to another loop once the read is parsed (`hand_over`)
-        self._give_idle = False  # ... or once nothing read is left to answer (`hand_over`, later)
-        self.pending = b""  # read by the loop that had the connection before (`HttpServer.resumed`)
 
     # ---- asyncio.Protocol ----
 
@@ -292,9 +266,6 @@ class Connection(asyncio.Protocol):
                 pass
         self._free_since = self.loop.time()
         self._arm()
-        if self.pending:
-            data, self.pending = self.pending, b""
-            self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
         if self.closing or self._discard:
@@ -307,18 +278,8 @@ class Connection(asyncio.Protocol):
                 return
         heads = self._heads_before = self._heads_read
         idle = not self.queue and not self.busy and self._current is None
-        if idle and not self._head:  # llhttp is between requests, none begun
-            whole = True
-            self._whole = self._opening = data
-            self._heads_opening = heads
-        else:
-            whole = False
-            self._whole = None
-            opening = self._opening
-            if not idle or opening is None:
-                self._opening = None
-            else:  # the head begun in earlier reads goes on
-                self._opening = [opening, data] if type(opening) is bytes else [*opening, data]
+        whole = idle and not self._head  # llhttp is between requests, none begun
+        self._whole = data if whole else None
         if whole and self.counted:
             end = data.find(b"\r\n\r\n", 0, KNOWN_HEAD_BYTES)
             if end > 0:
@@ -331,18 +292,13 @@ class Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            if not self._giving:
-                self._upgraded()
+            self._upgraded()
         except httptools.HttpParserError as exc:
-            if not self._giving:
-                overrun, self._overrun = self._overrun, None
-                if overrun is not None:
-                    self._refuse_head(*overrun)
-                else:
-                    self._malformed(exc)
-        if self._giving:
-            self._give()
-            return
+            overrun, self._overrun = self._overrun, None
+            if overrun is not None:
+                self._refuse_head(*overrun)
+            else:
+                self._malformed(exc)
         if self._head:
             if not self.closing:
                 self._head_bytes += len(data)
@@ -394,9 +350,6 @@ class Connection(asyncio.Protocol):
         request.route, request.params = route, params
         self.queue.append(request)
         answer = request.answer = self.dispatcher.again(request)
-        if self._giving:
-            self._give()
-            return
         if answer is not None:
             self._decided(request, answer)
         else:
@@ -406,53 +359,6 @@ class Connection(asyncio.Protocol):
         request.complete = True
         request.raw = data
         self._advance()
-
-    def hand_over(self, request: Request) -> bool:
-        """Whether the connection goes to another loop from `request` on (a route's head check
-        asks, for a request only that loop answers): when `request` is the first read since the
-        last answer was sent, in full, the bytes of the reads that hold its head (a head, or even
-        its method, may come in several) are where that loop begins, and once this read is
-        parsed the connection leaves this loop (`_give`),
-        nothing of it answered here. Else (False: this loop has `request` answered) it goes
-        as soon as every request read is answered and nothing is read of the next."""
-        if self.server.give is None:
-            return False
-        # reads that began with nothing owed, whose first request this is: the queue holds `request` alone
-        transport = self.transport
-        if (self._opening is None or self._heads_read != self._heads_opening + 1 or transport is None
-                or transport.get_write_buffer_size()):
-            self._give_idle = True
-            return False
-        self._giving = True
-        return True
-
-    def _gives_now(self) -> bool:
-        """`hand_over`'s later case: every request read is answered, so the connection goes
-        now, with nothing read of it, if its answers are all written; True if it went."""
-        transport = self.transport
-        if transport is None or transport.get_write_buffer_size():
-            return False
-        self._opening = b""
-        self._give()
-        return True
-
-    def _give(self) -> None:
-        """Hand the connection to the loop `hand_over` agreed to: a duplicate of its descriptor
-        and the reads that hold its next request go there; this loop's transport closes without
-        a byte written, leaving the socket open through the duplicate."""
-        transport, reads, give = self.transport, self._opening, self.server.give
-        assert transport is not None and reads is not None and give is not None
-        data = reads if isinstance(reads, bytes) else b"".join(reads)
-        fd = os.dup(transport.get_extra_info("socket").fileno())
-        self.closing = True
-        self._cancel_timer()
-        if self.counted:
-            self.server.stats.connections -= 1
-            self.counted = False
-        self.server.connections.discard(self)
-        transport.pause_reading()
-        transport.abort()
-        give(fd, data)
 
     def eof_received(self) -> bool | None:
         """The client sends no more: what it sent whole is still answered (the connection
@@ -553,8 +459,6 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._head = False
         self._progress = True
-        if self._giving:
-            return  # a request behind the one the connection goes with: the other loop reads it again
         parser = self.parser
         method = parser.get_method()
         version = parser.get_http_version()
@@ -754,9 +658,6 @@ class Connection(asyncio.Protocol):
                 request.body = parts[0] if len(parts) == 1 else b"".join(parts)
             self._serve(request)
         if self.closing:
-            return
-        if self._give_idle and not queue and not self.busy and self._current is None and not self._head \
-                and not self.pacing.held and not self._eof and self._gives_now():
             return
         if queue:
             if self._eof and not self.busy and not (queue[0].complete or queue[0].answer is not None):

@@ -6,11 +6,7 @@ answers the infer routes of the models the host lists as its own (their batches 
 the host's pools through a native `Link`, with no Python of the host's on the way), and
 hands every other request to the host's loop over its channel (`server/channel.py`):
 admin, metadata, metrics, health, the repository, trace settings, a model loading, not
-ready or unknown. A connection whose request names a model only the host serves (its
-batches join running ones at stage boundaries, which the host's batcher decides) goes to the
-host's loop itself: from that request on
-where it is the first thing read since the last answer, else once that request, handed
-over alone, is answered. The client cannot tell which loop answered.
+ready or unknown. The client cannot tell which loop answered.
 
 While the host traces, a front samples and records the spans of its own requests (a
 `Tracer` of its own, kept in step with the host's settings) and hands what it recorded to
@@ -25,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -74,7 +69,6 @@ from .channel import (
     Retire,
     Retired,
     Spans,
-    Take,
     ToFront,
     Took,
 )
@@ -404,8 +398,6 @@ class Front:
         limits = msgspec.structs.replace(Limits.of(settings), max_connections=0)
         self.http = HttpServer(Dispatcher(self.app, Router(self._routes())), limits, access_log=access_log)
         self.http.connections = _Connections(self._gone)
-        self.http.give = self._give
-        self.hosts: frozenset[str] = frozenset()  # ready models only the host's loop serves (layer joining)
         self.handles: dict[str, ModelHandle] = {}  # by key: those the host lists now
         self.retired: dict[str, ModelHandle] = {}  # no longer listed, not yet closed
         self.schedulers: dict[str, FairScheduler] = {}
@@ -432,19 +424,15 @@ class Front:
     # ---- requests ----
 
     def _prepare(self, app: App, request: Request) -> None:
-        """The infer routes' head check. A request for a model only the host serves takes its
-        connection to the host's loop where it can (`Connection.hand_over`). Else, for a
-        request the host answers whose body did not come with its head, the head goes to the
-        host: the host's head checks (a refusal for overload, 404, a model not ready) answer
-        while the body arrives, and a refused request's body is never read."""
+        """The infer routes' head check. For a request the host answers (a model this front does
+        not list: loading, not ready, unknown) whose body did not come with its head, the head
+        goes to the host: the host's head checks (a refusal for overload, 404, a model not ready)
+        answer while the body arrives, and a refused request's body is never read."""
         try:
             infer_routes.prepare(app, request)
             return
         except ModelNotFound:  # not one of the front's: the host knows (and answers 404 if none)
-            # a model only the host serves: the connection goes to the host's loop from this
-            # request on, so this and the client's next requests take no hop through this loop
-            if request.params["model"] in self.hosts and request.connection.hand_over(request):
-                return
+            pass
         request.state = _HOSTS
         # after this read is parsed: a body that came with the head is whole by then, and the
         # host's checks run once, on the whole request (forward)
@@ -503,14 +491,6 @@ class Front:
         relayed: Relayed = await self._ask(GrpcCall(name=name, raw=raw, metadata=md))
         return relayed.reply
 
-    def _give(self, fd: int, data: bytes) -> None:
-        """A connection goes to the host's loop (`Connection.hand_over`): its descriptor and the
-        reads that hold its next request."""
-        if self.channel is None:
-            os.close(fd)
-            return
-        self.channel.send(Take(fd=fd, data=data))
-
     # ---- the host's messages ----
 
     async def serve(self) -> None:
@@ -560,7 +540,6 @@ class Front:
                     case Models():
                         self._models(message.models, message.labels)
                         self._tracing(message.tracing)
-                        self.hosts = frozenset(message.hosts)
                         self.app.policy.use_roots(message.roots)
                     case Retire(key=key, id=ask):
                         loop.create_task(self._retire(key, ask))

@@ -52,7 +52,6 @@ from .channel import (
     Retire,
     Retired,
     Spans,
-    Take,
     ToHost,
     Took,
 )
@@ -191,8 +190,6 @@ class Loops:
                         for pool in self.server.plane.registry.pools.values():
                             if pool.address == address:
                                 pool.watch(job)
-                    case Take(fd=fd, data=data):  # a connection whose requests go to a model only the host serves
-                        self.server.serve_here(socket.socket(fileno=fd), data)
                     case Took(fd=fd):
                         front.handed.discard(fd)
                     case Counts(id=key, data=data):
@@ -327,19 +324,16 @@ class Loops:
         registry = self.server.plane.registry
         models: list[dict[str, Any]] = []
         labels: dict[str, dict[str, int]] = {}
-        hosts: list[str] = []  # ready, and only the host serves them: their connections come to it
         for name, routes in list(registry.routes.items()):
             handles = list(routes.versions.values())
             if not handles or not all(_servable(h) for h in handles):
-                if handles and all(h.ready and not h.retired for h in handles):
-                    hosts.append(name)
                 continue
             models.extend(front_model(handle, self.count) for handle in handles)
             labels[name] = {label: int(v) for label, v in routes.labels.items()}
         tracer = self.server.plane.tracer
         tracing = tracer.settings() if tracer is not None else None  # each front samples as the host does
         roots = self.server.app.policy.redactor().roots  # model errors name paths as the host's do
-        return Models(models=models, labels=labels, hosts=hosts, tracing=tracing, roots=list(roots))
+        return Models(models=models, labels=labels, tracing=tracing, roots=list(roots))
 
     async def retire(self, key: str) -> None:
         """Before `key` is unloaded: every front answers what it queued of it."""

@@ -373,8 +373,12 @@ def render(models: Iterable[ModelHandle], pools: Mapping[str, Pool], metrics: Me
         _requests(out, labels, metrics.stats(handle.name, handle.version))
         if handle.batcher is not None:
             stats = handle.batcher.stats()
-            if handle.plan is not None:  # the fronts' requests are batched by the policy in C
-                stats["policy"] = handle.plan.as_dict(time.monotonic())
+            if handle.plan is not None:  # the fronts' requests are batched (and join) by the policy in C
+                stats["policy"] = policy = handle.plan.as_dict(time.monotonic())
+                join = policy.get("join")
+                if isinstance(join, dict):
+                    for key in ("joins", "joined_requests", "offers_turned_away"):
+                        stats[key] = stats.get(key, 0) + join[key]
             _batcher(out, labels, _batcher_combined(stats, reported.get((handle.name, handle.version), ())))
     for engine in sorted(pools):
         for key, value in pools[engine].stats().items():

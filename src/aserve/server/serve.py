@@ -120,15 +120,13 @@ class Server:
         if self.http.full or not self.loops.hand(conn):
             self.serve_here(conn)
 
-    def serve_here(self, conn: socket.socket, data: bytes = b"") -> None:
-        """Serve a connection on the host's loop; `data`: what a front read of it and left to
-        the host (`Connection.hand_over`), parsed first."""
-        asyncio.get_running_loop().create_task(self._serve_here(conn, data))
+    def serve_here(self, conn: socket.socket) -> None:
+        """Serve a connection on the host's loop."""
+        asyncio.get_running_loop().create_task(self._serve_here(conn))
 
-    async def _serve_here(self, conn: socket.socket, data: bytes) -> None:
+    async def _serve_here(self, conn: socket.socket) -> None:
         try:
-            await asyncio.get_running_loop().connect_accepted_socket(self.http.resumed(data) if data else self.http,
-                                                                     conn)
+            await asyncio.get_running_loop().connect_accepted_socket(self.http, conn)
         except OSError:  # the client left before it was served
             conn.close()
 
