@@ -482,7 +482,7 @@ async def test_a_failure_answering_a_handed_over_request_is_its_500(looped, monk
     monkeypatch.setattr(server.http.dispatcher, "head", broken)
     caplog.set_level(logging.ERROR, logger="aserve.server")
     async with aiohttp.ClientSession() as http:
-        for path in ("/v2/health/ready", "/v2/models/add"):
+        for path in ("/v2/models/add/stats", "/v2/models/add"):
             async with http.get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=10)) as r:
                 assert r.status == 500
                 answer = await r.json()
@@ -916,25 +916,49 @@ def _answer_while_held(fd: int, target: str, timeout: float = 10.0) -> tuple[int
             data += chunk
 
 
-async def test_a_front_answers_liveness_the_servers_metadata_and_the_api_document_itself(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
-    """What no state of the host's decides is answered by the front that read it: while the
-    host's loop is held, a front's connection still gets liveness, the server's metadata, the
-    OpenAPI document and its page (readiness, model metadata and the rest stay the host's)."""
-    _, url, _, writer = await on_a_front(start_server, tmp_path / "repo")
+async def test_a_front_answers_health_readiness_configuration_and_the_api_document_itself(start_server, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
+    """While the host's loop is held, a front's connection still gets liveness, readiness (the
+    readiness the host published), a served model's readiness and configuration, the server's
+    metadata, the OpenAPI document and its page, over HTTP and gRPC; a model it does not serve
+    is the host's."""
+    server, url = await start_server(staged_repository(tmp_path / "repo"), loops=2, grpc=True)
+    await until(lambda: server.loops.serving == 2, what="both fronts serve")
+    _, writer = await asyncio.open_connection("127.0.0.1", server.port)
     fd = writer.transport.get_extra_info("socket").fileno()
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")  # blocking: the host's loop stays held
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    health = health_pb2_grpc.HealthStub(channel)
     try:
         status, body = _answer_while_held(fd, "/v2/health/live")
         assert status == 200 and json.loads(body) == {"live": True}
+        status, body = _answer_while_held(fd, "/v2/health/ready")
+        assert status == 200 and json.loads(body) == {"ready": True}
+        status, body = _answer_while_held(fd, "/v2/models/fast/ready")
+        assert status == 200 and json.loads(body)["ready"] is True
+        status, body = _answer_while_held(fd, "/v2/models/fast/config")
+        assert status == 200 and json.loads(body)["name"] == "fast", body
         status, body = _answer_while_held(fd, "/v2")
         assert status == 200 and json.loads(body)["name"] == "aserve"
         status, body = _answer_while_held(fd, "/v2/openapi.json")
         assert status == 200 and "/v2/health/live" in json.loads(body)["paths"]
         status, body = _answer_while_held(fd, "/v2/docs")
         assert status == 200 and b"swagger-ui" in body
+        assert stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=10).ready
+        assert stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=10).live
+        assert stub.ModelReady(service_pb2.ModelReadyRequest(name="add"), timeout=10).ready
+        config = stub.ModelConfig(service_pb2.ModelConfigRequest(name="fast"), timeout=10).config
+        assert config.name == "fast" and [i.name for i in config.input] == ["A", "B"]
+        checked = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert checked.status == health_pb2.HealthCheckResponse.SERVING
     finally:
         writer.close()
-    async with aiohttp.ClientSession() as http, http.get(f"{url}/v2/health/ready") as r:
-        assert r.status == 200  # the host's, as before
+        channel.close()
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/v2/models/nosuch/ready") as r:
+        assert r.status == 404 and "nosuch" in await r.text()  # the host's answer, through the front
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as aio:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await service_pb2_grpc.GRPCInferenceServiceStub(aio).ModelReady(service_pb2.ModelReadyRequest(name="nosuch"))
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="holding threads to one CPU needs two")

@@ -56,14 +56,18 @@ class App:
         self.openapi = b""  # the OpenAPI document of the route table, encoded (set by the server)
         self.draining = False  # readiness answers 503 and every answer closes its connection
         self.loops: Any = None  # server/loops.py Loops, with --loops: readiness asks whether every loop serves
+        self.published: Readiness | None = None  # a front loop's: the host's readiness, as it last sent it
         self.grpc_stats: Any = None  # grpc.service.GrpcStats, while the gRPC front serves
         self.threads = ThreadCpu()  # the loops' and interpreters' CPU, for /metrics
 
     def readiness(self) -> Readiness:
         """The one readiness rule, for HTTP's /v2/health/ready and gRPC's ServerReady and Health:
-        not draining, every event loop serving, every model version the repository asks for ready."""
+        not draining, every event loop serving, every model version the repository asks for ready.
+        A front loop answers what the host last published of it (`published`)."""
         if self.draining:
             return Readiness(False, "draining: the server is about to stop")
+        if self.published is not None:
+            return self.published
         loops = self.loops
         if loops is not None and not loops.ready:
             return Readiness(False, f"{loops.serving} of {loops.count} event loops serve: one is being started again")

@@ -179,6 +179,15 @@ class AskCounts(Asking, tag="stats"):
     """What did the front count (`Counts`)?"""
 
 
+class State(Message, tag="state"):
+    """The server's readiness as the host decides it (`App.readiness`), sent when it changes:
+    what the front answers readiness from, over HTTP and gRPC alike."""
+
+    ready: bool
+    reason: str
+    waiting: list[dict[str, str]]
+
+
 class Drain(Message, tag="drain"):
     """The server drains: readiness says no."""
 
@@ -189,7 +198,7 @@ class Close(Message, tag="close"):
     timeout: float
 
 
-ToFront = Conn | Models | Answer | Exported | Relayed | Retire | AskCounts | Drain | Close
+ToFront = Conn | Models | State | Answer | Exported | Relayed | Retire | AskCounts | Drain | Close
 
 R = TypeVar("R")
 

@@ -46,7 +46,8 @@ from ..tensor import Tensor
 from ..tracing import Resolved, Tracer
 from . import infer as infer_routes
 from . import openapi
-from .app import App
+from . import v2 as v2_routes
+from .app import App, Readiness
 from .channel import (
     Answer,
     AskCounts,
@@ -69,6 +70,7 @@ from .channel import (
     Retire,
     Retired,
     Spans,
+    State,
     ToFront,
     Took,
 )
@@ -97,8 +99,11 @@ _HOSTS = "hosts"  # an infer request's state: the host answers it
 # a `traced` batcher's counts, any of which it reports once it is not zero (batching/batcher.py, stats)
 _TRACED_SHOWN = ("requests", "running_batches", "queued_requests", "refused", "timed_out")
 # routes a front answers itself, with the host's handlers: liveness (a front that answers is a
-# live process), the server's metadata, the OpenAPI document and its page
-ANSWERED_HERE = frozenset({"live", "server_metadata", "openapi", "docs"})
+# live process), readiness (from what the host publishes, `State`), the server's metadata, the
+# OpenAPI document and its page
+ANSWERED_HERE = frozenset({"live", "ready", "server_metadata", "openapi", "docs"})
+# and, for a model it serves, the model's readiness and configuration (its handle has them)
+SERVED_HERE = (v2_routes.model_ready, v2_routes.model_config)
 
 
 # A model's queue Counter (its address) and the slots a front's batches count in while they
@@ -390,6 +395,7 @@ class Front:
         root.setLevel(settings.log_level.upper())
         self.plane = DataPlane(settings.repository or ".", settings)  # its routes are the host's (`models`)
         self.app = App(self.plane, settings)
+        self.app.published = Readiness(False, "this event loop has not yet heard the server's readiness")
         self.app.openapi = msgspec.json.encode(openapi.document(ROUTES))  # served here (`ANSWERED_HERE`)
         access_log = self.access_log = AccessLogger(logging.getLogger("aserve.access")) if settings.access_log else None
         self.grpc_port: int = cfg.get("grpc_port") or 0  # the port the host reserved for the loops' gRPC servers
@@ -408,18 +414,30 @@ class Front:
         self.channel: Channel[ToFront] | None = None
 
     def _routes(self) -> list[Route]:
-        """The route table with the front's handlers: its own infer path, the routes whose
-        answer no state of the host's decides (`ANSWERED_HERE`) as the host answers them, the
-        host for the rest."""
+        """The route table with the front's handlers: its own infer path, the routes it answers
+        as the host does (`ANSWERED_HERE`, `SERVED_HERE`), the host for the rest."""
         out = []
         for route in ROUTES:
             if route.codec is not None:
                 out.append(route._replace(head=self._prepare, handler=self._infer))
             elif route.operation in ANSWERED_HERE or route.handler is openapi.static_files:
                 out.append(route)
+            elif route.handler in SERVED_HERE:
+                out.append(route._replace(handler=functools.partial(self._served_here, route.handler)))
             else:
                 out.append(route._replace(head=None, handler=self.forward))
         return out
+
+    async def _served_here(self, handler: Any, app: App, request: Request) -> Response:
+        """This front's answer for a model it serves (every version of it ready), the host's for
+        any other (loading, not ready, unknown)."""
+        params = request.params
+        try:
+            app.plane.model(params["model"], params.get("version"))
+        except ModelNotFound:
+            return await self.forward(app, request)
+        response: Response = await handler(app, request)
+        return response
 
     # ---- requests ----
 
@@ -545,6 +563,8 @@ class Front:
                         loop.create_task(self._retire(key, ask))
                     case AskCounts(id=ask):
                         channel.send(Counts(id=ask, data=self.stats()))
+                    case State(ready=ready, reason=reason, waiting=waiting):
+                        self.app.published = Readiness(ready, reason, tuple(waiting))
                     case Drain():
                         self.app.draining = True
                     case Close(timeout=timeout):

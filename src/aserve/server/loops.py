@@ -52,6 +52,7 @@ from .channel import (
     Retire,
     Retired,
     Spans,
+    State,
     ToHost,
     Took,
 )
@@ -66,6 +67,7 @@ log = logging.getLogger("aserve.server")
 STATS_TIMEOUT_S = 5.0  # longest the host waits for a front's counters
 RESTART_FIRST_S = 0.5  # a loop that ended is started again after this, doubled while it keeps ending
 RESTART_MAX_S = 10.0
+STATE_EVERY_S = 0.05  # how often the host looks whether the readiness it published to the fronts changed
 RESTART_RESET_S = 60.0  # a loop that ran this long before it ended starts again after RESTART_FIRST_S
 
 
@@ -98,6 +100,8 @@ class Loops:
         self._asked: dict[int, asyncio.Future[Any]] = {}
         self._next = 0
         self._publishing = False
+        self._state: State | None = None  # the readiness the fronts were last sent
+        self._state_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self._serving = asyncio.Event()  # every front serves (set and cleared as they come and go)
         self._closed = asyncio.Event()  # close() began
@@ -108,6 +112,24 @@ class Loops:
         await self.pool.start()
         for front in self.fronts:
             self._start(front)
+        self._state_timer = asyncio.get_running_loop().call_later(STATE_EVERY_S, self._tick)
+
+    def _tick(self) -> None:
+        self.send_state()
+        self._state_timer = asyncio.get_running_loop().call_later(STATE_EVERY_S, self._tick)
+
+    def send_state(self, front: FrontLoop | None = None) -> None:
+        """Send the fronts the server's readiness if it changed since they were last sent it
+        (and `front`, which just began serving, whatever it is): what they answer readiness from.
+        Sent at once where the host changes it (a loop ends or serves, the routes change), and
+        looked at every STATE_EVERY_S for what changes on its own (an interpreter lost)."""
+        state = self.server.app.readiness()
+        message = State(ready=state.ready, reason=state.reason, waiting=list(state.waiting))
+        changed = message != self._state
+        self._state = message
+        for f in self.fronts:
+            if f.ready and f.channel is not None and (changed or f is front):
+                f.channel.send(message)
 
     def _start(self, front: FrontLoop) -> None:
         assert self.pool is not None
@@ -199,6 +221,7 @@ class Loops:
                     case Ready():
                         channel.send(self._models())
                         front.ready = True
+                        self.send_state(front)
                         if self.serving == self.count:
                             self._serving.set()
                         log.info("loop %d serving", front.index)
@@ -227,6 +250,7 @@ class Loops:
         """A front's loop returned: told to (shutdown), or it failed and is started again."""
         front.ready = False
         self._serving.clear()
+        self.send_state()  # the others say not ready until it serves again
         front.connections = 0  # closed with its loop
         # what its batchers held of the models' shared queue counts is held no more
         for handle in self.server.plane.registry.handles():
@@ -317,6 +341,7 @@ class Loops:
         for front in self.fronts:
             if front.ready and front.channel is not None:
                 front.channel.send(message)
+        self.send_state()
 
     def _models(self) -> Models:
         """The `models` message: every serving version of each model a front can serve whole
@@ -372,6 +397,9 @@ class Loops:
         """Every front answers what it accepted (within `timeout`) and stops."""
         self.closing = True
         self._closed.set()
+        if self._state_timer is not None:
+            self._state_timer.cancel()
+            self._state_timer = None
         jobs = []
         for front in self.fronts:
             if front.channel is not None:

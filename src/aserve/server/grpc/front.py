@@ -15,9 +15,11 @@ HTTP's rule), "liveness" while the process serves (liveness).
 
 With front loops (`--loops N`) every front runs a server of its own on the same port
 (SO_REUSEPORT: the kernel spreads connections over them) and answers the infer methods
-on its own loop, as its HTTP connections; the host holds the port (`reserve`) without
+on its own loop, as its HTTP connections, and health and readiness from the readiness the
+host publishes to every front (HTTP's); the host holds the port (`reserve`) without
 listening, and answers every other method a front relays to it (`answer`): metadata,
-health, the repository, statistics, trace settings.
+a model's readiness where the front does not serve the model, the repository, statistics,
+trace settings.
 """
 
 from __future__ import annotations
@@ -43,15 +45,13 @@ SERVING: int = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
 INT_MAX = 2**31 - 1  # grpc's channel arguments are C ints
 WATCH_EVERY_S = 0.5  # a Watch stream looks at readiness this often (the server has no event for it)
-HEALTH_CHECK = "Health/Check"  # what a front relays to ask the host a service's status
 
 
 class Health:
     """grpc.health.v1.Health, answered from the server's readiness."""
 
-    def __init__(self, app: App, relay: Relay | None = None) -> None:
+    def __init__(self, app: App) -> None:
         self.app = app
-        self.relay = relay  # a front's: readiness is the host's
         self.closing: asyncio.Event | None = None  # set on shutdown: Watch streams end
 
     def status(self, service: str) -> int | None:
@@ -62,16 +62,8 @@ class Health:
             return None
         return SERVING if self.app.readiness().ready else NOT_SERVING
 
-    async def current(self, service: str) -> int | None:
-        """`status`, asked of the host on a front loop."""
-        if self.relay is None:
-            return self.status(service)
-        answer = await self.relay(HEALTH_CHECK, service.encode(), {})
-        status: int | None = answer.get("status")
-        return status
-
     async def check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        status = await self.current(request.service)
+        status = self.status(request.service)
         if status is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}; expected '', "
                                                            f"{protos.SERVICE!r} or {LIVENESS!r}")
@@ -84,7 +76,7 @@ class Health:
         closing = self.closing
         last = None
         while True:
-            status = await self.current(request.service)
+            status = self.status(request.service)
             if status is None:
                 status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
             if closing.is_set():
@@ -170,7 +162,7 @@ class GrpcFront:
         self.stats = GrpcStats()
         app.grpc_stats = self.stats
         self.methods = Methods(app, self.stats, access_log, relay=relay)
-        self.health = Health(app, relay)
+        self.health = Health(app)
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self._reserved: socket.socket | None = None
@@ -191,10 +183,7 @@ class GrpcFront:
         self.methods.host = _address(host, self.port)
 
     async def answer(self, name: str, raw: bytes, md: dict[str, str]) -> dict[str, Any]:
-        """What the host answers a method a front relayed (`Methods.relayed`): a Health check's
-        status, or a unary method's outcome."""
-        if name == HEALTH_CHECK:
-            return {"code": "OK", "status": self.health.status(raw.decode())}
+        """What the host answers a unary method a front relayed (`Methods.relayed`)."""
         return await self.methods.answer(name, raw, md)
 
     async def start(self, host: str, port: int, *, shared: bool = False) -> None:

@@ -61,7 +61,10 @@ Handler = Callable[[Any, grpc.aio.ServicerContext, dict[str, str]], Awaitable[An
 Unary = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]
 # a front loop's way to the host: (method, request bytes, metadata) -> the host's answer (GrpcFront.answer)
 Relay = Callable[[str, bytes, dict[str, str]], Awaitable[dict[str, Any]]]
-LOCAL = ("ModelInfer",)  # the unary methods a front loop answers itself (and ModelStreamInfer)
+# the unary methods a front loop answers itself (and ModelStreamInfer), and those it answers for
+# a model it serves (`Methods.served_here`): the others go to the host
+LOCAL = ("ModelInfer", "ServerLive", "ServerReady")
+SERVED_HERE = ("ModelReady", "ModelConfig")
 REMAINING = "aserve-remaining-s"  # a relayed infer call's deadline: seconds left when the front relayed it
 
 
@@ -170,6 +173,19 @@ class Methods:
 
         return call
 
+    def served_here(self, name: str, handler: Handler) -> Handler:
+        """The method `name` on a front loop: its own answer for a model it serves, the host's
+        for any other (loading, not ready, unknown)."""
+        relayed = self.relayed(name)
+
+        async def call(request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
+            try:
+                return await handler(request, context, md)
+            except ModelNotFound:
+                return await relayed(request.SerializeToString(), context, md)
+
+        return call
+
     def relayed(self, name: str) -> Handler:
         """The method `name` on a front loop, answered by the host (`answer` there): the
         request's bytes go over the loop's channel, the response's bytes come back, or its
@@ -224,6 +240,8 @@ class Methods:
     async def model_ready(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
         handle = self.plane.model(request.name, request.version or None)
         return protos.ModelReadyResponse(ready=handle.ready)
+
+
 
     async def server_metadata(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
         return protos.ServerMetadataResponse(name="aserve", version=__version__, extensions=EXTENSIONS)
@@ -472,7 +490,9 @@ class Methods:
         the request's bytes (no request_deserializer): the methods parse them."""
         methods = {}
         for name, (level, fn, kind) in self.unaries.items():
-            if self.relay is not None and name not in LOCAL:  # the host answers it, in bytes
+            if self.relay is not None and name in SERVED_HERE:
+                fn = self.served_here(name, fn)
+            elif self.relay is not None and name not in LOCAL:  # the host answers it, in bytes
                 fn, kind = self.relayed(name), None
             handler = grpc.unary_unary_rpc_method_handler(self.unary(name, kind, fn), response_serializer=_serialize)
             methods[f"/{SERVICE}/{name}"] = (name, level, handler)
