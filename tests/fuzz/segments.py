@@ -7,7 +7,7 @@ by the stream) and fed to a second loop's connection. What the client reads (100
 left out: it is owed only to a body not yet sent; the Date left out) must be the
 reference's, byte for byte.
 
-Each loop keeps its memos of heads met before (`HttpServer.heads`, `raw_heads`) from one
+Each loop keeps its memos of heads met before (`HttpServer.heads`, server/heads.py) from one
 stream to the next, as a server does: a read of a head known byte for byte takes the path
 without llhttp, and must mean what llhttp reads.
 

@@ -545,7 +545,7 @@ async def test_a_head_met_again_is_checked_again_where_the_model_may_have_change
     for first in firsts:
         status, _, body = await read_response(reader)
         assert status == 200 and json.loads(body)["outputs"][0]["data"] == expected_sum(first)
-    heads = server.http.heads
+    heads = server.http.heads.parsed
     assert len(heads) == 1
     (headers, *_), = heads.values()
     assert headers["content-type"] == "application/json"

@@ -48,6 +48,7 @@ from ..dataplane.plane import Pending
 from ..errors import BodyTimeout, InvalidInput, Overloaded, PayloadTooLarge
 from ..inference import Answer
 from .errors import error_response, from_exception
+from .heads import KnownHeads, Parsed
 from .http import CONTINUE, Request, Response, encode
 from .infer import judged_again
 from .pacing import Pacing
@@ -60,7 +61,6 @@ MAX_FIELDS = 128  # header fields in one request (more: 431)
 # JSON header) is joined and written as one: uvloop writes one buffer at once, and queues
 # several as a write request with a completion to run; a larger one goes as it is, uncopied
 JOINED_ANSWER_BYTES = 16384
-KNOWN_HEAD_BYTES = 2048  # longest head kept byte for byte (`HttpServer.raw_heads`)
 PIPELINE_LIMIT = 1 << 20  # body bytes waiting behind the request in progress before reading stops
 MAX_WAITING = 32  # requests waiting behind the one in progress before reading stops
 INFLATE_STEP = 1 << 18  # bytes a gzip or deflate body is inflated by at a time, its ratio checked after each
@@ -150,12 +150,7 @@ class HttpServer:
         self.connections: set[Connection] = set()
         # connections open on other loops (`--loops`: the fronts'), which max_connections counts too
         self.elsewhere: Callable[[], int] = _none
-        # request heads met before -> what the checks that depend on nothing else made of them
-        self.heads: Bounded[tuple[Any, ...], tuple[Any, ...]] = Bounded(256)
-        # such a head's bytes, when a read held it and its body alone (Content-Length framing, no
-        # Content-Encoding or Expect) -> (what `heads` holds, version, keep-alive, body length):
-        # a read that holds it and a body of that length is one request, read without llhttp
-        self.raw_heads: Bounded[bytes, tuple[Any, ...]] = Bounded(256)
+        self.heads = KnownHeads()  # request heads met before, parsed and byte for byte
         self.held = 0  # connections held after a refusal for overload (`Pacing.hold`)
         self.closing = False
         self._reads_began = 0.0  # time.monotonic() of the loop's first read of this iteration (0: none yet)
@@ -239,7 +234,7 @@ class Connection(asyncio.Protocol):
         self._done: asyncio.Future[None] | None = None  # a shutdown waits for the request in progress
         self._heads_read = 0  # requests begun (on_message_begin): whether a read held exactly one request
         self._again: Request | None = None  # the last request, refused for overload, whose bytes came in one read
-        self._known: tuple[Any, ...] | None = None  # the last head read: its `HttpServer.heads` entry, if plain
+        self._known: Parsed | None = None  # the last head read: its `KnownHeads.parsed` entry, if plain
         self._whole: bytes | None = None  # the read being parsed, when it began with a request and nothing was owed
         self._heads_before = 0  # `_heads_read` before the read being parsed
         self._progress = False  # llhttp reached a request's start, head, body or end in the read being parsed
@@ -281,12 +276,10 @@ class Connection(asyncio.Protocol):
         whole = idle and not self._head  # llhttp is between requests, none begun
         self._whole = data if whole else None
         if whole and self.counted:
-            end = data.find(b"\r\n\r\n", 0, KNOWN_HEAD_BYTES)
-            if end > 0:
-                known = self.server.raw_heads.get(data[:end + 4])
-                if known is not None and len(data) - end - 4 == known[3]:
-                    self._read_known(known, data, end + 4)
-                    return
+            found = self.server.heads.read(data)
+            if found is not None:
+                self._read_known(found[0], data, found[1])
+                return
         self._known = None
         self._progress = False
         try:
@@ -323,21 +316,13 @@ class Connection(asyncio.Protocol):
             request = self.queue[0]
             request.raw = data  # the read held this request and nothing else
             if self._known is not None and request.answer is None:
-                self._learn(data, request, self._known)
+                self.server.heads.learn(data, request.size, self._known, request.version, request.keep_alive)
         self._advance()
 
-    def _learn(self, data: bytes, request: Request, known: tuple[Any, ...]) -> None:
-        """Keep the head of a read that held one request, head and body, byte for byte: the
-        head ends where the body's `request.size` bytes begin (then it ends at the read's first
-        blank line), so the same bytes are the same request head (`_read_known`)."""
-        start = len(data) - request.size
-        if start <= KNOWN_HEAD_BYTES and data.find(b"\r\n\r\n", 0, start) == start - 4:
-            self.server.raw_heads.remember(data[:start], (known, request.version, request.keep_alive, request.size))
-
-    def _read_known(self, known: tuple[Any, ...], data: bytes, start: int) -> None:
+    def _read_known(self, known: tuple[Parsed, str, bool, int], data: bytes, start: int) -> None:
         """A read of one request whose head, byte for byte, a read held before with a body of
-        the same length and nothing else (`_learn`): what llhttp's callbacks make of it, made
-        without llhttp (which stays between requests), then answered as any request."""
+        the same length and nothing else (`KnownHeads.read`): what llhttp's callbacks make of it,
+        made without llhttp (which stays between requests), then answered as any request."""
         (headers, method_name, target, route, params, _, _), version, keep_alive, _ = known
         self._heads_read += 1
         received, held = self.pacing.sent()
@@ -465,7 +450,7 @@ class Connection(asyncio.Protocol):
         # a head met before, byte for byte (clients repeat theirs), passed the checks that depend on
         # nothing else: its header mapping, route and body framing are looked up, not made again
         key = (method, self._url, version, tuple(self._fields))
-        known = self.server.heads.get(key) if self._refusal is None else None
+        known = self.server.heads.parsed.get(key) if self._refusal is None else None
         if known is not None:
             headers, method_name, target, route, params, encoding, expect = known
         else:
@@ -515,8 +500,8 @@ class Connection(asyncio.Protocol):
                 return
             encoding = headers.get("content-encoding", "identity").strip().lower()
             expect = "expect" in headers
-            self.server.heads.remember(key, (headers, method_name, target, request.route, request.params, encoding,
-                                             expect))
+            self.server.heads.parsed.remember(key, (headers, method_name, target, request.route, request.params,
+                                                    encoding, expect))
         if encoding != "identity" and request.answer is None:
             request.decoder = zlib.decompressobj(31 if encoding == "gzip" else 15)
         if expect:
