@@ -127,7 +127,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--admission-reserve", type=float, help="the adaptive policy's admission_reserve (default: its own)")
     ap.add_argument("--policies", default="window,adaptive",
                     help="comma-separated: window, window-N (batches of at most N), adaptive, adaptive-R (with "
-                         "admission_reserve R: two reserves compared in one run); default %(default)s")
+                         "admission_reserve R: two reserves compared in one run), join (adaptive, joining under "
+                         "LBCI's budget rule); default %(default)s")
     ap.add_argument("--capacity", type=float, help="requests/s to take as the capacity instead of measuring it")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--serve-args", default="", help="more arguments for `aserve serve` (e.g. \"--spin-us 0\")")
@@ -158,8 +159,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--ignore-retry-after is for the closed loop (--closed)")
     for policy in filter(None, args.policies.split(",")):
         kind, _, value = policy.partition("-")
-        if kind not in ("window", "adaptive") or (value and not _variant(kind, value)):
-            ap.error(f"--policies: {policy!r} is none of window, window-N (N >= 1), adaptive, adaptive-R (0 <= R < 1)")
+        if kind not in ("window", "adaptive", "join") or (value and (kind == "join" or not _variant(kind, value))):
+            ap.error(f"--policies: {policy!r} is none of window, window-N (N >= 1), adaptive, adaptive-R (0 <= R < 1), "
+                     "join")
     return args
 
 
@@ -178,13 +180,16 @@ def repository(base: pathlib.Path, policy: str, budget_ms: float, reserve: float
                timeout_ms: float | None = None) -> pathlib.Path:
     """A repository holding the bundled cnn with its [batching] table replaced (`window-N`:
     the window policy with max_batch_size N; `adaptive-R`: the adaptive policy with
-    admission_reserve R, rather than `reserve`)."""
+    admission_reserve R, rather than `reserve`; `join`: the adaptive policy, its requests joining
+    running batches at stage boundaries whenever every budget still holds)."""
     repo = base / policy
     shutil.copytree(ROOT / "examples" / MODEL, repo / MODEL, ignore=shutil.ignore_patterns("__pycache__"))
     config = repo / MODEL / "config.toml"
     head = config.read_text().split("[batching]")[0].rstrip()
-    if policy.startswith("adaptive"):
+    if policy.startswith(("adaptive", "join")):
         table = f'[batching]\npolicy = "adaptive"\nlatency_budget_ms = {budget_ms}\n'
+        if policy == "join":
+            table += 'layer_join = true\njoin_rule = "budget"\n'
         if policy.startswith("adaptive-"):
             reserve = float(policy.split("-", 1)[1])
         if reserve is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
+import tomllib
 
 import pytest
 
@@ -175,3 +176,14 @@ def test_policies_name_a_reserve_to_compare_in_one_run(tmp_path: pathlib.Path) -
     for wrong in ("adaptive-1.0", "adaptive-x", "window-0", "fifo"):
         with pytest.raises(SystemExit):
             overload.parse(["--policies", f"adaptive,{wrong}"])
+
+
+def test_the_join_policy_is_the_adaptive_one_joining_under_the_budget_rule(tmp_path: pathlib.Path) -> None:
+    overload = load_script("overload")
+    assert overload.parse(["--policies", "adaptive,join"]).policies == "adaptive,join"
+    with pytest.raises(SystemExit):
+        overload.parse(["--policies", "join-2"])
+    repo = overload.repository(tmp_path, "join", 40.0)
+    config = tomllib.loads((repo / "cnn" / "config.toml").read_text())
+    assert config["batching"] == {"policy": "adaptive", "latency_budget_ms": 40.0, "layer_join": True,
+                                  "join_rule": "budget"}
