@@ -174,7 +174,7 @@ def tensors(round_: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def grpc_message(a: np.ndarray, b: np.ndarray) -> bytes:
-    from aserve.server.grpc import protos
+    from aserve.protocol.grpc import protos
 
     request = protos.ModelInferRequest(model_name=MODEL)
     for name, value in (("INPUT0", a), ("INPUT1", b)):
@@ -186,7 +186,7 @@ def grpc_message(a: np.ndarray, b: np.ndarray) -> bytes:
 
 def grpc_outputs(data: bytes) -> dict[str, np.ndarray]:
     """The outputs of a ModelInferResponse, raw or typed (MLServer answers typed contents)."""
-    from aserve.server.grpc import protos
+    from aserve.protocol.grpc import protos
 
     response = protos.ModelInferResponse.FromString(data)
     out = {}

@@ -31,7 +31,7 @@ def test_a_brief_run_records_both_fronts_and_their_ratio(tmp_path: pathlib.Path)
 
 
 def test_answers_are_read_from_raw_and_typed_contents() -> None:
-    from aserve.server.grpc import protos
+    from aserve.protocol.grpc import protos
 
     a, b = bench.tensors(3)
     raw = protos.ModelInferResponse()

@@ -228,7 +228,7 @@ def _grpc(data: bytes, rng: random.Random) -> bytes | None:
     the wrong field or beside raw ones, an input twice, a parameter of another type."""
     from google.protobuf.message import DecodeError
 
-    from aserve.server.grpc import protos
+    from aserve.protocol.grpc import protos
 
     try:
         message = protos.ModelInferRequest.FromString(data)

@@ -32,7 +32,7 @@ parsers split differently is the request-smuggling setup.
 `http_segments` (`segments.py`) is the same connection fed one stream cut into reads in
 many ways: every cut is answered as the whole stream in one read is.
 
-`grpc` is the gRPC front's codec (`aserve.server.grpc.codec`): a serialized
+`grpc` is the gRPC front's codec (`aserve.protocol.grpc.codec`): a serialized
 `ModelInferRequest` as grpc hands it over, its inputs in typed `contents` or in
 `raw_input_contents` (whose sizes need not agree with the shapes); the same property, the
 values read from the message's fields.
@@ -63,13 +63,13 @@ from google.protobuf.message import DecodeError
 from aserve.errors import AserveError, InvalidInput
 from aserve.inference import InferRequest, ModelSchema
 from aserve.protocol import arrays, decode_infer, decode_predict
+from aserve.protocol.grpc import codec as grpc_codec
+from aserve.protocol.grpc import protos
 from aserve.runtime.datatypes import decode_bytes, element_count
 from aserve.runtime.model import TensorSpec
 from aserve.server.app import HttpStats
 from aserve.server.connection import Connection, HttpServer, Limits, origin_form
 from aserve.server.errors import ErrorPolicy
-from aserve.server.grpc import codec as grpc_codec
-from aserve.server.grpc import protos
 from aserve.server.http import Response
 
 from .segments import Wire, http_segments

@@ -22,7 +22,7 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from aserve.cli import build_parser, settings_from_args
-from aserve.server.grpc import protos
+from aserve.protocol.grpc import protos
 
 from ..conftest import spawns, until
 from .conftest import MODELS
@@ -196,7 +196,7 @@ def test_descriptor_set_is_compiled_from_the_proto(tmp_path: pathlib.Path) -> No
     module.compile_descriptor_set(tmp_path / "fresh.binpb")
     fresh = descriptor_pb2.FileDescriptorSet.FromString((tmp_path / "fresh.binpb").read_bytes())
     shipped = descriptor_pb2.FileDescriptorSet.FromString(protos.DESCRIPTOR_SET.read_bytes())
-    assert fresh == shipped, "inference.binpb is stale: run python src/aserve/server/grpc/protos/compile.py"
+    assert fresh == shipped, "inference.binpb is stale: run python src/aserve/protocol/grpc/protos/compile.py"
 
 
 def test_messages_match_tritonclients() -> None:

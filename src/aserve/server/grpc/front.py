@@ -35,8 +35,8 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from ...config import ServerSettings
 from ...logs import AccessLogger
+from ...protocol.grpc import protos
 from ..app import App
-from . import protos
 from .service import GrpcStats, Methods, Relay
 
 HEALTH = "grpc.health.v1.Health"

@@ -39,13 +39,13 @@ from ...dataplane.stats import statistics
 from ...errors import AserveError, InvalidInput, ModelNotFound
 from ...inference import InferCall
 from ...logs import AccessLogger
+from ...protocol.grpc import protos
+from ...protocol.grpc.codec import GRPC
 from ..access import ADMIN, API, OPEN, Level
 from ..admin import apply_trace_setting, current_trace_setting
 from ..app import App
 from ..connection import MAX_WAITING
 from ..v2 import EXTENSIONS
-from . import protos
-from .codec import GRPC
 from .status import Answered, Status, status_of
 
 log = logging.getLogger("aserve.server")

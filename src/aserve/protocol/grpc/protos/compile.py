@@ -1,5 +1,5 @@
 """Compile inference.proto into the descriptor set shipped beside it (needs grpcio-tools):
-`python src/aserve/server/grpc/protos/compile.py [OUTPUT]` (default: inference.binpb beside
+`python src/aserve/protocol/grpc/protos/compile.py [OUTPUT]` (default: inference.binpb beside
 the proto). Run by path: importing the package would load the set it makes."""
 
 from __future__ import annotations

@@ -21,19 +21,19 @@ from typing import Any
 
 from ...errors import InvalidInput, ModelError
 from ...inference import Answer, InferCall, InferRequest, InferResponse, Labels, ModelSchema, RequestedOutput
-from ...protocol import arrays
-from ...protocol.v2 import _OutputParameters as OutputParameters
-from ...protocol.v2 import _WireOutput as WireOutput
-from ...protocol.v2 import (
+from ...runtime.datatypes import decode_bytes, element_count
+from ...tensor import Tensor
+from .. import arrays
+from ..v2 import _OutputParameters as OutputParameters
+from ..v2 import _WireOutput as WireOutput
+from ..v2 import (
     classified,
     latency_budget_ms,
     output_view,
     requested_outputs,
     timeout_ms,
 )
-from ...protocol.validate import Inputs, check_data
-from ...runtime.datatypes import decode_bytes, element_count
-from ...tensor import Tensor
+from ..validate import Inputs, check_data
 from . import protos
 
 # datatype -> its field of InferTensorContents (FP16 and BF16 have none)
