@@ -192,7 +192,8 @@ class InferCall(msgspec.Struct, kw_only=True, gc=False):
     whole: time.perf_counter() when another loop had the whole request and handed it over (a
     front's, `--loops`): its duration counts from then, not from `DataPlane.submit`. client:
     who sent it, where the front can tell (an HTTP connection's identity; None: unknown),
-    for `DataPlane.sole`."""
+    for `DataPlane.sole`. describe: the front's (name, attributes) of a sampled call's server
+    span for its transport (server/spans.py; None: its route alone)."""
 
     codec: Codec
     model: str
@@ -211,3 +212,4 @@ class InferCall(msgspec.Struct, kw_only=True, gc=False):
     admission: tuple[int, float | None] | None = None
     whole: float | None = None
     client: int | None = None
+    describe: Any = None

@@ -16,6 +16,7 @@ from aserve._native import otlp_encode
 from aserve.dataplane.plane import end_trace, start_trace
 from aserve.inference import InferCall
 from aserve.protocol import V2
+from aserve.server.spans import http_span
 from aserve.tracing import Resolved, Tracer, recorder
 from aserve.tracing.batches import trace_batch
 from aserve.tracing.exporter import TraceExporter
@@ -56,7 +57,7 @@ def _export(tracer: Tracer, exporter: TraceExporter | None = None) -> list[Any]:
 
 async def _one_request(tracer: Tracer, host: str, status: int, error: BaseException | None) -> Any:
     call = InferCall(codec=V2, model="add", content_type="application/json", route="/v2/models/{model}/infer",
-                     host=host)
+                     host=host, describe=http_span)
     trace = start_trace(tracer, call)
     assert trace is not None
     trace.decode = (trace.start + 10, trace.start + 20)

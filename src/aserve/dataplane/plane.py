@@ -334,9 +334,10 @@ def _failed(handle: ModelHandle, call: InferCall, trace: RequestTrace | None, st
 
 
 def start_trace(tracer: Tracer, call: InferCall) -> RequestTrace | None:
-    """The call's RequestTrace when it is sampled, with its OpenTelemetry HTTP server
-    attributes (the same for every call to a model, route and address: made once, kept in
-    the tracer's table) and the caller's W3C tracestate and baggage."""
+    """The call's RequestTrace when it is sampled, with its server span's attributes (the
+    front's for its transport, `InferCall.describe`, and the model's; the same for every call
+    to a model, route and address: made once, kept in the tracer's table) and the caller's W3C
+    tracestate and baggage."""
     headers = call.headers
     trace = tracer.start(headers)
     if trace is None:
@@ -349,23 +350,10 @@ def start_trace(tracer: Tracer, call: InferCall) -> RequestTrace | None:
     key = (call.route, call.model, call.version, protocol, call.host)
     index = tracer.route(key)
     if index < 0:
-        host = call.host
-        address, _, port = host.rpartition(":") if ":" in host else (host, "", "")
-        version = call.version or ""
-        path = call.route.replace("{model}", call.model).replace("{version}", version).replace("{label}", version)
-        attributes: dict[str, Any]
-        if protocol == "grpc":  # route: the method's full name, package.Service/Method
-            service, _, method = call.route.rpartition("/")
-            attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method,
-                          "server.address": address or host, "network.protocol.version": "2"}
-        else:
-            attributes = {"http.request.method": "POST", "http.route": call.route, "url.scheme": "http",
-                          "url.path": path, "server.address": address or host, "network.protocol.version": "1.1"}
+        name, attributes = (call.describe or _untold)(call)
         attributes.update({"aserve.model": call.model, "aserve.version": call.version or "latest",
                            "aserve.protocol": protocol})
-        if port.isdigit():
-            attributes["server.port"] = int(port)
-        index = tracer.add_route(key, span_name(call), attributes)
+        index = tracer.add_route(key, name, attributes)
         if index < 0:  # the table is full (a client sending many Host names): as a span
             trace.common = recorder.shared(attributes)
     trace.route = index
@@ -384,5 +372,10 @@ def end_trace(trace: RequestTrace, call: InferCall, error: BaseException | None)
 
 
 def span_name(call: InferCall) -> str:
-    """A call's server span name: `POST /route` over HTTP, the method's full name over gRPC."""
-    return call.route if call.codec.protocol(call) == "grpc" else f"POST {call.route}"
+    """A call's server span name, as its front describes it."""
+    return (call.describe or _untold)(call)[0]
+
+
+def _untold(call: InferCall) -> tuple[str, dict[str, Any]]:
+    """The server span of a call whose front did not describe its transport: its route."""
+    return call.route, {}

@@ -18,6 +18,7 @@ from ..protocol import V2
 from ..protocol.v2 import HEADER_LENGTH, header_length
 from .app import App
 from .http import Request
+from .spans import http_span
 
 _HEADER_LENGTH = HEADER_LENGTH.lower()
 
@@ -38,6 +39,7 @@ def prepare(app: App, request: Request) -> None:
         header_length=None if length is None or codec is not V2 else header_length(length), headers=h,
         received=request.received, route=route.path, host=h.get("host", ""), held=request.held,
         whole=request.whole, client=None if request.connection is None else id(request.connection),
+        describe=http_span,
     )
     request.state = handle, call
     request.ahead = ask_ahead

@@ -45,6 +45,7 @@ from ..access import ADMIN, API, OPEN, Level
 from ..admin import apply_trace_setting, current_trace_setting
 from ..app import App
 from ..connection import MAX_WAITING
+from ..spans import grpc_span
 from ..v2 import EXTENSIONS
 from .status import Answered, Status, status_of
 
@@ -349,6 +350,7 @@ class Methods:
             codec=GRPC, model=request.model_name, version=request.model_version or None, body=request,
             headers=md, received=time.monotonic(), route=route.lstrip("/"), host=self.host,
             timeout_ms=None if remaining is None else max(remaining, 0.0) * 1000.0, front="grpc",
+            describe=grpc_span,
         )
 
     async def model_infer(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
