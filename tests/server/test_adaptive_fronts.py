@@ -21,7 +21,7 @@ pytestmark = pytest.mark.serial  # a gate holds the one interpreter while reques
 
 CONFIG = '''
 interpreters = 1
-max_batch_size = 8
+max_batch_size = {max_batch_size}
 {tensors}
 [parameters]
 gate = "{gate}"
@@ -33,9 +33,10 @@ timeout_ms = 5000
 '''
 
 
-def repository(root: pathlib.Path, gate: pathlib.Path, *, delay: int, budget: int) -> pathlib.Path:
-    return write_repository(root, {"gated": (GATE_MODEL, CONFIG.format(tensors=TENSORS, gate=gate, delay=delay,
-                                                                        budget=budget))})
+def repository(root: pathlib.Path, gate: pathlib.Path, *, delay: int, budget: int,
+               max_batch_size: int = 8) -> pathlib.Path:
+    return write_repository(root, {"gated": (GATE_MODEL, CONFIG.format(
+        tensors=TENSORS, gate=gate, delay=delay, budget=budget, max_batch_size=max_batch_size))})
 
 
 async def infer(url: str, x: float, **parameters: object) -> tuple[int, dict[str, object], dict[str, str]]:
@@ -83,13 +84,16 @@ async def test_the_requests_waiting_on_every_front_go_in_one_batch_the_policy_ch
     assert value(m, "aserve_cost_model_observations_total", **labels) >= 2
 
 
+@pytest.mark.parametrize("max_batch_size", [8, 0])
 async def test_a_front_refuses_what_the_policy_predicts_late_and_names_the_budget(start_server, tmp_path,
-                                                                                  loops) -> None:
+                                                                                  loops, max_batch_size) -> None:
     """Batches of 50 ms against a 20 ms budget: while one runs, a request that would wait is
     refused on the front by the policy's admission (503, Retry-After), counted once; a request
-    whose own budget allows the wait is admitted."""
+    whose own budget allows the wait is admitted. A model that does not batch (max_batch_size
+    0) is admitted by its Plan on the fronts too."""
     gate = tmp_path / "gate"
-    _, url = await start_server(repository(tmp_path / "repo", gate, delay=50, budget=20))
+    _, url = await start_server(repository(tmp_path / "repo", gate, delay=50, budget=20,
+                                           max_batch_size=max_batch_size))
     labels = {"model": "gated", "version": "1"}
     async with aiohttp.ClientSession() as http:
         held = asyncio.ensure_future(infer(url, -1.0))
