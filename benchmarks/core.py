@@ -21,7 +21,7 @@ Each (engine, model, body) is measured on each path in the same run (`--paths`):
   handle, the answer told to a callback (`Pending.then`) that sends the client's next
   request; no task or coroutine per request;
 - `native`: the `front` path as a front loop (`aserve serve --loops N`) runs it: the
-  model's handle is the one a front makes (`server.front.front_handle`), whose
+  model's handle is the one a front makes (`server.front_models.front_handle`), whose
   `NativeBatcher` queues each request in the pool's shared queue through a native `Link`,
   where the window rule in C batches it (the host's `Batcher` runs the other paths).
 
@@ -78,7 +78,7 @@ def _front_handle(plane: DataPlane, model: str, engines: dict[str, Any]) -> Mode
     NativeBatcher queues each request in the pool's shared queue through a native Link, as
     a front's does (the pool's queue Counter is laid out for one front, this one)."""
     from aserve import _native
-    from aserve.server.front import LinkEngine, front_handle
+    from aserve.server.front_models import LinkEngine, front_handle
     from aserve.server.loops import front_model
 
     host = plane.model(model)

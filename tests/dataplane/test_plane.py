@@ -207,7 +207,7 @@ async def front_of(tmp_path: pathlib.Path, name: str, model: tuple[str, str],
     it on this loop (`--loops 1`): (the plane, the front's LinkEngine, the model as the host
     lists it to fronts, the front's handle of it)."""
     from aserve import _native
-    from aserve.server.front import LinkEngine, front_handle
+    from aserve.server.front_models import LinkEngine, front_handle
     from aserve.server.loops import front_model
 
     repo = write_repository(tmp_path / "repo", {name: model})

@@ -430,7 +430,7 @@ def _answer(key: int, response: Any) -> Answer:
 
 def front_model(handle: ModelHandle, fronts: int) -> dict[str, Any]:
     """One ready model version as the `models` message lists it to `fronts` fronts: what a
-    front's batcher needs to queue its requests in the host's pool (`front.front_handle`)."""
+    front's batcher needs to queue its requests in the host's pool (`front_models.front_handle`)."""
     pool = handle.pool
     assert pool is not None and handle.info is not None
     return {
