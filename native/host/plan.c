@@ -214,7 +214,7 @@ static double budget_of(const as_plan *pl, const as_pending *p)
     return isnan(p->budget) ? pl->budget : p->budget;
 }
 
-static double limit_of(const as_plan *pl, const as_pending *p)
+double as_plan_limit(const as_plan *pl, const as_pending *p)
 {
     double limit = p->arrival - p->waited + budget_of(pl, p);
     return isnan(p->deadline) ? limit : fmin2(limit, p->deadline);
@@ -343,7 +343,7 @@ static void close_batch(const as_plan *pl, const as_pending *queue, int from, in
     avail[i] = end;
     for (int k = from; k < to; k++) {
         *total += end;
-        if (end > limit_of(pl, &queue[k]))
+        if (end > as_plan_limit(pl, &queue[k]))
             (*late)++;
     }
 }
@@ -368,7 +368,7 @@ static int best_take(const as_plan *pl, const as_pending *queue, int n, const in
         double total = 0.0;
         for (int k = 0; k < take; k++) {
             total += end;
-            if (end > limit_of(pl, &queue[k]))
+            if (end > as_plan_limit(pl, &queue[k]))
                 late++;
         }
         int from = take, broke = 0;
@@ -406,7 +406,7 @@ static double fill_by(const as_plan *pl, double now, const as_pending *queue, in
         return NAN;
     double limit = INFINITY;
     for (int k = 0; k < n; k++)
-        limit = fmin2(limit, limit_of(pl, &queue[k]));
+        limit = fmin2(limit, as_plan_limit(pl, &queue[k]));
     double latest = fmin2(queue[0].arrival + pl->max_queue_delay, limit - effective(pl, target, 0));
     double fill = (double)(target - queued) / rate;
     double saving = predict(pl, queued) + predict(pl, target - queued) - predict(pl, target);

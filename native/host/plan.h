@@ -117,6 +117,11 @@ void as_plan_finish(as_plan *pl, int ok, int64_t samples, double seconds);
 /* The batches finished since the last call, oldest first, into out (at most max); how many. */
 int as_plan_take_observed(as_plan *pl, int64_t *samples, double *seconds, int max);
 
+/* When queued request p must finish: its arrival less what it waited before, plus its budget
+ * (or the policy's), or its deadline if earlier (join.py's tightest). The budget is fixed at
+ * creation: no lock needed. */
+double as_plan_limit(const as_plan *pl, const as_pending *p);
+
 /* plan.c, caller holds pl->mu: seconds one batch of b samples takes on the published curve. */
 double as_plan_predict(const as_plan *pl, int64_t b);
 

@@ -23,6 +23,7 @@
 #include "plan.h"
 
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -398,6 +399,26 @@ static inline int compatible(const hjob *a, const hjob *b)
                 return 0;
     }
     return 1;
+}
+
+/* Native request k (of `rows` rows) as its model's policy sees it queued (plan.h). */
+static inline as_pending pending_of(const hjob *k, int64_t rows)
+{
+    return (as_pending){
+        .arrival = (double)k->queued_ns / 1e9,
+        .deadline = k->deadline_ns != 0 ? (double)k->deadline_ns / 1e9 : NAN,
+        .budget = k->budget,
+        .waited = k->waited,
+        .samples = rows,
+    };
+}
+
+/* j never runs: it completes failed, as cancelled before it ran. */
+static inline void fail_cancelled(hjob *j)
+{
+    j->job.failed = 1;
+    j->job.error_type = strdup("Cancelled"); /* NULL without memory: a generic failure */
+    j->job.error = strdup("cancelled before it ran");
 }
 
 static inline int64_t monotonic_ns(void)

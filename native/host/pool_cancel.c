@@ -53,9 +53,7 @@ static worker_t *running_worker(pool_t *p, uint64_t id)
 static int fail_queued(pool_t *p, hjob *j)
 {
     dequeued(p, j);
-    j->job.failed = 1;
-    j->job.error_type = strdup("Cancelled"); /* NULL without memory: a generic failure */
-    j->job.error = strdup("cancelled before it ran");
+    fail_cancelled(j);
     int wake = j->job.join != NULL ? as_pool_finish_staged(p, j) : 0;
     return wake | post_done(p, j);
 }

@@ -144,13 +144,7 @@ int as_pool_plan_open(pool_t *p, hjob *j, int index, int64_t *now, int64_t *wake
             queue = grown;
             cap *= 2;
         }
-        queue[n++] = (as_pending){
-            .arrival = (double)k->queued_ns / 1e9,
-            .deadline = k->deadline_ns != 0 ? (double)k->deadline_ns / 1e9 : NAN,
-            .budget = k->budget,
-            .waited = k->waited,
-            .samples = r,
-        };
+        queue[n++] = pending_of(k, r);
     }
     if (*now == 0)
         *now = monotonic_ns();

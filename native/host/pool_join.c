@@ -26,16 +26,20 @@
 
 #define JOIN_QUEUE 256 /* queued requests one offer considers (the largest batch is smaller) */
 
-/* Caller holds p->mu: native request o, offered to a batch and turned away (or left over when
- * the batch ended), goes back to the head of the shared queue, as if it had never left. */
-static void requeue(pool_t *p, hjob *o)
+/* Caller holds p->mu: native requests offered to a batch and turned away (or left over when
+ * it ended), linked newest first by next, go back to the head of the shared queue in the order
+ * they were offered, as if they had never left. */
+static void requeue(pool_t *p, hjob *back)
 {
-    o->next = p->head;
-    p->head = o;
-    if (p->tail == NULL)
-        p->tail = o;
-    p->queued++;
-    count_queued_rows(o, 1);
+    for (hjob *o = back, *next; o != NULL; o = next) {
+        next = o->next;
+        o->next = p->head;
+        p->head = o;
+        if (p->tail == NULL)
+            p->tail = o;
+        p->queued++;
+        count_queued_rows(o, 1);
+    }
 }
 
 /* as_join.poll: called by the interpreter side of a running staged job after
@@ -69,11 +73,8 @@ static const as_tensor *join_poll(void *ctx, int done, size_t *n_inputs, void **
             wake |= post_done(p, o); /* too late for this group: the host queues it again */
         }
     }
-    if (back != NULL) { /* to the head of the queue in their order, then offered again */
-        for (hjob *next; back != NULL; back = next) {
-            next = back->next;
-            requeue(p, back);
-        }
+    if (back != NULL) { /* to the head of the queue, then offered again */
+        requeue(p, back);
         as_pool_join_offer(p, j->plan);
     }
     pthread_mutex_unlock(&p->mu);
@@ -99,13 +100,19 @@ int as_pool_finish_staged(pool_t *p, hjob *j)
     return wake;
 }
 
-void as_pool_stage(pool_t *p, hjob *j)
+/* Caller holds p->mu: j polls for offers at its stage boundaries from now on. */
+static void stage(pool_t *p, hjob *j)
 {
-    pthread_mutex_lock(&p->mu);
     j->join = (as_join){j, join_poll};
     j->job.join = &j->join;
     j->snext = p->staged;
     p->staged = j;
+}
+
+void as_pool_stage(pool_t *p, hjob *j)
+{
+    pthread_mutex_lock(&p->mu);
+    stage(p, j);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -163,22 +170,22 @@ int as_pool_progress(pool_t *p, uint64_t id, int *stage, double *elapsed)
 
 /* ---- the fronts' requests of a model whose policy joins ---- */
 
-/* When a native request must finish (join.py's tightest): its arrival less the time it spent
- * in the server before it was queued, plus its budget (or the policy's), or its deadline. */
+/* When native request k must finish (its plan's rule). */
 static double limit_of(const hjob *k)
 {
-    double budget = isnan(k->budget) ? k->plan->budget : k->budget;
-    double limit = (double)k->queued_ns / 1e9 - k->waited + budget;
-    double deadline = k->deadline_ns != 0 ? (double)k->deadline_ns / 1e9 : INFINITY;
-    return deadline < limit ? deadline : limit;
+    as_pending pending = pending_of(k, rows_of(k));
+    return as_plan_limit(k->plan, &pending);
+}
+
+/* When staged batch s began running, in seconds on CLOCK_MONOTONIC. */
+static double started_s(const hjob *s)
+{
+    return (double)s->started.tv_sec + 1e-9 * (double)s->started.tv_nsec;
 }
 
 void as_pool_stage_led(pool_t *p, hjob *j)
 {
-    j->join = (as_join){j, join_poll};
-    j->job.join = &j->join;
-    j->snext = p->staged;
-    p->staged = j;
+    stage(p, j);
     j->stage = 0;
     j->join_samples = j->led_rows;
     j->join_requests = 0;
@@ -238,8 +245,7 @@ void as_pool_join_offer(pool_t *p, as_plan *pl)
     for (int i = nb - 1; i >= 0; i--) {
         hjob *s = batches[i];
         int n = offered_rows(s, offered, JOIN_QUEUE);
-        double started = (double)s->started.tv_sec + 1e-9 * (double)s->started.tv_nsec;
-        double end = as_plan_join_own_end(pl, started, now, s->join_samples, offered, n, s->stage);
+        double end = as_plan_join_own_end(pl, started_s(s), now, s->join_samples, offered, n, s->stage);
         if (end < free_at)
             free_at = end;
     }
@@ -267,8 +273,8 @@ void as_pool_join_offer(pool_t *p, as_plan *pl)
         if (n == 0)
             continue;
         int n_off = offered_rows(s, offered, JOIN_QUEUE), last = 0;
-        double started = (double)s->started.tv_sec + 1e-9 * (double)s->started.tv_nsec, end = 0.0;
-        int take = as_plan_join_plan(pl, now, s->stage, now - started, s->join_samples, s->join_limit, sizes, limits,
+        double end = 0.0;
+        int take = as_plan_join_plan(pl, now, s->stage, now - started_s(s), s->join_samples, s->join_limit, sizes, limits,
                                      n, s->max_rows, offered, n_off, s->join_requests + n_off,
                                      rule == 2 ? free_at : NAN, &last, &end);
         if (take == 0 || s->stage >= last)
@@ -298,10 +304,7 @@ int64_t as_pool_join_close(pool_t *p, hjob *j, const as_job *batch)
         o->next = back;
         back = o;
     }
-    for (hjob *next; back != NULL; back = next) {
-        next = back->next;
-        requeue(p, back);
-    }
+    requeue(p, back);
     hjob **tail = &j->part_next;
     while (*tail != NULL)
         tail = &(*tail)->part_next;
@@ -342,9 +345,7 @@ int as_pool_join_cancel(pool_t *p, uint64_t id)
             o->next = NULL;
             s->join_samples -= rows_of(o);
             unwait(o);
-            o->job.failed = 1;
-            o->job.error_type = strdup("Cancelled"); /* NULL without memory: a generic failure */
-            o->job.error = strdup("cancelled before it ran");
+            fail_cancelled(o);
             return post_done(p, o);
         }
     }
