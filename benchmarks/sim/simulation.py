@@ -451,6 +451,7 @@ class Simulation:
         self.scheduler = FairScheduler(interpreters) if fair else None
         self._models: dict[str, _Model] = {}
         self._ran = False
+        self.submitting: int | None = None  # the index of the arrival being submitted, while it is
 
     def model(
         self, name: str, policy: BatchPolicy, cost: Cost, *, max_batch_size: int, interpreters: int | None = None,
@@ -527,6 +528,7 @@ class Simulation:
             self.loop.call_at(m.arrivals[i + 1].time, self._arrive, m, i + 1)
         a = m.arrivals[i]
         data = (array.array("i", [i]) * a.samples).tobytes()
+        self.submitting = i
         try:
             future = m.batcher.submit([Tensor("INT32", (a.samples, 1), data)], a.samples, deadline=a.deadline,
                                       budget=a.budget)
@@ -540,6 +542,8 @@ class Simulation:
         else:
             future.add_done_callback(functools.partial(self._answered, m, i))
             return
+        finally:
+            self.submitting = None
         self._count(m)
 
     def _answered(self, m: _Model, i: int, future: Any) -> None:
@@ -605,3 +609,67 @@ def simulate(
               budget=budget, benefit=benefit, max_queue_size=max_queue_size)
     sim.arrive("sim", arrivals)
     return sim.run()["sim"]
+
+
+class _AdmitOne:
+    """A policy whose admission control lets in request `index` (of the arrivals the
+    simulation is submitting, `submitting()`) whatever it predicts, and judges every other
+    request as the policy does."""
+
+    def __init__(self, policy: BatchPolicy, index: int, submitting: Callable[[], int | None]) -> None:
+        self._policy = policy
+        self._index = index
+        self._submitting = submitting
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
+
+    def decide(self, now: float, queue: Sequence[Pending], *, idle: int, running: int,
+               max_batch_size: int, queued: int | None = None) -> Decision:
+        return self._policy.decide(now, queue, idle=idle, running=running, max_batch_size=max_batch_size,
+                                   queued=queued)
+
+    def admit(self, now: float, queued_samples: int, samples: int = 1, budget: float | None = None,
+              waited: float = 0.0, *, count: bool = True) -> float | None:
+        wait: float | None = self._policy.admit(  # type: ignore[attr-defined]
+            now, queued_samples, samples, budget, waited, count=count)
+        return None if self._submitting() == self._index else wait
+
+    def refuses(self, now: float, queued_samples: int, samples: int = 1, budget: float | None = None,
+                waited: float = 0.0) -> float | None:
+        wait: float | None = self._policy.refuses(  # type: ignore[attr-defined]
+            now, queued_samples, samples, budget, waited)
+        return None if self._submitting() == self._index else wait
+
+
+def refused_in_time(
+    fresh: Callable[[], tuple[BatchPolicy, JoinPlanner | None]],
+    arrivals: Sequence[Arrival],
+    cost: Cost,
+    result: SimResult,
+    *,
+    interpreters: int,
+    max_batch_size: int,
+    budget: float,
+    **model: Any,
+) -> list[int]:
+    """The requests `result` refused that would have been answered within their budget:
+    each is replayed, admitted (its arrival counted as before), in a fresh run of the same
+    `arrivals` (in time order, as poisson's) up to its limit (what arrives later cannot change whether it makes it) under
+    a fresh policy and join planner (`fresh()`). `model`: simulate's other keywords
+    (stages, benefit)."""
+    made = []
+    for i in result.refused:
+        a = arrivals[i]
+        own = min(budget if a.budget is None else a.budget, math.inf if a.deadline is None else a.deadline - a.time)
+        part = [x for x in arrivals if x.time <= a.time + own]
+        policy, join = fresh()
+        sim = Simulation(interpreters=interpreters)
+        sim.model("sim", _AdmitOne(policy, i, functools.partial(getattr, sim, "submitting")), cost,
+                  max_batch_size=max_batch_size,
+                  budget=budget, join=join, **model)
+        sim.arrive("sim", part)
+        x = sim.run()["sim"].latencies[i]
+        if x is not None and x <= own:
+            made.append(i)
+    return made

@@ -318,6 +318,33 @@ static int frees(const as_plan *pl, double now, int idle, int cautious, double *
     return n + pl->n_flight;
 }
 
+/* AdaptivePolicy._slots: each interpreter's start at the mean slowdown and the predicted
+ * seconds of the batch it ends (0 if idle), soonest first (ties: the shorter batch) */
+typedef struct {
+    double end, seconds;
+} as_slot;
+
+static int cmp_slot(const void *a, const void *b)
+{
+    const as_slot *x = a, *y = b;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return (x->seconds > y->seconds) - (x->seconds < y->seconds);
+}
+
+static int slots(const as_plan *pl, double now, as_slot *out)
+{
+    int n = 0;
+    for (int i = pl->n_flight; i < pl->interpreters; i++)
+        out[n++] = (as_slot){now, 0.0};
+    as_slot *ends = out + n;
+    for (int i = 0; i < pl->n_flight; i++)
+        ends[i] = (as_slot){fmax2(now, pl->flight[i].start + pl->slowdown * pl->flight[i].predicted),
+                            pl->flight[i].predicted};
+    qsort(ends, (size_t)pl->n_flight, sizeof(as_slot), cmp_slot);
+    return n + pl->n_flight;
+}
+
 /* ---- the decision ---- */
 
 static int prefix(const int64_t *cum, int n, int64_t limit)
@@ -496,14 +523,21 @@ static double predicted_finish(const as_plan *pl, double now, int64_t queued_sam
 {
     int64_t c = backlog_batch(pl, pl->budget, pl->max_batch_size);
     int64_t low = pl->keep_up < 0 ? c : imin(pl->keep_up, c);
-    double fr[MAX_FREES_FOR_ADMIT];
-    int n = frees(pl, now, -1, 1, fr);
+    as_slot sl[MAX_FREES_FOR_ADMIT];
+    int n = slots(pl, now, sl);
     int64_t position = queued_samples + samples;
     double finish = INFINITY, mean = fmax2(1.0, pl->mean_samples);
+    double margin = pl->cautious - pl->slowdown;
     for (int64_t b = low; b <= c; b++) {
         double per = fmax2(mean, (double)b - PACKING * (mean - 1.0));
         int64_t m = (int64_t)py_floordiv((double)(position - 1), per);
-        finish = fr[m % n] + (double)(m / n + 1) * effective(pl, imax(b, py_round(mean)), 1);
+        int64_t k = m / n; /* the batches before its own on its interpreter */
+        double before = predict(pl, (int64_t)ceil(per)); /* as full as whole requests fill b */
+        double own = predict(pl, imax(b, (int64_t)ceil(per)));
+        const as_slot *s = &sl[m % n];
+        /* one caution over the summed variance of the batch ahead, those k and its own */
+        finish = s->end + ((double)k * before + own) * pl->slowdown +
+                 margin * sqrt(s->seconds * s->seconds + (double)k * before * before + own * own);
         if (finish <= within)
             break;
     }
@@ -520,7 +554,7 @@ static int admits_surely(const as_plan *pl, double now, int64_t queued_samples, 
     int64_t g, c;
     sizes(pl, pl->budget, pl->max_batch_size, &g, &c);
     double m = fmax2(fmax2(1.0, pl->mean_samples), (double)samples);
-    double batch = effective(pl, imax(g, py_round(m)), 1);
+    double batch = effective(pl, imax(g, (int64_t)ceil(m)), 1);
     int64_t turns = (queued_samples + samples - 1) / n + 1;
     return fr[n - 1] + (double)turns * batch <= limit;
 }

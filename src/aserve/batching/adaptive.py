@@ -344,6 +344,14 @@ class AdaptivePolicy:
         free = self.interpreters - len(ends) if idle is None else idle
         return [now] * max(0, free) + ends
 
+    def _slots(self, now: float) -> list[tuple[float, float]]:
+        """Each interpreter as admission sees it, soonest first: when it can start a batch
+        (its batch's end at the mean slowdown; now if idle) and the predicted seconds of
+        that batch (0 if idle), whose jitter is one of the margins a finish needs."""
+        slowdown = self._slowdown
+        ends = sorted((max(now, start + slowdown * seconds), seconds) for start, seconds in self._flight)
+        return [(now, 0.0)] * max(0, self.interpreters - len(ends)) + ends
+
     def _best_take(self, queue: Sequence[Pending], sizes: Sequence[int], frees: list[float], low: int,
                    high: int, floor: int) -> int:
         """How many requests the next batch takes (`low` to `high`): the plan whose queued
@@ -437,21 +445,29 @@ class AdaptivePolicy:
     def predicted_finish(self, now: float, queued_samples: int, samples: int = 1, *,
                          within: float = math.inf) -> float:
         """When a request of `samples` arriving at `now` behind `queued_samples` is predicted
-        to finish: the queue drained in batches of one size b, each on the interpreter that
-        frees first, b from the keep-up size at the last decision (the backlog size when
-        arrivals outpace it) up to the backlog size; the first b that finishes by `within`,
-        else the backlog size."""
+        to finish, with a margin for the batches' jitter: the queue drained in batches of one
+        size b, each on the interpreter that frees first, b from the keep-up size at the last
+        decision (the backlog size when arrivals outpace it) up to the backlog size; the first
+        b that finishes by `within`, else the backlog size."""
         c = self.backlog_batch(self.latency_budget_s, self.cost.max_batch_size)
         low = c if self._keep_up is None else min(self._keep_up, c)
-        frees = self._frees(now, cautious=True)
-        n = len(frees)
+        slots = self._slots(now)
+        n = len(slots)
         position = queued_samples + samples
         finish = math.inf
         mean = max(1.0, self._samples)
+        margin = self._cautious - self._slowdown
         for b in range(low, c + 1):
             per = max(mean, b - PACKING * (mean - 1.0))
             m = int((position - 1) // per)  # the batch the request ends up in, filled by those after it
-            finish = frees[m % n] + (m // n + 1) * self.effective(max(b, round(mean)), cautious=True)
+            k = m // n  # the batches before its own on its interpreter
+            before = self.cost.predict(math.ceil(per))  # each as full as whole requests fill b on average
+            own = self.cost.predict(max(b, math.ceil(per)))  # its own may be full
+            end, ahead = slots[m % n]
+            # the batch ahead, those k and its own jitter independently: one caution over their
+            # summed variance, not one per batch (that refuses requests that would end in time)
+            finish = (end + (k * before + own) * self._slowdown
+                      + margin * math.sqrt(ahead * ahead + k * before * before + own * own))
             if finish <= within:
                 break
         return finish
@@ -478,7 +494,7 @@ class AdaptivePolicy:
         limit = now - waited + factor * (self.latency_budget_s if budget is None else budget)
         frees = self._frees(now, cautious=True)
         largest = self.largest_batch(self.latency_budget_s, self.cost.max_batch_size)
-        batch = self.effective(max(largest, round(max(1.0, self._samples, samples))), cautious=True)
+        batch = self.effective(max(largest, math.ceil(max(1.0, self._samples, samples))), cautious=True)
         turns = (queued_samples + samples - 1) // len(frees) + 1
         return frees[-1] + turns * batch <= limit
 
