@@ -34,6 +34,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -64,6 +66,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--plot", default=str(RESULTS / "batching.png"), help="PNG plot ('' for none)")
     ap.add_argument("--model", default=str(ROOT / "examples" / "cnn"), help="model folder")
     ap.add_argument("--interpreters", type=int, default=2)
+    ap.add_argument("--setup", choices=("aserve", "paper"), default="aserve",
+                    help="aserve: --interpreters interpreters of one intra-op thread each (the model's class); "
+                         "paper: LBCI's, one interpreter whose torch threads use every CPU (the model's "
+                         "<class>AllCores)")
+    ap.add_argument("--kinds", default="single,multi", help="request kinds: single, multi or both")
     ap.add_argument("--seconds", type=float, default=8.0, help="arrivals per point")
     ap.add_argument("--rounds", type=int, default=4,
                     help="each point's arrivals in this many consecutive windows, the policies taking turns "
@@ -79,14 +86,19 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--admission-reserve", type=float, default=BatchingConfig().admission_reserve,
                     help="adaptive: share of the budget admission keeps back under overload (default: the "
                          "server's, %(default)s)")
-    ap.add_argument("--join-rule", choices=("budget", "benefit"), default="budget",
-                    help="adaptive_join: join whenever budgets hold (LBCI), or only if total latency falls")
+    ap.add_argument("--join-rule", choices=("budget", "benefit"), default="benefit",
+                    help="adaptive_join: join only if the total latency falls (the server's default), or whenever the budgets hold (LBCI's rule)")
     ap.add_argument("--fit-only", action="store_true", help="compare cost-model fits and exit")
     ap.add_argument("--simulate", metavar="A_MS,C_MS",
                     help="run in virtual time on the curve A + C * b ms instead of the real model")
     ap.add_argument("--stage-shares", default="0.45,0.33,0.20,0.02",
                     help="--simulate: the stage shares of adaptive_join's simulated staged model")
     args = ap.parse_args(argv)
+    args.kinds = tuple(k for k in args.kinds.split(",") if k)
+    if not args.kinds or any(k not in ("single", "multi") for k in args.kinds):
+        ap.error(f"--kinds: expected single, multi or both, got {','.join(args.kinds) or 'none'}")
+    if args.setup == "paper":
+        args.interpreters = 1
     args.policies = tuple(p for p in args.policies.split(",") if p)
     unknown = [p for p in args.policies if p not in POLICIES]
     if unknown or not args.policies:
@@ -160,6 +172,7 @@ class Point:
         self.refused = 0  # refused by admission control (503)
         self.span = 0.0  # seconds from each round's start to its last answer, summed
         self.round_means: list[float | None] = []  # mean latency (s) of each round's answers (None: none)
+        self.refusals: list[tuple[int, float]] = []  # (round, arrival in it) of each refused request
 
 
 def _ten(rng: random.Random) -> int:
@@ -167,10 +180,10 @@ def _ten(rng: random.Random) -> int:
     return rng.randint(1, 10)
 
 
-async def drive(batcher: Any, inputs: dict[int, Any], arrivals: list[Arrival], point: Point | None = None
-                ) -> Point:
+async def drive(batcher: Any, inputs: dict[int, Any], arrivals: list[Arrival], point: Point | None = None,
+                round_: int = 0) -> Point:
     """Submit each request at its arrival time (relative seconds); wait for all answers.
-    With `point`, add this round's answers to it."""
+    With `point`, add this round's (number `round_`) answers to it."""
     loop = asyncio.get_running_loop()
     point = Point() if point is None else point
     start = loop.time() + 0.05
@@ -183,6 +196,7 @@ async def drive(batcher: Any, inputs: dict[int, Any], arrivals: list[Arrival], p
         except Overloaded:  # a refused request counts against the policy
             point.errors += 1
             point.refused += 1
+            point.refusals.append((round_, at - start))
             return
         except AserveError:  # so does a failed one
             point.errors += 1
@@ -285,6 +299,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     folder = pathlib.Path(args.model)
     config = tomllib.loads((folder / "config.toml").read_text())
     max_batch_size = int(config.get("max_batch_size", 0))
+    class_name = config.get("class")
+    if args.setup == "paper":
+        if not class_name:
+            raise SystemExit(f"--setup paper: {folder}/config.toml names no class to take <class>AllCores of")
+        class_name += "AllCores"
     loads = [float(x) for x in args.loads.split(",") if x]
     load_start = os.getloadavg()[0]  # other work on the machine skews every number
     pool = Pool(engine="private", interpreters=args.interpreters)
@@ -292,13 +311,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     records: list[dict[str, Any]] = []
     caps: dict[str, float] = {}
     try:
-        info = await pool.load(ModelSpec(name=folder.name, path=str(folder)))
+        info = await pool.load(ModelSpec(name=folder.name, path=str(folder), class_name=class_name))
         cost = await warmup(pool, info, max_batch_size)
         profile = await measure_stages(pool, info, 4)
         print(f"# cost model: {json.dumps(cost.as_dict())}", file=sys.stderr, flush=True)
         print(f"# stages: {json.dumps(profile.as_dict())}", file=sys.stderr, flush=True)
         inputs = {k: [sample_inputs(info, k)[s.name] for s in info.inputs] for k in range(1, 11)}
-        for kind in ("single", "multi"):
+        for kind in args.kinds:
             multi = kind == "multi"
             budget = (args.multi_budget_ms if multi else args.budget_ms) / 1e3
             common: dict[str, Any] = {
@@ -332,7 +351,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
                         point = points[policy]
                         before = len(point.latencies)
-                        await drive(batchers[policy], inputs, part, point)
+                        await drive(batchers[policy], inputs, part, point, r)
                         answered = point.latencies[before:]
                         point.round_means.append(statistics.fmean(answered) if answered else None)
                 for policy in policies:
@@ -348,6 +367,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         rec["offers_turned_away"] = stats["offers_turned_away"]
                     if policy.startswith("adaptive"):
                         rec["cost_after"] = batcher.policy.cost.as_dict()
+                        rec["refused_in_time"] = await asyncio.to_thread(  # a virtual loop of its own
+                            replay_refusals, point.refusals, arrivals, window, batcher.policy, cost, budget=budget,
+                            interpreters=args.interpreters, max_batch_size=max_batch_size,
+                            reserve=args.admission_reserve)
                     records.append(rec)
                     print(
                         json.dumps({k: v for k, v in rec.items() if k != "cost_after"}),
@@ -359,6 +382,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "batching",
         "model": folder.name,
+        "class": info.class_name,
+        "setup": args.setup,
         "engine": "private",
         "interpreters": args.interpreters,
         "machine": {
@@ -399,6 +424,37 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def replay_refusals(refusals: Sequence[tuple[int, float]], arrivals: Sequence[Arrival], window: float, policy: Any,
+                    cost: Any, *, budget: float, interpreters: int, max_batch_size: int, reserve: float) -> int:
+    """How many of a measured point's refused requests would have been answered within their
+    budget: each replayed, admitted, in the simulator on its round's arrivals, with the
+    engine's batches as long as the policy's curve and slowdown said at the point's end
+    (benchmarks.sim.simulation.refused_in_time)."""
+    from aserve.batching.adaptive import AdaptivePolicy
+
+    from .sim.simulation import refused_in_time, simulate
+
+    slowdown, curve = policy.slowdown, copy.deepcopy(policy.cost)
+
+    def truth(b: int) -> float:
+        return float(slowdown * curve.predict(b))
+
+    def fresh() -> tuple[AdaptivePolicy, None]:
+        return AdaptivePolicy(copy.deepcopy(cost), latency_budget_s=budget, interpreters=interpreters,
+                              max_queue_delay_s=budget / 2, overload_reserve=reserve), None
+
+    made = 0
+    for r in sorted({r for r, _ in refusals}):
+        part = [Arrival(a.time - r * window, a.samples) for a in arrivals if r * window <= a.time < (r + 1) * window]
+        refused = [next(i for i, a in enumerate(part) if abs(a.time - at) < 1e-6) for rr, at in refusals if rr == r]
+        mine = simulate(fresh()[0], part, truth, interpreters=interpreters, max_batch_size=max_batch_size,
+                        budget=budget)
+        replayed = dataclasses.replace(mine, refused=refused)
+        made += len(refused_in_time(fresh, part, truth, replayed, interpreters=interpreters,
+                                    max_batch_size=max_batch_size, budget=budget))
+    return made
+
+
 def record(policy: str, kind: str, load: float, arrivals: Sequence[Arrival], seconds: float, lat: list[float],
            errors: int, span: float, batch_requests: float, budget: float, refused: int) -> dict[str, Any]:
     """One point's record; `lat`: the sorted latencies of the answered requests."""
@@ -430,7 +486,7 @@ def simulate_run(args: argparse.Namespace) -> dict[str, Any]:
     from aserve.batching.join import JoinPlanner, StageProfile
     from aserve.batching.policy import WindowPolicy
 
-    from .sim.simulation import simulate
+    from .sim.simulation import refused_in_time, simulate
 
     try:
         a_ms, c_ms = (float(x) for x in args.simulate.split(","))
@@ -444,10 +500,16 @@ def simulate_run(args: argparse.Namespace) -> dict[str, Any]:
     def cost(b: int) -> float:
         return (a_ms + c_ms * b) / 1e3
 
+    def adaptive(joining: bool, budget: float) -> tuple[AdaptivePolicy, JoinPlanner | None]:
+        model = CostModel([(b, cost(b)) for b in ladder(max_batch_size)], max_batch_size=max_batch_size)
+        policy = AdaptivePolicy(model, latency_budget_s=budget, interpreters=args.interpreters,
+                                max_queue_delay_s=budget / 2, overload_reserve=args.admission_reserve)
+        return policy, JoinPlanner(model, StageProfile(len(shares), shares)) if joining else None
+
     loads = [float(x) for x in args.loads.split(",") if x]
     records: list[dict[str, Any]] = []
     caps: dict[str, float] = {}
-    for kind in ("single", "multi"):
+    for kind in args.kinds:
         multi = kind == "multi"
         budget = (args.multi_budget_ms if multi else args.budget_ms) / 1e3
         cap = args.interpreters * max_batch_size / cost(max_batch_size) / (5.5 if multi else 1.0)
@@ -455,7 +517,6 @@ def simulate_run(args: argparse.Namespace) -> dict[str, Any]:
         for load in loads:
             arrivals = poisson(load * cap, args.seconds, args.seed, _ten if multi else None)
             for policy in args.policies:
-                model = CostModel([(b, cost(b)) for b in ladder(max_batch_size)], max_batch_size=max_batch_size)
                 join = None
                 mb = max_batch_size
                 if policy == "serial":
@@ -464,10 +525,7 @@ def simulate_run(args: argparse.Namespace) -> dict[str, Any]:
                 elif policy == "fixed10":
                     p, mb = WindowPolicy(max_queue_delay=args.window_ms / 1e3), 10
                 else:
-                    p = AdaptivePolicy(model, latency_budget_s=budget, interpreters=args.interpreters,
-                                       max_queue_delay_s=budget / 2, overload_reserve=args.admission_reserve)
-                    if policy == "adaptive_join":
-                        join = JoinPlanner(model, StageProfile(len(shares), shares))
+                    p, join = adaptive(policy == "adaptive_join", budget)
                 result = simulate(p, arrivals, cost, interpreters=args.interpreters, max_batch_size=mb, join=join,
                                   stages=shares if join else None, budget=budget,
                                   benefit=args.join_rule == "benefit")
@@ -480,6 +538,11 @@ def simulate_run(args: argparse.Namespace) -> dict[str, Any]:
                 if policy == "adaptive_join":
                     rec["joins"] = len(result.joins)
                     rec["joined_requests"] = sum(len(j.requests) for j in result.joins)
+                if policy.startswith("adaptive"):
+                    rec["refused_in_time"] = len(refused_in_time(
+                        functools.partial(adaptive, policy == "adaptive_join", budget), arrivals, cost, result,
+                        interpreters=args.interpreters, max_batch_size=mb, budget=budget,
+                        stages=shares if join else None, benefit=args.join_rule == "benefit"))
                 records.append(rec)
     return {
         "benchmark": "batching",
@@ -504,8 +567,10 @@ def simulate_run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Adaptive and adaptive_join against fixed10 and serial per request kind and load:
-    mean-latency cut against fixed10, mean over serial's, throughput ratio, over-budget share."""
+    """Adaptive and adaptive_join against the other policies per request kind and load:
+    mean-latency cut and throughput ratio against fixed10, over-budget share, and the mean
+    over serial's, fixed10's and (for adaptive_join) adaptive's with a paired 95% interval
+    (`mean_vs_X_ci95`; `slower_than_X`: the whole interval lies above 1)."""
     out: dict[str, Any] = {}
     by = {(r["policy"], r["requests"], r["load"]): r for r in records}
     for (policy, kind, load), r in by.items():
@@ -516,15 +581,18 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         if f is not None and f["mean_ms"] and r["throughput_rps"] and f["throughput_rps"]:
             entry["mean_cut_vs_fixed10"] = round(1 - r["mean_ms"] / f["mean_ms"], 3)
             entry["throughput_ratio_vs_fixed10"] = round(r["throughput_rps"] / f["throughput_rps"], 3)
-        s = by.get(("serial", kind, load))
-        if s is not None and s["mean_ms"]:
-            entry["mean_vs_serial"] = round(r["mean_ms"] / s["mean_ms"], 3)
-            ours, theirs = r.get("round_mean_ms"), s.get("round_mean_ms")
+        for other in ("serial", "fixed10", "adaptive"):
+            o = by.get((other, kind, load))
+            if o is None or other == policy or not o["mean_ms"]:
+                continue
+            entry[f"mean_vs_{other}"] = round(r["mean_ms"] / o["mean_ms"], 3)
+            ours, theirs = r.get("round_mean_ms"), o.get("round_mean_ms")
             if ours and theirs and len(ours) == len(theirs) and len(ours) > 1:
                 paired = _paired(ours, theirs)
                 lo, hi = paired_ratio_ci(ours, theirs)
-                entry["mean_vs_serial_ci95"] = [round(lo, 3), round(hi, 3)]
-                entry["rounds_not_slower_than_serial"] = f"{sum(a <= b for a, b in paired)}/{len(paired)}"
+                entry[f"mean_vs_{other}_ci95"] = [round(lo, 3), round(hi, 3)]
+                entry[f"slower_than_{other}"] = bool(lo > 1.0)
+                entry[f"rounds_not_slower_than_{other}"] = f"{sum(a <= b for a, b in paired)}/{len(paired)}"
         out.setdefault(f"{kind}@{load}", {})[policy] = entry
     return out
 
@@ -567,38 +635,52 @@ def require_matplotlib() -> None:
         ) from None
 
 
+def mean_ci(round_means: Sequence[float | None], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of the mean of a policy's round means (None: a round without answers)."""
+    xs = [x for x in round_means if x is not None]
+    if len(xs) < 2:
+        return math.nan, math.nan
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choice(xs) for _ in xs) for _ in range(resamples))
+    return means[int(0.025 * (resamples - 1))], means[int(0.975 * (resamples - 1))]
+
+
 def plot(result: dict[str, Any], path: str) -> None:
+    """The shape of LBCI's Figure 5: mean delay per policy at each load, as grouped bars,
+    with the 95% interval over rounds, one panel per request kind."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, kind in zip(axes, ("single", "multi")):
-        for policy in POLICIES:
-            rs = [r for r in result["records"] if r["policy"] == policy and r["requests"] == kind]
-            if not rs:  # not among --policies
-                continue
-            xs = [100 * r["load"] for r in rs]
+    kinds = [k for k in ("single", "multi") if any(r["requests"] == k for r in result["records"])]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 4.2), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        recs = [r for r in result["records"] if r["requests"] == kind]
+        loads = sorted({r["load"] for r in recs})
+        present = [p for p in POLICIES if any(r["policy"] == p for r in recs)]
+        width = 0.8 / max(1, len(present))
+        for i, policy in enumerate(present):
+            xs, ys, lo, hi = [], [], [], []
+            for j, load in enumerate(loads):
+                r = next((r for r in recs if r["policy"] == policy and r["load"] == load), None)
+                if r is None or r["mean_ms"] is None:
+                    continue
+                low, high = mean_ci(r.get("round_mean_ms") or [])
+                xs.append(j + (i - (len(present) - 1) / 2) * width)
+                ys.append(r["mean_ms"])
+                lo.append(0.0 if math.isnan(low) else r["mean_ms"] - low)
+                hi.append(0.0 if math.isnan(high) else high - r["mean_ms"])
             name = f"{policy} ({result['join_rule']} rule)" if policy == "adaptive_join" else policy
-            (line,) = ax.plot(xs, [r["mean_ms"] for r in rs], marker="o", label=f"{name} mean")
-            ax.plot(
-                xs,
-                [r["p99_ms"] for r in rs],
-                marker="x",
-                linestyle="--",
-                color=line.get_color(),
-                label=f"{name} p99",
-            )
-        budgets = [r["budget_ms"] for r in result["records"] if r["requests"] == kind]
-        if budgets:
-            ax.axhline(budgets[0], color="grey", linewidth=0.8, label="budget")
-        ax.set_yscale("log")
+            ax.bar(xs, ys, width, label=name, yerr=[[max(0.0, x) for x in lo], [max(0.0, x) for x in hi]],
+                   capsize=2)
+        ax.set_xticks(range(len(loads)), [f"{100 * x:g}%" for x in loads])
         ax.set_xlabel("load (% of capacity)")
-        ax.set_ylabel("latency (ms)")
-        ax.set_title(f"{kind}-sample requests, {result['interpreters']} interpreters", fontsize=10)
+        ax.set_ylabel("mean delay (ms)")
+        ax.set_title(f"{kind}-sample requests, {result['interpreters']} interpreter(s)", fontsize=10)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{result['model']} ({result.get('mode', 'measured')})", fontsize=10)
+    fig.suptitle(f"{result['model']} ({result.get('class', '')}, {result.get('setup', 'aserve')} set-up, "
+                 f"{result.get('mode', 'measured')})", fontsize=10)
     fig.tight_layout()
     pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import batching
 
-from .conftest import needs_torch
+from .conftest import ROOT, needs_torch
 
 POINTS = sorted((p, k, 0.5) for p in ("serial", "fixed10", "adaptive", "adaptive_join") for k in ("single", "multi"))
 
@@ -40,6 +40,31 @@ def test_writes_a_record_per_policy_kind_and_load(tmp_path: pathlib.Path) -> Non
         assert 0 < lo <= hi
         won, rounds = map(int, entry["adaptive"]["rounds_not_slower_than_serial"].split("/"))
         assert 0 <= won <= rounds <= 4
+
+
+@needs_torch
+def test_the_papers_set_up_on_a_second_cnn(tmp_path: pathlib.Path) -> None:
+    # LBCI's set-up: one interpreter whose torch threads use every CPU (the model's
+    # <class>AllCores); the join judged against adaptive without it, refusals replayed
+    out = tmp_path / "paper.json"
+    argv = ["--model", str(ROOT / "benchmarks" / "models" / "resnet"), "--setup", "paper", "--kinds", "single",
+            "--policies", "serial,adaptive,adaptive_join", "--seconds", "0.6", "--capacity-seconds", "0.6",
+            "--rounds", "2", "--loads", "0.5", "--budget-ms", "500", "--json", str(out), "--plot", ""]
+    assert batching.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert (result["setup"], result["class"], result["interpreters"]) == ("paper", "ResNetAllCores", 1)
+    assert result["join_rule"] == "benefit" and result["stage_profile"]["stages"] == 5
+    assert {(r["policy"], r["requests"]) for r in result["records"]} == {
+        ("serial", "single"), ("adaptive", "single"), ("adaptive_join", "single")}
+    for r in result["records"]:
+        if r["policy"].startswith("adaptive"):
+            assert 0 <= r["refused_in_time"] <= r["refused"]
+    entry = result["summary"]["single@0.5"]["adaptive_join"]
+    lo, hi = entry["mean_vs_adaptive_ci95"]
+    assert 0 < lo <= hi and entry["mean_vs_adaptive"] > 0
+    assert entry["slower_than_adaptive"] == (lo > 1.0)
+    with pytest.raises(SystemExit):
+        batching.parse(["--kinds", "double"])
 
 
 def test_paired_ratio_interval() -> None:
