@@ -258,8 +258,8 @@ def make_batcher(
         )
         mb = max_batch_size
         if kind == "adaptive_join":
-            join = Joining(pool, JoinPlanner(policy.cost, copy.deepcopy(profile)), budget,
-                           benefit=join_rule == "benefit")
+            planner = JoinPlanner(policy.cost, copy.deepcopy(profile), scale=lambda: policy.slowdown_cautious)
+            join = Joining(pool, planner, budget, benefit=join_rule == "benefit")
     return Batcher(
         model=name,
         run=pool.run,
@@ -504,7 +504,8 @@ def simulate_run(args: argparse.Namespace) -> dict[str, Any]:
         model = CostModel([(b, cost(b)) for b in ladder(max_batch_size)], max_batch_size=max_batch_size)
         policy = AdaptivePolicy(model, latency_budget_s=budget, interpreters=args.interpreters,
                                 max_queue_delay_s=budget / 2, overload_reserve=args.admission_reserve)
-        return policy, JoinPlanner(model, StageProfile(len(shares), shares)) if joining else None
+        planner = JoinPlanner(model, StageProfile(len(shares), shares), scale=lambda: policy.slowdown_cautious)
+        return policy, planner if joining else None
 
     loads = [float(x) for x in args.loads.split(",") if x]
     records: list[dict[str, Any]] = []

@@ -384,7 +384,7 @@ class Engine:
 
 
 class _RecordingPlanner(JoinPlanner):
-    """The caller's planner (its cost model and stage profile, shared), remembering the
+    """The caller's planner (its cost model, stage profile and scale, shared), remembering the
     last plan it made so the engine can record each offer's predicted finish."""
 
     last: JoinPlan | None = None
@@ -475,7 +475,7 @@ class Simulation:
             if budget is None or not budget > 0.0:
                 raise ValueError(f"joining needs the default latency budget in seconds, got {budget}")
             shares = _true_shares(stages, join)
-            planner = _RecordingPlanner(join.cost, join.profile)
+            planner = _RecordingPlanner(join.cost, join.profile, join.scale)
             joining = Joining(self.engine, planner, budget, benefit)
         self.engine.add(name, cost, shares=shares)
         engine_model = self.engine._models[name]

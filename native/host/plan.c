@@ -112,11 +112,6 @@ static double predict(const as_plan *pl, int64_t b)
     return last + step * (double)(b - n);
 }
 
-double as_plan_predict(const as_plan *pl, int64_t b)
-{
-    return predict(pl, b);
-}
-
 static double throughput(const as_plan *pl, int64_t b)
 {
     b = imax(1, b);
@@ -207,6 +202,11 @@ static void restore_arrivals(as_plan *pl, const as_plan_arrivals *k)
 static double effective(const as_plan *pl, int64_t samples, int cautious)
 {
     return (cautious ? pl->cautious : pl->slowdown) * predict(pl, samples);
+}
+
+double as_plan_effective(const as_plan *pl, int64_t b)
+{
+    return effective(pl, b, 1);
 }
 
 static double budget_of(const as_plan *pl, const as_pending *p)

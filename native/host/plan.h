@@ -122,8 +122,9 @@ int as_plan_take_observed(as_plan *pl, int64_t *samples, double *seconds, int ma
  * creation: no lock needed. */
 double as_plan_limit(const as_plan *pl, const as_pending *p);
 
-/* plan.c, caller holds pl->mu: seconds one batch of b samples takes on the published curve. */
-double as_plan_predict(const as_plan *pl, int64_t b);
+/* plan.c, caller holds pl->mu: seconds one batch of b samples is expected to take now: the
+ * published curve times the cautious slowdown, as admission plans with. */
+double as_plan_effective(const as_plan *pl, int64_t b);
 
 /* ---- layer joining (plan_join.c; join.py's JoinPlanner and StageProfile are the reference) ---- */
 

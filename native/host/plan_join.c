@@ -2,7 +2,8 @@
  *
  * batching/join.py is the reference: the same formulas in the same order of arithmetic,
  * held to it on the same traces in virtual time (tests/batching). Its module docstring
- * says why each one is what it is. The pool (pool_join.c) asks as_plan_join_plan when no
+ * says why each one is what it is. Every batch is as long as the curve times the cautious
+ * slowdown (as_plan_effective), as JoinPlanner's with the policy's scale. The pool (pool_join.c) asks as_plan_join_plan when no
  * interpreter is free for a model's queued requests, and reports back what joined and what
  * each batch that ran as dispatched took per stage.
  */
@@ -54,7 +55,7 @@ static double offered_seconds(const as_plan *pl, const int64_t *offered, int n)
 {
     double s = 0.0;
     for (int i = 0; i < n; i++)
-        s += as_plan_predict(pl, offered[i]);
+        s += as_plan_effective(pl, offered[i]);
     return s;
 }
 
@@ -63,8 +64,9 @@ static double finish(const as_plan *pl, double start, double now, int64_t sample
                      const int64_t *offered, int n_offered)
 {
     double f = done_share(pl, k);
-    double boundary = fmax2(now, start + f * (as_plan_predict(pl, samples) + offered_seconds(pl, offered, n_offered)));
-    return boundary + f * as_plan_predict(pl, joining) + (1.0 - f) * as_plan_predict(pl, samples + joining);
+    double boundary =
+        fmax2(now, start + f * (as_plan_effective(pl, samples) + offered_seconds(pl, offered, n_offered)));
+    return boundary + f * as_plan_effective(pl, joining) + (1.0 - f) * as_plan_effective(pl, samples + joining);
 }
 
 /* JoinPlanner.own_end */
@@ -72,7 +74,7 @@ static double own_end(const as_plan *pl, double start, double now, int64_t sampl
                       int n_offered, int done)
 {
     double f = done_share(pl, done + 1);
-    return fmax2(now, start + as_plan_predict(pl, samples) + f * offered_seconds(pl, offered, n_offered));
+    return fmax2(now, start + as_plan_effective(pl, samples) + f * offered_seconds(pl, offered, n_offered));
 }
 
 double as_plan_join_own_end(as_plan *pl, double start, double now, int64_t samples, const int64_t *offered,
@@ -90,7 +92,7 @@ static int pays(const as_plan *pl, double start, double now, int64_t samples, co
 {
     double own = own_end(pl, start, now, samples, offered, n_offered, first - 1);
     double delay = fmax2(0.0, end - own);
-    double gain = fmax2(now, free_at) + as_plan_predict(pl, joining) - end;
+    double gain = fmax2(now, free_at) + as_plan_effective(pl, joining) - end;
     return (double)group * gain > (double)requests * delay;
 }
 

@@ -54,14 +54,18 @@ def true_cost(a: float, c: float, b: int) -> float:
     return a + c * b
 
 
-def replay(seed: int, a: float, c: float, benefit: bool, interpreters: int, load: float) -> dict[str, int]:
+def replay(seed: int, a: float, c: float, benefit: bool, interpreters: int, load: float,
+           contention: float = 1.0) -> dict[str, int]:
     rng = random.Random(seed)
     top = 16
     cost = CostModel([(b, true_cost(a, c, b) * rng.uniform(0.97, 1.03)) for b in ladder(top)],
                      max_batch_size=top, form="affine")
     measured = [s * rng.uniform(0.9, 1.1) for s in TRUE_SHARES]
-    planner = JoinPlanner(cost, StageProfile(STAGES, measured))
-    plan = _native.Plan(interpreters=interpreters, latency_budget_s=0.2, max_queue_delay_s=0.004)
+    plan = _native.Plan(interpreters=interpreters, latency_budget_s=0.2, max_queue_delay_s=0.004,
+                        contention=contention)
+    cautious = plan.read(0.0)["slowdown_cautious"]  # batches as long as admission plans them
+    assert cautious == pytest.approx(contention + 3.0 * (contention - 1.0))
+    planner = JoinPlanner(cost, StageProfile(STAGES, measured), scale=lambda: cautious)
     plan.publish(*curve(cost, 0.1))
     plan.join_setup(planner.profile.shares, benefit, planner.profile.alpha)
     plan.may_pay(planner.may_pay())
@@ -200,6 +204,13 @@ def test_the_plan_offers_as_the_join_planner_on_more_interpreters_and_curves(see
     a, c = ((0.01, 0.004), (0.03, 0.001), (0.002, 0.003), (0.05, 0.0005))[seed]
     counts = replay(10 + seed, a, c, seed % 2 == 0, 1 + seed, 1.2)
     assert counts["batches"] > 10
+
+
+@pytest.mark.parametrize("benefit", [True, False])
+def test_joins_are_planned_with_batches_as_long_as_the_slowdown_makes_them(benefit: bool) -> None:
+    """Interpreters that contend (contention 1.15: batches 1.6 times the curve, cautiously)."""
+    slow = replay(4, 0.02, 0.002, benefit, 2, 1.0, contention=1.15)
+    assert slow["asked"] > 50 and slow["batches"] > 10 and slow["offers"] > 5
 
 
 def test_under_the_benefit_rule_nothing_is_offered_where_no_join_can_pay() -> None:

@@ -188,6 +188,11 @@ class AdaptivePolicy:
         """How much longer than the cost model predicts batches hold an interpreter (1: as predicted)."""
         return self._slowdown
 
+    @property
+    def slowdown_cautious(self) -> float:
+        """The slowdown of a slow spell, that admission plans with: slowdown + CAUTION x spread."""
+        return self._cautious
+
     def effective(self, samples: int, *, cautious: bool = False) -> float:
         """Seconds a batch of `samples` is expected to hold an interpreter: s * L(b)
         (`cautious`: in a slow spell, (s + CAUTION x the ratios' mean deviation) L(b))."""

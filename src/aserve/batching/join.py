@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ..engine import ModelInfo, Pool
@@ -110,11 +110,21 @@ class JoinPlan(NamedTuple):
 
 
 class JoinPlanner:
-    """Decides offers to running staged batches from the cost model and the stage profile."""
+    """Decides offers to running staged batches from the cost model and the stage profile.
 
-    def __init__(self, cost: CostModel, profile: StageProfile) -> None:
+    scale: how much longer than the curve batches run now (the policy's cautious slowdown,
+    as its admission plans with; None: as the curve says). A join's finish predicted on the
+    bare curve is early whenever the interpreters contend, and a join then breaks the
+    budgets it was checked against."""
+
+    def __init__(self, cost: CostModel, profile: StageProfile, scale: Callable[[], float] | None = None) -> None:
         self.cost = cost
         self.profile = profile
+        self.scale = scale
+
+    def _predict(self, samples: int) -> float:
+        """Seconds a batch of `samples` is expected to take now."""
+        return (1.0 if self.scale is None else self.scale()) * self.cost.predict(samples)
 
     def may_pay(self) -> bool:
         """False where no join can lower the total latency: an affine curve whose
@@ -127,7 +137,7 @@ class JoinPlanner:
         """Predicted finish of a batch of `samples` started at `start` if `joining` samples
         join after stage k; `offered`: the samples of each group offered to it before,
         counted in `samples` (see the module doc)."""
-        predict = self.cost.predict
+        predict = self._predict
         f = self.profile.done(k)
         boundary = max(now, start + f * (predict(samples) + sum(predict(g) for g in offered)))
         return boundary + f * predict(joining) + (1.0 - f) * predict(samples + joining)
@@ -190,14 +200,14 @@ class JoinPlanner:
         """Predicted end of a running batch as it stands: its `samples` (the groups
         `offered` to it included) through every stage, behind those groups' own runs
         through the first stages (bounded by the next boundary's share, as in `finish`)."""
-        predict = self.cost.predict
+        predict = self._predict
         f = self.profile.done(done + 1)
         return max(now, start + predict(samples) + f * sum(predict(g) for g in offered))
 
     def _pays(self, *, start: float, now: float, samples: int, offered: Sequence[int], first: int, end: float,
               joining: int, group: int, requests: int, free_at: float) -> bool:
         """Whether joining lowers the total latency of the group's and the batch's requests."""
-        predict = self.cost.predict
+        predict = self._predict
         own = self.own_end(start=start, now=now, samples=samples, offered=offered, done=first - 1)
         delay = max(0.0, end - own)
         gain = max(now, free_at) + predict(joining) - end

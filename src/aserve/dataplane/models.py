@@ -48,7 +48,8 @@ async def make_policy(
     joining = None
     if batching.layer_join and info.stages > 0 and max_batch_size > 0:
         profile = await measure_stages(pool, info, min(4, max_batch_size))
-        joining = Joining(pool, JoinPlanner(cost, profile), budget, benefit=batching.join_rule == "benefit")
+        planner = JoinPlanner(cost, profile, scale=lambda: policy.slowdown_cautious)
+        joining = Joining(pool, planner, budget, benefit=batching.join_rule == "benefit")
     return policy, joining
 
 
