@@ -126,6 +126,20 @@ class JoinPlanner:
         """Seconds a batch of `samples` is expected to take now."""
         return (1.0 if self.scale is None else self.scale()) * self.cost.predict(samples)
 
+    def _memo(self) -> Callable[[int], float]:
+        """`_predict` for one plan: the scale read once, each size's seconds computed once
+        (a plan asks for the same few sizes for every group and boundary it tries)."""
+        scale = 1.0 if self.scale is None else self.scale()
+        predict = self.cost.predict
+        seen: dict[int, float] = {}
+
+        def at(samples: int) -> float:
+            v = seen.get(samples)
+            if v is None:
+                v = seen[samples] = scale * predict(samples)
+            return v
+        return at
+
     def may_pay(self) -> bool:
         """False where no join can lower the total latency: an affine curve whose
         per-batch overhead a is at most its per-sample cost c (see the module doc)."""
@@ -172,27 +186,36 @@ class JoinPlanner:
         if elapsed < 0.0 or first > last:
             return None  # not started yet, or past its last boundary
         start = now - elapsed
+        predict = self._memo()
+        ahead = sum(predict(g) for g in offered)
+        shares = [self.profile.done(k) for k in range(last + 1)]
+        own = predict(samples)
         for take in range(len(sizes), 0, -1):
             n = sizes[take - 1]
             if samples + n > max_batch_size:
                 continue
             bound = min(limit, limits[take - 1])
+            alone, joined = predict(n), predict(samples + n)
             # the engine joins at the first boundary it reaches (normally `first`; a later
             # one if the batch moved on meanwhile; `done` if it is still absorbing groups
             # there, which finishes no later): every boundary up to last_stage must fit
+            # (`finish`, its terms computed once per group)
             best = None
             for k in range(first, last + 1):
-                if self.finish(start=start, now=now, samples=samples, joining=n, k=k, offered=offered) > bound:
+                f = shares[k]
+                if max(now, start + f * (own + ahead)) + f * alone + (1.0 - f) * joined > bound:
                     break
                 best = k
             if best is None:
                 continue
-            end = self.finish(start=start, now=now, samples=samples, joining=n, k=first, offered=offered)
-            if free_at is not None and not self._pays(
-                start=start, now=now, samples=samples, offered=offered, first=first, end=end, joining=n,
-                group=take, requests=requests, free_at=free_at,
-            ):
-                continue
+            f = shares[first]
+            end = max(now, start + f * (own + ahead)) + f * alone + (1.0 - f) * joined
+            if free_at is not None:
+                # whether joining lowers the total latency of the group's and the batch's requests
+                delay = max(0.0, end - max(now, start + own + f * ahead))  # own_end, `first - 1` stages done
+                gain = max(now, free_at) + alone - end
+                if not take * gain > requests * delay:
+                    continue
             return JoinPlan(take, best, end)
         return None
 
@@ -203,15 +226,6 @@ class JoinPlanner:
         predict = self._predict
         f = self.profile.done(done + 1)
         return max(now, start + predict(samples) + f * sum(predict(g) for g in offered))
-
-    def _pays(self, *, start: float, now: float, samples: int, offered: Sequence[int], first: int, end: float,
-              joining: int, group: int, requests: int, free_at: float) -> bool:
-        """Whether joining lowers the total latency of the group's and the batch's requests."""
-        predict = self._predict
-        own = self.own_end(start=start, now=now, samples=samples, offered=offered, done=first - 1)
-        delay = max(0.0, end - own)
-        gain = max(now, free_at) + predict(joining) - end
-        return group * gain > requests * delay
 
     def as_dict(self) -> dict[str, object]:
         return {"stage_profile": self.profile.as_dict()}
