@@ -152,6 +152,7 @@ class Methods:
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             size = 0
+            counted = False
             try:
                 request = raw if kind is None else parse(kind, raw)  # None: relayed as it came
                 # the metadata are read only when a trace may be in them
@@ -168,9 +169,12 @@ class Methods:
                 code = status.code
                 if status.trailers:
                     context.set_trailing_metadata(status.trailers)
+                counted = True
+                self._done(name, code, size, start, context)  # counted before the client hears it
                 await context.abort(status.code, status.message)
             finally:
-                self._done(name, code, size, start, context)
+                if not counted:
+                    self._done(name, code, size, start, context)
 
         return call
 
