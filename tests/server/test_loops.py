@@ -275,6 +275,38 @@ async def test_http_and_grpc_readiness_agree_through_a_loops_restart(start_serve
         assert await _readiness(url, stub, health) == (True, True, True)
 
 
+async def test_a_front_started_again_serves_grpc_with_nothing_of_its_last_life_logged(
+        start_server, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A front loop that died with gRPC calls open is started again in the same interpreter and
+    serves gRPC; the calls of its last life end there, with no error in the log (grpc.aio's
+    completion queue is the interpreter's, and hands a call's last events to the loop that made it)."""
+    monkeypatch.setattr(loops_module, "RESTART_FIRST_S", 3600.0)  # it stays down until the test starts it
+    monkeypatch.setattr(loops_module, "RESTART_MAX_S", 3600.0)
+    server, _ = await start_server(write_repository(tmp_path / "repo"), loops=1, grpc=True)
+    loops = server.loops
+    caplog.set_level(logging.INFO)
+    target = f"127.0.0.1:{server.grpc_port}"
+    async with grpc.aio.insecure_channel(target) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING  # open on the front
+        fail_loop(server, 0)
+        await until(lambda: loops.restarts == 1, what="the failed loop reported ended")
+        try:  # the stream ends with the loop
+            while await watch.read() is not grpc.aio.EOF:
+                pass
+        except grpc.aio.AioRpcError:
+            pass
+    loops._restart(loops.fronts[0])
+    assert await loops.serving_all(30)
+    for _ in range(3):  # fresh channels, so that the front's new server answers each
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            for _ in range(50):
+                assert (await stub.ServerLive(service_pb2.ServerLiveRequest())).live
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and "loop 0 ended" not in r.getMessage()]
+    assert errors == [], [(r.getMessage(), r.exc_info) for r in errors]
+
+
 @pytest.fixture
 def gate_config() -> str:
     """`gated`'s model config: one interpreter, max_queue_size 1 (a test may override it)."""
