@@ -544,9 +544,13 @@ async def test_shutdown_answers_what_every_loop_accepted(start_server, tmp_path:
             await s.close()
 
 
-async def test_a_shutdown_while_the_fronts_start_does_not_wait_for_them(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("when", ["interpreters starting", "fronts starting"])
+async def test_a_shutdown_while_the_fronts_start_does_not_wait_for_them(tmp_path: pathlib.Path, when: str,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
     """SIGTERM can come before every front serves (a fast load, a pod stopped at once): the
-    close ends the fronts and returns, rather than waiting for fronts that will never serve."""
+    close ends the fronts and returns, rather than waiting for fronts that will never serve;
+    a front whose interpreter was still starting is not started, one whose loop was starting
+    is told to close as soon as it can hear it, and nothing is logged as an error."""
     from aserve.config import ServerSettings
     from aserve.server import Server
 
@@ -554,11 +558,16 @@ async def test_a_shutdown_while_the_fronts_start_does_not_wait_for_them(tmp_path
     server = Server(ServerSettings(host="127.0.0.1", port=0, engine="main", interpreters=1, loops=2, grpc=False,
                                    log_level="warning", shutdown_timeout_s=5.0), repository=repo)
     await server.start()
-    assert server.loops is not None and server.loops.serving < 2  # the fronts are still starting
+    loops = server.loops
+    assert loops is not None and loops.serving < 2  # the fronts are still starting
+    if when == "fronts starting":
+        await until(lambda: all(f.job is not None for f in loops.fronts), what="the fronts' loops started")
     began = time.monotonic()
     await asyncio.wait_for(server.close(), 30)  # LOOPS_START_S (60 s) before the mend
     assert time.monotonic() - began < 15
-    assert server.loops.serving == 0
+    assert loops.serving == 0
+    assert all(f.job is None or f.job.done() for f in loops.fronts)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 async def test_access_log_has_each_request_once(start_server, tmp_path: pathlib.Path, caplog) -> None:  # type: ignore[no-untyped-def]

@@ -97,6 +97,7 @@ class Loops:
         self.pool: Pool | None = None
         self.restarts = 0
         self.closing = False
+        self._close_timeout = 0.0  # close()'s: a front whose channel opens after close began is told at once
         self._asked: dict[int, asyncio.Future[Any]] = {}
         self._next = 0
         self._publishing = False
@@ -110,6 +111,8 @@ class Loops:
         """Start every front's interpreter and loop (they report ready on their own)."""
         self.pool = Pool(engine="private", interpreters=self.count, spin_us=0, threads="aserve-loop")
         await self.pool.start()
+        if self.closing:  # the shutdown came while the interpreters started: no front to start
+            return
         for front in self.fronts:
             self._start(front)
         self._state_timer = asyncio.get_running_loop().call_later(STATE_EVERY_S, self._tick)
@@ -190,6 +193,8 @@ class Loops:
     async def _talk(self, front: FrontLoop, sock: socket.socket) -> None:
         channel: Channel[ToHost] = await Channel.open(sock, ToHost)
         front.channel = channel
+        if self.closing:  # close() began before this front could be told
+            channel.send(Close(timeout=self._close_timeout))
         try:
             while True:
                 message = await channel.receive()
@@ -256,9 +261,9 @@ class Loops:
         for handle in self.server.plane.registry.handles():
             if handle.queued is not None:
                 handle.queued.clear(front.index + 1)
+        error = job.exception() if not job.cancelled() else None
         if self.closing:
             return
-        error = job.exception() if not job.cancelled() else None
         self.restarts += 1
         # a loop that keeps failing is started again ever later (at most RESTART_MAX_S), not in a tight circle
         front.failures = front.failures + 1 if time.monotonic() - front.started < RESTART_RESET_S else 1
@@ -396,6 +401,7 @@ class Loops:
     async def close(self, timeout: float) -> None:
         """Every front answers what it accepted (within `timeout`) and stops."""
         self.closing = True
+        self._close_timeout = timeout
         self._closed.set()
         if self._state_timer is not None:
             self._state_timer.cancel()
