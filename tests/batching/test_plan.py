@@ -68,7 +68,9 @@ def replay(seed: int, form: str, load: float, interpreters: int, max_batch_size:
 
     queue: list[Req] = []
     running = 0
-    counts = {"admitted": 0, "refused": 0, "batches": 0, "waits": 0, "failed": 0, "ahead": 0}
+    starts: dict[int, float] = {}  # batches in flight: their start, by the seq of their "done" event
+    joined: set[int] = set()  # those that a group joined: they end unobserved
+    counts = {"admitted": 0, "refused": 0, "batches": 0, "waits": 0, "failed": 0, "ahead": 0, "joined": 0}
 
     def decide(now: float) -> None:
         nonlocal running
@@ -89,13 +91,17 @@ def replay(seed: int, form: str, load: float, interpreters: int, max_batch_size:
             running += 1
             counts["batches"] += 1
             at(now + seconds, "done", (samples, seconds, rng.random() > 0.03))
+            starts[seq] = now
 
     t = 0.0
     for _ in range(1500):
         t += rng.expovariate(rate)
         at(t, "arrive")
     while events:
-        now, _, kind, (samples, seconds, ok) = heapq.heappop(events)
+        now, key, kind, (samples, seconds, ok) = heapq.heappop(events)
+        if kind == "arrive" and starts and rng.random() < 0.03:  # a group joins a batch in flight
+            joined.add(rng.choice(sorted(starts)))
+            counts["joined"] += 1
         if kind == "arrive":
             req = Req(now, rng.choice([1, 1, 2, 3, 3]), None if rng.random() < 0.8 else now + rng.uniform(0.01, 0.1),
                       None if rng.random() < 0.7 else rng.uniform(0.02, 0.2), rng.uniform(0.0, 0.002))
@@ -120,6 +126,13 @@ def replay(seed: int, form: str, load: float, interpreters: int, max_batch_size:
             queue.append(req)
         elif kind == "done":
             running -= 1
+            start = starts.pop(key)
+            if key in joined:  # its time is not its size's: it leaves the flight, found by its start
+                joined.discard(key)
+                plan.finish(False, samples, seconds, start)
+                policy.ended(start)
+                decide(now)
+                continue
             # the Plan reads the curve before the observation refines it, as observe does
             plan.finish(ok, samples, seconds)
             if ok:
@@ -138,7 +151,7 @@ def replay(seed: int, form: str, load: float, interpreters: int, max_batch_size:
 @pytest.mark.parametrize("load", [0.3, 0.8, 1.6])
 def test_the_plan_decides_and_admits_as_the_adaptive_policy(form: str, load: float) -> None:
     counts = replay(seed=hash((form, load)) % 1000, form=form, load=load, interpreters=2, max_batch_size=16)
-    assert counts["batches"] > 100
+    assert counts["batches"] > 100 and counts["joined"] > 0
     if load > 1.0:  # overloaded: admission refuses, and the batches grow
         assert counts["refused"] > 0 and counts["admitted"] > counts["batches"]
 

@@ -17,7 +17,7 @@ from .test_metrics import scrape
 
 STAGED_CONFIG = """
 interpreters = 1
-max_batch_size = 16
+max_batch_size = 8
 [parameters]
 delay = 0.07
 [batching]
