@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+from typing import Any
 
 import aiohttp
 import pytest
@@ -115,31 +116,38 @@ async def test_a_front_refuses_what_the_policy_predicts_late_and_names_the_budge
         assert answered_by_loop(m).get("host", 0) == 0
 
 
-async def test_a_traced_request_is_admitted_by_the_same_policy(start_server, tmp_path, loops,
+@pytest.fixture
+async def otlp_port() -> Any:
+    """A real OTLP/HTTP receiver on loopback, its port; set up before a server the test starts,
+    so that it still receives what the server exports as it closes."""
+    from ..peers import Receiver
+
+    async with Receiver().serving() as port:
+        yield port
+
+
+async def test_a_traced_request_is_admitted_by_the_same_policy(otlp_port: int, start_server, tmp_path, loops,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """With every request sampled for tracing, a front batches the model's requests apart (their
     batches carry the span context), yet the same adaptive policy counts their batches and
     admits them: one that would wait past its budget behind a running batch, read by either
     front, is refused, counted in the same arrival rate."""
-    from ..peers import Receiver  # a real OTLP/HTTP receiver on loopback
-
     gate = tmp_path / "gate"
-    async with Receiver().serving() as port:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
-        monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
-        server, url = await start_server(repository(tmp_path / "repo", gate, delay=50, budget=20))
-        assert server.plane.tracer is not None
-        labels = {"model": "gated", "version": "1"}
-        async with aiohttp.ClientSession() as http:
-            held = asyncio.ensure_future(infer(url, -1.0))
-            await scrape_until(http, url, lambda m: value(m, "aserve_batches_in_flight", **labels) == 1,
-                               what="the held request to run")
-            for x in (1.0, 2.0):  # new connections, spread over the fronts
-                status, body, headers = await infer(url, x)
-                assert status == 503 and "latency budget" in str(body["error"]), body
-                assert float(headers["Retry-After"]) > 0
-            gate.touch()
-            assert (await held)[0] == 200
-            m = await scrape(http, url)
-        assert value(m, "aserve_inference_refused_total", **labels) == 2
-        assert value(m, "aserve_arrival_rate_samples_per_second", **labels) > 0
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{otlp_port}")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    server, url = await start_server(repository(tmp_path / "repo", gate, delay=50, budget=20))
+    assert server.plane.tracer is not None
+    labels = {"model": "gated", "version": "1"}
+    async with aiohttp.ClientSession() as http:
+        held = asyncio.ensure_future(infer(url, -1.0))
+        await scrape_until(http, url, lambda m: value(m, "aserve_batches_in_flight", **labels) == 1,
+                           what="the held request to run")
+        for x in (1.0, 2.0):  # new connections, spread over the fronts
+            status, body, headers = await infer(url, x)
+            assert status == 503 and "latency budget" in str(body["error"]), body
+            assert float(headers["Retry-After"]) > 0
+        gate.touch()
+        assert (await held)[0] == 200
+        m = await scrape(http, url)
+    assert value(m, "aserve_inference_refused_total", **labels) == 2
+    assert value(m, "aserve_arrival_rate_samples_per_second", **labels) > 0
