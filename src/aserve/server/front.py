@@ -73,40 +73,20 @@ from .http import Request, Response
 from .router import Dispatcher, Router
 from .routes import ROUTES, Route
 
-# The interpreter's event loop: every front it runs (a server after another, a loop started
-# again) runs on it, and it is never closed. grpc.aio's completion queue is the interpreter's
-# and hands each call's last events to the loop that made the call, which may be after the
-# front that made it ended; on a closed loop they would fail on the next front's.
-_loop: asyncio.AbstractEventLoop | None = None
-
 
 def main(config: str) -> None:
     """The front's whole life (the job the host runs in the front's interpreter): serve
     until the host says close, or the channel to it is gone."""
-    global _loop
     import uvloop
 
     cfg = msgspec.json.decode(config)
-    if _loop is None:
-        _loop = uvloop.new_event_loop()  # no signal handlers: signals are the host's
-    loop = _loop
+    loop = uvloop.new_event_loop()  # no signal handlers: signals are the host's
     asyncio.set_event_loop(loop)
     try:
         loop.run_until_complete(Front(cfg).serve())
     finally:
-        _settle(loop)
+        loop.close()
         asyncio.set_event_loop(None)
-
-
-def _settle(loop: asyncio.AbstractEventLoop) -> None:
-    """End what a front left on the loop (as asyncio.run does before it closes one): its tasks
-    cancelled and awaited, its async generators closed."""
-    tasks = asyncio.all_tasks(loop)
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-    loop.run_until_complete(loop.shutdown_asyncgens())
 
 
 _HOSTS = "hosts"  # an infer request's state: the host answers it
