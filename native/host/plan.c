@@ -283,28 +283,15 @@ static void dispatched(as_plan *pl, double now, int64_t samples)
     pl->flight[pl->n_flight++] = (as_flight){now, pl->published ? predict(pl, samples) : 0.0};
 }
 
-/* the batch in flight dispatched nearest `start`, -1 if none */
-static int nearest(const as_plan *pl, double start)
-{
-    int at = pl->n_flight > 0 ? 0 : -1;
-    for (int i = 1; i < pl->n_flight; i++)
-        if (fabs(pl->flight[i].start - start) < fabs(pl->flight[at].start - start))
-            at = i;
-    return at;
-}
-
-/* the batch predicted to end first is forgotten (start NAN), else the one dispatched nearest start */
-static void land(as_plan *pl, double start)
+/* the batch predicted to end first is forgotten */
+static void land(as_plan *pl)
 {
     if (pl->n_flight == 0)
         return;
     int at = 0;
-    if (!isnan(start))
-        at = nearest(pl, start);
-    else
-        for (int i = 1; i < pl->n_flight; i++)
-            if (pl->flight[i].start + pl->flight[i].predicted < pl->flight[at].start + pl->flight[at].predicted)
-                at = i;
+    for (int i = 1; i < pl->n_flight; i++)
+        if (pl->flight[i].start + pl->flight[i].predicted < pl->flight[at].start + pl->flight[at].predicted)
+            at = i;
     memmove(pl->flight + at, pl->flight + at + 1, sizeof pl->flight[0] * (size_t)(pl->n_flight - at - 1));
     pl->n_flight--;
 }
@@ -475,7 +462,7 @@ int as_plan_decide(as_plan *pl, double now, const as_pending *queue, int n, int 
     pthread_mutex_lock(&pl->mu);
     int take = 0;
     while (pl->n_flight > running) /* batches that ended without being observed */
-        land(pl, NAN);
+        land(pl);
     if (idle <= 0 || n == 0)
         goto out;
     if (!pl->published || max_batch_size <= 0) {
@@ -664,10 +651,10 @@ double as_plan_admission_rate(as_plan *pl)
 
 /* ---- what the batches took ---- */
 
-void as_plan_finish(as_plan *pl, int ok, int64_t samples, double seconds, double start)
+void as_plan_finish(as_plan *pl, int ok, int64_t samples, double seconds)
 {
     pthread_mutex_lock(&pl->mu);
-    land(pl, start);
+    land(pl);
     if (ok && pl->published && samples >= 1 && seconds > 0.0 && isfinite(seconds)) {
         double ratio = fmin2(SLOWDOWN_HIGH, fmax2(SLOWDOWN_LOW, seconds / predict(pl, samples)));
         pl->observed++;

@@ -111,11 +111,9 @@ void as_plan_arrive(as_plan *pl, double now, int64_t samples);
 double as_plan_admission_rate(as_plan *pl);
 
 /* A batch it dispatched ended: ok, it held an interpreter `seconds` for `samples`, which
- * refines the slowdown and is kept for the host's cost model; not ok (failed, cancelled,
- * joined), it only leaves the batches in flight. It is the batch predicted to end first
- * (start NAN), or the one dispatched nearest `start` (AdaptivePolicy.ended: a joined batch,
- * which ran longer than predicted). */
-void as_plan_finish(as_plan *pl, int ok, int64_t samples, double seconds, double start);
+ * refines the slowdown and is kept for the host's cost model; not ok (failed, cancelled), it
+ * only leaves the batches in flight. */
+void as_plan_finish(as_plan *pl, int ok, int64_t samples, double seconds);
 /* The batches finished since the last call, oldest first, into out (at most max); how many. */
 int as_plan_take_observed(as_plan *pl, int64_t *samples, double *seconds, int max);
 

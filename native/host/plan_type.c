@@ -208,15 +208,15 @@ static PyObject *plan_arrive(planobj *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* finish(ok, samples, seconds, start=nan): a batch it dispatched ended */
+/* finish(ok, samples, seconds): a batch it dispatched ended */
 static PyObject *plan_finish(planobj *self, PyObject *args)
 {
     int ok;
     long long samples;
-    double seconds, start = NAN;
-    if (!PyArg_ParseTuple(args, "pLd|d:finish", &ok, &samples, &seconds, &start))
+    double seconds;
+    if (!PyArg_ParseTuple(args, "pLd:finish", &ok, &samples, &seconds))
         return NULL;
-    as_plan_finish(self->plan, ok, samples, seconds, start);
+    as_plan_finish(self->plan, ok, samples, seconds);
     Py_RETURN_NONE;
 }
 
@@ -411,8 +411,7 @@ static PyMethodDef plan_methods[] = {
      "refuses(now, queued_samples, samples=1, budget=None, waited=0.0) -> Retry-After or None"},
     {"arrive", (PyCFunction)plan_arrive, METH_VARARGS, "arrive(now, samples=1): count an arrival"},
     {"finish", (PyCFunction)plan_finish, METH_VARARGS,
-     "finish(ok, samples, seconds, start=nan): a batch it dispatched ended (ok: it took `seconds`); the one "
-     "predicted to end first, or with `start` the one dispatched nearest it (AdaptivePolicy.ended)"},
+     "finish(ok, samples, seconds): a batch it dispatched ended (ok: it took `seconds`)"},
     {"observed", (PyCFunction)plan_observed, METH_NOARGS,
      "observed() -> [(samples, seconds)]: the batches that ended since the last call, oldest first"},
     {"admission_rate", (PyCFunction)plan_admission_rate, METH_NOARGS,

@@ -430,8 +430,7 @@ static void *worker_main(void *arg)
             w->owners_out += owners_of(j);
             if (j->plan != NULL && j->led_rows > 0) /* the batch the adaptive policy chose ended */
                 as_plan_finish(j->plan, !j->job.failed && j->joined_count == 0, j->led_rows,
-                               (double)(monotonic_ns() - w->since) / 1e9,
-                               j->joined_count > 0 ? (double)w->since / 1e9 : NAN);
+                               (double)(monotonic_ns() - w->since) / 1e9);
             wake = j->job.join != NULL ? as_pool_finish_staged(p, j) : 0;
             for (hjob *k = j->parts, *next; k != NULL; k = next) {
                 next = k->part_next;

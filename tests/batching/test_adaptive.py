@@ -143,16 +143,6 @@ def test_the_slowdown_scales_every_prediction() -> None:
     assert p.slowdown == pytest.approx(1.5 + 0.2 * (4.0 - 1.5))
 
 
-def test_a_batch_that_ended_unobserved_leaves_the_flight_by_its_start() -> None:
-    """A batch that requests joined ends unobserved (its time is not its size's): the batch that
-    leaves the flight is the one that started then, not the one predicted to end first."""
-    p = policy(UNIT, budget=100.0, interpreters=2)
-    assert p.decide(0.0, queue(0.0), idle=2, running=0, max_batch_size=32) == Decision(1, None)  # ends at 3
-    assert p.decide(1.0, queue(1.0), idle=1, running=1, max_batch_size=32) == Decision(1, None)  # ends at 4
-    p.ended(1.0)  # the second ended (groups had joined it): the first still runs until 3
-    assert p._frees(2.0) == pytest.approx([2.0, 3.0])
-
-
 def test_admission_judges_each_request_by_its_own_budget() -> None:
     p = policy(UNIT, budget=14.0, interpreters=1)
     assert p.decide(0.0, queue(0.0), idle=1, running=0, max_batch_size=32) == Decision(1, None)  # ends at 3

@@ -45,10 +45,8 @@ def true_cost(form: str, b: int) -> float:
     return 0.003 + 0.02 / (1.0 + math.exp(-(b - 12) / 3.0))  # logistic: a knee
 
 
-def replay(seed: int, form: str, load: float, interpreters: int, max_batch_size: int,
-           joins: float = 0.0) -> dict[str, int]:
-    """One trace through both policies; every answer compared. What happened, counted. `joins`:
-    the share of arrivals at which a group joins a batch in flight (it then ends unobserved)."""
+def replay(seed: int, form: str, load: float, interpreters: int, max_batch_size: int) -> dict[str, int]:
+    """One trace through both policies; every answer compared. What happened, counted."""
     rng = random.Random(seed)
     points = [(b, true_cost(form, b) * rng.uniform(0.95, 1.05)) for b in ladder(max_batch_size)]
     policy = AdaptivePolicy(
@@ -70,9 +68,7 @@ def replay(seed: int, form: str, load: float, interpreters: int, max_batch_size:
 
     queue: list[Req] = []
     running = 0
-    starts: dict[int, float] = {}  # batches in flight: their start, by the seq of their "done" event
-    joined: set[int] = set()  # those that a group joined: they end unobserved
-    counts = {"admitted": 0, "refused": 0, "batches": 0, "waits": 0, "failed": 0, "ahead": 0, "joined": 0}
+    counts = {"admitted": 0, "refused": 0, "batches": 0, "waits": 0, "failed": 0, "ahead": 0}
 
     def decide(now: float) -> None:
         nonlocal running
@@ -93,17 +89,13 @@ def replay(seed: int, form: str, load: float, interpreters: int, max_batch_size:
             running += 1
             counts["batches"] += 1
             at(now + seconds, "done", (samples, seconds, rng.random() > 0.03))
-            starts[seq] = now
 
     t = 0.0
     for _ in range(1500):
         t += rng.expovariate(rate)
         at(t, "arrive")
     while events:
-        now, key, kind, (samples, seconds, ok) = heapq.heappop(events)
-        if kind == "arrive" and starts and rng.random() < joins:  # a group joins a batch in flight
-            joined.add(rng.choice(sorted(starts)))
-            counts["joined"] += 1
+        now, _, kind, (samples, seconds, ok) = heapq.heappop(events)
         if kind == "arrive":
             req = Req(now, rng.choice([1, 1, 2, 3, 3]), None if rng.random() < 0.8 else now + rng.uniform(0.01, 0.1),
                       None if rng.random() < 0.7 else rng.uniform(0.02, 0.2), rng.uniform(0.0, 0.002))
@@ -128,13 +120,6 @@ def replay(seed: int, form: str, load: float, interpreters: int, max_batch_size:
             queue.append(req)
         elif kind == "done":
             running -= 1
-            start = starts.pop(key)
-            if key in joined:  # its time is not its size's: it leaves the flight, found by its start
-                joined.discard(key)
-                plan.finish(False, samples, seconds, start)
-                policy.ended(start)
-                decide(now)
-                continue
             # the Plan reads the curve before the observation refines it, as observe does
             plan.finish(ok, samples, seconds)
             if ok:
@@ -164,14 +149,6 @@ def test_the_plan_follows_the_policy_on_more_interpreters_and_sizes(seed: int) -
     counts = replay(seed=seed, form=rng.choice(["affine", "interp", "logistic"]), load=rng.choice([0.5, 1.0, 2.0]),
                     interpreters=rng.choice([1, 3, 4]), max_batch_size=rng.choice([1, 4, 32]))
     assert counts["batches"] > 0
-
-
-@pytest.mark.parametrize("form", ["affine", "interp", "logistic"])
-def test_batches_that_requests_joined_leave_both_flights_alike(form: str) -> None:
-    """Batches that end unobserved (requests joined them) leave the batches in flight by their
-    start, in both, and the two go on deciding and admitting alike."""
-    counts = replay(seed=7, form=form, load=0.8, interpreters=2, max_batch_size=16, joins=0.05)
-    assert counts["joined"] > 10 and counts["batches"] > 100
 
 
 def test_a_plan_refuses_nothing_and_takes_one_request_until_its_curve_is_published() -> None:

@@ -334,17 +334,6 @@ class AdaptivePolicy:
         self._flight.append((now, self.cost.predict(samples)))
         return Decision(take, None)
 
-    def ended(self, start: float) -> None:
-        """The batch in flight that started at `start` (the one dispatched nearest it) ended
-        unobserved: requests joined it (its seconds are not its size's), or it failed."""
-        i = self._nearest(start)
-        if i is not None:
-            del self._flight[i]
-
-    def _nearest(self, start: float) -> int | None:
-        flight = self._flight
-        return min(range(len(flight)), key=lambda k: abs(flight[k][0] - start)) if flight else None
-
     def _land(self) -> None:
         """A batch in flight ended: forget the one predicted to end first."""
         flight = self._flight

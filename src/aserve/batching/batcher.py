@@ -156,8 +156,6 @@ class Batcher:
         # a policy that sees more of the model than this batcher (every loop's queue and batches)
         # is asked about every request, and decides itself which must wait
         self._asks: bool = getattr(policy, "asks_always", False)
-        # a policy that tracks its batches in flight is told which staged batch ended unobserved
-        self._ended: Callable[[float], None] | None = getattr(policy, "ended", None)
         # the policy's own latency budget, which its refusals name when the request has none
         self._budget: float | None = getattr(policy, "latency_budget_s", None)
         self._queue: collections.deque[Request] = collections.deque()
@@ -752,8 +750,6 @@ class Batcher:
         try:
             outputs, seconds = await joiner.result(staged)
         except Exception as e:  # noqa: BLE001 - every request of the batch gets an answer
-            if self._ended is not None:
-                self._ended(started)
             everyone = staged.everyone()
             self.compute_seconds += (self._clock() - started) * len(everyone)
             if isinstance(e, ModelError) and len(everyone) > 1:
@@ -776,8 +772,6 @@ class Batcher:
         count_batch(self.batch_sizes, sum(r.samples for r in requests), elapsed)
         if not joined:  # a batch that ran as it was dispatched teaches the curve
             self.policy.observe(total, self._clock() - started)
-        elif self._ended is not None:
-            self._ended(started)
         del inputs
         self._deliver(requests, outputs)
 
