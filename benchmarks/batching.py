@@ -19,6 +19,12 @@ policy, `mean_vs_serial` with `mean_vs_serial_ci95` (a bootstrap interval over t
 paired rounds: a ratio whose interval holds 1 is not told apart from serial by the
 run) and how many rounds it was not slower than serial in.
 
+`--queue native` runs the adaptive policies where aserve runs them when it serves: each on a
+copy of the model in a data plane, batched by the pool's native queue (the C policy and join
+planner) through the NativeBatcher a front loop makes; serial and fixed10, LBCI's baselines,
+stay on the Python `Batcher`. The native copies keep their state from load to load, as a
+server does (the host path starts each point from the warmed-up cost model).
+
 `--simulate A_MS,C_MS` runs the same table in virtual time instead: the real Batcher
 and policies on a `VirtualLoop` with a simulated engine whose batches of b take
 A + C * b ms (benchmarks.sim.simulation); deterministic, seconds to run, no
@@ -44,6 +50,7 @@ import platform
 import random
 import statistics
 import sys
+import tempfile
 import tomllib
 from collections.abc import Sequence
 from typing import Any
@@ -86,6 +93,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--admission-reserve", type=float, default=BatchingConfig().admission_reserve,
                     help="adaptive: share of the budget admission keeps back under overload (default: the "
                          "server's, %(default)s)")
+    ap.add_argument("--queue", choices=("host", "native"), default="host",
+                    help="where the adaptive policies batch: the host loop's Python Batcher, or the pool's native "
+                         "queue (the fronts' path, with the policy and the join planner in C)")
     ap.add_argument("--join-rule", choices=("budget", "benefit"), default="benefit",
                     help="adaptive_join: join only if the total latency falls (the server's default), or whenever the budgets hold (LBCI's rule)")
     ap.add_argument("--fit-only", action="store_true", help="compare cost-model fits and exit")
@@ -181,9 +191,10 @@ def _ten(rng: random.Random) -> int:
 
 
 async def drive(batcher: Any, inputs: dict[int, Any], arrivals: list[Arrival], point: Point | None = None,
-                round_: int = 0) -> Point:
-    """Submit each request at its arrival time (relative seconds); wait for all answers.
-    With `point`, add this round's (number `round_`) answers to it."""
+                round_: int = 0, budget: float | None = None) -> Point:
+    """Submit each request at its arrival time (relative seconds), with `budget` (s) as its own
+    latency budget; wait for all answers. With `point`, add this round's (number `round_`)
+    answers to it."""
     loop = asyncio.get_running_loop()
     point = Point() if point is None else point
     start = loop.time() + 0.05
@@ -192,7 +203,7 @@ async def drive(batcher: Any, inputs: dict[int, Any], arrivals: list[Arrival], p
 
     async def one(at: float, k: int) -> None:
         try:
-            await batcher.submit(inputs[k], k)
+            await batcher.submit(inputs[k], k, budget=budget)
         except Overloaded:  # a refused request counts against the policy
             point.errors += 1
             point.refused += 1
@@ -271,6 +282,81 @@ def make_batcher(
     )
 
 
+def _toml(config: dict[str, Any]) -> str:
+    """A model's config.toml for `config` (scalars, lists of scalars, tables, arrays of tables)."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        raise TypeError(f"config value {v!r} is not one this writer knows")
+
+    def table(items: dict[str, Any]) -> list[str]:
+        return [f"{k} = {value(v)}" for k, v in items.items()]
+
+    lines = table({k: v for k, v in config.items()
+                   if not isinstance(v, dict) and not (isinstance(v, list) and v and isinstance(v[0], dict))})
+    for k, v in config.items():
+        if isinstance(v, dict):
+            lines += [f"[{k}]", *table(v)]
+        elif isinstance(v, list) and v and isinstance(v[0], dict):
+            for item in v:
+                lines += [f"[[{k}]]", *table(item)]
+    return "\n".join(lines) + "\n"
+
+
+def _joins(plane: Any, name: str, policy: str) -> dict[str, Any]:
+    """A native copy's join counts (its Plan's)."""
+    feed = plane.model(f"{name}_{policy}").plan
+    return dict(feed.as_dict(0.0).get("join", {}))
+
+
+def _plan_policy(plane: Any, name: str, policy: str) -> Any:
+    """What replay_refusals reads of a policy (its curve, its slowdown), from a native copy's Plan."""
+    import types
+
+    feed = plane.model(f"{name}_{policy}").plan
+    state = feed.as_dict(0.0)  # folds the batches that ended into the curve first
+    return types.SimpleNamespace(cost=feed.policy.cost, slowdown=state["slowdown"])
+
+
+async def native_queues(folder: pathlib.Path, config: dict[str, Any], class_name: str | None, policies: Sequence[str],
+                        args: argparse.Namespace, repo: pathlib.Path) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """The adaptive `policies`, each on a copy of the model (`<name>_<policy>`) in a data plane of
+    `args.interpreters` private interpreters per copy, batched by the pool's native queue: the
+    data plane, each policy's NativeBatcher (a front loop's, made here), the engines to close."""
+    import shutil
+
+    from aserve.config import ServerSettings
+    from aserve.dataplane import DataPlane
+
+    from .core import _front_handle
+
+    for policy in policies:
+        copy_ = repo / f"{folder.name}_{policy}"
+        shutil.copytree(folder, copy_)
+        batching = {**config.get("batching", {}), "policy": "adaptive", "latency_budget_ms": args.budget_ms,
+                    "admission_reserve": args.admission_reserve, "layer_join": policy == "adaptive_join",
+                    "join_rule": args.join_rule}
+        (copy_ / "config.toml").write_text(_toml({**config, "class": class_name, "batching": batching}))
+    plane = DataPlane(repo, ServerSettings(engine="private", interpreters=args.interpreters))
+    plane.registry.queue_fronts = 1  # each model's queue Counter, laid out for one front loop
+    engines: dict[str, Any] = {}
+    await plane.start()
+    batchers = {}
+    for policy in policies:
+        name = f"{folder.name}_{policy}"
+        handle = plane.model(name)
+        if not handle.ready:
+            raise SystemExit(f"--queue native: {name} did not load: {handle.reason}")
+        batchers[policy] = _front_handle(plane, name, engines).batcher
+    return plane, batchers, engines
+
+
 async def capacity(batcher: Any, inputs: dict[int, Any], multi: bool, seconds: float, seed: int) -> float:
     """Requests/s served with the queue never empty (closed loop, many clients), through a
     batcher without admission control that takes whatever is queued up to its largest batch."""
@@ -310,6 +396,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     await pool.start()
     records: list[dict[str, Any]] = []
     caps: dict[str, float] = {}
+    tmp = tempfile.TemporaryDirectory()  # --queue native: the model's copies
+    plane: Any = None
+    engines: dict[str, Any] = {}
     try:
         info = await pool.load(ModelSpec(name=folder.name, path=str(folder), class_name=class_name))
         cost = await warmup(pool, info, max_batch_size)
@@ -317,6 +406,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"# cost model: {json.dumps(cost.as_dict())}", file=sys.stderr, flush=True)
         print(f"# stages: {json.dumps(profile.as_dict())}", file=sys.stderr, flush=True)
         inputs = {k: [sample_inputs(info, k)[s.name] for s in info.inputs] for k in range(1, 11)}
+        natives: dict[str, Any] = {}
+        if args.queue == "native":
+            adaptive = [p for p in args.policies if p.startswith("adaptive")]
+            plane, natives, engines = await native_queues(folder, config, class_name, adaptive, args,
+                                                          pathlib.Path(tmp.name))
         for kind in args.kinds:
             multi = kind == "multi"
             budget = (args.multi_budget_ms if multi else args.budget_ms) / 1e3
@@ -343,7 +437,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 rounds = max(1, args.rounds)
                 window = args.seconds / rounds
                 policies = args.policies
-                batchers = {policy: make_batcher(policy, **common) for policy in policies}
+                batchers = {policy: natives.get(policy) or make_batcher(policy, **common) for policy in policies}
+                # the native batchers count from load to load: this point's are the differences
+                counted = {policy: (b.requests, b.batches, _joins(plane, folder.name, policy) if policy in natives else {})
+                           for policy, b in batchers.items()}
                 points = {policy: Point() for policy in policies}
                 for r in range(rounds):  # the same arrivals for every policy, in turns that rotate
                     part = [Arrival(a.time - r * window, a.samples) for a in arrivals
@@ -351,24 +448,29 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
                         point = points[policy]
                         before = len(point.latencies)
-                        await drive(batchers[policy], inputs, part, point, r)
+                        await drive(batchers[policy], inputs, part, point, r, budget)
                         answered = point.latencies[before:]
                         point.round_means.append(statistics.fmean(answered) if answered else None)
                 for policy in policies:
                     batcher, point = batchers[policy], points[policy]
                     lat = sorted(point.latencies)
+                    requests0, batches0, joins0 = counted[policy]
                     rec = record(policy, kind, load, arrivals, args.seconds, lat, point.errors, point.span,
-                                 batcher.requests / max(1, batcher.batches), budget, point.refused)
+                                 (batcher.requests - requests0) / max(1, batcher.batches - batches0), budget,
+                                 point.refused)
                     rec["round_mean_ms"] = [None if m is None else round(1e3 * m, 3) for m in point.round_means]
+                    rec["queue"] = "native" if policy in natives else "host"
+                    # the policy that decided: the host's Batcher's, or a native copy's Plan (its refined
+                    # curve and its own slowdown)
+                    decided = _plan_policy(plane, folder.name, policy) if policy in natives else batcher.policy
                     if policy == "adaptive_join":
-                        stats = batcher.stats()
-                        rec["joins"] = stats["joins"]
-                        rec["joined_requests"] = stats["joined_requests"]
-                        rec["offers_turned_away"] = stats["offers_turned_away"]
+                        stats = _joins(plane, folder.name, policy) if policy in natives else batcher.stats()
+                        for key in ("joins", "joined_requests", "offers_turned_away"):
+                            rec[key] = stats.get(key, 0) - joins0.get(key, 0)
                     if policy.startswith("adaptive"):
-                        rec["cost_after"] = batcher.policy.cost.as_dict()
+                        rec["cost_after"] = decided.cost.as_dict()
                         rec["refused_in_time"] = await asyncio.to_thread(  # a virtual loop of its own
-                            replay_refusals, point.refusals, arrivals, window, batcher.policy, cost, budget=budget,
+                            replay_refusals, point.refusals, arrivals, window, decided, cost, budget=budget,
                             interpreters=args.interpreters, max_batch_size=max_batch_size,
                             reserve=args.admission_reserve)
                     records.append(rec)
@@ -378,9 +480,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         flush=True,
                     )
     finally:
+        if natives:
+            link = engines.get("link")
+            if link is not None:
+                link.close()
+            await plane.close(timeout=10)
+        tmp.cleanup()
         await pool.close()
     return {
         "benchmark": "batching",
+        "queue": args.queue,
         "model": folder.name,
         "class": info.class_name,
         "setup": args.setup,
@@ -401,7 +510,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "records": records,
         "summary": summarize(records),
         "notes": [
-            "driven through the real Batcher (aserve.batching.batcher) on a private Pool",
+            "driven through the real Batcher (aserve.batching.batcher) on a private Pool"
+            + ("; adaptive and adaptive_join on the pool's native queue instead: copies of the model in a data "
+               "plane, each batched in C by its Plan through a front loop's NativeBatcher, keeping its state from "
+               "load to load" if args.queue == "native" else ""),
             f"fixed10: window policy, max batch 10, {args.window_ms} ms window; serial: every request alone",
             (
                 f"adaptive: budget {args.budget_ms} ms (single), {args.multi_budget_ms} ms (multi); "

@@ -67,6 +67,28 @@ def test_the_papers_set_up_on_a_second_cnn(tmp_path: pathlib.Path) -> None:
         batching.parse(["--kinds", "double"])
 
 
+@needs_torch
+def test_the_adaptive_policies_on_the_native_queue(tmp_path: pathlib.Path) -> None:
+    # --queue native: adaptive and adaptive_join batched by the pool's queue in C (copies of the
+    # model in a data plane, a front loop's NativeBatcher each); serial stays on the Batcher
+    out = tmp_path / "native.json"
+    argv = ["--queue", "native", "--kinds", "single", "--policies", "serial,adaptive,adaptive_join",
+            "--seconds", "0.6", "--capacity-seconds", "0.4", "--rounds", "2", "--loads", "0.5",
+            "--json", str(out), "--plot", ""]
+    assert batching.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["queue"] == "native"
+    by = {(r["policy"], r["load"]): r for r in result["records"]}
+    assert {p for p, _ in by} == {"serial", "adaptive", "adaptive_join"}
+    for (policy, _), r in by.items():
+        assert r["queue"] == ("host" if policy == "serial" else "native")
+        assert r["mean_ms"] > 0 and r["mean_batch_requests"] >= 1.0
+        if policy != "serial":
+            assert 0 <= r["refused_in_time"] <= r["refused"]
+        if policy == "adaptive_join":  # counted per point, from the copy's Plan
+            assert min(r["joins"], r["joined_requests"], r["offers_turned_away"]) >= 0
+
+
 def test_paired_ratio_interval() -> None:
     serial = [5.0, 7.0, 6.0, 9.0, 5.5, 6.5, 8.0, 7.5]
     assert batching.paired_ratio_ci(serial, serial) == (1.0, 1.0)
