@@ -81,12 +81,26 @@ def main(config: str) -> None:
 
     cfg = msgspec.json.decode(config)
     loop = uvloop.new_event_loop()  # no signal handlers: signals are the host's
+    loop.set_exception_handler(_drop_ended_calls)
     asyncio.set_event_loop(loop)
     try:
         loop.run_until_complete(Front(cfg).serve())
     finally:
         loop.close()
         asyncio.set_event_loop(None)
+
+
+def _drop_ended_calls(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's exception handler. grpc.aio's completion queue belongs to the interpreter and
+    hands each call's events to the loop that made the call: an event of a call made on a front
+    loop that has ended (a loop started again, the next server in the process) reaches this
+    loop's reader and fails handing it to the closed loop. Nobody waits for that call: the event
+    is dropped; every other error is reported as usual."""
+    error = context.get("exception")
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed" \
+            and "PollerCompletionQueue._handle_events" in str(context.get("message", "")):
+        return
+    loop.default_exception_handler(context)
 
 
 _HOSTS = "hosts"  # an infer request's state: the host answers it
