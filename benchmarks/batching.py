@@ -309,17 +309,21 @@ def _toml(config: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _feed(plane: Any, name: str, policy: str) -> Any:
+    """The PlanFeed of `policy`'s native copy of model `name`."""
+    return plane.model(f"{name}_{policy}").plan
+
+
 def _joins(plane: Any, name: str, policy: str) -> dict[str, Any]:
     """A native copy's join counts (its Plan's)."""
-    feed = plane.model(f"{name}_{policy}").plan
-    return dict(feed.as_dict(0.0).get("join", {}))
+    return dict(_feed(plane, name, policy).as_dict(0.0).get("join", {}))
 
 
 def _plan_policy(plane: Any, name: str, policy: str) -> Any:
     """What replay_refusals reads of a policy (its curve, its slowdown), from a native copy's Plan."""
     import types
 
-    feed = plane.model(f"{name}_{policy}").plan
+    feed = _feed(plane, name, policy)
     state = feed.as_dict(0.0)  # folds the batches that ended into the curve first
     return types.SimpleNamespace(cost=feed.policy.cost, slowdown=state["slowdown"])
 
@@ -437,7 +441,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 rounds = max(1, args.rounds)
                 window = args.seconds / rounds
                 policies = args.policies
-                batchers = {policy: natives.get(policy) or make_batcher(policy, **common) for policy in policies}
+                batchers = {policy: natives[policy] if policy in natives else make_batcher(policy, **common) for policy in policies}
                 # the native batchers count from load to load: this point's are the differences
                 counted = {policy: (b.requests, b.batches, _joins(plane, folder.name, policy) if policy in natives else {})
                            for policy, b in batchers.items()}
