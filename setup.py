@@ -42,11 +42,12 @@ extensions = [
             "native/host/trace.c",
             "native/host/v2json.c",
             "native/host/v2binary.c",
+            "native/host/h2.c",
             *interp_runtime,
         ],
         depends=["native/abi.h", "native/host/common.h", "native/host/pool.h", "native/host/link.h", "native/interp/runtime.h"],
         extra_compile_args=common,
-        libraries=["dl", "pthread", "m"],
+        libraries=["dl", "pthread", "m", "nghttp2"],
     )
 ]
 

@@ -103,6 +103,9 @@ void as_link_release(PyObject *link);
 extern PyType_Spec as_front_queue_spec;
 extern PyType_Spec as_front_request_spec;
 
+/* h2.c: the Python type H2, a gRPC connection's HTTP/2 (libnghttp2) */
+extern PyType_Spec as_h2_spec;
+
 /* plan_type.c: the Python type Plan, one model's adaptive batching policy in C (plan.h) */
 extern PyType_Spec as_plan_spec;
 

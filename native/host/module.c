@@ -150,6 +150,12 @@ static int native_exec(PyObject *m)
     st->front_request_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_front_request_spec, NULL);
     if (st->front_request_type == NULL || PyModule_AddType(m, st->front_request_type) < 0)
         return -1;
+    PyTypeObject *h2_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &as_h2_spec, NULL);
+    if (h2_type == NULL || PyModule_AddType(m, h2_type) < 0) {
+        Py_XDECREF(h2_type);
+        return -1;
+    }
+    Py_DECREF(h2_type);
     if (PyModule_AddIntConstant(m, "JOB_LOAD", AS_JOB_LOAD) < 0 ||
         PyModule_AddIntConstant(m, "JOB_UNLOAD", AS_JOB_UNLOAD) < 0 ||
         PyModule_AddIntConstant(m, "JOB_INFER", AS_JOB_INFER) < 0 ||

@@ -1,8 +1,8 @@
 """The gRPC front's bounds, through real channels against a real server: a call without its
 token refused before its message is read, a malformed message answered INVALID_ARGUMENT, a
 stream whose client reads no answers reading no more requests, the connection settings
-(calls at once, idle time, age, the ping policy), and abandoned streams leaving nothing
-behind.
+(calls at once, idle time, age, the ping policy, the SETTINGS they make), and abandoned
+streams leaving nothing behind.
 
 gRPC is served on the host's loop whatever the front loops, so the tests that move many
 bytes or calls run on it alone (`loops` 0)."""
@@ -342,26 +342,18 @@ async def test_a_client_that_answers_no_ping_is_dropped(start_server, repository
     assert PING in seen and seen[-1] == GOAWAY, seen
 
 
-def test_each_setting_is_a_channel_argument() -> None:
-    from aserve.config import ServerSettings
-    from aserve.server.grpc.front import options
-
-    settings = ServerSettings(grpc_max_concurrent_streams=7, grpc_max_connection_idle_s=1.5,
-                              grpc_max_connection_age_s=2.5, grpc_max_connection_age_grace_s=0.0,
-                              grpc_keepalive_time_s=3.0, grpc_keepalive_timeout_s=4.0, grpc_min_ping_interval_s=0.0,
-                              grpc_max_ping_strikes=0, grpc_keepalive_permit_without_calls=True)
-    args = dict(options(settings))
-    assert {key: args[key] for key in (
-        "grpc.max_concurrent_streams", "grpc.max_connection_idle_ms", "grpc.max_connection_age_ms",
-        "grpc.max_connection_age_grace_ms", "grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms",
-        "grpc.http2.ping_timeout_ms", "grpc.http2.min_ping_interval_without_data_ms", "grpc.http2.max_ping_strikes",
-        "grpc.keepalive_permit_without_calls")} == {
-        "grpc.max_concurrent_streams": 7, "grpc.max_connection_idle_ms": 1500, "grpc.max_connection_age_ms": 2500,
-        "grpc.max_connection_age_grace_ms": 0, "grpc.keepalive_time_ms": 3000, "grpc.keepalive_timeout_ms": 4000,
-        "grpc.http2.ping_timeout_ms": 4000, "grpc.http2.min_ping_interval_without_data_ms": 0,
-        "grpc.http2.max_ping_strikes": 0, "grpc.keepalive_permit_without_calls": 1}
-    # 0 = never: no idle or age limit is given to grpc (its default: none); durations past a C int are capped
-    defaults = dict(options(ServerSettings(grpc_keepalive_time_s=1e9)))
-    assert "grpc.max_connection_idle_ms" in defaults and "grpc.max_connection_age_ms" not in defaults
-    assert "grpc.max_connection_idle_ms" not in dict(options(ServerSettings(grpc_max_connection_idle_s=0)))
-    assert defaults["grpc.keepalive_time_ms"] == 2**31 - 1
+async def test_the_connection_settings_are_the_servers(start_server, repository: pathlib.Path) -> None:
+    """The server's first SETTINGS frame carries --grpc-max-concurrent-streams and
+    --max-header-bytes, on every loop that serves gRPC."""
+    server, _ = await start_server(repository, grpc=True, grpc_max_concurrent_streams=7, max_header_bytes=4096)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.grpc_port)
+    try:
+        writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(SETTINGS))
+        head = await asyncio.wait_for(reader.readexactly(9), 30)
+        payload = await reader.readexactly(int.from_bytes(head[:3], "big"))
+    finally:
+        writer.close()
+    assert head[3] == SETTINGS and not head[4] & ACK
+    values = {int.from_bytes(payload[i:i + 2], "big"): int.from_bytes(payload[i + 2:i + 6], "big")
+              for i in range(0, len(payload), 6)}
+    assert values[0x3] == 7 and values[0x6] == 4096, values  # MAX_CONCURRENT_STREAMS, MAX_HEADER_LIST_SIZE

@@ -1,12 +1,13 @@
-"""The gRPC front: a grpc.aio server on the HTTP front's event loop, in the same process.
+"""The gRPC front: a gRPC server on the HTTP front's event loop, in the same process
+(`h2.GrpcServer`: HTTP/2 in C, the calls on the loop).
 
 It serves `inference.GRPCInferenceService` (`service.Methods`), gRPC's standard health
 service (`grpc.health.v1.Health`, for Kubernetes `grpc:` probes) and server reflection
 (so that grpcurl needs no proto files). Its limits are HTTP's: a message larger than
 `--max-body-bytes` is refused with RESOURCE_EXHAUSTED, and so is metadata larger in all
-than `--max-header-bytes`. Its connections are bounded by the `grpc_*` settings, passed to
-grpc as channel arguments (`options`): calls open at once per connection, idle time and
-age (GOAWAY), and the keepalive policy (the server's pings, and the clients' it accepts).
+than `--max-header-bytes`. Its connections are bounded by the `grpc_*` settings, as gRPC's
+servers read them (`h2`): calls open at once per connection, idle time and age (GOAWAY),
+and the keepalive policy (the server's pings, and the clients' it accepts).
 `stop` stops taking calls and answers those accepted.
 
 Health answers from the server's state when asked: the service "" and
@@ -32,18 +33,19 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection, reflection_pb2
+from grpc_reflection.v1alpha._async import ReflectionServicer
+from grpc_reflection.v1alpha.reflection_pb2_grpc import add_ServerReflectionServicer_to_server
 
-from ...config import ServerSettings
 from ...logs import AccessLogger
 from ...protocol.grpc import protos
 from ..app import App
+from .h2 import GrpcServer, bind
 from .service import GrpcStats, Methods, Relay
 
 HEALTH = "grpc.health.v1.Health"
 LIVENESS = "liveness"
 SERVING: int = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
-INT_MAX = 2**31 - 1  # grpc's channel arguments are C ints
 WATCH_EVERY_S = 0.5  # a Watch stream looks at readiness this often (the server has no event for it)
 
 
@@ -114,39 +116,6 @@ class Unbound(OSError):
         self.address = address
 
 
-def options(settings: ServerSettings, *, shared: bool = False) -> list[tuple[str, int]]:
-    """The grpc server's channel arguments for `settings`; `shared`: a front loop's server,
-    on the port the host reserved with the other loops' (SO_REUSEPORT)."""
-    def ms(seconds: float, least: int = 1) -> int:  # grpc takes a C int of milliseconds
-        return min(max(least, round(seconds * 1000)), INT_MAX)
-
-    args = [
-        ("grpc.max_receive_message_length", settings.max_body_bytes),
-        ("grpc.max_send_message_length", -1),
-        # metadata: grpc refuses some calls above the soft limit and all above the hard one
-        ("grpc.max_metadata_size", settings.max_header_bytes),
-        ("grpc.absolute_max_metadata_size", settings.max_header_bytes),
-        # a port another process holds is an error, as for the HTTP listener
-        ("grpc.so_reuseport", int(shared)),
-        ("grpc.max_concurrent_streams", min(settings.grpc_max_concurrent_streams, INT_MAX)),
-        ("grpc.keepalive_time_ms", ms(settings.grpc_keepalive_time_s)),
-        ("grpc.keepalive_timeout_ms", ms(settings.grpc_keepalive_timeout_s)),
-        # grpc closes a connection whose ping goes unanswered after the ping timeout (60 s by
-        # default), whatever the keepalive timeout: the keepalive timeout is both
-        ("grpc.http2.ping_timeout_ms", ms(settings.grpc_keepalive_timeout_s)),
-        ("grpc.http2.min_ping_interval_without_data_ms", ms(settings.grpc_min_ping_interval_s, 0)),
-        ("grpc.http2.max_ping_strikes", min(settings.grpc_max_ping_strikes, INT_MAX)),
-        ("grpc.keepalive_permit_without_calls", int(settings.grpc_keepalive_permit_without_calls)),
-    ]
-    # 0 = never: grpc's own default (no limit) stays
-    if settings.grpc_max_connection_idle_s:
-        args.append(("grpc.max_connection_idle_ms", ms(settings.grpc_max_connection_idle_s)))
-    if settings.grpc_max_connection_age_s:
-        args.append(("grpc.max_connection_age_ms", ms(settings.grpc_max_connection_age_s)))
-        args.append(("grpc.max_connection_age_grace_ms", ms(settings.grpc_max_connection_age_grace_s, 0)))
-    return args
-
-
 def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
@@ -163,7 +132,7 @@ class GrpcFront:
         app.grpc_stats = self.stats
         self.methods = Methods(app, self.stats, access_log, relay=relay)
         self.health = Health(app)
-        self.server: grpc.aio.Server | None = None
+        self.server: GrpcServer | None = None
         self.port = 0
         self._reserved: socket.socket | None = None
 
@@ -189,26 +158,24 @@ class GrpcFront:
     async def start(self, host: str, port: int, *, shared: bool = False) -> None:
         """Listen on host:port; OSError when the address cannot be bound. `shared`: a front
         loop's server, on the port the host reserved."""
-        server = grpc.aio.server(options=options(self.app.settings, shared=shared))
+        server = GrpcServer(self.app.settings)
         server.add_generic_rpc_handlers((self.methods.handler(), self.health.handler()))
         for file in (health_pb2.DESCRIPTOR, reflection_pb2.DESCRIPTOR):
             try:
                 protos.POOL.FindFileByName(file.name)
             except KeyError:
                 protos.POOL.AddSerializedFile(file.serialized_pb)
-        reflection.enable_server_reflection((protos.SERVICE, HEALTH, reflection.SERVICE_NAME), server,
-                                            pool=protos.POOL)
+        add_ServerReflectionServicer_to_server(
+            ReflectionServicer((protos.SERVICE, HEALTH, reflection.SERVICE_NAME), pool=protos.POOL), server)
         address = _address(host, port)
         try:
-            bound = server.add_insecure_port(address)
-        except RuntimeError as e:  # grpc's "Failed to bind to address"
+            sock = bind(host, port, reuse_port=shared)
+        except OSError as e:
             raise Unbound(address, str(e)) from None
-        if bound == 0:
-            raise Unbound(address, "grpc bound no port")
-        await server.start()
+        await server.start(sock)
         self.server = server
-        self.port = bound
-        self.methods.host = _address(host, bound)
+        self.port = sock.getsockname()[1]
+        self.methods.host = _address(host, self.port)
 
     async def stop(self, grace: float | None) -> None:
         """Stop taking calls; answer those accepted (cancel what still runs after `grace` s).
