@@ -43,6 +43,7 @@ extensions = [
             "native/host/v2json.c",
             "native/host/v2binary.c",
             "native/host/h2.c",
+            "native/host/grpcwire.c",
             *interp_runtime,
         ],
         depends=["native/abi.h", "native/host/common.h", "native/host/pool.h", "native/host/link.h", "native/interp/runtime.h"],

@@ -103,6 +103,10 @@ void as_link_release(PyObject *link);
 extern PyType_Spec as_front_queue_spec;
 extern PyType_Spec as_front_request_spec;
 
+/* grpcwire.c: ModelInferRequest's top-level fields read, a raw ModelInferResponse written */
+PyObject *as_grpc_split(PyObject *module, PyObject *arg);
+PyObject *as_grpc_response(PyObject *module, PyObject *args);
+
 /* h2.c: the Python type H2, a gRPC connection's HTTP/2 (libnghttp2) */
 extern PyType_Spec as_h2_spec;
 

@@ -93,6 +93,12 @@ static PyMethodDef native_methods[] = {
      "split_rows(results, name, tensor_type, datatype, rest, view, samples, stride) -> None: results[i][name] = "
      "tensor_type(datatype, (samples[i], *rest), view[a:b]) for each request i, its rows a zero-copy slice of "
      "the flat byte memoryview view, stride bytes per sample"},
+    {"grpc_split", as_grpc_split, METH_O,
+     "grpc_split(message) -> (model_name, model_version, id, key, [(start, end) of each raw_input_contents]) | "
+     "None: a ModelInferRequest's top-level fields, not decoded (native/host/grpcwire.c)"},
+    {"grpc_response", as_grpc_response, METH_VARARGS,
+     "grpc_response(model_name, model_version, id, [(name, datatype, shape, data), ...]) -> a ModelInferResponse "
+     "with every output in raw_output_contents"},
     {"buffer_from_address", as_buffer_from_address, METH_VARARGS,
      "buffer_from_address(address, nbytes, keep, readonly=False) -> OutputBuffer over memory keep owns"},
     {NULL, NULL, 0, NULL},

@@ -180,6 +180,11 @@ class Plan:
     @property
     def address(self) -> int: ...
 
+def grpc_split(message: bytes, /) -> tuple[str, str, str, bytes, list[tuple[int, int]]] | None: ...
+def grpc_response(model_name: str, model_version: str, id: str,
+                  outputs: list[tuple[str, str, tuple[int, ...], Any]], /) -> bytes: ...
+
+
 class H2:
     """A gRPC connection's HTTP/2, on libnghttp2 (native/host/h2.c): bytes in through `feed`,
     which returns the events they made, answers out through `send`, `finish` and `output`."""

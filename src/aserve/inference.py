@@ -46,7 +46,7 @@ class ModelSchema:
     `max_latency_budget_ms`: the largest per-request latency budget accepted (the
     model's timeout)."""
 
-    __slots__ = ("by_name", "checked", "inputs", "integral_outputs", "json_plan", "max_batch_size",
+    __slots__ = ("by_name", "checked", "grpc_plans", "inputs", "integral_outputs", "json_plan", "max_batch_size",
                  "max_latency_budget_ms", "name", "outputs", "plans", "uniform", "version")
 
     def __init__(self, name: str, version: str, *, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
@@ -73,6 +73,9 @@ class ModelSchema:
         # the V2 JSON codec's decoder in C of this model's common requests: False until first
         # asked for, None where its inputs' datatypes are not ones it decodes (aserve.protocol.v2)
         self.json_plan: Any = False
+        # the gRPC codec's checked decodings of repeated ModelInferRequests, by their bytes but the
+        # id and the raw contents (`_native.grpc_split`; aserve.protocol.grpc.codec)
+        self.grpc_plans: Bounded[bytes, Any] = Bounded(MAX_REMEMBERED)
 
     @property
     def input_names(self) -> list[str]:

@@ -11,14 +11,24 @@ parameters and output selection mean what they mean over HTTP (`timeout`,
 Answers carry every output in `raw_output_contents` (as Triton answers), unless no output
 asked for raw data (`binary_data: false` on each, or `binary_data_output: false` on the
 request) and every output has a typed field (FP16 and BF16 have none).
+
+A unary call's message comes as its bytes (`Wire`), read by `_native.grpc_split` without
+decoding: a request whose bytes but its id and raw contents are those of one decoded before
+for the model (clients repeat names, shapes and parameters; only the data changes), with raw
+contents of the same sizes, gets that one's checked reading, and its inputs as views of the
+message. Any other is decoded in full (and remembered when every input is in raw contents
+and none is BYTES). Answers whose outputs all go in raw contents are written in C too.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
+from google.protobuf.message import DecodeError
+
+from ... import _native
 from ...errors import InvalidInput, ModelError
 from ...inference import Answer, InferCall, InferRequest, InferResponse, Labels, ModelSchema, RequestedOutput
 from ...runtime.datatypes import decode_bytes, element_count
@@ -54,6 +64,73 @@ def parameter_value(parameter: Any) -> Any:
 def parameters_of(parameters: Mapping[str, Any]) -> dict[str, Any]:
     """A map<string, InferParameter> as a dict of plain values."""
     return {key: parameter_value(value) for key, value in parameters.items()}
+
+
+class Wire(NamedTuple):
+    """A unary call's ModelInferRequest as it came, and `_native.grpc_split`'s reading of it
+    (model name, version, id, key, where each raw_input_contents entry lies), or None."""
+
+    message: bytes
+    split: tuple[str, str, str, bytes, list[tuple[int, int]]] | None
+
+    @classmethod
+    def of(cls, message: bytes) -> Wire:
+        return cls(message, _native.grpc_split(message))
+
+    def parsed(self) -> Any:
+        """The message decoded in full; InvalidInput when it is not a ModelInferRequest."""
+        try:
+            return protos.ModelInferRequest.FromString(self.message)
+        except DecodeError as e:
+            raise InvalidInput(f"the request is not a valid inference.ModelInferRequest message (protobuf: {e})"
+                               ) from None
+
+
+class _Plan(NamedTuple):
+    """A checked reading of a request whose inputs are all raw: every request with the same
+    key and raw sizes gets the same (`ModelSchema.grpc_plans`)."""
+
+    sizes: tuple[int, ...]  # each raw_input_contents entry's bytes
+    inputs: tuple[tuple[int, str, tuple[int, ...]], ...]  # per entry: its input's place in the schema, datatype, shape
+    request: InferRequest  # the rest, its inputs and id left to fill
+
+
+def _from_plan(wire: Wire, schema: ModelSchema) -> InferRequest | None:
+    split = wire.split
+    if split is None:
+        return None
+    plan = schema.grpc_plans.get(split[3])
+    ranges = split[4]
+    if plan is None or len(ranges) != len(plan.sizes):
+        return None
+    view = memoryview(wire.message)
+    tensors: list[Any] = [None] * len(plan.inputs)
+    for (start, end), size, (position, datatype, shape) in zip(ranges, plan.sizes, plan.inputs, strict=True):
+        if end - start != size:
+            return None
+        tensors[position] = Tensor(datatype, shape, view[start:end])
+    r = plan.request
+    return InferRequest(schema=schema, inputs=tensors, samples=r.samples, id=split[2] or None, outputs=r.outputs,
+                        parameters=r.parameters, timeout_ms=r.timeout_ms, latency_budget_ms=r.latency_budget_ms,
+                        binary_outputs=r.binary_outputs)
+
+
+def decode_wire(wire: Wire, schema: ModelSchema) -> InferRequest:
+    """The request in a unary call's message: a remembered reading where one applies, else
+    decoded in full (and remembered when it can be)."""
+    found = _from_plan(wire, schema)
+    if found is not None:
+        return found
+    message = wire.parsed()
+    request = decode_infer(message, schema)
+    raw = message.raw_input_contents
+    if wire.split is not None and raw and all(t.datatype != "BYTES" for t in request.inputs):
+        positions = {spec.name: spec.position for spec in schema.inputs}
+        schema.grpc_plans.remember(wire.split[3], _Plan(
+            tuple(len(r) for r in raw),
+            tuple((positions[item.name], item.datatype, tuple(item.shape)) for item in message.inputs),
+            request))
+    return request
 
 
 def decode_infer(message: Any, schema: ModelSchema) -> InferRequest:
@@ -141,7 +218,8 @@ def _wire_outputs(outputs: Any) -> list[WireOutput]:
 
 
 def encode_infer(request: InferRequest, response: InferResponse, labels: Labels | None) -> Any:
-    """The ModelInferResponse of `response` (outputs as `request` selected them)."""
+    """The ModelInferResponse of `response` (outputs as `request` selected them): its bytes
+    when every output is in raw contents, else the message."""
     outputs = response.outputs
     model_name = response.model_name
     if request.outputs:
@@ -150,8 +228,6 @@ def encode_infer(request: InferRequest, response: InferResponse, labels: Labels 
             outputs = classified(outputs, request, labels)
     else:
         selected = [RequestedOutput(name, request.binary_outputs) for name in outputs]
-    message = protos.ModelInferResponse(model_name=model_name, model_version=response.model_version,
-                                        id=response.id or "")
     views = []
     for r in selected:
         tensor = outputs.get(r.name)
@@ -159,12 +235,14 @@ def encode_infer(request: InferRequest, response: InferResponse, labels: Labels 
             raise ModelError(f"model {model_name!r} returned no output {r.name!r} (it returned {list(outputs)})")
         views.append((r.name, tensor, output_view(model_name, r.name, tensor)))
     raw = any(r.binary for r in selected) or any(t.datatype not in CONTENTS for _, t, _ in views)
+    if raw:  # the message written in C
+        return _native.grpc_response(model_name, response.model_version, response.id or "",
+                                     [(name, t.datatype, tuple(t.shape), view) for name, t, view in views])
+    message = protos.ModelInferResponse(model_name=model_name, model_version=response.model_version,
+                                        id=response.id or "")
     for name, tensor, view in views:
         out = message.outputs.add(name=name, datatype=tensor.datatype, shape=tensor.shape)
-        if not raw:
-            _fill(out.contents, tensor.datatype, view)
-    if raw:
-        message.raw_output_contents.extend([bytes(view) for _, _, view in views])
+        _fill(out.contents, tensor.datatype, view)
     return message
 
 
@@ -180,12 +258,14 @@ def _fill(contents: Any, datatype: str, view: memoryview) -> None:
 
 
 class GrpcCodec:
-    """ModelInferRequest in, ModelInferResponse out: the Answer's one chunk is the message."""
+    """ModelInferRequest in (a `Wire`, or the message decoded), ModelInferResponse out: the
+    Answer's one chunk is the message, or its bytes."""
 
     budgets = True  # parameters["latency_budget_ms"]
 
     def decode(self, call: InferCall, schema: ModelSchema, /) -> InferRequest:
-        return decode_infer(call.body, schema)
+        body = call.body
+        return decode_wire(body, schema) if isinstance(body, Wire) else decode_infer(body, schema)
 
     def encode(self, call: InferCall, request: InferRequest, response: InferResponse, labels: Labels, /) -> Answer:
         return Answer([encode_infer(request, response, labels if request.outputs else None)], {})

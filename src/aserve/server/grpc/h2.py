@@ -186,9 +186,13 @@ class Call:
         if self.details:
             trailers.append(("grpc-message", percent(self.details)))
         trailers.extend((k, v) for k, v in self.trailing if isinstance(v, str))
-        self.conn.end(self)
-        self.conn.h2.finish(self.stream, trailers)
-        self.conn.dirty()
+        conn = self.conn
+        conn.end(self)
+        conn.h2.finish(self.stream, trailers)
+        if conn.calls or conn.flushing:
+            conn.dirty()  # written with the other calls' answers, once this loop iteration is done
+        else:
+            conn.flush()  # the connection's last open call: nothing to wait for
 
     def reset(self) -> None:
         """The client ended the stream (or the connection went): the handler is cancelled."""

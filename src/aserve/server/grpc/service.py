@@ -40,7 +40,7 @@ from ...errors import AserveError, InvalidInput, ModelNotFound
 from ...inference import InferCall
 from ...logs import AccessLogger
 from ...protocol.grpc import protos
-from ...protocol.grpc.codec import GRPC
+from ...protocol.grpc.codec import GRPC, Wire
 from ..access import ADMIN, API, OPEN, Level
 from ..admin import apply_trace_setting, current_trace_setting
 from ..app import App
@@ -124,7 +124,7 @@ class Methods:
             "ModelReady": (OPEN, self.model_ready, protos.ModelReadyRequest),
             "ServerMetadata": (API, self.server_metadata, protos.ServerMetadataRequest),
             "ModelMetadata": (API, self.model_metadata, protos.ModelMetadataRequest),
-            "ModelInfer": (API, self.model_infer, protos.ModelInferRequest),
+            "ModelInfer": (API, self.model_infer, None),  # its bytes: the codec reads them (`Wire`)
             "ModelConfig": (API, self.model_config, protos.ModelConfigRequest),
             "ModelStatistics": (API, self.model_statistics, protos.ModelStatisticsRequest),
             "RepositoryIndex": (ADMIN, self.repository_index, protos.RepositoryIndexRequest),
@@ -187,7 +187,8 @@ class Methods:
             try:
                 return await handler(request, context, md)
             except ModelNotFound:
-                return await relayed(request.SerializeToString(), context, md)
+                return await relayed(request if isinstance(request, bytes) else request.SerializeToString(),
+                                     context, md)
 
         return call
 
@@ -208,8 +209,8 @@ class Methods:
         bytes, or the status what it raised maps to. The front checked the token, and counts it."""
         try:
             _, handler, kind = self.unaries[name]
-            response = await handler(parse(kind, raw), None, md)  # no call of its own here: no context
-            return {"code": "OK", "body": response.SerializeToString()}
+            response = await handler(raw if kind is None else parse(kind, raw), None, md)  # no call here: no context
+            return {"code": "OK", "body": _serialize(response)}
         except Exception as exc:  # noqa: BLE001 - answered with its status
             status = status_of(exc, self.app.policy, f"/{SERVICE}/{name}")
             return {"code": status.code.name, "message": status.message,
@@ -342,41 +343,46 @@ class Methods:
 
     # ---- infer ----
 
-    def _call(self, request: Any, context: grpc.aio.ServicerContext | None, md: dict[str, str],
-              route: str) -> InferCall:
-        """The infer call of `request`; its deadline the client's (for a call a front relayed,
-        what was left of it then)."""
+    def _call(self, model: str, version: str, body: Any, context: grpc.aio.ServicerContext | None,
+              md: dict[str, str], route: str) -> InferCall:
+        """The infer call of a request (`body`: a `Wire`, or the message decoded); its deadline
+        the client's (for a call a front relayed, what was left of it then)."""
         if context is not None:
             remaining = context.time_remaining()
         else:
             remaining = float(md[REMAINING]) if REMAINING in md else None
         return InferCall(
-            codec=GRPC, model=request.model_name, version=request.model_version or None, body=request,
+            codec=GRPC, model=model, version=version or None, body=body,
             headers=md, received=time.monotonic(), route=route.lstrip("/"), host=self.host,
             timeout_ms=None if remaining is None else max(remaining, 0.0) * 1000.0, front="grpc",
             describe=grpc_span,
         )
 
-    async def model_infer(self, request: Any, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
-        call = self._call(request, context, md, INFER)
+    async def model_infer(self, raw: bytes, context: grpc.aio.ServicerContext, md: dict[str, str]) -> Any:
+        """ModelInfer: the message's bytes to the codec, the answer's bytes (or message) back."""
+        wire = Wire.of(raw)
+        if wire.split is not None:
+            call = self._call(wire.split[0], wire.split[1], wire, context, md, INFER)
+        else:  # one grpc_split cannot read: decoded in full, which names what is wrong
+            message = wire.parsed()
+            call = self._call(message.model_name, message.model_version, message, context, md, INFER)
         try:
             handle = self.plane.model(call.model, call.version)
         except ModelNotFound:
             if self.relay is None:
                 raise
-            return await self._infer_on_host(request, md, context.time_remaining())
+            return await self._infer_on_host(raw, md, None if context is None else context.time_remaining())
         # the message is whole: admission runs once, in submit, on what the request holds
         answer = await self.plane.infer(call, handle=handle)
         return answer.chunks[0]
 
-    async def _infer_on_host(self, request: Any, md: dict[str, str], remaining: float | None) -> Any:
+    async def _infer_on_host(self, raw: bytes, md: dict[str, str], remaining: float | None) -> Any:
         """A front loop's infer request for a model it does not serve (one only the host's loop
-        serves, one loading, or none): the host's answer, or its status raised (Answered)."""
+        serves, one loading, or none): the host's answer's bytes, or its status raised (Answered)."""
         assert self.relay is not None
         if remaining is not None:
             md = {**md, REMAINING: repr(max(remaining, 0.0))}
-        answer = await self.relay("ModelInfer", request.SerializeToString(), md)
-        return protos.ModelInferResponse.FromString(answered(answer))
+        return answered(await self.relay("ModelInfer", raw, md))
 
     async def model_stream_infer(self, requests: Any, context: grpc.aio.ServicerContext) -> None:
         """Each request of the stream is queued as it arrives and answered as soon as its batch
@@ -401,8 +407,7 @@ class Methods:
                 if error is not None:
                     answers.put_nowait(self._stream_error(request, error))
                 else:
-                    answers.put_nowait((grpc.StatusCode.OK,
-                                        protos.ModelStreamInferResponse(infer_response=answer.chunks[0])))
+                    answers.put_nowait((grpc.StatusCode.OK, _in_stream(answer.chunks[0])))
             return done
 
         async def read() -> None:
@@ -413,7 +418,8 @@ class Methods:
                     request = None
                     try:
                         request = parse(protos.ModelInferRequest, raw)
-                        pending = self.plane.submit(self._call(request, context, md, STREAM))
+                        pending = self.plane.submit(self._call(request.model_name, request.model_version, request,
+                                                               context, md, STREAM))
                     except ModelNotFound as exc:
                         if self.relay is None or request is None:
                             answers.put_nowait(self._stream_error(request, exc))
@@ -474,11 +480,11 @@ class Methods:
                               answers: asyncio.Queue[Any]) -> None:
         """A stream's request the host answers (`_infer_on_host`), put among the stream's answers."""
         try:
-            response = await self._infer_on_host(request, md, context.time_remaining())
+            response = await self._infer_on_host(request.SerializeToString(), md, context.time_remaining())
         except Exception as exc:  # noqa: BLE001 - this request fails alone
             answers.put_nowait(self._stream_error(request, exc))
         else:
-            answers.put_nowait((grpc.StatusCode.OK, protos.ModelStreamInferResponse(infer_response=response)))
+            answers.put_nowait((grpc.StatusCode.OK, _in_stream(response)))
 
     def _stream_error(self, request: Any, exc: BaseException) -> tuple[grpc.StatusCode, Any]:
         """A stream's answer to one request that failed: its status's message, and its id (none
@@ -540,6 +546,19 @@ def _serialize(message: Any) -> bytes:
         return message
     data: bytes = message.SerializeToString()
     return data
+
+
+def _in_stream(response: Any) -> Any:
+    """A ModelStreamInferResponse holding `response` (a ModelInferResponse, or its bytes): as
+    bytes, its field 2 written around them."""
+    if not isinstance(response, bytes):
+        return protos.ModelStreamInferResponse(infer_response=response)
+    size, n = bytearray(), len(response)
+    while True:
+        size.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return b"\x12" + bytes(size) + response
 
 
 def answered(answer: dict[str, Any]) -> bytes:
