@@ -1,8 +1,8 @@
 """`inference.GRPCInferenceService`: the Open Inference Protocol's gRPC methods, over the
 same data plane, access rules, error policy and counters as the HTTP routes.
 
-grpc.aio asks `Service.service` for each call's handler as the call arrives, before it
-reads the request message: the `authorization` metadata is checked there as HTTP checks
+The server (`h2.GrpcServer`, as grpc's own) asks `Service.service` for each call's handler
+when the call's headers arrive, before its message is read: the `authorization` metadata is checked there as HTTP checks
 the header (`Access`), and a call without the method's token is refused by a handler that
 never reads its message, so a refused client cannot make the server take in a large one.
 A call that passes runs through `Methods.unary`: the message is parsed there (not by
@@ -218,7 +218,7 @@ class Methods:
 
     def refusal(self, name: str, exc: AserveError) -> grpc.RpcMethodHandler:
         """The handler of a call to `name` refused before its message is read (`exc`: why). It
-        is request-streaming whatever the method, because grpc reads a unary call's message
+        is request-streaming whatever the method, because a gRPC server reads a unary call's message
         before it calls the handler; this one answers without reading."""
         status = status_of(exc, self.app.policy, f"/{SERVICE}/{name}")
 
@@ -514,7 +514,7 @@ class Methods:
 
 
 class Service(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no type information
-    """`inference.GRPCInferenceService` as grpc.aio finds its methods: `service` is asked for
+    """`inference.GRPCInferenceService` as a gRPC server finds its methods: `service` is asked for
     each call's handler when the call arrives, with its metadata and before its message is
     read, so the token is checked there; a call without the method's token gets a handler
     that refuses it without reading the message (`Methods.refusal`)."""
