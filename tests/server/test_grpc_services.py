@@ -338,3 +338,41 @@ async def test_the_synchronous_tritonclient_grpc(served: tuple[Any, str]) -> Non
     assert sorted(by_id, key=int) == [str(n) for n in range(10)]
     for request_id, total in by_id.items():  # each answer is its own request's: n + 2n
         np.testing.assert_array_equal(total, np.full((1, 4), 3 * int(request_id), np.int32))
+
+
+@spawns
+async def test_serving_grpc_starts_no_thread_of_grpcs(repository: pathlib.Path) -> None:
+    """`aserve serve` with two front loops answers unary calls and a stream over gRPC, and its
+    process holds no thread grpc's core makes (its event engine's, its timer's; one a loop's
+    thread starts takes that thread's name): the gRPC front's HTTP/2 runs on the loops
+    themselves. A thread created in a front's link-map namespace and exiting there is what
+    DESIGN's glibc facts warn against."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aserve.cli", "serve", str(repository), "--loops", "2", "--interpreters", "1",
+        "--port", "0", "--grpc-port", "0", "--log-level", "info", stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    lines: list[str] = []
+    try:
+        while not any("aserve listening for gRPC on 127.0.0.1:" in line for line in lines):
+            line = (await asyncio.wait_for(proc.stderr.readline(), 60)).decode()
+            assert line, "".join(lines)
+            lines.append(line)
+        port = int(next(x for x in lines if "aserve listening for gRPC on" in x).rsplit(":", 1)[1])
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            await until(client.is_server_ready, what="the models to load", every=0.05)
+            a = np.arange(4, dtype=np.int32).reshape(1, 4)
+            for _ in range(8):  # connections spread over both fronts
+                result = await client.infer("add", add_inputs(a, a))
+                np.testing.assert_array_equal(result.as_numpy("SUM"), 2 * a)
+        finally:
+            await client.close()
+        tasks = pathlib.Path(f"/proc/{proc.pid}/task")
+        names = sorted((t / "comm").read_text().strip() for t in tasks.iterdir())
+        assert sum(name.startswith("aserve-loop") for name in names) == 2, names
+        grpcs = [name for name in names if name in ("event_engine", "grpc_global_tim", "lifeguard")]
+        assert grpcs == [], names
+    finally:
+        proc.terminate()
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
