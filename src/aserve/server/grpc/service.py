@@ -66,6 +66,7 @@ Relay = Callable[[str, bytes, dict[str, str]], Awaitable[dict[str, Any]]]
 # a model it serves (`Methods.served_here`): the others go to the host
 LOCAL = ("ModelInfer", "ServerLive", "ServerReady")
 SERVED_HERE = ("ModelReady", "ModelConfig")
+Named = tuple[str, str, str]  # a request's model name, version and id
 REMAINING = "aserve-remaining-s"  # a relayed infer call's deadline: seconds left when the front relayed it
 
 
@@ -401,11 +402,11 @@ class Methods:
         pendings: set[Any] = set()
         relayed: set[asyncio.Future[None]] = set()  # requests the host answers (`_stream_on_host`)
 
-        def answered(request: Any, pending: Any) -> Callable[[Any, BaseException | None], None]:
+        def answered(named: Named, pending: Any) -> Callable[[Any, BaseException | None], None]:
             def done(answer: Any, error: BaseException | None) -> None:
                 pendings.discard(pending)
                 if error is not None:
-                    answers.put_nowait(self._stream_error(request, error))
+                    answers.put_nowait(self._stream_error(named, error))
                 else:
                     answers.put_nowait((grpc.StatusCode.OK, _in_stream(answer.chunks[0])))
             return done
@@ -415,23 +416,27 @@ class Methods:
             try:
                 async for raw in requests:
                     waiting += 1
-                    request = None
+                    named = None  # the request's model, version and id, once read
                     try:
-                        request = parse(protos.ModelInferRequest, raw)
-                        pending = self.plane.submit(self._call(request.model_name, request.model_version, request,
-                                                               context, md, STREAM))
+                        wire = Wire.of(raw)
+                        if wire.split is not None:
+                            named, body = wire.split[:3], wire
+                        else:  # one grpc_split cannot read: decoded in full, which names what is wrong
+                            body = wire.parsed()
+                            named = (body.model_name, body.model_version, body.id)
+                        pending = self.plane.submit(self._call(named[0], named[1], body, context, md, STREAM))
                     except ModelNotFound as exc:
-                        if self.relay is None or request is None:
-                            answers.put_nowait(self._stream_error(request, exc))
+                        if self.relay is None or named is None:
+                            answers.put_nowait(self._stream_error(named, exc))
                         else:  # a model this front loop does not serve: the host answers it
-                            future = asyncio.ensure_future(self._stream_on_host(request, md, context, answers))
+                            future = asyncio.ensure_future(self._stream_on_host(raw, named, md, context, answers))
                             relayed.add(future)
                             future.add_done_callback(relayed.discard)
                     except Exception as exc:  # noqa: BLE001 - this request fails alone
-                        answers.put_nowait(self._stream_error(request, exc))
+                        answers.put_nowait(self._stream_error(named, exc))
                     else:
                         pendings.add(pending)
-                        pending.then(answered(request, pending))
+                        pending.then(answered(named, pending))
                     if waiting >= MAX_WAITING:
                         self.stats.held += 1
                         try:
@@ -476,24 +481,23 @@ class Methods:
                 self.access_log.rpc(context.peer(), STREAM, code.value[0], code.name, 0,
                                     time.perf_counter() - start)
 
-    async def _stream_on_host(self, request: Any, md: dict[str, str], context: grpc.aio.ServicerContext,
-                              answers: asyncio.Queue[Any]) -> None:
+    async def _stream_on_host(self, raw: bytes, named: Named, md: dict[str, str],
+                              context: grpc.aio.ServicerContext, answers: asyncio.Queue[Any]) -> None:
         """A stream's request the host answers (`_infer_on_host`), put among the stream's answers."""
         try:
-            response = await self._infer_on_host(request.SerializeToString(), md, context.time_remaining())
+            response = await self._infer_on_host(raw, md, context.time_remaining())
         except Exception as exc:  # noqa: BLE001 - this request fails alone
-            answers.put_nowait(self._stream_error(request, exc))
+            answers.put_nowait(self._stream_error(named, exc))
         else:
             answers.put_nowait((grpc.StatusCode.OK, _in_stream(response)))
 
-    def _stream_error(self, request: Any, exc: BaseException) -> tuple[grpc.StatusCode, Any]:
-        """A stream's answer to one request that failed: its status's message, and its id (none
-        for a message that could not be parsed)."""
+    def _stream_error(self, named: Named | None, exc: BaseException) -> tuple[grpc.StatusCode, Any]:
+        """A stream's answer to one request that failed: its status's message, and its model,
+        version and id (none for a message that could not be read)."""
         status = status_of(exc, self.app.policy, STREAM)
-        named = {} if request is None else {"model_name": request.model_name, "model_version": request.model_version,
-                                            "id": request.id}
+        fields = {} if named is None else dict(zip(("model_name", "model_version", "id"), named, strict=True))
         return status.code, protos.ModelStreamInferResponse(
-            error_message=status.message, infer_response=protos.ModelInferResponse(**named))
+            error_message=status.message, infer_response=protos.ModelInferResponse(**fields))
 
     # ---- the handler grpc.aio serves ----
 
