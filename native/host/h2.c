@@ -13,7 +13,8 @@
  *   (H2_PING, ack)                             a PING came (ack: the answer to ours)
  * and what the server answers goes out through send() (the response's headers with its first
  * message), finish() (the trailers: grpc-status, grpc-message, any more) and output(), the
- * bytes to write. Everything here runs on one event loop, under its GIL.
+ * bytes to write; output() may end streams too (their H2_RESET then waits for take()).
+ * Everything here runs on one event loop, under its GIL.
  */
 #include "common.h"
 
@@ -309,16 +310,13 @@ static ssize_t read_response(nghttp2_session *session, int32_t stream_id, uint8_
     return (ssize_t)n;
 }
 
+/* The stream's state while the server may still answer on it; NULL when the stream is gone
+ * (reset by the client, or closed by nghttp2 for a protocol error in this very read) or
+ * finished: the caller's answer then goes nowhere, as the client no longer waits for it. */
 static h2stream *stream_of(h2conn *c, int stream_id)
 {
-    h2stream *s = c->session ? nghttp2_session_get_stream_user_data(c->session, stream_id) : NULL;
-    if (s == NULL)
-        PyErr_Format(PyExc_KeyError, "stream %d is not open", stream_id);
-    else if (s->finished) {
-        PyErr_Format(PyExc_ValueError, "stream %d is finished", stream_id);
-        s = NULL;
-    }
-    return s;
+    h2stream *s = c->session && stream_id > 0 ? nghttp2_session_get_stream_user_data(c->session, stream_id) : NULL;
+    return s == NULL || s->finished ? NULL : s;
 }
 
 #define NV(n, v, vl) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NONE}
@@ -327,7 +325,8 @@ static const nghttp2_nv response_headers[] = {
     NV("content-type", "application/grpc", 16),
 };
 
-/* send(stream, message): the response's headers with its first message, then each message. */
+/* send(stream, message) -> False when the stream is gone: the response's headers with its first
+ * message, then each message. */
 static PyObject *h2_send(h2conn *c, PyObject *args)
 {
     int id;
@@ -335,9 +334,13 @@ static PyObject *h2_send(h2conn *c, PyObject *args)
     if (!PyArg_ParseTuple(args, "iy*:send", &id, &m))
         return NULL;
     h2stream *s = stream_of(c, id);
-    if (s == NULL || reserve(&s->out, &s->out_cap, s->out_len + 5 + (size_t)m.len) < 0) {
+    if (s == NULL) {
         PyBuffer_Release(&m);
-        return s == NULL ? NULL : PyErr_NoMemory();
+        Py_RETURN_FALSE;
+    }
+    if (reserve(&s->out, &s->out_cap, s->out_len + 5 + (size_t)m.len) < 0) {
+        PyBuffer_Release(&m);
+        return PyErr_NoMemory();
     }
     unsigned char *p = (unsigned char *)s->out + s->out_len;
     size_t n = (size_t)m.len;
@@ -358,11 +361,12 @@ static PyObject *h2_send(h2conn *c, PyObject *args)
     }
     if (rv != 0)
         return PyErr_Format(PyExc_RuntimeError, "nghttp2: %s", nghttp2_strerror(rv));
-    Py_RETURN_NONE;
+    Py_RETURN_TRUE;
 }
 
-/* finish(stream, trailers): the call's end, [(name, value)] with grpc-status first. A call that
- * sent no message answers with trailers alone, in its one HEADERS frame. */
+/* finish(stream, trailers) -> False when the stream is gone: the call's end, [(name, value)]
+ * with grpc-status first. A call that sent no message answers with trailers alone, in its one
+ * HEADERS frame. */
 static PyObject *h2_finish(h2conn *c, PyObject *args)
 {
     int id;
@@ -371,7 +375,7 @@ static PyObject *h2_finish(h2conn *c, PyObject *args)
         return NULL;
     h2stream *s = stream_of(c, id);
     if (s == NULL)
-        return NULL;
+        Py_RETURN_FALSE;
     Py_ssize_t count = PyList_GET_SIZE(list);
     size_t extra = s->started ? 0 : 2, bytes = 0;
     const char *names[64], *values[64];
@@ -423,7 +427,7 @@ static PyObject *h2_finish(h2conn *c, PyObject *args)
     }
     if (rv != 0)
         return PyErr_Format(PyExc_RuntimeError, "nghttp2: %s", nghttp2_strerror(rv));
-    Py_RETURN_NONE;
+    Py_RETURN_TRUE;
 }
 
 /* ---- the connection ---- */
@@ -452,6 +456,22 @@ static PyObject *h2_feed(h2conn *c, PyObject *arg)
         return NULL;
     }
     return events;
+}
+
+/* take(): the events made since feed() returned (output() closes streams too). */
+static PyObject *h2_take(h2conn *c, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL)
+        return NULL;
+    PyObject *events = c->events;
+    c->events = fresh;
+    return events;
+}
+
+static PyObject *h2_get_events(h2conn *c, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(PyList_GET_SIZE(c->events) > 0);
 }
 
 /* output(): the bytes to write now (b"" for none). */
@@ -645,8 +665,10 @@ static void h2_dealloc(h2conn *c)
 static PyMethodDef h2_methods[] = {
     {"feed", (PyCFunction)h2_feed, METH_O, "feed(data) -> the events the client's bytes made (see the module)"},
     {"output", (PyCFunction)h2_output, METH_NOARGS, "output() -> the bytes to write now"},
-    {"send", (PyCFunction)h2_send, METH_VARARGS, "send(stream, message): one response message"},
-    {"finish", (PyCFunction)h2_finish, METH_VARARGS, "finish(stream, trailers): the call's status and end"},
+    {"take", (PyCFunction)h2_take, METH_NOARGS, "take() -> the events made since feed() returned"},
+    {"send", (PyCFunction)h2_send, METH_VARARGS, "send(stream, message) -> False if it is gone: one message"},
+    {"finish", (PyCFunction)h2_finish, METH_VARARGS,
+     "finish(stream, trailers) -> False if it is gone: the call's status and end"},
     {"reset", (PyCFunction)h2_reset, METH_VARARGS, "reset(stream, code): RST_STREAM"},
     {"backlog", (PyCFunction)h2_backlog, METH_O, "backlog(stream) -> its answers' bytes not yet sent"},
     {"ping", (PyCFunction)h2_ping, METH_NOARGS, "ping(): a PING the client answers"},
@@ -659,6 +681,7 @@ static PyGetSetDef h2_getset[] = {
     {"want_read", (getter)h2_get_want, NULL, "whether the session reads more", NULL},
     {"want_write", (getter)h2_get_want, NULL, "whether the session has more to write", (void *)1},
     {"streams", (getter)h2_get_streams, NULL, "the streams open now", NULL},
+    {"events", (getter)h2_get_events, NULL, "whether events wait to be taken", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -19,6 +19,7 @@ the client's pings (too many: GOAWAY ENHANCE_YOUR_CALM, "too_many_pings").
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import inspect
 import logging
@@ -62,10 +63,14 @@ def timeout_of(value: str) -> float | None:
 
 
 def percent(text: str) -> str:
-    """grpc-message's encoding: bytes outside printable ASCII, and '%', as %XX."""
-    if text.isascii() and text.isprintable() and "%" not in text:
+    """grpc-message's encoding: bytes outside printable ASCII, '%', and a space at either end
+    (a field value may not begin or end with one), as %XX."""
+    if text.isascii() and text.isprintable() and "%" not in text and text.strip(" ") == text:
         return text
-    return "".join(chr(b) if 0x20 <= b < 0x7F and b != 0x25 else f"%{b:02X}" for b in text.encode())
+    data = text.encode()
+    last = len(data) - 1
+    return "".join(chr(b) if 0x20 <= b < 0x7F and b != 0x25 and not (b == 0x20 and i in (0, last)) else f"%{b:02X}"
+                   for i, b in enumerate(data))
 
 
 class Call:
@@ -172,8 +177,10 @@ class Call:
 
     def send(self, message: Any) -> None:
         serialize = self.handler.response_serializer
-        self.conn.h2.send(self.stream, message if serialize is None else serialize(message))
-        self.conn.dirty()
+        if self.conn.h2.send(self.stream, message if serialize is None else serialize(message)):
+            self.conn.dirty()
+        else:  # the stream is gone: the client no longer waits for its answers
+            self.reset()
 
     def finish(self) -> None:
         """The call's status, its trailers, and its end."""
@@ -335,6 +342,12 @@ class Connection(asyncio.Protocol):
             self.flush()
             self.shut()
             return
+        self.dispatch(events)
+        if self.waiting:
+            self.wake()
+        self.flush()
+
+    def dispatch(self, events: list[tuple[Any, ...]]) -> None:
         for event in events:
             kind = event[0]
             if kind == MESSAGE:
@@ -359,9 +372,6 @@ class Connection(asyncio.Protocol):
                 self.oversize(event[1], event[2], event[3])
             elif kind == PING:
                 self.pinged(event[1])
-        if self.waiting:
-            self.wake()
-        self.flush()
 
     def dirty(self) -> None:
         """Something waits to be written: once, at the end of this loop iteration."""
@@ -380,6 +390,8 @@ class Connection(asyncio.Protocol):
             return
         if out:
             self.transport.write(out)
+        if self.h2.events:  # streams nghttp2 ended as it wrote (a protocol error on a stream)
+            self.dispatch(self.h2.take())
         if (self.closing and not self.calls or not self.h2.want_read) and not self.h2.want_write:
             self.shut()
 
@@ -428,16 +440,21 @@ class Connection(asyncio.Protocol):
         if handler is None:
             return self.refuse(call, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
         if method != "POST":
-            return self.refuse(call, grpc.StatusCode.INTERNAL, f"expected the POST method, got {method}")
-        for key, value in metadata:
-            if key == "grpc-timeout" and isinstance(value, str):
+            return self.refuse(call, grpc.StatusCode.INTERNAL, f"expected the POST method, got {method!r}")
+        for index, (key, value) in enumerate(metadata):
+            if isinstance(value, bytes):  # a -bin value: base64 on the wire, its bytes to the handler
+                try:
+                    metadata[index] = (key, base64.b64decode(value + b"=" * (-len(value) % 4), validate=True))
+                except ValueError:
+                    return self.refuse(call, grpc.StatusCode.INTERNAL, f"metadata {key!r}: expected base64")
+            elif key == "grpc-timeout":
                 seconds = timeout_of(value)
                 if seconds is not None:
                     call.deadline = self.loop.time() + seconds
                     call.timer = self.loop.call_at(call.deadline, call.expire)
-            elif key == "content-type" and isinstance(value, str) and not value.startswith("application/grpc"):
+            elif key == "content-type" and not value.startswith("application/grpc"):
                 return self.refuse(call, grpc.StatusCode.INTERNAL, f"expected content-type application/grpc, "
-                                                                   f"got {value}")
+                                                                   f"got {value!r}")
         if handler.request_streaming:
             call.requests = asyncio.Queue()
             call.start()
@@ -458,6 +475,8 @@ class Connection(asyncio.Protocol):
 
     def oversize(self, stream: int, what: int, size: int) -> None:
         call = self.calls.get(stream)
+        if call is None and what == 2 or call is not None and call.ended:
+            return  # the stream's call was answered already: the rest of its message is dropped unread
         s = self.server.settings
         if what == 1:
             text = f"the call's metadata take {size} bytes; at most {s.max_header_bytes} are accepted"
