@@ -102,11 +102,11 @@ PyObject *as_grpc_split(PyObject *module, PyObject *arg)
         }
         PyList_SET_ITEM(ranges, i, pair);
     }
-    PyObject *n = PyUnicode_DecodeUTF8((const char *)p + name[0], name[1] - name[0], NULL);
-    PyObject *v = PyUnicode_DecodeUTF8((const char *)p + version[0], version[1] - version[0], NULL);
-    PyObject *i = PyUnicode_DecodeUTF8((const char *)p + id[0], id[1] - id[0], NULL);
-    PyObject *k = PyBytes_FromStringAndSize(key, keylen);
-    if (n && v && i && k)
+    PyObject *n = NULL, *v = NULL, *i = NULL, *k = NULL; /* each made only once those before it were */
+    if ((n = PyUnicode_DecodeUTF8((const char *)p + name[0], name[1] - name[0], NULL)) != NULL &&
+        (v = PyUnicode_DecodeUTF8((const char *)p + version[0], version[1] - version[0], NULL)) != NULL &&
+        (i = PyUnicode_DecodeUTF8((const char *)p + id[0], id[1] - id[0], NULL)) != NULL &&
+        (k = PyBytes_FromStringAndSize(key, keylen)) != NULL)
         result = PyTuple_Pack(5, n, v, i, k, ranges);
     else if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
         PyErr_Clear(); /* not UTF-8: the full decoder says so */

@@ -69,7 +69,8 @@ def test_what_the_reading_did_not_check_is_decoded_in_full() -> None:
     assert decode_wire(Wire.of(message(budget=7)), s).latency_budget_ms == 7
 
 
-@pytest.mark.parametrize("data", [b"\x0a\xff\xff\xff", b"\x0a\x02m", b"\x3a\x05ab", b"\x0b", b""])
+@pytest.mark.parametrize("data", [b"\x0a\xff\xff\xff", b"\x0a\x02m", b"\x3a\x05ab", b"\x0b", b"",
+                                  b"\x0a\x02\xff\xfe", b"\x0a\x01m\x1a\x01\xff"])  # not UTF-8: a name, an id
 def test_a_message_grpc_split_cannot_read_is_the_full_decoders(data: bytes) -> None:
     assert _native.grpc_split(data) is None
     with pytest.raises(InvalidInput):
