@@ -279,11 +279,82 @@ def grpc() -> dict[str, bytes]:
     return out
 
 
+def grpc_segments() -> dict[str, bytes]:
+    """Client streams whose meaning must not change with how they are cut into reads, as gRPC's
+    clients send them: unary and streaming calls alone and interleaved, messages cut across DATA
+    frames, header blocks across CONTINUATION frames, padding, an abort, an unknown method, a
+    message too large, a call without its message, metadata, PINGs, a window that holds the
+    answer until the client opens it, a GOAWAY to end."""
+    from .grpc_front import ABORT, STREAM, UNARY, Client, unary
+
+    def stream(client: Client, at: int, *messages: bytes) -> Client:
+        return client.call(at, STREAM).send(at, *messages[:1]).send(at, *messages[1:], end=True)
+
+    return {
+        "short": Client(settings=()).call(1, UNARY, bare=True).send(1, b"hi", end=True).bytes(),
+        "unary": unary(1, b"\x08\x01\x12\x05hello").bytes(),
+        "stream": stream(Client(), 1, b"one", b"two", b"three").bytes(),
+        "chunks": Client().call(1, STREAM).send(1, b"a" * 20, b"", b"b" * 7, chunk=3).end(1).bytes(),
+        "interleaved": Client().call(1, STREAM).call(3, UNARY).send(1, b"s1").send(3, b"u", end=True)
+        .call(5, UNARY, end=False).send(1, b"s2", end=True).send(5, b"v", end=True).bytes(),
+        "continuation_padding": Client().call(1, UNARY, split=9).send(1, b"padded", end=True, pad=7).bytes(),
+        "abort": unary(1, ABORT + b"!").call(3, STREAM).send(3, b"x", ABORT, b"y", end=True).bytes(),
+        "unknown": Client().call(1, "/echo.Echo/Nope").send(1, b"?", end=True).call(3, UNARY)
+        .send(3, b"after", end=True).bytes(),
+        "too_large": Client().call(1, UNARY).send(1, b"L" * 1100, end=True, chunk=500).call(3, UNARY)
+        .send(3, b"small", end=True).bytes(),
+        "no_message": Client().call(1, UNARY, end=True).bytes(),
+        "metadata": unary(1, b"m", metadata=(("grpc-timeout", "120S"), ("x-request-id", "7"),
+                                             ("trace-bin", "AAH/"))).bytes(),
+        "pings": Client().ping().call(1, UNARY).ping(b"\x00" * 8).send(1, b"p", end=True).bytes(),
+        "window": Client(settings=((4, 0),)).call(1, UNARY).send(1, b"held back", end=True)
+        .window(1, 7).window(1, 100).bytes(),
+        "settings_ack_goaway": unary(1, b"g").control(4, 1).control(7, 0, 0, bytes(8)).bytes(),
+    }
+
+
+def grpc_front() -> dict[str, bytes]:
+    """A selector byte (how the rest is cut into reads: tests/fuzz/grpc_front.py `reads`), then what
+    a client sends on one connection: every steady stream, and streams whose answers depend on
+    timing or that break the protocol: a reset mid-call, too many PINGs, more streams than
+    allowed, metadata too large, a compressed message, two messages to a unary method, GET, a
+    wrong content-type, a deadline that passes, a GOAWAY then a call, a frame on stream 0, a
+    wrong preface."""
+    from .grpc_front import STREAM, UNARY, Client, unary
+
+    streams = grpc_segments()
+    many = Client()
+    for at in range(1, 20, 2):
+        many.call(at, STREAM).send(at, b"%d" % at)
+    seeds = {name: bytes([selector]) + data for (name, data), selector in zip(streams.items(), [0, 1, 2, 3, 6, 9, 13]
+                                                                              * 2)}
+    cases = {
+        "reset_mid_call": Client().call(1, STREAM).send(1, b"first").reset(1).call(3, UNARY)
+        .send(3, b"next", end=True),
+        "too_many_pings": Client().call(1, STREAM).send(1, b"open").ping().ping().ping().ping().send(1, b"late"),
+        "refused_streams": many,
+        "large_metadata": unary(1, b"x", metadata=(("x-big", "y" * 600),)).call(3, UNARY).send(3, b"ok", end=True),
+        "compressed": Client().call(1, UNARY, metadata=(("grpc-encoding", "gzip"),))
+        .send(1, b"\x1f\x8b", end=True, compressed=True),
+        "two_messages": Client().call(1, UNARY).send(1, b"one", b"two", end=True),
+        "get": Client().call(1, UNARY, method="GET").send(1, b"x", end=True),
+        "content_type": Client().call(1, UNARY, metadata=(("content-type", "text/plain"),)).send(1, b"x", end=True),
+        "deadline": Client().call(1, STREAM, metadata=(("grpc-timeout", "1n"),)).send(1, b"late"),
+        "goaway_then_call": unary(1, b"a").control(7, 0, 0, bytes(8)).call(3, UNARY).send(3, b"b", end=True),
+        "stream_zero": unary(1, b"a").control(0, 0, 0, b"\x00\x00\x00\x00\x00"),
+    }
+    for k, (name, client) in enumerate(cases.items()):
+        seeds[name] = bytes([(0, 1, 7, 11)[k % 4]]) + client.bytes()
+    seeds["preface"] = b"\x00PRI * HTTP/1.1\r\n\r\n" + unary(1, b"a").bytes()[24:]
+    return seeds
+
+
 def main() -> None:
     random.seed(12)
     for target, make in (("v2_json", v2_json), ("v2_binary", v2_binary), ("msgpack", msgpack),
                          ("tfserving", tfserving), ("grpc", grpc), ("http_front", http_front),
-                         ("http_segments", http_segments)):
+                         ("http_segments", http_segments), ("grpc_front", grpc_front),
+                         ("grpc_segments", grpc_segments)):
         folder = CORPUS / target
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)

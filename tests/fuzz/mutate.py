@@ -8,7 +8,8 @@ key or element dropped, duplicated or moved; a list nested or flattened) and enc
 it again, so that the decoders' checks past the syntax get exercised. `v2_binary`
 inputs keep their form (`<header length>\\n<JSON header><tensor bytes>`): the header
 is mutated as JSON, the tensor bytes as bytes, and the header length mostly follows.
-`grpc` inputs (a serialized ModelInferRequest) are parsed and changed field by field.
+`grpc` inputs (a serialized ModelInferRequest) are parsed and changed field by field;
+`grpc_front` and `grpc_segments` inputs (HTTP/2 streams) frame by frame (`grpc_front.py`).
 """
 
 from __future__ import annotations
@@ -289,10 +290,22 @@ def _grpc(data: bytes, rng: random.Random) -> bytes | None:
     return bytes(message.SerializeToString())
 
 
+def _h2_front(data: bytes, rng: random.Random) -> bytes | None:
+    from .grpc_front import mutate_front
+
+    return mutate_front(data, rng)
+
+
+def _h2_stream(data: bytes, rng: random.Random) -> bytes | None:
+    from .grpc_front import mutate_stream
+
+    return mutate_stream(data, rng)
+
+
 STRUCTURED: dict[str, Callable[[bytes, random.Random], bytes | None]] = {
     "v2_json": _json, "tfserving": _json, "msgpack": _msgpack, "v2_binary": _binary, "http_front": _http_stream,
     "http_segments": _http_stream,
-    "grpc": _grpc,
+    "grpc": _grpc, "grpc_front": _h2_front, "grpc_segments": _h2_stream,
 }
 
 

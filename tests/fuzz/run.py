@@ -1,4 +1,4 @@
-"""Runs the fuzz targets (the decoders, the HTTP front's connection) for a bounded time and prints JSON.
+"""Runs the fuzz targets (the decoders, the HTTP and gRPC fronts' connections) for a bounded time and prints JSON.
 
     python -m tests.fuzz.run --seconds 60                 # every target, 60 s each
     python -m tests.fuzz.run --runs 3000 --targets msgpack
@@ -31,7 +31,8 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CORPUS = pathlib.Path(__file__).resolve().parent / "corpus"
-TARGETS = ("v2_json", "v2_binary", "msgpack", "tfserving", "grpc", "http_front", "http_segments")
+TARGETS = ("v2_json", "v2_binary", "msgpack", "tfserving", "grpc", "http_front", "http_segments", "grpc_front",
+           "grpc_segments")
 MAX_RESTARTS = 20  # crashes recorded per target before it is given up
 
 _STAT = re.compile(r"^stat::(\w+):\s+(\d+)", re.MULTILINE)

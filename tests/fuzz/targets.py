@@ -32,6 +32,9 @@ parsers split differently is the request-smuggling setup.
 `http_segments` (`segments.py`) is the same connection fed one stream cut into reads in
 many ways: every cut is answered as the whole stream in one read is.
 
+`grpc_front` and `grpc_segments` (`grpc_front.py`) are the same two for the gRPC front's
+connection (HTTP/2 on libnghttp2), checked against h2, an independent HTTP/2 implementation.
+
 `grpc` is the gRPC front's codec (`aserve.protocol.grpc.codec`): a serialized
 `ModelInferRequest` as grpc hands it over, its inputs in typed `contents` or in
 `raw_input_contents` (whose sizes need not agree with the shapes); the same property, the
@@ -39,9 +42,10 @@ values read from the message's fields.
 
 Input formats: `v2_json`, `msgpack` and `tfserving` take a request body as it is;
 `v2_binary` takes `<Inference-Header-Content-Length value>\\n<body>` (a first line that
-is not an integer means the header is absent); `http_front` and `http_segments` take the
-bytes a client sends on one connection (`http_front`'s first byte also chooses how they are
-cut into reads).
+is not an integer means the header is absent); `http_front`, `http_segments` and
+`grpc_segments` take the bytes a client sends on one connection (`http_front`'s first byte
+also chooses how they are cut into reads); `grpc_front` takes a byte that chooses how they are
+cut, then those bytes.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ from aserve.server.connection import Connection, HttpServer, Limits, origin_form
 from aserve.server.errors import ErrorPolicy
 from aserve.server.http import Response
 
+from .grpc_front import grpc_front, grpc_segments
 from .segments import Wire, http_segments
 
 INT64_MAX = 2**63 - 1
@@ -383,8 +388,25 @@ def tfserving(data: bytes) -> None:
 
 
 def grpc_infer(data: bytes) -> None:
-    """A gRPC ModelInferRequest, serialized."""
+    """A gRPC ModelInferRequest, serialized: decoded in full, then as the front reads a unary
+    call's bytes (`Wire`: twice, the second time from the reading the first may have
+    remembered, the plans of earlier inputs with the same key too), which must come to the
+    same request, or fail as the full decoder does."""
     _decode_each("grpc", data)
+    for schema in SCHEMAS:
+        try:
+            full: Any = summary(decode("grpc", data, schema))
+        except Exception:  # noqa: BLE001 - _decode_each judged it
+            full = None
+        for _ in range(2):
+            try:
+                read: Any = summary(grpc_codec.decode_wire(grpc_codec.Wire.of(data), schema))
+            except Exception as exc:  # noqa: BLE001 - check_error re-raises what must not escape
+                check_error(exc)
+                read = None
+            if read != full:
+                raise Failure(f"{schema.name}: the front's reading of the bytes is {read!r}, the full decoder's "
+                              f"{full!r}")
 
 
 def split_binary(data: bytes) -> tuple[int | None, bytes]:
@@ -568,6 +590,8 @@ def http_front(data: bytes) -> None:
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "http_front": http_front,
     "http_segments": http_segments,
+    "grpc_front": grpc_front,
+    "grpc_segments": grpc_segments,
     "v2_json": v2_json,
     "v2_binary": v2_binary,
     "msgpack": msgpack,

@@ -13,14 +13,15 @@ import pytest
 
 from aserve.errors import InvalidInput
 from aserve.server.connection import Connection
+from aserve.server.grpc import h2 as grpc_h2
 
-from . import run, segments, targets
+from . import grpc_front, run, segments, targets
 from .mutate import STRUCTURED
 
 CORPUS = pathlib.Path(__file__).resolve().parent / "corpus"
 RUNS = 3000  # atheris executions per target in the suite
 # ... fewer for the segmentation target: each of its executions feeds the stream cut tens of ways
-RUNS_OF = {"http_segments": 600}
+RUNS_OF = {"http_segments": 600, "grpc_segments": 300}
 MUTATIONS = 300  # seeded mutations per target, without atheris
 
 
@@ -30,7 +31,7 @@ def seeds(target: str) -> list[bytes]:
     return [f.read_bytes() for f in files]
 
 
-DECODERS = [t for t in run.TARGETS if not t.startswith("http_")]
+DECODERS = [t for t in run.TARGETS if not t.startswith(("http_", "grpc_"))]
 
 
 @pytest.mark.parametrize("target", DECODERS)
@@ -95,6 +96,79 @@ def test_the_segments_target_catches_a_front_that_reads_a_cut_stream_otherwise(m
     monkeypatch.setattr(Connection, "on_url", on_url)
     with pytest.raises(segments.Failure, match="answered otherwise"):
         segments.http_segments(data)
+
+
+def test_grpc_seeds_are_calls_both_readers_read() -> None:
+    """Every gRPC seed keeps the property, and most carry calls that the handlers receive and h2
+    reads alike: the comparison is not vacuous."""
+    compared = 0
+    for data in seeds("grpc_front"):
+        grpc_front.grpc_front(data)
+        stream = data[1:]
+        served = grpc_front.serve(stream, [])
+        reading = grpc_front.read_reference(stream, grpc_front.sent(stream))
+        compared += bool(served.calls) and all(s in reading.requests for s in served.calls)
+    assert compared >= len(seeds("grpc_front")) // 2
+
+
+def test_grpc_segment_seeds_are_steady() -> None:
+    """Every seed of the gRPC segmentation target is one whose meaning cannot depend on when the
+    server answers, so its cuts are compared; one is short enough to be cut at every byte."""
+    for data in seeds("grpc_segments"):
+        client = grpc_front.sent(data)
+        served = grpc_front.serve(data, [])
+        answers = grpc_front.read_answers(served.writes, client)
+        assert grpc_front.steady(client, grpc_front.read_reference(data, client), answers), data[:80]
+        grpc_front.grpc_segments(data)
+    assert any(len(data) <= grpc_front.SHORT for data in seeds("grpc_segments"))
+
+
+def test_the_grpc_target_catches_a_front_that_hands_a_handler_other_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection that handed its handlers a message h2 does not read in the stream is caught."""
+    data = (CORPUS / "grpc_front" / "stream").read_bytes()
+    grpc_front.grpc_front(data)
+    message = grpc_h2.Connection.message
+    monkeypatch.setattr(grpc_h2.Connection, "message", lambda self, stream, data, compressed: message(
+        self, stream, data + b"!", compressed))
+    with pytest.raises(grpc_front.Failure, match="where h2 reads"):
+        grpc_front.grpc_front(data)
+
+
+def test_the_grpc_target_catches_malformed_trailers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grpc-message sent as it is (a newline, non-ASCII) is an answer h2 refuses: caught."""
+    data = (CORPUS / "grpc_front" / "abort").read_bytes()
+    grpc_front.grpc_front(data)
+    monkeypatch.setattr("aserve.server.grpc.h2.percent", lambda text: text)
+    with pytest.raises(grpc_front.Failure, match="h2 refuses what the server wrote"):
+        grpc_front.grpc_front(data)
+
+
+def test_the_grpc_segments_target_catches_a_front_that_reads_a_cut_stream_otherwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection that took a read's END events before its messages answers a stream that
+    arrives in one read otherwise than one cut between them: caught."""
+    data = (CORPUS / "grpc_segments" / "stream").read_bytes()
+    grpc_front.grpc_segments(data)
+
+    class EndsFirst:
+        def __init__(self, h2: object) -> None:
+            self.h2 = h2
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.h2, name)
+
+        def feed(self, data: bytes) -> list[tuple[object, ...]]:
+            return sorted(self.h2.feed(data), key=lambda event: event[0] != grpc_h2.END)  # type: ignore[attr-defined]
+
+    init = grpc_h2.Connection.__init__
+
+    def ends_first(self: grpc_h2.Connection, server: grpc_h2.GrpcServer) -> None:
+        init(self, server)
+        self.h2 = EndsFirst(self.h2)  # type: ignore[assignment]
+
+    monkeypatch.setattr(grpc_h2.Connection, "__init__", ends_first)
+    with pytest.raises(grpc_front.Failure, match="answered otherwise"):
+        grpc_front.grpc_segments(data)
 
 
 @pytest.mark.parametrize("target", run.TARGETS)
