@@ -54,7 +54,7 @@ class ServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                                                       "Triton's gRPC service; 0 = any free port)")
     ] = 8001
     grpc: Annotated[bool, _doc("serve gRPC on --grpc-port beside HTTP (--no-grpc: HTTP only)")] = True
-    # ---- the gRPC front's connections (grpc's channel arguments; keepalive as gRPC's and Triton's defaults) ----
+    # ---- the gRPC front's connections (bounded as gRPC's servers bound them; keepalive as gRPC's and Triton's defaults) ----
     grpc_max_concurrent_streams: Annotated[
         int, msgspec.Meta(ge=1, description="calls open at once on one gRPC connection; a client's next call waits "
                                             "for one to end", extra={"group": GRPC_CONNECTIONS})
