@@ -8,8 +8,11 @@
  *   (H2_END, stream)                           the client sent all it will send
  *   (H2_RESET, stream, code)                   the stream ended before finish() (client's RST,
  *                                               or the connection's end)
- *   (H2_OVERSIZE, stream, what, size)          metadata or a message over the limit: the stream
- *                                               reads no more of it; its call is answered
+ *   (H2_OVERSIZE, stream, what, size)          over a limit (what: 1 its metadata, 2 a message,
+ *                                               3 the unfinished messages of every stream of
+ *                                               the connection, which hold at most one
+ *                                               message's worth): the stream reads no more of
+ *                                               it; its call is answered
  *   (H2_PING, ack)                             a PING came (ack: the answer to ours)
  * and what the server answers goes out through send() (the response's headers with its first
  * message), finish() (the trailers: grpc-status, grpc-message, any more) and output(), the
@@ -45,13 +48,23 @@ typedef struct {
     nghttp2_session *session;
     PyObject *events; /* list, handed out by feed() */
     size_t max_header_bytes, max_message_bytes;
+    size_t buffered; /* bytes of unfinished messages, every stream's: at most max_message_bytes */
     h2stream *streams; /* every stream with state here, freed with the session */
     int failed;        /* a callback failed (its exception is set) */
     int closing;       /* the session is being deleted: its streams' ends are not reported */
 } h2conn;
 
+static void drop_input(h2conn *c, h2stream *s)
+{
+    c->buffered -= s->in_len;
+    free(s->in);
+    s->in = NULL;
+    s->in_len = s->in_cap = 0;
+}
+
 static void stream_free(h2conn *c, h2stream *s)
 {
+    drop_input(c, s);
     if (s->prev)
         s->prev->next = s->next;
     else
@@ -61,7 +74,6 @@ static void stream_free(h2conn *c, h2stream *s)
     Py_XDECREF(s->method);
     Py_XDECREF(s->path);
     Py_XDECREF(s->metadata);
-    free(s->in);
     free(s->out);
     free(s->trailers);
     free(s);
@@ -206,20 +218,25 @@ static int on_data_chunk_recv(nghttp2_session *session, uint8_t flags, int32_t s
         if (len == 0 || s->oversize)
             return 0;
     }
+    if (c->buffered + len > c->max_message_bytes) { /* many streams' pieces: as one message too large */
+        size_t held = c->buffered + len;
+        s->oversize = 3;
+        drop_input(c, s);
+        return emit(c, Py_BuildValue("(iiin)", H2_OVERSIZE, s->id, 3, (Py_ssize_t)held));
+    }
     if (reserve(&s->in, &s->in_cap, s->in_len + len) < 0)
         return NGHTTP2_ERR_CALLBACK_FAILURE;
     memcpy(s->in + s->in_len, d, len);
     s->in_len += len;
+    c->buffered += len;
     ssize_t took = messages(c, s, s->in, s->in_len);
     if (took < 0)
         return NGHTTP2_ERR_CALLBACK_FAILURE;
     memmove(s->in, s->in + took, s->in_len - (size_t)took);
     s->in_len -= (size_t)took;
-    if (s->oversize) { /* nothing more of it is kept */
-        free(s->in);
-        s->in = NULL;
-        s->in_len = s->in_cap = 0;
-    }
+    c->buffered -= (size_t)took;
+    if (s->oversize) /* nothing more of it is kept */
+        drop_input(c, s);
     return 0;
 }
 

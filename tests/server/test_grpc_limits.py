@@ -357,3 +357,49 @@ async def test_the_connection_settings_are_the_servers(start_server, repository:
     values = {int.from_bytes(payload[i:i + 2], "big"): int.from_bytes(payload[i + 2:i + 6], "big")
               for i in range(0, len(payload), 6)}
     assert values[0x3] == 7 and values[0x6] == 4096, values  # MAX_CONCURRENT_STREAMS, MAX_HEADER_LIST_SIZE
+
+
+async def test_a_connections_unfinished_messages_hold_at_most_one_messages_worth(start_server,
+                                                                                 repository: pathlib.Path) -> None:
+    """Two calls on one connection each send 600 bytes of a 900-byte message, under a 1000-byte
+    --max-body-bytes: the second is answered RESOURCE_EXHAUSTED at once (a client cannot make
+    the server hold one message's worth per call, a hundred calls at a time), and the first,
+    completed, is read whole (and answered on its content)."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    server, _ = await start_server(repository, grpc=True, max_body_bytes=1000)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.grpc_port)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    head = [(":method", "POST"), (":scheme", "http"), (":path", INFER), (":authority", "aserve"),
+            ("content-type", "application/grpc"), ("te", "trailers")]
+    prefix = b"\0" + (900).to_bytes(4, "big")
+    for stream in (1, 3):
+        client.send_headers(stream, head)
+        client.send_data(stream, prefix + bytes(600))
+    writer.write(client.data_to_send())
+    status: dict[int, dict[str, str]] = {}
+
+    async def until_ended(stream: int) -> None:
+        while stream not in status:
+            data = await asyncio.wait_for(reader.read(65536), 30)
+            assert data, "the server closed the connection"
+            for event in client.receive_data(data):
+                if isinstance(event, h2.events.TrailersReceived | h2.events.ResponseReceived):
+                    fields = {k.decode(): v.decode() for k, v in event.headers}
+                    if "grpc-status" in fields:
+                        status[event.stream_id] = fields
+            writer.write(client.data_to_send())
+
+    try:
+        await until_ended(3)
+        assert status[3]["grpc-status"] == "8" and "unfinished messages" in status[3]["grpc-message"], status
+        assert 1 not in status
+        client.send_data(1, bytes(300), end_stream=True)  # the first call's message, whole
+        writer.write(client.data_to_send())
+        await until_ended(1)
+        assert status[1]["grpc-status"] == "3", status  # INVALID_ARGUMENT: 900 zero bytes are no request
+    finally:
+        writer.close()

@@ -10,7 +10,9 @@ times the CPU of an HTTP request per call. Here a call's bytes are read, answere
 written on the loop that reads its connection, as the HTTP front's are, with no thread.
 
 A connection's bounds are the `grpc_*` settings, as gRPC's servers apply them: calls open
-at once (SETTINGS_MAX_CONCURRENT_STREAMS), metadata and message sizes (RESOURCE_EXHAUSTED),
+at once (SETTINGS_MAX_CONCURRENT_STREAMS), metadata and message sizes (RESOURCE_EXHAUSTED;
+the unfinished messages of all its calls together hold at most one message's worth, as an
+HTTP connection's one body at a time does),
 idle time and age (GOAWAY; after the age's grace, the calls still open end UNAVAILABLE),
 the server's keepalive pings (no answer within the timeout: the connection is closed), and
 the client's pings (too many: GOAWAY ENHANCE_YOUR_CALM, "too_many_pings").
@@ -475,13 +477,17 @@ class Connection(asyncio.Protocol):
 
     def oversize(self, stream: int, what: int, size: int) -> None:
         call = self.calls.get(stream)
-        if call is None and what == 2 or call is not None and call.ended:
+        if call is None and what != 1 or call is not None and call.ended:
             return  # the stream's call was answered already: the rest of its message is dropped unread
         s = self.server.settings
         if what == 1:
             text = f"the call's metadata take {size} bytes; at most {s.max_header_bytes} are accepted"
-        else:
+        elif what == 2:
             text = f"Received message larger than max ({size} vs. {s.max_body_bytes})"
+        else:
+            text = (f"the unfinished messages of this connection's calls would hold {size} bytes; at most "
+                    f"{s.max_body_bytes} (--max-body-bytes) are held at once: send large messages one at a time, "
+                    f"or over more connections")
         if call is None:  # its metadata never made a call
             call = Call(self, stream, "", [], UNIMPLEMENTED)
             self.calls[stream] = call
