@@ -26,7 +26,7 @@ import contextlib
 import inspect
 import logging
 import socket
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import grpc
@@ -78,25 +78,8 @@ def percent(text: str) -> str:
 class Call:
     """One call: the ServicerContext its handler gets, and its state on the connection."""
 
-    __slots__ = (
-        "code",
-        "conn",
-        "deadline",
-        "details",
-        "ended",
-        "expired",
-        "handler",
-        "metadata",
-        "method",
-        "request",
-        "requests",
-        "started",
-        "stream",
-        "task",
-        "timer",
-        "trailing",
-        "writable",
-    )
+    __slots__ = ("code", "conn", "deadline", "details", "ended", "expired", "handler", "metadata", "method",
+                 "on_cancel", "request", "requests", "started", "stream", "task", "timer", "trailing", "writable")
 
     def __init__(self, conn: Connection, stream: int, method: str, metadata: list[tuple[str, Any]],
                  handler: grpc.RpcMethodHandler) -> None:
@@ -117,6 +100,7 @@ class Call:
         self.started = False
         self.expired = False
         self.writable: asyncio.Event | None = None  # set while its answers may be written
+        self.on_cancel: Callable[[], None] | None = None  # a call answered without a task: what stops its work
 
     # ---- grpc.aio.ServicerContext, the part the services use ----
 
@@ -175,6 +159,25 @@ class Call:
         item = await self.requests.get()
         return item
 
+    # ---- a unary call answered without a task (a handler's `submit`) ----
+
+    def answer(self, message: Any) -> None:
+        """The call's one answer, and its end."""
+        if not self.ended:
+            self.send(message)
+            self.finish()
+
+    def fail(self, code: grpc.StatusCode, details: str, trailing: Iterable[tuple[str, str]] = ()) -> None:
+        """The call ends with `code`."""
+        if not self.ended:
+            self.code, self.details, self.trailing = code, details, tuple(trailing)
+            self.finish()
+
+    def _cancelled(self) -> None:
+        hook, self.on_cancel = self.on_cancel, None
+        if hook is not None:
+            hook()
+
     # ---- serving ----
 
     def send(self, message: Any) -> None:
@@ -214,6 +217,7 @@ class Call:
         self.conn.end(self)
         if self.task is not None:
             self.task.cancel()
+        self._cancelled()
         if self.writable is not None:
             self.writable.set()
 
@@ -228,9 +232,23 @@ class Call:
         self.finish()
         if task is not None:
             task.cancel()
+        self._cancelled()
 
     def start(self) -> None:
+        """Serve the call: a unary call whose handler has a `submit` (the request's bytes and
+        this call: it answers through `answer` or `fail`, now or later, and returns False to
+        leave the call to the handler itself) without a task; any other in a task of its own."""
         self.started = True
+        h = self.handler
+        submit = None if h.request_streaming or h.response_streaming or h.request_deserializer is not None else \
+            getattr(h.unary_unary, "submit", None)
+        if submit is not None:
+            try:
+                if submit(self.request, self):
+                    return
+            except Exception:
+                log.exception("aserve: the gRPC handler of %s raised", self.method)
+                return self.fail(grpc.StatusCode.UNKNOWN, "Unexpected error in the server's handler")
         self.task = self.conn.loop.create_task(self.run())
 
     async def run(self) -> None:

@@ -377,6 +377,53 @@ class Methods:
         answer = await self.plane.infer(call, handle=handle)
         return answer.chunks[0]
 
+    def submit_infer(self, raw: bytes, context: Any) -> bool:
+        """ModelInfer without a task, for a server whose calls can be answered later
+        (`h2.Call.answer` and `fail`): `model_infer` and `unary`'s counting and logging, the
+        answer told by the data plane's `Pending.then`. False leaves the call to `unary`: a
+        message grpc_split cannot read (the full decoder names what is wrong), or a model a
+        front loop does not serve (the host answers it)."""
+        start = time.perf_counter()
+        wire = Wire.of(raw)
+        if wire.split is None:
+            return False
+        md = metadata(context) if self.plane.tracer is not None else {}
+        try:
+            call = self._call(wire.split[0], wire.split[1], wire, context, md, INFER)
+            try:
+                handle = self.plane.model(call.model, call.version)
+            except ModelNotFound:
+                if self.relay is not None:
+                    return False
+                raise
+            pending = self.plane.submit(call, handle=handle)
+        except Exception as exc:  # noqa: BLE001 - answered with its status
+            self._failed(exc, start, context)
+            return True
+
+        def cancelled() -> None:
+            pending.drop()
+            self._done("ModelInfer", context.code, 0, start, context)
+
+        def done(answer: Any, error: BaseException | None) -> None:
+            context.on_cancel = None
+            if error is not None:
+                return self._failed(error, start, context)
+            response = answer.chunks[0]
+            self._done("ModelInfer", grpc.StatusCode.OK,
+                       (len(response) if isinstance(response, bytes) else response.ByteSize())
+                       if self.access_log is not None else 0, start, context)
+            context.answer(response)
+
+        context.on_cancel = cancelled
+        pending.then(done)
+        return True
+
+    def _failed(self, exc: BaseException, start: float, context: Any) -> None:
+        status = status_of(exc, self.app.policy, INFER)
+        self._done("ModelInfer", status.code, 0, start, context)  # counted before the client hears it
+        context.fail(status.code, status.message, status.trailers or ())
+
     async def _infer_on_host(self, raw: bytes, md: dict[str, str], remaining: float | None) -> Any:
         """A front loop's infer request for a model it does not serve (one only the host's loop
         serves, one loading, or none): the host's answer's bytes, or its status raised (Answered)."""
@@ -510,7 +557,10 @@ class Methods:
                 fn = self.served_here(name, fn)
             elif self.relay is not None and name not in LOCAL:  # the host answers it, in bytes
                 fn, kind = self.relayed(name), None
-            handler = grpc.unary_unary_rpc_method_handler(self.unary(name, kind, fn), response_serializer=_serialize)
+            behavior = self.unary(name, kind, fn)
+            if name == "ModelInfer":  # a server that can answer it later (h2.py) spends no task on it
+                behavior.submit = self.submit_infer  # type: ignore[attr-defined]
+            handler = grpc.unary_unary_rpc_method_handler(behavior, response_serializer=_serialize)
             methods[f"/{SERVICE}/{name}"] = (name, level, handler)
         methods[STREAM] = ("ModelStreamInfer", API, grpc.stream_stream_rpc_method_handler(
             self.model_stream_infer, response_serializer=_serialize))
