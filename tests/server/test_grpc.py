@@ -242,6 +242,42 @@ async def test_deadline_reaches_the_batcher(grpc_server: tuple[Any, str],
     await slow
 
 
+async def test_a_call_its_client_cancels_leaves_the_queue(grpc_server: tuple[Any, str],
+                                                          stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
+    """A ModelInfer queued behind a running one, cancelled by its client: it leaves the model's
+    queue (it never runs), and the gRPC counter says CANCELLED once; the server goes on."""
+    server, url = grpc_server
+    slow = asyncio.ensure_future(stub.ModelInfer(slow_request(400)))
+    await until(lambda: running(server, "slow") == 1, what="the slow request to run")
+    waiting = stub.ModelInfer(slow_request(1))
+
+    async def one_queued() -> bool:
+        return await queued(url, "slow") == 1
+
+    await until(one_queued, what="the second request to wait")
+    waiting.cancel()
+
+    async def none_queued() -> bool:
+        return await queued(url, "slow") == 0
+
+    await until(none_queued, what="the cancelled request to leave the queue")
+    await slow
+
+    async def cancelled() -> bool:  # gRPC's own counter, over every loop
+        from .test_metrics import scrape, value
+
+        async with aiohttp.ClientSession() as http:
+            return value(await scrape(http, url), "aserve_grpc_requests_total", method="ModelInfer",
+                         code="CANCELLED") == 1
+
+    await until(cancelled, what="the cancelled call counted")
+
+    async def settled() -> bool:  # one answered, one failed as its client left, one batch: it never ran
+        return await counted(stub, "slow") == (1, 1, 1)
+
+    await until(settled, what="one request answered, one cancelled, one batch run")
+
+
 async def test_overload_is_unavailable_with_retry_advice(grpc_server: tuple[Any, str],
                                                          stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
     server, url = grpc_server
