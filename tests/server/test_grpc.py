@@ -242,6 +242,32 @@ async def test_deadline_reaches_the_batcher(grpc_server: tuple[Any, str],
     await slow
 
 
+@pytest.mark.parametrize("compression", [grpc.Compression.Gzip, grpc.Compression.Deflate])
+async def test_compressed_messages_are_inflated_within_the_body_limits(start_server, repository: pathlib.Path,
+                                                                      compression: grpc.Compression) -> None:
+    """A client that compresses its messages (grpc's gzip or deflate) is answered as one that
+    does not; a message that inflates past --max-body-bytes is RESOURCE_EXHAUSTED, as its
+    uncompressed self would be."""
+    server, _ = await start_server(repository, grpc=True, max_body_bytes=4096)
+    async with grpc.aio.insecure_channel(target(server), compression=compression) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = service_pb2.ModelInferRequest(model_name="add")
+        for name in "AB":
+            request.inputs.add(name=name, datatype="INT32", shape=[1, 4])
+            request.raw_input_contents.append(np.arange(4, dtype=np.int32).tobytes())
+        response = await stub.ModelInfer(request)
+        assert np.frombuffer(response.raw_output_contents[0], np.int32).tolist() == [0, 2, 4, 6]
+        stream = stub.ModelStreamInfer()
+        await stream.write(request)
+        assert not (await stream.read()).error_message
+        await stream.done_writing()
+        big = service_pb2.ModelInferRequest(model_name="upper")
+        big.inputs.add(name="TEXT", datatype="BYTES", shape=[1, 1])
+        big.raw_input_contents.append((8000).to_bytes(4, "little") + bytes(8000))  # compresses to little
+        error = await code_of(stub.ModelInfer(big))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+
+
 async def test_a_call_its_client_cancels_leaves_the_queue(grpc_server: tuple[Any, str],
                                                           stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
     """A ModelInfer queued behind a running one, cancelled by its client: it leaves the model's

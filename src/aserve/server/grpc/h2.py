@@ -15,7 +15,8 @@ the unfinished messages of all its calls together hold at most one message's wor
 HTTP connection's one body at a time does),
 idle time and age (GOAWAY; after the age's grace, the calls still open end UNAVAILABLE),
 the server's keepalive pings (no answer within the timeout: the connection is closed), and
-the client's pings (too many: GOAWAY ENHANCE_YOUR_CALM, "too_many_pings").
+the client's pings (too many: GOAWAY ENHANCE_YOUR_CALM, "too_many_pings"). A message sent
+gzip- or deflate-compressed is inflated within the HTTP body's bounds; answers go uncompressed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import contextlib
 import inspect
 import logging
 import socket
+import zlib
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -33,6 +35,7 @@ import grpc
 
 from ... import _native
 from ...config import ServerSettings
+from ..connection import INFLATE_FREE
 
 log = logging.getLogger("aserve.server")
 
@@ -40,6 +43,7 @@ CALL, MESSAGE, END, RESET, OVERSIZE, PING = range(1, 7)  # native/host/h2.c's ev
 NO_ERROR, CANCEL, ENHANCE_YOUR_CALM = 0x0, 0x8, 0xB  # HTTP/2 error codes
 TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 WRITE_HIGH = 64 * 1024  # a stream's answers not yet sent past this: written out now, and its writer waits
+INFLATE_WBITS = {"gzip": 31, "deflate": 15}  # grpc-encoding -> zlib's wbits (gRPC's deflate is zlib's format)
 LINGER_S = 2.0  # a connection whose write side closed waits this long for the client to close its own
 NO_PING_WITHOUT_CALLS_S = 7200.0  # gRPC's: a client's pings on a connection with no call, unless permitted
 
@@ -49,6 +53,14 @@ class CallDetails(NamedTuple):
 
     method: str
     invocation_metadata: tuple[tuple[str, str | bytes], ...]
+
+
+class Refusal(Exception):
+    """A call refused with `code` (its message the details)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
 
 
 class Aborted(Exception):
@@ -484,14 +496,41 @@ class Connection(asyncio.Protocol):
         if call is None or call.ended:
             return
         if compressed:
-            return self.refuse(call, grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not supported: "
-                                                                     "send them with grpc-encoding identity")
+            try:
+                data = self.inflate(call, data)
+            except Refusal as refusal:
+                return self.refuse(call, refusal.code, str(refusal))
         if call.requests is not None:
             call.requests.put_nowait(data)
         elif call.request is None:
             call.request = data
         else:
             self.refuse(call, grpc.StatusCode.INTERNAL, "a unary call sent more than one message")
+
+    def inflate(self, call: Call, data: bytes) -> bytes:
+        """A compressed message's bytes (grpc-encoding gzip, or deflate: zlib's format), inflated
+        no further than --max-body-bytes and --max-inflate-ratio allow (as an HTTP body's)."""
+        encoding = next((v for k, v in call.metadata if k == "grpc-encoding"), "identity")
+        wbits = INFLATE_WBITS.get(encoding)
+        if wbits is None:
+            raise Refusal(grpc.StatusCode.UNIMPLEMENTED if encoding != "identity" else grpc.StatusCode.INTERNAL,
+                          f"a compressed message with grpc-encoding {encoding!r}: expected gzip or deflate")
+        s = self.server.settings
+        decoder = zlib.decompressobj(wbits)
+        try:
+            out = decoder.decompress(data, s.max_body_bytes + 1)
+        except zlib.error as e:
+            raise Refusal(grpc.StatusCode.INTERNAL, f"the message does not decompress ({encoding}: {e})") from None
+        if len(out) > s.max_body_bytes or decoder.unconsumed_tail:
+            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, f"Received message larger than max (more than "
+                                                              f"{s.max_body_bytes} bytes once decompressed)")
+        ratio = s.max_inflate_ratio
+        if ratio and len(out) > INFLATE_FREE and len(out) > ratio * len(data):
+            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the message inflates to more than {ratio} times its "
+                                                              f"compressed size (--max-inflate-ratio)")
+        if not decoder.eof:
+            raise Refusal(grpc.StatusCode.INTERNAL, f"the compressed message ends early ({encoding})")
+        return out
 
     def oversize(self, stream: int, what: int, size: int) -> None:
         call = self.calls.get(stream)
