@@ -47,6 +47,7 @@ checked for what escapes and for well-formed answers, cut every way.
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import hashlib
 import logging
@@ -616,6 +617,22 @@ def read_reference(data: bytes, client: Sent) -> Reading:
     return reading
 
 
+def as_handed(metadata: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes] | tuple[bytes, str]]:
+    """Metadata as a handler gets them: a `-bin` value base64-decoded (its padding optional), as
+    grpc's servers hand it over; one that is not base64 is a call the front refuses, so a
+    handler that saw it is a failure."""
+    out: list[tuple[bytes, bytes] | tuple[bytes, str]] = []
+    for key, value in metadata:
+        if key.endswith(b"-bin"):
+            try:
+                value = base64.b64decode(value + b"=" * (-len(value) % 4), validate=True)
+            except ValueError:
+                out.append((key, "<not base64: the front refuses the call>"))
+                continue
+        out.append((key, value))
+    return out
+
+
 def check_calls(served: Served, client: Sent, reference: Reading) -> None:
     """Every call the handlers received is h2's (see the module's docstring for the rule)."""
     refused = reference.refused
@@ -630,8 +647,10 @@ def check_calls(served: Served, client: Sent, reference: Reading) -> None:
         if (request.method, request.path) != (b"POST", call.path.encode()):
             raise Failure(f"stream {stream}: the handler of {call.path} got a call h2 reads as "
                           f"{request.method!r} {request.path!r}")
-        if call.metadata != request.metadata:
-            raise Failure(f"stream {stream}: metadata {call.metadata} where h2 reads {request.metadata}")
+        handed = as_handed(request.metadata)
+        if call.metadata != handed:
+            raise Failure(f"stream {stream}: metadata {call.metadata} where h2 reads {request.metadata} "
+                          f"(handed over as {handed})")
         theirs = [m for _, m in deframe(bytes(request.data))[0]]
         n = len(call.messages) if before else min(len(call.messages), len(theirs))
         if call.messages[:n] != theirs[:n] or n > len(theirs):
@@ -707,7 +726,7 @@ def steady(client: Sent, reference: Reading, answers: Answers) -> bool:
     for stream, request in reference.requests.items():
         a = answers.streams.get(stream)
         if request.path == STREAM.encode() and a is not None and a.ended and _field(
-                a.trailers or a.headers or [], b"grpc-status") in ([b"8"], [b"12"]):
+                a.trailers or a.headers or [], b"grpc-status") in ([b"8"], [b"12"], [b"13"]):
             return False  # a streaming call refused mid-call: its handler saw as much as it had read by then
         for key, value in request.metadata:
             if key == b"grpc-timeout":

@@ -73,6 +73,7 @@ def run_target(name: str, *, seconds: float | None, runs: int | None, timeout: i
                               "features": 0, "new_units": 0}
     start = time.monotonic()
     done_runs = 0
+    stillborn = False  # a start that died before libFuzzer printed anything was retried
     for _ in range(MAX_RESTARTS + 1):
         # -len_control=0: inputs up to max_len from the start (the structured mutator re-encodes
         # whole messages, which libFuzzer's slowly growing length limit would mostly refuse)
@@ -99,6 +100,12 @@ def run_target(name: str, *, seconds: float | None, runs: int | None, timeout: i
         written = _ARTIFACT.findall(output)
         if proc.returncode == 0 and not written:
             break
+        if proc.returncode < 0 and not executed and not written and not output.strip() and not stillborn:
+            # killed by a signal before libFuzzer said a word (its banner comes before any input
+            # runs): nothing of the target ran, so it is started again once rather than counted
+            stillborn = True
+            result["restarts"] = result.get("restarts", 0) + 1
+            continue
         result["crashes"] += 1
         result["failures"].append({"error": _what(output), "input": written[0] if written else None,
                                    "exit_status": proc.returncode})
