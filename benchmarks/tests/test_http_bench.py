@@ -61,8 +61,13 @@ def test_short_run_records_every_field_and_plots(tmp_path: pathlib.Path) -> None
     assert set(summary["aserve"]["p50_ms_at_1_connection"]) == {"simple/json", "simple/binary"}
     sizing = {(z["model"], z["body"]): z for z in summary["sizing"]}
     assert set(sizing) == {("simple", "json"), ("simple", "binary")}
-    for z in sizing.values():  # loopback answers at 1-2 connections are well inside the 10 ms bound
-        assert z["requests_per_s"] > 0 and z["p99_ms"] <= z["p99_bound_ms"] and z["requests_per_s_per_core"] > 0
+    for (_, body), z in sizing.items():  # the best point within the bound, or none when no point kept it
+        within = [r for r in points if r["server"] == "aserve" and r["body"] == body and r["p99_ms"] <= z["p99_bound_ms"]]
+        if not within:  # a loaded machine can push every short point's p99 past it: no speed is asserted here
+            assert z["requests_per_s"] is None, z
+            continue
+        assert z["requests_per_s"] == max(r["requests_per_s"] for r in within) and z["p99_ms"] <= z["p99_bound_ms"]
+        assert z["requests_per_s_per_core"] > 0
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
