@@ -330,6 +330,15 @@ static ssize_t read_response(nghttp2_session *session, int32_t stream_id, uint8_
 /* The stream's state while the server may still answer on it; NULL when the stream is gone
  * (reset by the client, or closed by nghttp2 for a protocol error in this very read) or
  * finished: the caller's answer then goes nowhere, as the client no longer waits for it. */
+/* The stream's answer goes on: nghttp2 asks read_response again (it deferred it for lack of data). */
+static int resume(h2conn *c, h2stream *s)
+{
+    if (!s->deferred)
+        return 0;
+    s->deferred = 0;
+    return nghttp2_session_resume_data(c->session, s->id);
+}
+
 static h2stream *stream_of(h2conn *c, int stream_id)
 {
     h2stream *s = c->session && stream_id > 0 ? nghttp2_session_get_stream_user_data(c->session, stream_id) : NULL;
@@ -372,9 +381,8 @@ static PyObject *h2_send(h2conn *c, PyObject *args)
         nghttp2_data_provider provider = {.source.ptr = s, .read_callback = read_response};
         rv = nghttp2_submit_response(c->session, id, response_headers, 2, &provider);
         s->started = 1;
-    } else if (s->deferred) {
-        s->deferred = 0;
-        rv = nghttp2_session_resume_data(c->session, id);
+    } else {
+        rv = resume(c, s);
     }
     if (rv != 0)
         return PyErr_Format(PyExc_RuntimeError, "nghttp2: %s", nghttp2_strerror(rv));
@@ -436,11 +444,7 @@ static PyObject *h2_finish(h2conn *c, PyObject *args)
         free(s->trailers);
         s->trailers = nv;
         s->ntrailers = n;
-        rv = 0;
-        if (s->deferred) {
-            s->deferred = 0;
-            rv = nghttp2_session_resume_data(c->session, id);
-        }
+        rv = resume(c, s);
     }
     if (rv != 0)
         return PyErr_Format(PyExc_RuntimeError, "nghttp2: %s", nghttp2_strerror(rv));
